@@ -1,0 +1,79 @@
+// Encoding and decoding rows of one side (K or V) of one kv head.
+//
+// RowCodec turns f32 rows [n][head_dim] into stored rows [n][RowBytes] and
+// back. A RowTransform is the fixed per-head calibration some formats use:
+// a per-channel mean subtracted before encoding (keys: softmax ignores it;
+// values: added back once to the attention output) and, for q8 keys, the
+// per-channel column scales the row is divided by. Decode undoes every
+// transform, so decoded rows are in the caller's original space.
+//
+// Turbo formats rotate each row with a randomized Walsh-Hadamard transform
+// (fixed +-1 signs from the codec's seed, then H/sqrt(d) per power-of-two
+// block) after the mean is subtracted; Rotate/InverseRotate expose it so
+// attention can rotate the query and un-rotate the output.
+//
+// Thread safety: a RowCodec is immutable after Create; share it freely.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "kvcache/format.h"
+#include "kvcache/status.h"
+
+namespace kvcache {
+
+// Per-head fixed calibration; empty vectors mean "none".
+struct RowTransform {
+  std::vector<float> mean;       // [head_dim] subtracted before encoding
+  std::vector<float> col_scale;  // [head_dim] divided out before encoding (q8 keys), > 0
+  bool empty() const { return mean.empty() && col_scale.empty(); }
+  bool operator==(const RowTransform&) const = default;
+};
+
+class RowCodec {
+ public:
+  static constexpr uint64_t kDefaultRotationSeed = 0x6b76636163686531ull;
+
+  // InvalidArgument if the format cannot take head_dim.
+  static Result<RowCodec> Create(Format format, uint32_t head_dim, Side side,
+                                 uint64_t rotation_seed = kDefaultRotationSeed);
+
+  Format format() const { return format_; }
+  Side side() const { return side_; }
+  uint32_t head_dim() const { return head_dim_; }
+  size_t row_bytes() const { return row_bytes_; }
+
+  // The calibration this codec would use for a head whose first stored rows
+  // are `rows` ([n][head_dim], n >= 1). Empty for formats that use none.
+  RowTransform Calibrate(std::span<const float> rows) const;
+
+  // rows [n][head_dim] f32 -> out [n][row_bytes]. InvalidArgument on a size
+  // mismatch, a transform of the wrong size, or a non-finite input value;
+  // `out` is untouched then.
+  Status Encode(std::span<const float> rows, std::span<uint8_t> out,
+                const RowTransform* transform = nullptr) const;
+  // in [n][row_bytes] -> rows [n][head_dim], in the original (unrotated,
+  // mean added back, column scales multiplied back) space.
+  Status Decode(std::span<const uint8_t> in, std::span<float> rows,
+                const RowTransform* transform = nullptr) const;
+
+  // In-place rotation of one [head_dim] vector; identity for unrotated formats.
+  void Rotate(float* x) const;
+  void InverseRotate(float* x) const;
+  // The +-1 signs of the rotation ([head_dim]); empty for unrotated formats.
+  const std::vector<float>& rotation_signs() const { return signs_; }
+
+ private:
+  RowCodec() = default;
+  Format format_ = Format::kF32;
+  Side side_ = Side::kKey;
+  uint32_t head_dim_ = 0;
+  size_t row_bytes_ = 0;
+  std::vector<float> signs_;
+};
+
+}  // namespace kvcache

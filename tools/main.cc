@@ -1,0 +1,60 @@
+// The kvcache command-line tool: builds the CLI11 tree from the registry,
+// parses, and runs the one selected command.
+#include <fmt/format.h>
+
+#include <map>
+#include <sstream>
+
+#include "tools/command.h"
+
+namespace kvcache::tools {
+
+std::vector<CommandSpec>& Registry() {
+  static std::vector<CommandSpec> registry;
+  return registry;
+}
+
+bool RegisterCommand(std::string name, std::string description, Configure configure) {
+  Registry().push_back({std::move(name), std::move(description), std::move(configure)});
+  return true;
+}
+
+}  // namespace kvcache::tools
+
+int main(int argc, char** argv) {
+  using namespace kvcache::tools;
+  CLI::App app{"kvcache: the key/value cache of LLM inference"};
+  app.require_subcommand(1);
+
+  std::map<std::string, CLI::App*> nodes;  // "bench" -> its App
+  std::vector<std::pair<CLI::App*, Runner>> runners;
+  for (const CommandSpec& spec : Registry()) {
+    CLI::App* parent = &app;
+    std::istringstream words(spec.name);
+    std::string word, path;
+    std::vector<std::string> parts;
+    while (words >> word) parts.push_back(word);
+    for (size_t i = 0; i + 1 < parts.size(); ++i) {
+      path += (path.empty() ? "" : " ") + parts[i];
+      auto it = nodes.find(path);
+      if (it == nodes.end()) {
+        CLI::App* node = parent->add_subcommand(parts[i], parts[i] + " commands");
+        node->require_subcommand(1);
+        it = nodes.emplace(path, node).first;
+      }
+      parent = it->second;
+    }
+    CLI::App* sub = parent->add_subcommand(parts.back(), spec.description);
+    runners.emplace_back(sub, spec.configure(sub));
+  }
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  for (auto& [sub, runner] : runners) {
+    if (sub->parsed()) return runner();
+  }
+  return 1;
+}
