@@ -1,0 +1,65 @@
+// A plain, non-owning view of one layer's stored K and V for one sequence:
+// what attention kernels read. Ownership lives in the caches (cache.h); a view
+// is valid until the next mutating call on the cache it came from.
+//
+// Addressing. Logical row r (0 <= r < head_len[h]) of kv head h on one side:
+//
+//   side.base + block_table[r / block_size] * side.block_stride
+//             + h * side.head_stride + (r % block_size) * side.row_bytes
+//
+// Paged layout: base is the pool's arena for this layer and side, shaped
+// [num_pool_blocks][n_kv_heads][block_size][row_bytes]; block_table maps
+// logical blocks to physical pool blocks (u32).
+// Contiguous layout: the special case of a single block of `capacity` rows:
+// block_size = capacity, block_table = {0}, storage [n_kv_heads][capacity][row_bytes].
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "kvcache/codec.h"
+#include "kvcache/format.h"
+
+namespace kvcache {
+
+struct KvSideView {
+  Format format = Format::kF32;
+  uint32_t row_bytes = 0;
+  const uint8_t* base = nullptr;
+  size_t block_stride = 0;  // bytes between consecutive physical blocks
+  size_t head_stride = 0;   // bytes between kv heads inside one block
+  // The codec rows were encoded with (rotation signs for turbo formats).
+  const RowCodec* codec = nullptr;
+  // [n_kv_heads] per-head calibration (mean / column scales), or nullptr
+  // when no head has one. An empty RowTransform means none for that head.
+  const RowTransform* transforms = nullptr;
+};
+
+struct LayerKvView {
+  uint32_t n_kv_heads = 0;
+  uint32_t head_dim = 0;
+  uint32_t block_size = 0;
+  uint32_t num_tokens = 0;  // the sequence's length (positions appended so far)
+  // [n_kv_heads] rows stored per head; nullptr means every head stores
+  // num_tokens rows (no dead heads, no eviction).
+  const uint32_t* head_len = nullptr;
+  // [n_kv_heads] pointers to [head_len[h]] original position indices of the
+  // stored rows; nullptr means row r holds position r.
+  const uint32_t* const* positions = nullptr;
+  const uint32_t* block_table = nullptr;  // [num_blocks] logical -> physical
+  uint32_t num_blocks = 0;
+  KvSideView k, v;
+
+  uint32_t rows(uint32_t head) const { return head_len ? head_len[head] : num_tokens; }
+  uint32_t position(uint32_t head, uint32_t row) const {
+    return positions ? positions[head][row] : row;
+  }
+  // Start of stored row `row` of kv head `head` on one side.
+  const uint8_t* row_ptr(const KvSideView& side, uint32_t head, uint32_t row) const {
+    return side.base + static_cast<size_t>(block_table[row / block_size]) * side.block_stride +
+           static_cast<size_t>(head) * side.head_stride +
+           static_cast<size_t>(row % block_size) * side.row_bytes;
+  }
+};
+
+}  // namespace kvcache
