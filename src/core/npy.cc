@@ -292,6 +292,9 @@ Result<std::vector<uint8_t>> EncodeNpy(std::span<const uint64_t> shape, std::spa
   const size_t total = (prefix + header.size() + 1 + 63) / 64 * 64;
   header.append(total - prefix - header.size() - 1, ' ');
   header.push_back('\n');
+  if (len_bytes == 2 && header.size() > 0xFFFF) {
+    return Status::InvalidArgument("npy: header too long for version 1.0 (write version 2)");
+  }
   std::vector<uint8_t> out(kMagic, kMagic + kMagicLen);
   out.push_back(options.major_version);
   out.push_back(0);

@@ -37,7 +37,10 @@ class Rng {
   double StudentT3() {
     const double z = Normal();
     double chi2 = 0;
-    for (int i = 0; i < 3; ++i) chi2 += Normal() * Normal();
+    for (int i = 0; i < 3; ++i) {
+      const double x = Normal();
+      chi2 += x * x;
+    }
     return z / std::sqrt(chi2 / 3.0) / std::sqrt(3.0);
   }
 
