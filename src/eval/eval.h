@@ -46,7 +46,8 @@ struct EvalOptions {
 
 class Evaluator {
  public:
-  // REQUIRES: data.Validate() ok. Computes the f32 reference attention.
+  // REQUIRES: data.Validate() ok; data outlives the evaluator (it is not
+  // copied). Computes the f32 reference attention.
   Evaluator(const EvalData& data, EvalOptions options = {});
 
   // An error (InvalidArgument for a head_dim the format cannot take,
