@@ -33,10 +33,10 @@ namespace {
 template <size_t L>
 struct LevelTable {
   alignas(64) float level[L];
-  float threshold[L - 1];
+  float threshold[L / 2 - 1];  // midpoints of the non-negative half, as in codec_scalar.cc
   explicit LevelTable(const std::array<float, L>& lv) {
     for (size_t k = 0; k < L; ++k) level[k] = lv[k];
-    for (size_t k = 0; k + 1 < L; ++k) threshold[k] = (lv[k] + lv[k + 1]) / 2;
+    for (size_t j = 0; j + 1 < L / 2; ++j) threshold[j] = (lv[L / 2 + j] + lv[L / 2 + j + 1]) / 2;
   }
 };
 const LevelTable<16>& Table4() {
@@ -246,12 +246,28 @@ template <size_t L>
 HWY_INLINE VI NearestCodes(const LevelTable<L>& t, VF y) {
   const DI di;
   const DF df;
-  VI k = hn::Zero(di);
-  for (size_t j = 0; j + 1 < L; ++j) {
-    const auto gt = hn::RebindMask(di, y > hn::Set(df, t.threshold[j]));
-    k = hn::Sub(k, hn::VecFromMask(di, gt));  // mask lanes are -1
+  const VF a = hn::Abs(y);
+  VI c = hn::Zero(di);
+  for (size_t j = 0; j + 1 < L / 2; ++j) {
+    const auto gt = hn::RebindMask(di, a > hn::Set(df, t.threshold[j]));
+    c = hn::Sub(c, hn::VecFromMask(di, gt));  // mask lanes are -1
   }
-  return k;
+  const auto pos = hn::RebindMask(di, y > hn::Zero(df));
+  constexpr int32_t kHalf = static_cast<int32_t>(L / 2);
+  return hn::IfThenElse(pos, hn::Add(hn::Set(di, kHalf), c), hn::Sub(hn::Set(di, kHalf - 1), c));
+}
+
+// The level NearestCodes(t, y) indexes, without a gather: a select chain over
+// the non-negative half, then the sign (levels are exactly symmetric).
+template <size_t L>
+HWY_INLINE VF NearestLevel(const LevelTable<L>& t, VF y) {
+  const DF df;
+  const VF a = hn::Abs(y);
+  VF lv = hn::Set(df, t.level[L / 2]);
+  for (size_t j = 0; j + 1 < L / 2; ++j) {
+    lv = hn::IfThenElse(a > hn::Set(df, t.threshold[j]), hn::Set(df, t.level[L / 2 + j + 1]), lv);
+  }
+  return hn::IfThenElse(y > hn::Zero(df), lv, hn::Neg(lv));
 }
 
 // x: N groups of 16 values (group lane at x + 16 * lane); writes scale codes
@@ -280,7 +296,7 @@ void QuantizeTurboLanes(const LevelTable<L>& t, const float* x, int32_t* scale_o
     VF err = hn::Zero(df);
     for (int i = 0; i < 16; ++i) {
       const VF y = hn::Div(v[i], s);
-      const VF lv = hn::GatherIndex(df, t.level, NearestCodes(t, y));
+      const VF lv = NearestLevel(t, y);
       const VF dd = hn::Sub(v[i], hn::Mul(s, lv));
       err = hn::Add(err, hn::Mul(dd, dd));
     }

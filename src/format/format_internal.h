@@ -219,7 +219,9 @@ inline constexpr std::array<float, 4> kTurbo2Levels = {-0.7527767f, -0.1543219f,
 // Encoder scale rule for turbo4/3/2: c0 = E4M3(amax of the group); try the
 // stored scales c0-kTurboScaleSearch .. c0+kTurboScaleSearch (valid codes
 // 1..0x7E), pick the one whose nearest-level reconstruction has the least
-// squared error (first on ties). An all-zero group stores scale 0 and codes 0.
+// squared error (first on ties). Codes are the nearest level to x / s (an exact
+// tie between two levels goes to the smaller magnitude). An all-zero group
+// stores scale 0 and codes 0.
 inline constexpr int kTurboScaleSearch = 2;
 
 // ---------------------------------------------------------------------------
