@@ -348,6 +348,37 @@ void EncodeTurboRows(const LevelTable<L>& t, Format f, uint32_t d, size_t n, con
 
 // ---- whole-row kernels ----
 
+// Index of the first NaN/Inf in x[0, n), or n.
+size_t FirstNonFiniteT(const float* HWY_RESTRICT x, size_t n) {
+  const DF df;
+  const DI di;
+  const size_t N = hn::Lanes(df);
+  const VI exp_mask = hn::Set(di, 0x7F800000);
+  size_t i = 0;
+  for (; i + 4 * N <= n; i += 4 * N) {
+    // A lane is non-finite iff its exponent bits are all ones.
+    VI m = hn::And(hn::BitCast(di, hn::LoadU(df, x + i)), exp_mask);
+    VI hit = hn::VecFromMask(di, m == exp_mask);
+    for (size_t k = 1; k < 4; ++k) {
+      m = hn::And(hn::BitCast(di, hn::LoadU(df, x + i + k * N)), exp_mask);
+      hit = hn::Or(hit, hn::VecFromMask(di, m == exp_mask));
+    }
+    if (!hn::AllFalse(di, hn::MaskFromVec(hit))) break;
+  }
+  for (; i < n; ++i) {
+    if (!std::isfinite(x[i])) return i;
+  }
+  return n;
+}
+
+HWY_INLINE void CopyFloats(const float* HWY_RESTRICT src, size_t n, float* HWY_RESTRICT dst) {
+  const DF df;
+  const size_t N = hn::Lanes(df);
+  size_t i = 0;
+  for (; i + N <= n; i += N) hn::StoreU(hn::LoadU(df, src + i), df, dst + i);
+  if (i < n) std::memcpy(dst + i, src + i, (n - i) * sizeof(float));  // may be unaligned
+}
+
 void EncodeRowsT(Format f, uint32_t d, size_t n, const float* HWY_RESTRICT x,
                  uint8_t* HWY_RESTRICT out) {
   const DF df;
@@ -355,7 +386,7 @@ void EncodeRowsT(Format f, uint32_t d, size_t n, const float* HWY_RESTRICT x,
   const size_t N = hn::Lanes(df);
   const size_t total = n * d;
   switch (f) {
-    case Format::kF32: std::memcpy(out, x, total * 4); return;
+    case Format::kF32: CopyFloats(x, total, reinterpret_cast<float*>(out)); return;
     case Format::kF16: {
       size_t i = 0;
       for (; i + N <= total; i += N) StoreI32AsU16(EncodeF16(hn::LoadU(df, x + i)), out + 2 * i);
@@ -436,7 +467,7 @@ void DecodeRowsT(Format f, uint32_t d, size_t n, const uint8_t* HWY_RESTRICT in,
   const size_t N = hn::Lanes(df);
   const size_t total = n * d;
   switch (f) {
-    case Format::kF32: std::memcpy(x, in, total * 4); return;
+    case Format::kF32: CopyFloats(reinterpret_cast<const float*>(in), total, x); return;
     case Format::kF16: {
       size_t i = 0;
       for (; i + N <= total; i += N) hn::StoreU(DecodeF16(LoadU16AsI32(in + 2 * i)), df, x + i);
@@ -546,6 +577,9 @@ namespace format_internal {
 
 HWY_EXPORT(EncodeRowsT);
 HWY_EXPORT(DecodeRowsT);
+HWY_EXPORT(FirstNonFiniteT);
+
+size_t FirstNonFinite(const float* x, size_t n) { return HWY_DYNAMIC_DISPATCH(FirstNonFiniteT)(x, n); }
 
 void EncodeRows(Format f, uint32_t d, size_t n, const float* x, uint8_t* out) {
   HWY_DYNAMIC_DISPATCH(EncodeRowsT)(f, d, n, x, out);

@@ -301,6 +301,8 @@ void InverseRotateInPlaceScalar(const float* signs, uint32_t head_dim, float* x)
 // produce bytes (and floats) identical to the scalar references.
 void EncodeRows(Format format, uint32_t d, size_t n, const float* x, uint8_t* out);
 void DecodeRows(Format format, uint32_t d, size_t n, const uint8_t* in, float* x);
+// Index of the first NaN/Inf in x[0, n), or n. SIMD.
+size_t FirstNonFinite(const float* x, size_t n);
 void EncodeRowsScalar(Format format, uint32_t d, size_t n, const float* x, uint8_t* out);
 void DecodeRowsScalar(Format format, uint32_t d, size_t n, const uint8_t* in, float* x);
 
