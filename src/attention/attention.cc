@@ -187,6 +187,7 @@ void PrepareQueries(Plan& plan) {
         for (uint32_t j = 0; j < d; ++j) dst[j] *= kt->col_scale[j];
       }
       if (IsRotated(k.format)) k.codec->Rotate(dst);
+      if (attention_internal::UsesNibbleOrder(k.format)) attention_internal::ToNibbleOrder(dst, d);
       qv.q = dst;
     }
   }
