@@ -1,0 +1,46 @@
+// Shared test fixture: stories260K and its tokenizer, loaded once per binary
+// from KVCACHE_SHARED_DIR (never copied into the repository).
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <string>
+
+#include "model/checkpoint.h"
+#include "model/tokenizer.h"
+
+namespace kvcache::model::testing {
+
+inline const std::string& ModelDir() {
+  static const std::string dir = std::string(KVCACHE_SHARED_DIR) + "/models/stories260K/";
+  return dir;
+}
+
+struct Loaded {
+  Model model;
+  Tokenizer tokenizer;
+};
+
+// Loads once; fails the calling test if the files are missing.
+inline const Loaded* Stories260K() {
+  static std::unique_ptr<Loaded> loaded = [] {
+    auto m = LoadModel(ModelDir() + "stories260K_v1.bin");
+    if (!m.ok()) return std::unique_ptr<Loaded>();
+    auto t = Tokenizer::Load(ModelDir() + "tokenizer.bin", m->config().vocab_size);
+    if (!t.ok()) return std::unique_ptr<Loaded>();
+    return std::unique_ptr<Loaded>(new Loaded{std::move(m).value(), std::move(t).value()});
+  }();
+  EXPECT_NE(loaded, nullptr) << "cannot load stories260K from " << ModelDir();
+  return loaded.get();
+}
+
+// A short story written for these tests (not from any data set).
+inline constexpr const char* kStoryText =
+    "Once upon a time, there was a little girl named Mia. She liked to play in the garden "
+    "with her dog, Max. One day, Mia saw a big red ball under a tree. She ran to get it, "
+    "but Max got there first. Max took the ball and ran away. Mia laughed and chased him "
+    "around the garden. When they were tired, they sat in the sun and ate a cookie. Mia "
+    "said, \"You are my best friend, Max.\" Max wagged his tail and was very happy.";
+
+}  // namespace kvcache::model::testing
