@@ -8,6 +8,7 @@
 #include <string>
 
 #include "model/checkpoint.h"
+#include "model/demo_report.h"
 #include "model/tokenizer.h"
 
 namespace kvcache::model::testing {
@@ -35,12 +36,7 @@ inline const Loaded* Stories260K() {
   return loaded.get();
 }
 
-// A short story written for these tests (not from any data set).
-inline constexpr const char* kStoryText =
-    "Once upon a time, there was a little girl named Mia. She liked to play in the garden "
-    "with her dog, Max. One day, Mia saw a big red ball under a tree. She ran to get it, "
-    "but Max got there first. Max took the ball and ran away. Mia laughed and chased him "
-    "around the garden. When they were tired, they sat in the sun and ate a cookie. Mia "
-    "said, \"You are my best friend, Max.\" Max wagged his tail and was very happy.";
+// The demo's short story (written for this project, not from a data set).
+inline const char* const kStoryText = DemoStoryText().data();
 
 }  // namespace kvcache::model::testing
