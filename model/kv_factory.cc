@@ -16,8 +16,12 @@ Result<std::unique_ptr<KvBackend>> CreateKvBackend(const AttentionShape& shape,
     KV_ASSIGN_OR_RETURN(auto kv, NaiveKv::Create(shape, options.formats));
     return std::unique_ptr<KvBackend>(std::move(kv));
   }
-  // PENDING: the cache and attention implementations have not landed yet.
-  return Status::Unimplemented("the kvcache cache backend is not built yet; use --backend naive");
+  CacheKvOptions c;
+  c.formats = options.formats;
+  c.layout = options.layout;
+  c.block_size = options.block_size;
+  KV_ASSIGN_OR_RETURN(auto kv, CacheKv::Create(shape, c));
+  return std::unique_ptr<KvBackend>(std::move(kv));
 }
 
 Result<BackendKind> ParseBackendKind(std::string_view name) {
