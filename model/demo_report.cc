@@ -83,12 +83,14 @@ Status PrintDemoReport(const DemoReportOptions& options, std::FILE* out) {
   if (tokens.size() > c.max_seq_len) tokens.resize(c.max_seq_len);
   const std::vector<FormatPair> formats =
       options.formats.empty() ? DefaultDemoFormats() : options.formats;
+  PerplexityOptions p;
+  p.prefill_tokens = options.prefill_tokens;
   KV_ASSIGN_OR_RETURN(std::vector<FormatEvaluation> evals,
-                      EvaluateFormats(decoder, tokens, backend, formats));
+                      EvaluateFormats(decoder, tokens, backend, formats, p));
   std::fprintf(out,
-               "\n== KV format quality: teacher-forced over %zu tokens of a short story, one "
-               "decode step per token, vs the f32 cache (%s) ==\n",
-               tokens.size(), where.c_str());
+               "\n== KV format quality: teacher-forced over %zu tokens of a short story "
+               "(%u-token prefill, then one decode step per token), vs the f32 cache (%s) ==\n",
+               tokens.size(), options.prefill_tokens, where.c_str());
   std::fprintf(out, "%-16s %9s %11s %9s %11s %10s\n", "K:V format", "bits K/V", "perplexity",
                "mean NLL", "KL vs f32", "top-1 agr");
   const uint32_t hd = c.head_dim();

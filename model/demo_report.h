@@ -27,6 +27,9 @@ struct DemoReportOptions {
   uint32_t draft_tokens = 4;  // speculative rerun of the story; 0 = skip
   // Text scored for the table; empty = DemoStoryText().
   std::string text;
+  // The table's passes: a prompt of prefill_tokens in one pass (where the
+  // cache calibrates its per-head transforms), then one decode step per token.
+  uint32_t prefill_tokens = 16;
   // Formats in the table; empty = DefaultDemoFormats().
   std::vector<FormatPair> formats;
   // Backend of the story and the table (its formats field is ignored: the

@@ -39,8 +39,10 @@ Result<std::vector<float>> TeacherForcedLogits(Decoder& decoder, KvBackend& kv,
   const size_t vocab = decoder.config().vocab_size;
   const size_t n_feed = tokens.size() - 1;  // the last token predicts nothing
   std::vector<float> logits(n_feed * vocab);
-  for (size_t start = 0; start < n_feed; start += options.chunk_tokens) {
-    const size_t n = std::min<size_t>(options.chunk_tokens, n_feed - start);
+  for (size_t start = 0, n = 0; start < n_feed; start += n) {
+    n = std::min<size_t>(start == 0 && options.prefill_tokens > 0 ? options.prefill_tokens
+                                                                   : options.chunk_tokens,
+                         n_feed - start);
     KV_RETURN_IF_ERROR(decoder.Forward(tokens.subspan(start, n), kv,
                                        std::span<float>(logits).subspan(start * vocab, n * vocab)));
   }

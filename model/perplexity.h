@@ -2,12 +2,12 @@
 // negative log-likelihood of each next token, and how far the next-token
 // distributions move from a reference (the f32 cache).
 //
-// Tokens are fed in passes of chunk_tokens (1 = decode steps, the default);
-// either way every prediction reads the K/V of all earlier positions (and its
-// own) back from the backend's storage format. The chunking matters only for
-// formats the cache calibrates from the rows of a head's first append (see
-// cache.h): decode steps calibrate on the first token (BOS) alone. Sums are
-// in double.
+// Tokens are fed as a first pass of prefill_tokens (a prompt), then passes
+// of chunk_tokens (1 = decode steps, the default); either way every
+// prediction reads the K/V of all earlier positions (and its own) back from
+// the backend's storage format. The split matters only for formats the cache
+// calibrates from the rows of a head's first append (see cache.h): pure
+// decode steps calibrate on the first token (BOS) alone. Sums are in double.
 //
 // Thread safety: one call per Decoder and backend at a time.
 #pragma once
@@ -27,7 +27,8 @@
 namespace kvcache::model {
 
 struct PerplexityOptions {
-  uint32_t chunk_tokens = 1;  // tokens per Forward pass, >= 1
+  uint32_t prefill_tokens = 0;  // tokens of the first pass (0 = no separate prefill)
+  uint32_t chunk_tokens = 1;    // tokens per later Forward pass, >= 1
 };
 
 // The logits after each of tokens[0 .. size-1) ([size-1][vocab]): what

@@ -25,6 +25,7 @@ struct PerplexityCliOptions {
   std::string backend = "cache";
   uint32_t block_size = 16;
   uint32_t chunk = 1;
+  uint32_t prefill = 0;
   bool json = false;
 };
 
@@ -65,6 +66,7 @@ int RunPerplexity(const PerplexityCliOptions& o) {
 
   model::PerplexityOptions p;
   p.chunk_tokens = o.chunk;
+  p.prefill_tokens = o.prefill;
   auto e = model::EvaluateFormat(decoder, tokens, kv_options, p);
   if (!e.ok()) return Fail(e.status());
   const bool ok = e->state == model::FormatEvaluation::State::kOk;
@@ -75,6 +77,7 @@ int RunPerplexity(const PerplexityCliOptions& o) {
   j["layout"] = o.layout;
   j["backend"] = o.backend;
   j["chunk_tokens"] = o.chunk;
+  j["prefill_tokens"] = o.prefill;
   j["num_tokens"] = tokens.size();
   if (encoded > tokens.size()) j["truncated_from_tokens"] = encoded;
   j["supported"] = ok;
@@ -126,6 +129,9 @@ const bool kRegistered = RegisterCommand(
       app->add_option("--backend", o->backend, "cache (kvcache) | naive (reference)")
           ->capture_default_str();
       app->add_option("--chunk", o->chunk, "Tokens per forward pass (1 = decode steps)")
+          ->capture_default_str();
+      app->add_option("--prefill", o->prefill,
+                      "Tokens of a first prompt pass before the chunks (0 = none)")
           ->capture_default_str();
       app->add_flag("--json", o->json, "Print JSON");
       app->callback([app] {
