@@ -5,15 +5,19 @@
 #include <cmath>
 #include <string>
 
+#include "kvcache/attention.h"
+
 namespace kvcache::model {
 
-Result<std::unique_ptr<NaiveKv>> NaiveKv::Create(const AttentionShape& shape, FormatPair formats) {
+Result<std::unique_ptr<NaiveKv>> NaiveKv::Create(const AttentionShape& shape, FormatPair formats,
+                                                 NaiveAttention attention) {
   if (shape.n_layers == 0 || shape.n_kv_heads == 0 || shape.head_dim == 0 ||
       shape.n_heads % shape.n_kv_heads != 0) {
     return Status::InvalidArgument("naive kv: bad attention shape");
   }
   std::unique_ptr<NaiveKv> kv(new NaiveKv());
   kv->shape_ = shape;
+  kv->attention_ = attention;
   if (formats.k != Format::kF32) {
     KV_ASSIGN_OR_RETURN(RowCodec c, RowCodec::Create(formats.k, shape.head_dim, Side::kKey));
     kv->k_codec_ = std::move(c);
@@ -79,6 +83,7 @@ Status NaiveKv::Attend(uint32_t layer, std::span<const float> q, std::span<float
   if (stored_[layer] != num_tokens_) {
     return Status::FailedPrecondition("naive kv: attend before store");
   }
+  if (attention_ == NaiveAttention::kKvcacheReference) return AttendWithReference(layer, q, out);
   const uint32_t base = num_tokens_ - pass_;
   const uint32_t group = shape_.n_heads / shape_.n_kv_heads;
   const float inv_sqrt = 1.0f / std::sqrt(static_cast<float>(hd));
@@ -114,6 +119,30 @@ Status NaiveKv::Attend(uint32_t layer, std::span<const float> q, std::span<float
     }
   }
   return Status::Ok();
+}
+
+Status NaiveKv::AttendWithReference(uint32_t layer, std::span<const float> q,
+                                    std::span<float> out) {
+  // Per kv head, contiguous [num_tokens][head_dim] copies of the rows.
+  const uint32_t hd = shape_.head_dim, kv_dim = shape_.kv_dim();
+  std::vector<std::vector<float>> keys(shape_.n_kv_heads), values(shape_.n_kv_heads);
+  std::vector<ReferenceHead> heads(shape_.n_kv_heads);
+  for (uint32_t h = 0; h < shape_.n_kv_heads; ++h) {
+    keys[h].resize(static_cast<size_t>(num_tokens_) * hd);
+    values[h].resize(static_cast<size_t>(num_tokens_) * hd);
+    for (uint32_t t = 0; t < num_tokens_; ++t) {
+      const size_t src = static_cast<size_t>(t) * kv_dim + h * hd;
+      std::copy_n(k_[layer].data() + src, hd, keys[h].data() + static_cast<size_t>(t) * hd);
+      std::copy_n(v_[layer].data() + src, hd, values[h].data() + static_cast<size_t>(t) * hd);
+    }
+    heads[h].keys = keys[h];
+    heads[h].values = values[h];
+  }
+  AttentionOptions options;
+  options.n_q_heads = shape_.n_heads;
+  AttentionOutput output;
+  output.out = out;
+  return AttendReference(heads, hd, num_tokens_, pass_, q, options, output);
 }
 
 Status NaiveKv::Truncate(uint32_t num_tokens) {

@@ -7,6 +7,11 @@
 // it shows what a format's rounding alone does, independently of the cache and
 // attention kernels.
 //
+// NaiveAttention::kKvcacheReference instead runs kvcache::AttendReference
+// over the same f32 rows: the documented summation order that kvcache's f32
+// kernels reproduce bit for bit, so full recomputation on it must equal
+// cached decoding exactly (the scalar loops agree only to float rounding).
+//
 // Thread safety: one thread at a time.
 #pragma once
 
@@ -20,11 +25,17 @@
 
 namespace kvcache::model {
 
+enum class NaiveAttention : uint8_t {
+  kScalar,             // the loops in naive_kv.cc
+  kKvcacheReference,   // kvcache::AttendReference (attention.h)
+};
+
 class NaiveKv final : public KvBackend {
  public:
   // InvalidArgument if a format cannot take shape.head_dim.
-  static Result<std::unique_ptr<NaiveKv>> Create(const AttentionShape& shape,
-                                                 FormatPair formats = {});
+  static Result<std::unique_ptr<NaiveKv>> Create(
+      const AttentionShape& shape, FormatPair formats = {},
+      NaiveAttention attention = NaiveAttention::kScalar);
 
   uint32_t num_tokens() const override { return num_tokens_; }
   Status Extend(uint32_t n) override;
@@ -37,7 +48,10 @@ class NaiveKv final : public KvBackend {
   NaiveKv() = default;
   Status RoundTrip(const std::optional<RowCodec>& codec, std::span<float> rows);
 
+  Status AttendWithReference(uint32_t layer, std::span<const float> q, std::span<float> out);
+
   AttentionShape shape_;
+  NaiveAttention attention_ = NaiveAttention::kScalar;
   std::optional<RowCodec> k_codec_, v_codec_;  // absent for f32
   uint32_t num_tokens_ = 0;  // positions, the last pass_ of them added by the latest Extend
   uint32_t pass_ = 0;

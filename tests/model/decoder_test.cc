@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "backend_params.h"
+#include "model/cache_kv.h"
 #include "model/decoder.h"
 #include "model/generate.h"
 #include "model/naive_kv.h"
@@ -25,8 +26,9 @@ constexpr float kLogitTol = 1e-5f;
 
 // Logits of the last token of `tokens` by full recomputation: a fresh naive
 // backend, all tokens in one pass (no state kept between steps).
-std::vector<float> Recompute(Decoder& d, std::span<const int32_t> tokens) {
-  auto kv = NaiveKv::Create(d.attention_shape());
+std::vector<float> Recompute(Decoder& d, std::span<const int32_t> tokens,
+                             NaiveAttention attention = NaiveAttention::kScalar) {
+  auto kv = NaiveKv::Create(d.attention_shape(), {}, attention);
   EXPECT_TRUE(kv.ok());
   std::vector<float> logits(d.config().vocab_size);
   EXPECT_TRUE(d.Forward(tokens, **kv, logits).ok());
@@ -82,6 +84,11 @@ TEST_P(DecoderOnBackend, CachedDecodingEqualsFullRecomputation) {
     const auto ref = Recompute(ref_decoder, tokens);
     worst = std::max(worst, MaxAbsDiff(logits, ref));
     ASSERT_EQ(Argmax(logits), Argmax(ref)) << "step " << step;
+    if (GetParam().options.kind == BackendKind::kCache) {
+      // Recomputed with kvcache's reference attention order: bit-identical.
+      EXPECT_EQ(logits, Recompute(ref_decoder, tokens, NaiveAttention::kKvcacheReference))
+          << "step " << step;
+    }
     tokens.push_back(Argmax(logits));
   }
   EXPECT_LE(worst, kLogitTol);
@@ -198,6 +205,43 @@ TEST(Decoder, RopeRotatesPairsByPosition) {
   EXPECT_NEAR(w[3], std::sin(a1), 1e-6);
   // Rotations preserve each pair's length.
   for (int i = 0; i < 8; i += 2) EXPECT_NEAR(w[i] * w[i] + w[i + 1] * w[i + 1], 1.0f, 1e-6);
+}
+
+}  // namespace
+}  // namespace kvcache::model
+
+namespace kvcache::model {
+namespace {
+
+// A paged cache whose pool runs dry: the pass fails with PoolExhausted (at
+// layer 0's append: all layers share one block table, so later layers never
+// allocate), nothing is left behind, and the sequence continues exactly as if
+// the failed pass never happened.
+TEST(CacheKv, PoolExhaustionLeavesTheSequenceAsItWas) {
+  const auto* s = Stories260K();
+  ASSERT_NE(s, nullptr);
+  Decoder d(s->model);
+  const uint32_t vocab = d.config().vocab_size;
+  CacheKvOptions o;
+  o.layout = CacheLayout::kPaged;
+  o.block_size = 4;
+  o.pool_blocks = 2;  // 8 positions
+  auto kv = CacheKv::Create(d.attention_shape(), o);
+  ASSERT_TRUE(kv.ok()) << kv.status().ToString();
+  const auto tokens = s->tokenizer.Encode("Sam and Ann saw a big fish in the pond");
+  ASSERT_GE(tokens.size(), 10u);
+  std::vector<float> logits(vocab);
+  ASSERT_TRUE(d.Forward(std::span<const int32_t>(tokens).first(6), **kv, logits).ok());
+  const Status full = d.Forward(std::span<const int32_t>(tokens).subspan(6, 4), **kv, logits);
+  EXPECT_EQ(full.code(), StatusCode::kPoolExhausted) << full.ToString();
+  EXPECT_EQ((*kv)->num_tokens(), 6u);
+  for (uint32_t l = 0; l < d.config().n_layers; ++l) EXPECT_EQ((*kv)->cache().num_tokens(l), 6u);
+  EXPECT_TRUE((*kv)->cache().CheckInvariants().ok());
+  ASSERT_TRUE(d.Forward(std::span<const int32_t>(tokens).subspan(6, 2), **kv, logits).ok());
+  auto fresh = NaiveKv::Create(d.attention_shape(), {}, NaiveAttention::kKvcacheReference);
+  std::vector<float> want(vocab);
+  ASSERT_TRUE(d.Forward(std::span<const int32_t>(tokens).first(8), **fresh, want).ok());
+  EXPECT_EQ(logits, want);
 }
 
 }  // namespace
