@@ -37,11 +37,6 @@ Status CacheKv::Extend(uint32_t n) {
                                     " positions exceed max_seq_len " +
                                     std::to_string(shape_.max_seq_len));
   }
-  for (uint32_t l = 0; l < shape_.n_layers; ++l) {
-    if (cache_.num_tokens(l) != len) {
-      return Status::FailedPrecondition("cache kv: previous pass incomplete");
-    }
-  }
   base_ = len;
   pass_ = n;
   return Status::Ok();
@@ -49,8 +44,9 @@ Status CacheKv::Extend(uint32_t n) {
 
 Status CacheKv::Store(uint32_t layer, std::span<const float> k, std::span<const float> v) {
   if (cache_.num_tokens(layer) != base_) {
-    return Status::FailedPrecondition("cache kv: layer " + std::to_string(layer) +
-                                      " stored twice in one pass");
+    return Status::FailedPrecondition("cache kv: layer " + std::to_string(layer) + " holds " +
+                                      std::to_string(cache_.num_tokens(layer)) +
+                                      " positions, the pass starts at " + std::to_string(base_));
   }
   const size_t want = static_cast<size_t>(pass_) * shape_.kv_dim();
   if (k.size() != want || v.size() != want) {

@@ -59,12 +59,18 @@ AttentionShape Decoder::attention_shape() const {
   return {c.n_layers, c.n_heads, c.n_kv_heads, c.head_dim(), c.max_seq_len};
 }
 
-Status Decoder::Forward(std::span<const int32_t> tokens, KvBackend& kv, std::span<float> logits) {
+Status Decoder::Forward(std::span<const int32_t> tokens, KvBackend& kv, std::span<float> logits,
+                        const ForwardOptions& options) {
   const ModelConfig& c = config();
   const uint32_t n = static_cast<uint32_t>(tokens.size());
   const uint32_t dim = c.dim, kv_dim = c.kv_dim(), hidden = c.hidden_dim, vocab = c.vocab_size;
   const uint32_t hd = c.head_dim();
   if (n == 0) return Status::InvalidArgument("forward: no tokens");
+  if (options.n_layers > c.n_layers) {
+    return Status::InvalidArgument("forward: n_layers " + std::to_string(options.n_layers) +
+                                   " > the model's " + std::to_string(c.n_layers));
+  }
+  const uint32_t n_layers = options.n_layers ? options.n_layers : c.n_layers;
   const bool all_logits = logits.size() == static_cast<size_t>(n) * vocab;
   if (!all_logits && logits.size() != vocab) {
     return Status::InvalidArgument("forward: logits has " + std::to_string(logits.size()) +
@@ -101,7 +107,7 @@ Status Decoder::Forward(std::span<const int32_t> tokens, KvBackend& kv, std::spa
     (void)kv.Truncate(start);
     return s;
   };
-  for (uint32_t l = 0; l < c.n_layers; ++l) {
+  for (uint32_t l = 0; l < n_layers; ++l) {
     const LayerWeights& w = m.layer(l);
     for (uint32_t i = 0; i < n; ++i) {
       float* xi = x_.data() + static_cast<size_t>(i) * dim;

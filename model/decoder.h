@@ -24,6 +24,12 @@
 
 namespace kvcache::model {
 
+struct ForwardOptions {
+  // Run only layers [0, n_layers) before the final norm and classifier (an
+  // early-exit draft model sharing the full model's cache); 0 = all layers.
+  uint32_t n_layers = 0;
+};
+
 class Decoder {
  public:
   explicit Decoder(const Model& model);
@@ -37,7 +43,8 @@ class Decoder {
   // [1][vocab] for the last token only. On failure kv is rolled back to
   // where it was. InvalidArgument for a bad token id, a logits size that is
   // neither, or running past max_seq_len.
-  Status Forward(std::span<const int32_t> tokens, KvBackend& kv, std::span<float> logits);
+  Status Forward(std::span<const int32_t> tokens, KvBackend& kv, std::span<float> logits,
+                 const ForwardOptions& options = {});
 
  private:
   const Model* model_;

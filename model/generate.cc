@@ -13,6 +13,30 @@ double SecondsSince(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
+// The early-exit draft: k greedy guesses from the first n_layers layers,
+// fed one at a time as partial-depth passes after the pending token, then
+// truncated away so kv holds what it held before.
+Result<std::vector<int32_t>> EarlyExitDraft(Decoder& decoder, KvBackend& kv, int32_t pending,
+                                            uint32_t n_layers, uint32_t k) {
+  const uint32_t before = kv.num_tokens();
+  std::vector<float> logits(decoder.config().vocab_size);
+  std::vector<int32_t> draft;
+  ForwardOptions partial;
+  partial.n_layers = n_layers;
+  int32_t x = pending;
+  for (uint32_t i = 0; i < k; ++i) {
+    Status s = decoder.Forward(std::span<const int32_t>(&x, 1), kv, logits, partial);
+    if (!s.ok()) {
+      (void)kv.Truncate(before);
+      return s;
+    }
+    x = Argmax(logits);
+    draft.push_back(x);
+  }
+  KV_RETURN_IF_ERROR(kv.Truncate(before));
+  return draft;
+}
+
 }  // namespace
 
 int32_t Argmax(std::span<const float> logits) {
@@ -77,6 +101,11 @@ Result<GenerateResult> Generate(Decoder& decoder, KvBackend& kv, std::span<const
                                    " tokens) must extend the " + std::to_string(cached) +
                                    " cached positions");
   }
+  if (options.draft_tokens > 0 && options.draft_kind == DraftKind::kEarlyExit &&
+      (options.draft_layers == 0 || options.draft_layers >= c.n_layers)) {
+    return Status::InvalidArgument("generate: draft_layers " + std::to_string(options.draft_layers) +
+                                   " must be in [1, " + std::to_string(c.n_layers - 1) + "]");
+  }
   GenerateResult result;
   Sampler sampler(options.sampling);
   std::vector<float> logits(vocab);
@@ -113,9 +142,14 @@ Result<GenerateResult> Generate(Decoder& decoder, KvBackend& kv, std::span<const
       // and drafting past the token budget is wasted.
       const size_t room = std::min<size_t>(
           c.max_seq_len - context.size(), options.max_new_tokens - result.tokens.size() - 1);
-      const auto draft = NgramDraft(
-          context, options.ngram_max,
-          static_cast<uint32_t>(std::min<size_t>(options.draft_tokens, room)));
+      const uint32_t want = static_cast<uint32_t>(std::min<size_t>(options.draft_tokens, room));
+      std::vector<int32_t> draft;
+      if (options.draft_kind == DraftKind::kNgram) {
+        draft = NgramDraft(context, options.ngram_max, want);
+      } else if (want > 0) {
+        KV_ASSIGN_OR_RETURN(draft, EarlyExitDraft(decoder, kv, context.back(),
+                                                  options.draft_layers, want));
+      }
       pass.insert(pass.end(), draft.begin(), draft.end());
       result.drafted_tokens += static_cast<uint32_t>(draft.size());
     }

@@ -2,6 +2,13 @@
 // at a time -- or, with speculative decoding, draft several tokens by n-gram
 // lookup in the context and verify them with one multi-token pass.
 //
+// Drafts. kNgram: the tokens that followed the latest earlier occurrence of
+// the context's last ngram_max .. 1 tokens (free, good on repetitive text).
+// kEarlyExit: the model's own greedy guesses from its first draft_layers
+// layers (then the final norm and classifier), run as partial-depth passes on
+// the same cache -- those layers' K/V are exactly the full model's -- and
+// truncated away before the verify pass.
+//
 // Speculative decoding. The pending token plus k drafted tokens run as one
 // Forward pass (one multi-token attention call per layer); the target's
 // choice at each position is sampled in order exactly as plain decoding would
@@ -47,14 +54,16 @@ class Sampler {
 
 int32_t Argmax(std::span<const float> logits);
 
+enum class DraftKind : uint8_t { kNgram, kEarlyExit };
+
 struct GenerateOptions {
   uint32_t max_new_tokens = 128;
   SamplingOptions sampling;
-  // Speculative decoding: tokens drafted per verify pass (0 = off), drafted
-  // by finding the latest earlier occurrence of the context's last
-  // `ngram_max` .. 1 tokens and proposing what followed it.
+  // Speculative decoding: tokens drafted per verify pass (0 = off).
   uint32_t draft_tokens = 0;
-  uint32_t ngram_max = 3;
+  DraftKind draft_kind = DraftKind::kNgram;
+  uint32_t ngram_max = 3;     // kNgram
+  uint32_t draft_layers = 2;  // kEarlyExit: 1 .. n_layers - 1
   bool stop_at_eos = true;  // stop after BOS/EOS (not emitted)
   // Called with each generated token as soon as it is accepted.
   std::function<void(int32_t)> on_token;

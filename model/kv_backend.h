@@ -6,7 +6,12 @@
 // Store(layer, k, v) for the n positions and Attend(layer, q, out); query i
 // (0 <= i < n) sits at position num_tokens_before + i and sees positions
 // 0 ..= its own (causal). A pass that fails part-way is undone with
-// Truncate(num_tokens_before). Truncate rolls the sequence back (speculative
+// Truncate(num_tokens_before).
+//
+// Partial-depth passes (a draft running only layers [0, L')) store only
+// those layers; Store(layer) requires the layer to hold every position
+// before the pass, so deeper layers cannot be used until Truncate brings all
+// layers back to a common length. Truncate rolls the sequence back (speculative
 // rejection); Fork makes an independent sequence that shares the prefix.
 //
 // Implementations: NaiveKv (model/naive_kv.h: plain f32 vectors, or rows
@@ -41,7 +46,8 @@ class KvBackend {
  public:
   virtual ~KvBackend() = default;
 
-  // The sequence length (including the positions of an open pass).
+  // The sequence length: the most positions any layer holds (including the
+  // positions of an open pass).
   virtual uint32_t num_tokens() const = 0;
 
   // Makes room for n new positions in every layer. Fails without changing

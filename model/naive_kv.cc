@@ -38,9 +38,6 @@ Status NaiveKv::Extend(uint32_t n) {
                                     " positions exceed max_seq_len " +
                                     std::to_string(shape_.max_seq_len));
   }
-  for (uint32_t s : stored_) {
-    if (s != num_tokens_) return Status::FailedPrecondition("naive kv: previous pass incomplete");
-  }
   num_tokens_ += n;
   pass_ = n;
   return Status::Ok();
@@ -60,8 +57,9 @@ Status NaiveKv::Store(uint32_t layer, std::span<const float> k, std::span<const 
   }
   const uint32_t base = num_tokens_ - pass_;
   if (stored_[layer] != base) {
-    return Status::FailedPrecondition("naive kv: layer " + std::to_string(layer) +
-                                      " already stored for this pass");
+    return Status::FailedPrecondition("naive kv: layer " + std::to_string(layer) + " holds " +
+                                      std::to_string(stored_[layer]) +
+                                      " positions, the pass starts at " + std::to_string(base));
   }
   std::vector<float> kr(k.begin(), k.end()), vr(v.begin(), v.end());
   KV_RETURN_IF_ERROR(RoundTrip(k_codec_, kr));

@@ -1,7 +1,8 @@
 // `kvcache generate`: stream a story from the reference decoder (model/)
 // with its K/V in a kvcache cache of the chosen format and layout, optionally
-// with speculative decoding (--draft N: n-gram drafts verified in one
-// multi-token pass). --json prints one JSON object instead of streaming.
+// with speculative decoding (--draft N: N drafted tokens -- by n-gram lookup
+// in the context, or by the model's first --draft-layers layers with
+// --draft-kind layers -- verified in one multi-token pass). --json prints one JSON object instead of streaming.
 #include <fmt/format.h>
 
 #include <cstdio>
@@ -26,6 +27,8 @@ struct GenerateCliOptions {
   std::string backend = "cache";
   uint32_t block_size = 16;
   uint32_t draft = 0;
+  std::string draft_kind = "ngram";
+  uint32_t draft_layers = 2;
   bool json = false;
 };
 
@@ -60,6 +63,13 @@ int RunGenerate(const GenerateCliOptions& o) {
   g.sampling.temperature = static_cast<float>(o.temperature);
   g.sampling.seed = o.seed;
   g.draft_tokens = o.draft;
+  g.draft_layers = o.draft_layers;
+  if (o.draft_kind == "layers") {
+    g.draft_kind = model::DraftKind::kEarlyExit;
+  } else if (o.draft_kind != "ngram") {
+    return Fail(Status::InvalidArgument("unknown --draft-kind '" + o.draft_kind +
+                                        "' (want ngram or layers)"));
+  }
   int32_t prev = prompt.back();
   if (!o.json) {
     auto text = tok.Decode(prompt);
@@ -86,7 +96,8 @@ int RunGenerate(const GenerateCliOptions& o) {
     fmt::print(stderr, "[{} tokens, {:.0f} tok/s, kv {} {}", r->tokens.size(), tps,
                FormatPairName(kv_options.formats), o.layout);
     if (o.draft > 0) {
-      fmt::print(stderr, ", draft {}: {}/{} accepted ({:.1f}%), {} verify passes", o.draft,
+      fmt::print(stderr, ", {} draft of {}: {}/{} accepted ({:.1f}%), {} verify passes",
+                 o.draft_kind, o.draft,
                  r->accepted_tokens, r->drafted_tokens, 100.0 * r->acceptance_rate(),
                  r->forward_passes);
     }
@@ -115,6 +126,8 @@ int RunGenerate(const GenerateCliOptions& o) {
   j["forward_passes"] = r->forward_passes;
   j["draft_tokens"] = o.draft;
   if (o.draft > 0) {
+    j["draft_kind"] = o.draft_kind;
+    if (o.draft_kind == "layers") j["draft_layers"] = o.draft_layers;
     j["drafted_tokens"] = r->drafted_tokens;
     j["accepted_tokens"] = r->accepted_tokens;
     j["acceptance_rate"] = r->acceptance_rate();
@@ -142,6 +155,11 @@ const bool kRegistered = RegisterCommand(
       app->add_option("--backend", o->backend, "cache (kvcache) | naive (reference)")
           ->capture_default_str();
       app->add_option("--draft", o->draft, "Speculative decoding: tokens drafted per pass")
+          ->capture_default_str();
+      app->add_option("--draft-kind", o->draft_kind,
+                      "ngram (lookup in the context) | layers (the model's first layers)")
+          ->capture_default_str();
+      app->add_option("--draft-layers", o->draft_layers, "Layers of the early-exit draft")
           ->capture_default_str();
       app->add_flag("--json", o->json, "Print one JSON object (ids, tokens/s) instead of streaming");
       return [o] { return RunGenerate(*o); };

@@ -1,8 +1,10 @@
-// Speculative decoding (n-gram drafts verified by one multi-token pass) gives
+// Speculative decoding (n-gram or early-exit drafts verified by one
+// multi-token pass) gives
 // token for token the output of plain decoding, greedy and seeded sampling,
 // on every backend; and the n-gram draft itself.
 #include <gtest/gtest.h>
 
+#include <utility>
 #include <vector>
 
 #include "backend_params.h"
@@ -39,19 +41,23 @@ TEST_P(SpeculativeOnBackend, EqualsPlainDecodingTokenForToken) {
   const auto prompt = s->tokenizer.Encode("Once upon a time, there was a little girl");
   for (float temperature : {0.0f, 0.8f}) {
     GenerateOptions plain;
-    plain.max_new_tokens = 80;
+    plain.max_new_tokens = 64;
     plain.sampling = {temperature, 1234};
     KV_CREATE_OR_SKIP(kv, d.attention_shape(), GetParam().options);
     auto want = Generate(d, *kv, prompt, plain);
     ASSERT_TRUE(want.ok()) << want.status().ToString();
     ASSERT_GT(want->tokens.size(), 20u);
-    for (uint32_t draft : {1u, 4u}) {
+    for (auto [kind, draft] : {std::pair{DraftKind::kNgram, 1u}, std::pair{DraftKind::kNgram, 4u},
+                               std::pair{DraftKind::kEarlyExit, 3u}}) {
       GenerateOptions spec = plain;
       spec.draft_tokens = draft;
+      spec.draft_kind = kind;
+      spec.draft_layers = 4;
       KV_CREATE_OR_SKIP(kv2, d.attention_shape(), GetParam().options);
       auto got = Generate(d, *kv2, prompt, spec);
       ASSERT_TRUE(got.ok()) << got.status().ToString();
-      EXPECT_EQ(got->tokens, want->tokens) << "temperature " << temperature << " draft " << draft;
+      EXPECT_EQ(got->tokens, want->tokens) << "temperature " << temperature << " draft " << draft
+                                           << " kind " << static_cast<int>(kind);
       EXPECT_GT(got->drafted_tokens, 0u);
       EXPECT_LE(got->accepted_tokens, got->drafted_tokens);
       // Every verify pass emits at least one token, accepted drafts add more.
@@ -61,6 +67,36 @@ TEST_P(SpeculativeOnBackend, EqualsPlainDecodingTokenForToken) {
       EXPECT_EQ(kv2->num_tokens(), prompt.size() + got->tokens.size() - 1);
     }
   }
+}
+
+TEST(Speculative, EarlyExitOptionsAndPartialDepthPasses) {
+  const auto* s = Stories260K();
+  ASSERT_NE(s, nullptr);
+  Decoder d(s->model);
+  const auto prompt = s->tokenizer.Encode("Once upon a time");
+  GenerateOptions g;
+  g.max_new_tokens = 12;
+  g.draft_tokens = 3;
+  g.draft_kind = DraftKind::kEarlyExit;
+  for (uint32_t bad_layers : {0u, 5u}) {
+    g.draft_layers = bad_layers;
+    KV_CREATE_OR_SKIP(kv, d.attention_shape(), KvBackendOptions{});
+    EXPECT_EQ(Generate(d, *kv, prompt, g).status().code(), StatusCode::kInvalidArgument);
+  }
+  // A partial-depth pass stores only its layers; the next full pass needs
+  // them all, so it fails until a Truncate evens the layers out.
+  KV_CREATE_OR_SKIP(kv, d.attention_shape(), KvBackendOptions{});
+  std::vector<float> logits(d.config().vocab_size);
+  ASSERT_TRUE(d.Forward(prompt, *kv, logits).ok());
+  ForwardOptions partial;
+  partial.n_layers = 2;
+  const int32_t x[] = {300};
+  ASSERT_TRUE(d.Forward(x, *kv, logits, partial).ok());
+  EXPECT_EQ(kv->num_tokens(), prompt.size() + 1);
+  EXPECT_EQ(d.Forward(x, *kv, logits).code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(kv->num_tokens(), prompt.size() + 1);
+  ASSERT_TRUE(kv->Truncate(static_cast<uint32_t>(prompt.size())).ok());
+  EXPECT_TRUE(d.Forward(x, *kv, logits).ok());
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, SpeculativeOnBackend, ::testing::ValuesIn(AllBackends()),
