@@ -59,10 +59,13 @@
 // (FailedPrecondition). Release is idempotent and also done on destruction;
 // blocks go back exactly once (back to front, see pool.h for why).
 //
-// Thread safety: a SequenceCache is used by one thread at a time (external
-// synchronization); distinct caches may share a pool across threads freely.
+// Thread safety: a SequenceCache is mutated by one thread at a time
+// (external synchronization); its const methods (View, HeadKeys, ...) may run
+// concurrently with each other, e.g. attention threads over its heads.
+// Distinct caches may share a pool across threads freely.
 // Views, spans and LayerCache handles are invalidated by any mutating call
-// and by moving the cache.
+// and by moving the cache; a moved-from cache may only be destroyed or
+// assigned to.
 #pragma once
 
 #include <cstddef>
