@@ -1,0 +1,60 @@
+// CacheKv: the decoder's K/V in a kvcache::SequenceCache, attention by
+// kvcache's kernels (AttendDecode for one token, AttendMulti for a block of
+// tokens -- a prefill or a speculative verify).
+//
+// A pass maps onto the public API as: Extend(n) checks room; Store(layer)
+// is SequenceCache::AppendLayer (one layer's n positions; the cache allows
+// layers to be appended one at a time); Attend(layer) takes
+// SequenceCache::View(layer) and runs attention with the model's q heads;
+// Truncate is SequenceCache::Truncate; Fork is SequenceCache::Fork (paged:
+// blocks shared copy-on-write; contiguous: a deep copy).
+//
+// Thread safety: one thread at a time. Paged caches may share one BlockPool
+// (forks do), which is itself thread-safe.
+#pragma once
+
+#include <memory>
+
+#include "kvcache/cache.h"
+#include "kvcache/format.h"
+#include "kvcache/pool.h"
+#include "model/kv_backend.h"
+
+namespace kvcache::model {
+
+struct CacheKvOptions {
+  FormatPair formats;
+  CacheLayout layout = CacheLayout::kContiguous;
+  uint32_t block_size = 16;  // paged only
+  // Paged: the pool to draw from, or null to create one with pool_blocks
+  // blocks (0 = enough for four sequences of max_seq_len).
+  std::shared_ptr<BlockPool> pool;
+  uint32_t pool_blocks = 0;
+};
+
+class CacheKv final : public KvBackend {
+ public:
+  // InvalidArgument if a format cannot take shape.head_dim (the cache's
+  // message names format and head_dim).
+  static Result<std::unique_ptr<CacheKv>> Create(const AttentionShape& shape,
+                                                 const CacheKvOptions& options);
+
+  uint32_t num_tokens() const override { return base_ + pass_; }
+  Status Extend(uint32_t n) override;
+  Status Store(uint32_t layer, std::span<const float> k, std::span<const float> v) override;
+  Status Attend(uint32_t layer, std::span<const float> q, std::span<float> out) override;
+  Status Truncate(uint32_t num_tokens) override;
+  Result<std::unique_ptr<KvBackend>> Fork() override;
+
+  const SequenceCache& cache() const { return cache_; }
+
+ private:
+  CacheKv(const AttentionShape& shape, SequenceCache cache)
+      : shape_(shape), cache_(std::move(cache)) {}
+  AttentionShape shape_;
+  SequenceCache cache_;
+  uint32_t base_ = 0;  // positions before the open pass
+  uint32_t pass_ = 0;  // positions of the open pass
+};
+
+}  // namespace kvcache::model

@@ -1,0 +1,49 @@
+// KV backend selection by name.
+#include "model/kv_factory.h"
+
+#include <string>
+
+#include "model/cache_kv.h"
+#include "model/naive_kv.h"
+
+namespace kvcache::model {
+
+Result<std::unique_ptr<KvBackend>> CreateKvBackend(const AttentionShape& shape,
+                                                   const KvBackendOptions& options) {
+  KV_RETURN_IF_ERROR(CheckHeadDim(options.formats.k, shape.head_dim));
+  KV_RETURN_IF_ERROR(CheckHeadDim(options.formats.v, shape.head_dim));
+  if (options.kind == BackendKind::kNaive) {
+    KV_ASSIGN_OR_RETURN(auto kv, NaiveKv::Create(shape, options.formats));
+    return std::unique_ptr<KvBackend>(std::move(kv));
+  }
+  CacheKvOptions c;
+  c.formats = options.formats;
+  c.layout = options.layout;
+  c.block_size = options.block_size;
+  KV_ASSIGN_OR_RETURN(auto kv, CacheKv::Create(shape, c));
+  return std::unique_ptr<KvBackend>(std::move(kv));
+}
+
+Result<BackendKind> ParseBackendKind(std::string_view name) {
+  if (name == "cache") return BackendKind::kCache;
+  if (name == "naive") return BackendKind::kNaive;
+  return Status::InvalidArgument("unknown backend '" + std::string(name) +
+                                 "' (want cache or naive)");
+}
+
+std::string_view BackendKindName(BackendKind kind) {
+  return kind == BackendKind::kCache ? "cache" : "naive";
+}
+
+Result<CacheLayout> ParseCacheLayout(std::string_view name) {
+  if (name == "contiguous") return CacheLayout::kContiguous;
+  if (name == "paged") return CacheLayout::kPaged;
+  return Status::InvalidArgument("unknown layout '" + std::string(name) +
+                                 "' (want contiguous or paged)");
+}
+
+std::string_view CacheLayoutName(CacheLayout layout) {
+  return layout == CacheLayout::kContiguous ? "contiguous" : "paged";
+}
+
+}  // namespace kvcache::model

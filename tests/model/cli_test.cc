@@ -1,0 +1,120 @@
+// `kvcache generate` / `kvcache perplexity` end to end through the binary,
+// and the demo report function.
+#include <gtest/gtest.h>
+
+#include <array>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "model/demo_report.h"
+#include "model_fixture.h"
+
+namespace kvcache::model {
+namespace {
+
+struct CliRun {
+  int exit_code = -1;
+  std::string out;
+};
+
+// Runs the CLI with `args` (stdout captured, stderr dropped).
+CliRun RunCli(const std::string& args) {
+  const std::string cmd = std::string(KVCACHE_CLI_PATH) + " " + args + " 2>/dev/null";
+  CliRun r;
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return r;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
+  const int status = pclose(p);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+std::string ModelArgs() {
+  const std::string dir = testing::ModelDir();
+  return "--model " + dir + "stories260K_v1.bin --tokenizer " + dir + "tokenizer.bin";
+}
+
+// The cache backend when built, else the naive reference.
+std::string BackendArg() {
+  KvBackendOptions o;
+  AttentionShape shape{1, 1, 1, 8, 16};
+  return CreateKvBackend(shape, o).ok() ? "--backend cache" : "--backend naive";
+}
+
+TEST(Cli, GenerateJsonWithAndWithoutDraft) {
+  const std::string base = "generate " + ModelArgs() + " " + BackendArg() +
+                           " --prompt 'Once upon a time' --steps 40 --json";
+  CliRun plain = RunCli(base);
+  ASSERT_EQ(plain.exit_code, 0) << plain.out;
+  auto j = nlohmann::json::parse(plain.out);
+  EXPECT_EQ(j["prompt_tokens"].size(), 5u);
+  EXPECT_EQ(j["prompt_tokens"][0], 1);
+  EXPECT_EQ(j["generated_tokens"].size(), 40u);
+  EXPECT_GT(j["tokens_per_second"].get<double>(), 0.0);
+  EXPECT_EQ(j["text"].get<std::string>().rfind("Once upon a time, there was a little girl", 0), 0u);
+
+  CliRun spec = RunCli(base + " --draft 4 --layout paged");
+  ASSERT_EQ(spec.exit_code, 0) << spec.out;
+  auto s = nlohmann::json::parse(spec.out);
+  EXPECT_EQ(s["generated_tokens"], j["generated_tokens"]);
+  EXPECT_GE(s["acceptance_rate"].get<double>(), 0.0);
+  EXPECT_LE(s["acceptance_rate"].get<double>(), 1.0);
+}
+
+TEST(Cli, PerplexityJsonAndUnsupportedFormats) {
+  const std::string base = "perplexity " + ModelArgs() + " " + BackendArg() +
+                           " --prompt 'Tom and Sue went to the park. They played on the swings.'"
+                           " --json --kv-format ";
+  CliRun f32 = RunCli(base + "f32");
+  ASSERT_EQ(f32.exit_code, 0) << f32.out;
+  auto j = nlohmann::json::parse(f32.out);
+  EXPECT_TRUE(j["supported"].get<bool>());
+  EXPECT_EQ(j["kl_vs_f32"].get<double>(), 0.0);
+  EXPECT_EQ(j["top1_agree_vs_f32"].get<double>(), 1.0);
+  EXPECT_GT(j["perplexity"].get<double>(), 1.0);
+
+  for (const char* f : {"q4_0", "turbo4", "bf16:q8_0"}) {
+    CliRun r = RunCli(base + f);
+    EXPECT_EQ(r.exit_code, 3) << f;
+    auto u = nlohmann::json::parse(r.out);
+    EXPECT_FALSE(u["supported"].get<bool>()) << f;
+    EXPECT_EQ(u["status"], "unsupported");
+    EXPECT_NE(u["error"].get<std::string>().find("head_dim"), std::string::npos);
+  }
+  // Usage errors: no text, a bad format name, a missing model file.
+  EXPECT_NE(RunCli("perplexity " + ModelArgs() + " --json").exit_code, 0);
+  EXPECT_EQ(RunCli(base + "f33").exit_code, 2);
+  EXPECT_EQ(RunCli("generate --model /nonexistent --tokenizer /nonexistent --prompt x").exit_code,
+            2);
+}
+
+TEST(DemoReport, PrintsStoryAndTable) {
+  DemoReportOptions o;
+  o.model_path = testing::ModelDir() + "stories260K_v1.bin";
+  o.tokenizer_path = testing::ModelDir() + "tokenizer.bin";
+  o.story_tokens = 40;
+  o.text = "Tom and Sue went to the park. They played on the swings and ate ice cream.";
+  o.formats = {*ParseFormatPair("f32"), *ParseFormatPair("bf16"), *ParseFormatPair("q4_0")};
+  o.backend.kind = BackendArg() == "--backend cache" ? BackendKind::kCache : BackendKind::kNaive;
+  char* buf = nullptr;
+  size_t size = 0;
+  FILE* mem = open_memstream(&buf, &size);
+  ASSERT_NE(mem, nullptr);
+  Status s = PrintDemoReport(o, mem);
+  std::fclose(mem);
+  const std::string text(buf, size);
+  std::free(buf);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_NE(text.find("Once upon a time, there was a little girl named Lily"), std::string::npos)
+      << text;
+  EXPECT_NE(text.find("identical output"), std::string::npos) << text;
+  EXPECT_NE(text.find("f32:f32"), std::string::npos);
+  EXPECT_NE(text.find("bf16:bf16"), std::string::npos);
+  EXPECT_NE(text.find("unsupported: format q4_0"), std::string::npos) << text;
+}
+
+}  // namespace
+}  // namespace kvcache::model

@@ -1,0 +1,169 @@
+// `kvcache generate`: stream a story from the reference decoder (model/)
+// with its K/V in a kvcache cache of the chosen format and layout, optionally
+// with speculative decoding (--draft N: N drafted tokens -- by n-gram lookup
+// in the context, or by the model's first --draft-layers layers with
+// --draft-kind layers -- verified in one multi-token pass). --json prints one JSON object instead of streaming.
+#include <fmt/format.h>
+
+#include <cstdio>
+#include <nlohmann/json.hpp>
+
+#include "model/decoder.h"
+#include "model/generate.h"
+#include "model/kv_factory.h"
+#include "model/model_files.h"
+#include "tools/command.h"
+
+namespace kvcache::tools {
+namespace {
+
+struct GenerateCliOptions {
+  std::string model_path, tokenizer_path, prompt;
+  uint32_t steps = 256;
+  double temperature = 0.0;
+  uint64_t seed = 42;
+  std::string kv_format = "f32";
+  std::string layout = "contiguous";
+  std::string backend = "cache";
+  uint32_t block_size = 16;
+  uint32_t draft = 0;
+  std::string draft_kind = "ngram";
+  uint32_t draft_layers = 2;
+  bool json = false;
+};
+
+int Fail(const Status& s) {
+  fmt::print(stderr, "kvcache generate: {}\n", s.ToString());
+  return 2;
+}
+
+int RunGenerate(const GenerateCliOptions& o) {
+  auto files = model::LoadModelFiles(o.model_path, o.tokenizer_path);
+  if (!files.ok()) return Fail(files.status());
+  model::KvBackendOptions kv_options;
+  auto formats = ParseFormatPair(o.kv_format);
+  if (!formats.ok()) return Fail(formats.status());
+  kv_options.formats = *formats;
+  auto layout = model::ParseCacheLayout(o.layout);
+  if (!layout.ok()) return Fail(layout.status());
+  kv_options.layout = *layout;
+  auto kind = model::ParseBackendKind(o.backend);
+  if (!kind.ok()) return Fail(kind.status());
+  kv_options.kind = *kind;
+  kv_options.block_size = o.block_size;
+
+  model::Decoder decoder((*files)->model);
+  auto kv = model::CreateKvBackend(decoder.attention_shape(), kv_options);
+  if (!kv.ok()) return Fail(kv.status());
+  const model::Tokenizer& tok = (*files)->tokenizer;
+  const std::vector<int32_t> prompt = tok.Encode(o.prompt);
+
+  model::GenerateOptions g;
+  g.max_new_tokens = o.steps;
+  g.sampling.temperature = static_cast<float>(o.temperature);
+  g.sampling.seed = o.seed;
+  g.draft_tokens = o.draft;
+  g.draft_layers = o.draft_layers;
+  if (o.draft_kind == "layers") {
+    g.draft_kind = model::DraftKind::kEarlyExit;
+  } else if (o.draft_kind != "ngram") {
+    return Fail(Status::InvalidArgument("unknown --draft-kind '" + o.draft_kind +
+                                        "' (want ngram or layers)"));
+  }
+  int32_t prev = prompt.back();
+  if (!o.json) {
+    auto text = tok.Decode(prompt);
+    if (!text.ok()) return Fail(text.status());
+    fmt::print("{}", *text);
+    std::fflush(stdout);
+    g.on_token = [&](int32_t t) {
+      auto piece = tok.DecodeToken(prev, t);
+      prev = t;
+      if (piece.ok()) {
+        fmt::print("{}", *piece);
+        std::fflush(stdout);
+      }
+    };
+  }
+  auto r = model::Generate(decoder, **kv, prompt, g);
+  if (!r.ok()) {
+    if (!o.json) fmt::print("\n");
+    return Fail(r.status());
+  }
+  const double tps = r->decode_seconds > 0 ? r->tokens.size() / r->decode_seconds : 0.0;
+  if (!o.json) {
+    fmt::print("\n");
+    fmt::print(stderr, "[{} tokens, {:.0f} tok/s, kv {} {}", r->tokens.size(), tps,
+               FormatPairName(kv_options.formats), o.layout);
+    if (o.draft > 0) {
+      fmt::print(stderr, ", {} draft of {}: {}/{} accepted ({:.1f}%), {} verify passes",
+                 o.draft_kind, o.draft,
+                 r->accepted_tokens, r->drafted_tokens, 100.0 * r->acceptance_rate(),
+                 r->forward_passes);
+    }
+    fmt::print(stderr, "]\n");
+    return 0;
+  }
+  std::vector<int32_t> all = prompt;
+  all.insert(all.end(), r->tokens.begin(), r->tokens.end());
+  auto generated_text = tok.Decode(all);
+  if (!generated_text.ok()) return Fail(generated_text.status());
+  nlohmann::json j;
+  j["model"] = o.model_path;
+  j["prompt"] = o.prompt;
+  j["kv_format"] = FormatPairName(kv_options.formats);
+  j["layout"] = o.layout;
+  j["backend"] = o.backend;
+  j["temperature"] = o.temperature;
+  j["seed"] = o.seed;
+  j["prompt_tokens"] = prompt;
+  j["generated_tokens"] = r->tokens;
+  j["text"] = *generated_text;
+  j["num_generated"] = r->tokens.size();
+  j["prefill_seconds"] = r->prefill_seconds;
+  j["decode_seconds"] = r->decode_seconds;
+  j["tokens_per_second"] = tps;
+  j["forward_passes"] = r->forward_passes;
+  j["draft_tokens"] = o.draft;
+  if (o.draft > 0) {
+    j["draft_kind"] = o.draft_kind;
+    if (o.draft_kind == "layers") j["draft_layers"] = o.draft_layers;
+    j["drafted_tokens"] = r->drafted_tokens;
+    j["accepted_tokens"] = r->accepted_tokens;
+    j["acceptance_rate"] = r->acceptance_rate();
+  }
+  fmt::print("{}\n", j.dump(2));
+  return 0;
+}
+
+const bool kRegistered = RegisterCommand(
+    "generate", "Generate text with the reference decoder on a kvcache cache",
+    [](CLI::App* app) -> Runner {
+      auto o = std::make_shared<GenerateCliOptions>();
+      app->add_option("--model", o->model_path, "llama2.c v1 checkpoint")->required();
+      app->add_option("--tokenizer", o->tokenizer_path, "llama2.c tokenizer.bin")->required();
+      app->add_option("--prompt", o->prompt, "Prompt text")->required();
+      app->add_option("--steps", o->steps, "Tokens to generate at most")->capture_default_str();
+      app->add_option("--temperature", o->temperature, "Sampling temperature (0 = greedy)")
+          ->capture_default_str();
+      app->add_option("--seed", o->seed, "Sampling seed")->capture_default_str();
+      app->add_option("--kv-format", o->kv_format, "K:V cache format (or one name for both)")
+          ->capture_default_str();
+      app->add_option("--layout", o->layout, "contiguous | paged")->capture_default_str();
+      app->add_option("--block-size", o->block_size, "Paged block size in tokens")
+          ->capture_default_str();
+      app->add_option("--backend", o->backend, "cache (kvcache) | naive (reference)")
+          ->capture_default_str();
+      app->add_option("--draft", o->draft, "Speculative decoding: tokens drafted per pass")
+          ->capture_default_str();
+      app->add_option("--draft-kind", o->draft_kind,
+                      "ngram (lookup in the context) | layers (the model's first layers)")
+          ->capture_default_str();
+      app->add_option("--draft-layers", o->draft_layers, "Layers of the early-exit draft")
+          ->capture_default_str();
+      app->add_flag("--json", o->json, "Print one JSON object (ids, tokens/s) instead of streaming");
+      return [o] { return RunGenerate(*o); };
+    });
+
+}  // namespace
+}  // namespace kvcache::tools
