@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 
+#include "kvcache/pool.h"
 #include "kvcache/simulator.h"
 #include "serving/simulator_internal.h"
 
@@ -47,17 +48,17 @@ Result<SimulateReport> Simulate(const SimulateOptions& options, std::span<const 
   KV_ASSIGN_OR_RETURN(const Geometry geometry, Geometry::Create(options.geometry));
   KV_RETURN_IF_ERROR(CheckHeadDim(options.formats.k, geometry.head_dim()));
   KV_RETURN_IF_ERROR(CheckHeadDim(options.formats.v, geometry.head_dim()));
-  const uint64_t block_bytes =
-      uint64_t{geometry.block_size()} * geometry.n_kv_heads() * geometry.n_layers() *
-      (RowBytes(options.formats.k, geometry.head_dim()) + RowBytes(options.formats.v, geometry.head_dim()));
-  const uint64_t num_blocks = options.pool_bytes / block_bytes;
-  if (num_blocks == 0 || num_blocks >= (uint64_t{1} << 31)) {
+  const uint64_t block_bytes = BlockPool::BlockBytes(geometry, options.formats);
+  const uint32_t num_blocks = BlockPool::BlocksForBytes(geometry, options.formats, options.pool_bytes);
+  if (num_blocks == 0) {
     return Status::InvalidArgument(fmt::format(
-        "simulate: a pool of {} bytes holds {} blocks of {} bytes", options.pool_bytes, num_blocks,
-        block_bytes));
+        "simulate: a pool of {} bytes holds no block of {} bytes", options.pool_bytes, block_bytes));
   }
-  std::unique_ptr<serving::BlockSource> source =
-      serving::NewModelBlockSource(static_cast<uint32_t>(num_blocks), geometry.block_size());
+  BlockPoolOptions pool_options;
+  pool_options.num_blocks = num_blocks;
+  KV_ASSIGN_OR_RETURN(std::shared_ptr<BlockPool> pool,
+                      BlockPool::Create(geometry, options.formats, pool_options));
+  std::unique_ptr<serving::BlockSource> source = serving::NewPoolBlockSource(pool);
   KV_ASSIGN_OR_RETURN(SimulateReport report, serving::SimulateOn(source.get(), options, requests));
   report.formats = FormatPairName(options.formats);
   report.num_blocks = source->num_blocks();

@@ -8,6 +8,8 @@
 #include <numeric>
 #include <random>
 
+#include "kvcache/geometry.h"
+#include "kvcache/pool.h"
 #include "kvcache/prefix_cache.h"
 #include "serving/block_source.h"
 
@@ -24,8 +26,21 @@ std::vector<TokenId> Iota(size_t n, TokenId start = 0) {
   return t;
 }
 
+// The blocks under test: the reference model or the real BlockPool.
+enum class Backing { kModel, kPool };
+
+std::unique_ptr<BlockSource> NewSource(Backing backing, uint32_t num_blocks) {
+  if (backing == Backing::kModel) return serving::NewModelBlockSource(num_blocks, kB);
+  const Geometry g = Geometry::Create({2, 1, 16, kB}).value();
+  BlockPoolOptions o;
+  o.num_blocks = num_blocks;
+  return serving::NewPoolBlockSource(
+      BlockPool::Create(g, {Format::kF32, Format::kF32}, o).value());
+}
+
 struct Fixture {
-  explicit Fixture(uint32_t num_blocks) : src(serving::NewModelBlockSource(num_blocks, kB)) {
+  explicit Fixture(uint32_t num_blocks, Backing backing = Backing::kModel)
+      : src(NewSource(backing, num_blocks)) {
     cache = std::move(PrefixCache::Create(src->NewPrefixBackend())).value();
   }
   // A sequence holding `tokens`: acquires the cached prefix, allocates the rest,
@@ -279,8 +294,8 @@ struct TSeq {
   std::string salt;
 };
 
-void RandomRun(uint64_t seed, uint32_t num_blocks, int steps) {
-  Fixture f(num_blocks);
+void RandomRun(Backing backing, uint64_t seed, uint32_t num_blocks, int steps) {
+  Fixture f(num_blocks, backing);
   Brute brute(num_blocks);
   std::mt19937_64 rng(seed);
   auto uni = [&](uint32_t lo, uint32_t hi) { return std::uniform_int_distribution<uint32_t>(lo, hi)(rng); };
@@ -381,10 +396,39 @@ void RandomRun(uint64_t seed, uint32_t num_blocks, int steps) {
 }
 
 TEST(PrefixCache, RandomAgainstBruteForce) {
-  for (uint64_t seed : {1, 2, 3}) {
-    SCOPED_TRACE(seed);
-    RandomRun(seed, 24, 1500);
-    if (HasFatalFailure()) return;
+  for (Backing backing : {Backing::kModel, Backing::kPool}) {
+    for (uint64_t seed : {1, 2, 3}) {
+      SCOPED_TRACE(testing::Message() << "pool=" << (backing == Backing::kPool) << " seed=" << seed);
+      RandomRun(backing, seed, 24, 1500);
+      if (HasFatalFailure()) return;
+    }
+  }
+}
+
+// The same scenarios on the real pool.
+TEST(PrefixCache, RealPoolEvictionOrderAndOrphans) {
+  {
+    Fixture f(6, Backing::kPool);
+    const std::vector<uint32_t> x = f.Admit(Iota(8));
+    const std::vector<uint32_t> y = f.Admit(Iota(8, 50));
+    f.ReleaseTailFirst(x);
+    f.ReleaseTailFirst(y);
+    std::vector<uint32_t> three(3);
+    ASSERT_TRUE(f.src->Allocate(three, 0).ok());
+    EXPECT_FALSE(f.cache->IsCached(x[1]));
+    EXPECT_EQ(f.cache->Peek(Iota(8), "").num_tokens, 4u);
+    f.Check();
+  }
+  {
+    Fixture f(4, Backing::kPool);
+    std::vector<uint32_t> t = f.Admit(Iota(12));
+    ASSERT_TRUE(f.src->Release(t).ok());  // front to back
+    std::vector<uint32_t> two(2);
+    ASSERT_TRUE(f.src->Allocate(two, 0).ok());
+    EXPECT_EQ(f.cache->num_cached_blocks(), 0u);
+    EXPECT_EQ(f.cache->stats().orphans_dropped, 2u);
+    EXPECT_EQ(f.src->stats().free_blocks, 2u);
+    f.Check();
   }
 }
 

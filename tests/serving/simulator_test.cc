@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 
+#include "kvcache/pool.h"
 #include "kvcache/simulator.h"
 #include "serving/simulator_internal.h"
 
@@ -28,9 +29,17 @@ std::vector<Request> Workload(WorkloadKind kind, uint32_t n, uint64_t seed) {
 }
 
 SimulateReport RunOnModel(const Config& c, const std::vector<Request>& requests,
-                          serving::BlockSource** out_source = nullptr) {
+                          serving::BlockSource** out_source = nullptr, bool real_pool = false) {
   static std::unique_ptr<serving::BlockSource> source;
-  source = serving::NewModelBlockSource(c.num_blocks, 16);
+  if (real_pool) {
+    BlockPoolOptions po;
+    po.num_blocks = c.num_blocks;
+    source = serving::NewPoolBlockSource(
+        BlockPool::Create(Geometry::Create({2, 2, 16, 16}).value(), {Format::kF32, Format::kF32}, po)
+            .value());
+  } else {
+    source = serving::NewModelBlockSource(c.num_blocks, 16);
+  }
   SimulateOptions o;
   o.admission = c.admission;
   o.draft_tokens = c.draft_tokens;
@@ -54,12 +63,13 @@ TEST(Simulator, InvariantsHoldAndNothingLeaks) {
       {WorkloadKind::kParallelSampling, AdmissionPolicy::kReserveWorstCase, 4, true, 250},
   };
   for (const Config& c : configs) {
-    SCOPED_TRACE(fmt::format("{} {} drafts={} prefix={} blocks={}", WorkloadKindName(c.kind),
+   for (bool real_pool : {false, true}) {
+    SCOPED_TRACE(fmt::format("{} {} drafts={} prefix={} blocks={} real_pool={}", WorkloadKindName(c.kind),
                              AdmissionPolicyName(c.admission), c.draft_tokens, c.prefix_caching,
-                             c.num_blocks));
+                             c.num_blocks, real_pool));
     const std::vector<Request> requests = Workload(c.kind, 30, 7);
     serving::BlockSource* src = nullptr;
-    const SimulateReport r = RunOnModel(c, requests, &src);
+    const SimulateReport r = RunOnModel(c, requests, &src, real_pool);
     if (HasFailure()) return;
     EXPECT_EQ(r.requests + r.rejected, requests.size());
     uint64_t samples = 0, outputs = 0;
@@ -84,7 +94,25 @@ TEST(Simulator, InvariantsHoldAndNothingLeaks) {
       EXPECT_LT(r.draft_accepted, r.draft_tokens);
     }
     if (!c.prefix_caching) EXPECT_EQ(r.prefix.lookups, 0u);
+   }
   }
+}
+
+// The reference model and the real pool make the same choices (free blocks
+// most recently freed first, LRU eviction), so whole runs agree exactly.
+TEST(Simulator, RealPoolMatchesTheModel) {
+  const Config c{WorkloadKind::kChat, AdmissionPolicy::kReservePrompt, 2, true, 150};
+  const std::vector<Request> requests = Workload(c.kind, 40, 11);
+  const SimulateReport model = RunOnModel(c, requests, nullptr, false);
+  const SimulateReport pool = RunOnModel(c, requests, nullptr, true);
+  EXPECT_GT(model.preemptions, 0u);
+  EXPECT_GT(model.evicted_blocks, 0u);
+  EXPECT_EQ(model.preemptions, pool.preemptions);
+  EXPECT_EQ(model.evicted_blocks, pool.evicted_blocks);
+  EXPECT_EQ(model.tokens_appended, pool.tokens_appended);
+  EXPECT_EQ(model.prefix.hit_tokens, pool.prefix.hit_tokens);
+  EXPECT_EQ(model.peak_concurrent, pool.peak_concurrent);
+  EXPECT_EQ(model.steps, pool.steps);
 }
 
 TEST(Simulator, TightPoolPreemptsAndEvicts) {
