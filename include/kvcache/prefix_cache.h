@@ -171,6 +171,19 @@ class PrefixCache {
                          std::shared_ptr<const Calibration> calibration = nullptr,
                          const SetHashFn& set_hash = nullptr);
 
+  // The same for callers that keep their chain hashes: hashes[i] names block
+  // i (HashFullBlocks, or extended one block at a time with ChainHash);
+  // first_block = the tokens of block 0 (for salt-miss accounting). Blocks
+  // [0, start) must be ones this caller published (or adopted) before; only
+  // blocks from `start` are hashed into the cache. Returns `end`: blocks
+  // [0, end) are now cached as the caller's blocks; end < hashes.size() means
+  // publication stopped at a duplicate and later calls will not get further.
+  Result<size_t> PublishHashed(std::span<const BlockHash> hashes, std::span<const uint32_t> blocks,
+                               size_t start, std::span<const TokenId> first_block,
+                               std::string_view salt,
+                               std::shared_ptr<const Calibration> calibration = nullptr,
+                               const SetHashFn& set_hash = nullptr);
+
   // Sequence-level helpers. AdoptInto: Acquire + SequenceCache::AdoptPrefix
   // into an empty paged `seq` (on failure the references are given back);
   // returns the tokens adopted. PublishSequence: publishes seq's full blocks,

@@ -45,10 +45,10 @@ std::string_view WorkloadKindName(WorkloadKind kind);
 
 struct WorkloadOptions {
   WorkloadKind kind = WorkloadKind::kChat;
-  uint32_t num_requests = 200;
+  uint32_t num_requests = 300;
   uint64_t seed = 1;
   // Mean decode steps between arrivals (Poisson arrivals).
-  double mean_interarrival_steps = 2.0;
+  double mean_interarrival_steps = 1.0;
 };
 
 // chat: multi-turn conversations (2-6 turns) that all start with one of four

@@ -240,30 +240,57 @@ Result<size_t> PrefixCache::Publish(std::span<const TokenId> tokens,
                                     std::shared_ptr<const Calibration> calibration,
                                     const SetHashFn& set_hash) {
   const uint32_t bs = block_size();
-  State& s = *state_;
   const size_t n_full = tokens.size() / bs;
   if (blocks.size() < n_full) {
     return Status::InvalidArgument(fmt::format(
         "prefix cache: publish of {} full blocks given {} block ids", n_full, blocks.size()));
   }
-  for (size_t i = 0; i < n_full; ++i) {
+  const std::vector<BlockHash> hashes = HashFullBlocks(tokens, bs, salt);
+  const uint64_t before = stats().published_blocks;
+  KV_RETURN_IF_ERROR(PublishHashed(hashes, blocks, 0, tokens.first(std::min<size_t>(bs, tokens.size())),
+                                   salt, std::move(calibration), set_hash)
+                         .status());
+  return static_cast<size_t>(stats().published_blocks - before);
+}
+
+Result<size_t> PrefixCache::PublishHashed(std::span<const BlockHash> hashes,
+                                          std::span<const uint32_t> blocks, size_t start,
+                                          std::span<const TokenId> first_block,
+                                          std::string_view salt,
+                                          std::shared_ptr<const Calibration> calibration,
+                                          const SetHashFn& set_hash) {
+  const uint32_t bs = block_size();
+  State& s = *state_;
+  const size_t n_full = hashes.size();
+  if (blocks.size() < n_full || start > n_full) {
+    return Status::InvalidArgument(fmt::format(
+        "prefix cache: publish of {} hashes from {} given {} block ids", n_full, start, blocks.size()));
+  }
+  if (n_full > 0 && first_block.size() != bs) {
+    return Status::InvalidArgument("prefix cache: publish needs the first block's tokens");
+  }
+  for (size_t i = start; i < n_full; ++i) {
     if (blocks[i] >= s.entries.size()) {
       return Status::InvalidArgument(
           fmt::format("prefix cache: block id {} out of range", blocks[i]));
     }
   }
-  const std::vector<BlockHash> hashes = HashFullBlocks(tokens, bs, salt);
 
   std::lock_guard<std::mutex> lock(s.mu);
-  size_t i = 0;
+  auto cached_as = [&](size_t i) {
+    auto it = s.by_hash.find(hashes[i]);
+    return it != s.by_hash.end() && it->second == blocks[i];
+  };
+  if (start > 0 && !cached_as(start - 1)) return size_t{0};
+  size_t i = start;
   for (; i < n_full; ++i) {
     auto it = s.by_hash.find(hashes[i]);
     if (it == s.by_hash.end()) break;
-    if (it->second != blocks[i]) return size_t{0};  // a duplicate chain: leave it private
+    if (it->second != blocks[i]) return i;  // a duplicate chain: leave the rest private
   }
   const size_t first_new = i;
   for (size_t j = first_new; j < n_full; ++j) {
-    if (s.entries[blocks[j]].cached && !s.by_hash.count(hashes[j])) {
+    if (s.entries[blocks[j]].cached) {
       return Status::InvalidArgument(fmt::format(
           "prefix cache: block {} is cached with other tokens (wrong tokens or table?)",
           blocks[j]));
@@ -276,7 +303,7 @@ Result<size_t> PrefixCache::Publish(std::span<const TokenId> tokens,
     status = set_hash ? set_hash(i, hashes[i].lo) : backend_->SetBlockHash(blocks[i], hashes[i].lo);
     if (!status.ok()) break;
     BlockHash unsalted;
-    if (i == 0) unsalted = salt.empty() ? hashes[0] : ChainHash(BlockHash{}, tokens.first(bs));
+    if (i == 0) unsalted = salt.empty() ? hashes[0] : ChainHash(BlockHash{}, first_block);
     s.Insert(blocks[i], hashes[i], i == 0 ? kNoParent : blocks[i - 1], i == 0 ? &unsalted : nullptr,
              calibration);
     ++published;
@@ -297,7 +324,7 @@ Result<size_t> PrefixCache::Publish(std::span<const TokenId> tokens,
     return status;
   }
   s.stats.published_blocks += published;
-  return published;
+  return first_new + published;
 }
 
 void PrefixCache::OnEvicted(std::span<const EvictedBlock> evicted) {

@@ -57,6 +57,8 @@ struct Seq {
   std::vector<uint32_t> table;  // ceil(length / B) blocks
   uint32_t reserved = 0;        // undrawn reservation
   size_t offered = 0;           // leading blocks already offered to the prefix cache
+  bool publish_stopped = false; // a duplicate chain: the rest stays private
+  std::vector<BlockHash> hashes;  // chain hashes of the committed full blocks
   bool alive = true;
 };
 
@@ -144,14 +146,21 @@ Status Sim::TruncateRows(Seq& s, uint32_t new_length) {
 }
 
 Status Sim::Publish(Seq& s) {
-  if (cache_ == nullptr) return Status::Ok();
+  if (cache_ == nullptr || s.publish_stopped) return Status::Ok();
   const size_t full = s.tokens.size() / bs_;
   if (full <= s.offered) return Status::Ok();
-  KV_ASSIGN_OR_RETURN(size_t published,
-                      cache_->Publish(std::span<const TokenId>(s.tokens.data(), full * bs_),
-                                      std::span<const uint32_t>(s.table.data(), full), s.req->salt));
-  (void)published;
+  // Extend the chain hashes by the newly full blocks only.
+  BlockHash h = s.hashes.empty() ? ChainRoot(s.req->salt) : s.hashes.back();
+  for (size_t i = s.hashes.size(); i < full; ++i) {
+    h = ChainHash(h, std::span<const TokenId>(s.tokens).subspan(i * bs_, bs_));
+    s.hashes.push_back(h);
+  }
+  KV_ASSIGN_OR_RETURN(const size_t end,
+                      cache_->PublishHashed(s.hashes, std::span<const uint32_t>(s.table.data(), full),
+                                            s.offered, std::span<const TokenId>(s.tokens.data(), bs_),
+                                            s.req->salt));
   s.offered = full;
+  s.publish_stopped = end < full;
   return Status::Ok();
 }
 
@@ -242,6 +251,8 @@ Result<bool> Sim::TryAdmit(const Pending& p, double now) {
     f.table = s.table;
     f.reserved = share[i];
     f.offered = s.offered;
+    f.publish_stopped = s.publish_stopped;
+    f.hashes = s.hashes;
     KV_RETURN_IF_ERROR(src_->Retain(f.table));  // fork: share every block
     running_.push_back(std::move(f));
   }

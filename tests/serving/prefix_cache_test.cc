@@ -161,6 +161,27 @@ TEST(PrefixCache, PublishSkipsPartialAndStopsAtDuplicates) {
   f.Check();
 }
 
+TEST(PrefixCache, PublishHashedIsIncremental) {
+  Fixture f(16);
+  const std::vector<TokenId> t = Iota(12);
+  const std::vector<BlockHash> h = HashFullBlocks(t, kB, "");
+  std::vector<uint32_t> a(3), b(3);
+  ASSERT_TRUE(f.src->Allocate(a, 0).ok());
+  ASSERT_TRUE(f.src->Allocate(b, 0).ok());
+  const std::span<const TokenId> first(t.data(), kB);
+  EXPECT_EQ(f.cache->PublishHashed(std::span(h).first(1), a, 0, first, "").value(), 1u);
+  EXPECT_EQ(f.cache->PublishHashed(h, a, 1, first, "").value(), 3u);  // only blocks 1, 2 examined
+  EXPECT_EQ(f.cache->stats().published_blocks, 3u);
+  // b duplicates a's chain: nothing of it is published, from any start.
+  EXPECT_EQ(f.cache->PublishHashed(h, b, 0, first, "").value(), 0u);
+  EXPECT_EQ(f.cache->PublishHashed(h, b, 2, first, "").value(), 0u);
+  EXPECT_EQ(f.cache->num_cached_blocks(), 3u);
+  EXPECT_FALSE(f.cache->PublishHashed(h, b, 4, first, "").ok());  // start past the end
+  ASSERT_TRUE(f.src->Release(a).ok());
+  ASSERT_TRUE(f.src->Release(b).ok());
+  f.Check();
+}
+
 TEST(PrefixCache, PublishRejectsBadInput) {
   Fixture f(4);
   std::vector<uint32_t> a(1);

@@ -78,6 +78,26 @@ TEST(SimulateCli, TableAndWorkloadFile) {
   EXPECT_EQ(r.out.find('\r'), std::string::npos);
 }
 
+TEST(SimulateCli, DefaultsCompareTheDemoFormats) {
+  const CliRun r = RunCli("simulate --json");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["workload"]["requests"], 300);
+  EXPECT_EQ(j["geometry"]["n_layers"], 32);
+  EXPECT_EQ(j["pool_bytes"], 1u << 30);
+  ASSERT_EQ(j["results"].size(), 4u);
+  const char* names[] = {"bf16:bf16", "fp8_e4m3:fp8_e4m3", "turbo4:turbo4", "turbo3:turbo3"};
+  for (size_t i = 0; i < 4; ++i) {
+    EXPECT_EQ(j["results"][i]["kv_format"], names[i]);
+    EXPECT_EQ(j["results"][i]["requests"], 300);
+    if (i > 0) {
+      EXPECT_GT(j["results"][i]["pool"]["num_blocks"], j["results"][i - 1]["pool"]["num_blocks"]);
+      EXPECT_GE(j["results"][i]["mean_concurrent"].get<double>(),
+                j["results"][i - 1]["mean_concurrent"].get<double>());
+    }
+  }
+}
+
 TEST(SimulateCli, Errors) {
   const std::string path = testing::TempDir() + "/cli_bad.jsonl";
   {

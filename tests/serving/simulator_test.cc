@@ -88,12 +88,16 @@ TEST(Simulator, InvariantsHoldAndNothingLeaks) {
     EXPECT_TRUE(src->CheckInvariants().ok());
     EXPECT_GT(r.peak_concurrent, 0u);
     EXPECT_LE(r.peak_pool_utilization, 1.0);
-    if (c.admission == AdmissionPolicy::kReserveWorstCase) EXPECT_EQ(r.preemptions, 0u);
+    if (c.admission == AdmissionPolicy::kReserveWorstCase) {
+      EXPECT_EQ(r.preemptions, 0u);
+    }
     if (c.draft_tokens > 0) {
       EXPECT_GT(r.draft_tokens, 0u);
       EXPECT_LT(r.draft_accepted, r.draft_tokens);
     }
-    if (!c.prefix_caching) EXPECT_EQ(r.prefix.lookups, 0u);
+    if (!c.prefix_caching) {
+      EXPECT_EQ(r.prefix.lookups, 0u);
+    }
    }
   }
 }

@@ -107,7 +107,9 @@ TEST(Workload, GeneratorsAreDeterministicAndShaped) {
       EXPECT_EQ(a[i].arrival, b[i].arrival);
       EXPECT_FALSE(a[i].prompt.empty());
       EXPECT_LE(a[i].output.size(), a[i].max_new_tokens);
-      if (i > 0) EXPECT_LE(a[i - 1].arrival, a[i].arrival);
+      if (i > 0) {
+        EXPECT_LE(a[i - 1].arrival, a[i].arrival);
+      }
     }
     EXPECT_EQ(ParseWorkloadKind(WorkloadKindName(kind)).value(), kind);
     o.seed = 2;
