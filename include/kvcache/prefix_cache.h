@@ -33,7 +33,11 @@
 // Thread safety: all methods are thread-safe (one internal mutex). The pool's
 // eviction listener runs after the pool's lock is dropped, and the prefix
 // cache calls the pool while holding its own lock (lock order: prefix cache,
-// then pool), so they never deadlock.
+// then pool), so they never deadlock. Between an eviction and its listener
+// call the cache may still name the block: Acquire then fails RetainCached
+// and stops, and Publish sees the pool's hash has changed and forgets it.
+// Destroy the prefix cache only while no other thread uses the pool (its
+// destructor removes the eviction listener).
 #pragma once
 
 #include <array>
@@ -41,6 +45,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -120,6 +125,7 @@ class PrefixCacheBackend {
   virtual Status ClearBlockHash(uint32_t block) = 0;
   virtual Status Release(std::span<const uint32_t> blocks) = 0;
   virtual void SetEvictionListener(EvictionListener listener) = 0;
+  virtual std::optional<uint64_t> block_hash(uint32_t block) const = 0;
 };
 
 // A backend over a real pool (keeps it alive).

@@ -157,6 +157,9 @@ class ModelBlockSource final : public BlockSource {
     }
     return Status::Ok();
   }
+  std::optional<uint64_t> BlockHashOf(uint32_t b) const {
+    return b < meta_.size() ? meta_[b].hash : std::nullopt;
+  }
   EvictionListener listener_;
 
  private:
@@ -188,6 +191,7 @@ class ModelPrefixBackend final : public PrefixCacheBackend {
   Status ClearBlockHash(uint32_t block) override { return m_->ClearBlockHash(block); }
   Status Release(std::span<const uint32_t> blocks) override { return m_->Release(blocks); }
   void SetEvictionListener(EvictionListener listener) override { m_->listener_ = std::move(listener); }
+  std::optional<uint64_t> block_hash(uint32_t block) const override { return m_->BlockHashOf(block); }
 
  private:
   ModelBlockSource* m_;

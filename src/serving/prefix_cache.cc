@@ -290,7 +290,13 @@ Result<size_t> PrefixCache::PublishHashed(std::span<const BlockHash> hashes,
   }
   const size_t first_new = i;
   for (size_t j = first_new; j < n_full; ++j) {
-    if (s.entries[blocks[j]].cached) {
+    State::Entry& e = s.entries[blocks[j]];
+    if (e.cached && backend_->block_hash(blocks[j]) != e.hash.lo) {
+      // Evicted and reused; the pool's listener has not told us yet.
+      s.Forget(blocks[j], backend_.get(), /*is_orphan=*/false);
+      ++s.stats.evictions;
+    }
+    if (e.cached) {
       return Status::InvalidArgument(fmt::format(
           "prefix cache: block {} is cached with other tokens (wrong tokens or table?)",
           blocks[j]));

@@ -21,6 +21,7 @@ class PoolBackend final : public PrefixCacheBackend {
   void SetEvictionListener(EvictionListener listener) override {
     pool_->SetEvictionListener(std::move(listener));
   }
+  std::optional<uint64_t> block_hash(uint32_t block) const override { return pool_->block_hash(block); }
 
  private:
   std::shared_ptr<BlockPool> pool_;

@@ -209,6 +209,7 @@ class FailingBackend final : public PrefixCacheBackend {
   Status ClearBlockHash(uint32_t b) override { return inner_->ClearBlockHash(b); }
   Status Release(std::span<const uint32_t> b) override { return inner_->Release(b); }
   void SetEvictionListener(EvictionListener l) override { inner_->SetEvictionListener(std::move(l)); }
+  std::optional<uint64_t> block_hash(uint32_t b) const override { return inner_->block_hash(b); }
 
  private:
   std::unique_ptr<PrefixCacheBackend> inner_;
