@@ -216,6 +216,60 @@ class FailingBackend final : public PrefixCacheBackend {
   int fail_at_, calls_ = 0;
 };
 
+// Holds the pool's eviction reports until Deliver(), as when the listener
+// runs late on another thread.
+class LateListenerBackend final : public PrefixCacheBackend {
+ public:
+  explicit LateListenerBackend(std::unique_ptr<PrefixCacheBackend> inner) : inner_(std::move(inner)) {}
+  uint32_t num_blocks() const override { return inner_->num_blocks(); }
+  uint32_t block_size() const override { return inner_->block_size(); }
+  bool RetainCached(uint32_t b, uint64_t h) override { return inner_->RetainCached(b, h); }
+  Status SetBlockHash(uint32_t b, uint64_t h) override { return inner_->SetBlockHash(b, h); }
+  Status ClearBlockHash(uint32_t b) override { return inner_->ClearBlockHash(b); }
+  Status Release(std::span<const uint32_t> b) override { return inner_->Release(b); }
+  void SetEvictionListener(EvictionListener l) override {
+    listener_ = std::move(l);
+    inner_->SetEvictionListener([this](std::span<const EvictedBlock> ev) {
+      held_->insert(held_->end(), ev.begin(), ev.end());
+    });
+  }
+  std::optional<uint64_t> block_hash(uint32_t b) const override { return inner_->block_hash(b); }
+  void Deliver() {
+    if (listener_) listener_(*held_);
+    held_->clear();
+  }
+
+ private:
+  std::unique_ptr<PrefixCacheBackend> inner_;
+  EvictionListener listener_;
+  std::shared_ptr<std::vector<EvictedBlock>> held_ = std::make_shared<std::vector<EvictedBlock>>();
+};
+
+TEST(PrefixCache, LateEvictionReportsAreHarmless) {
+  auto src = serving::NewModelBlockSource(2, kB);
+  auto backend = std::make_unique<LateListenerBackend>(src->NewPrefixBackend());
+  LateListenerBackend* late = backend.get();
+  auto cache = std::move(PrefixCache::Create(std::move(backend))).value();
+  std::vector<uint32_t> a(1);
+  ASSERT_TRUE(src->Allocate(a, 0).ok());
+  ASSERT_EQ(cache->Publish(Iota(4), a, "").value(), 1u);
+  ASSERT_TRUE(src->Release(a).ok());
+  std::vector<uint32_t> all(2);  // evicts a[0]; the report is held back
+  ASSERT_TRUE(src->Allocate(all, 0).ok());
+  EXPECT_TRUE(cache->IsCached(a[0]));  // stale for now
+  EXPECT_EQ(cache->Acquire(Iota(4), "").num_tokens, 0u);  // RetainCached fails: a miss
+  EXPECT_EQ(cache->stats().miss_lookups[size_t(MissReason::kEvicted)], 1u);
+  // The reused block is published with new tokens: the stale name goes.
+  ASSERT_EQ(cache->Publish(Iota(8, 100), all, "").value(), 2u);
+  EXPECT_EQ(cache->Peek(Iota(8, 100), "").num_tokens, 8u);
+  late->Deliver();  // the old report no longer matches anything
+  EXPECT_EQ(cache->Peek(Iota(8, 100), "").num_tokens, 8u);
+  EXPECT_EQ(cache->stats().evictions, 1u);
+  EXPECT_EQ(cache->CheckInvariants(), "");
+  ASSERT_TRUE(src->Release(all).ok());
+  EXPECT_TRUE(src->CheckInvariants().ok());
+}
+
 TEST(PrefixCache, FailedPublishChangesNothing) {
   auto src = serving::NewModelBlockSource(8, kB);
   auto cache = std::move(PrefixCache::Create(
