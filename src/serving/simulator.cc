@@ -1,0 +1,424 @@
+// The serving simulation loop (see simulator.h for what a step does).
+//
+// Bookkeeping per running sequence: its committed tokens, its block table
+// (whole blocks covering `length` rows, drafts included), its undrawn
+// reservation, and how many leading blocks were already offered to the
+// prefix cache. Invariant between steps: every block in a table is held
+// (one pool reference per table entry), reservations sum to what the pool
+// has reserved, and no sequence holds drafts.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <deque>
+#include <random>
+
+#include <fmt/format.h>
+#include <xxhash.h>
+
+#include "serving/simulator_internal.h"
+
+namespace kvcache {
+
+Result<AdmissionPolicy> ParseAdmissionPolicy(std::string_view name) {
+  if (name == "prompt") return AdmissionPolicy::kReservePrompt;
+  if (name == "worst-case") return AdmissionPolicy::kReserveWorstCase;
+  return Status::InvalidArgument(fmt::format("unknown admission policy '{}' (prompt, worst-case)", name));
+}
+
+std::string_view AdmissionPolicyName(AdmissionPolicy policy) {
+  return policy == AdmissionPolicy::kReservePrompt ? "prompt" : "worst-case";
+}
+
+namespace serving {
+namespace {
+
+constexpr uint32_t kVocab = 32000;
+
+uint32_t CeilDiv(uint64_t a, uint32_t b) { return static_cast<uint32_t>((a + b - 1) / b); }
+
+// Work waiting for admission: a new request (all samples) or a preempted
+// sample resuming after `done` committed outputs.
+struct Pending {
+  const Request* req;
+  uint32_t first_sample;
+  uint32_t num_samples;
+  uint32_t done;
+  bool counted_queue;  // its queueing delay was already recorded
+};
+
+struct Seq {
+  const Request* req;
+  uint32_t sample;
+  uint64_t admit_order;
+  std::vector<TokenId> tokens;  // committed: prompt + outputs
+  uint32_t generated = 0;       // committed outputs
+  uint32_t target = 0;          // outputs it will produce in total
+  uint32_t length = 0;          // rows in the cache (committed; drafts transiently)
+  std::vector<uint32_t> table;  // ceil(length / B) blocks
+  uint32_t reserved = 0;        // undrawn reservation
+  size_t offered = 0;           // leading blocks already offered to the prefix cache
+  bool publish_stopped = false; // a duplicate chain: the rest stays private
+  std::vector<BlockHash> hashes;  // chain hashes of the committed full blocks
+  bool alive = true;
+};
+
+TokenId OutputToken(const Request& r, uint32_t sample, uint32_t j) {
+  if (sample == 0 && j < r.output.size()) return r.output[j];
+  const uint64_t key[3] = {r.id, sample, j};
+  return static_cast<TokenId>(XXH3_64bits(key, sizeof(key)) % kVocab);
+}
+
+uint32_t TargetOutputs(const Request& r) {
+  return r.output.empty() ? r.max_new_tokens : static_cast<uint32_t>(r.output.size());
+}
+
+class Sim {
+ public:
+  Sim(BlockSource* src, PrefixCache* cache, const SimulateOptions& o)
+      : src_(src), cache_(cache), o_(o), bs_(src->block_size()), rng_(o.seed) {}
+
+  Result<SimulateReport> Run(std::span<const Request> requests);
+
+ private:
+  // Blocks a sample needs beyond the shared full prompt blocks, worst case.
+  uint32_t WorstCaseBlocks(uint64_t prompt_len, uint32_t remaining) const {
+    return CeilDiv(prompt_len + remaining + o_.draft_tokens, bs_);
+  }
+  Result<bool> TryAdmit(const Pending& p, double now);
+  // Appends `tokens.size()` rows; PoolExhausted changes nothing.
+  Status AppendRows(Seq& s, uint32_t n);
+  Status TruncateRows(Seq& s, uint32_t new_length);
+  Status Publish(Seq& s);
+  Status ReleaseSeq(Seq& s);
+  Status Preempt(Seq& s);
+  Status DecodeStep(Seq& s, bool* preempted_self);
+  Status Check() const;
+
+  BlockSource* src_;
+  PrefixCache* cache_;
+  const SimulateOptions& o_;
+  const uint32_t bs_;
+  std::mt19937_64 rng_;
+  std::deque<Pending> waiting_;
+  std::vector<Seq> running_;  // admission order
+  uint64_t next_admit_ = 0;
+  SimulateReport rep_;
+  double queue_steps_sum_ = 0;
+  uint64_t queue_count_ = 0;
+};
+
+Status Sim::AppendRows(Seq& s, uint32_t n) {
+  const uint32_t new_blocks = CeilDiv(uint64_t{s.length} + n, bs_) - static_cast<uint32_t>(s.table.size());
+  // Writing into a shared partial last block copies it first (copy on write).
+  const bool cow = s.length % bs_ != 0 && !src_->IsExclusive(s.table.back());
+  const uint32_t total = new_blocks + (cow ? 1 : 0);
+  if (total > 0) {
+    std::vector<uint32_t> fresh(total);
+    const uint32_t from_reserved = std::min(total, s.reserved);
+    KV_RETURN_IF_ERROR(src_->Allocate(fresh, from_reserved));
+    s.reserved -= from_reserved;
+    size_t next = 0;
+    if (cow) {
+      const uint32_t old = s.table.back();
+      s.table.back() = fresh[next++];
+      KV_RETURN_IF_ERROR(src_->Release(std::span<const uint32_t>(&old, 1)));
+    }
+    for (; next < fresh.size(); ++next) s.table.push_back(fresh[next]);
+  }
+  s.length += n;
+  rep_.tokens_appended += n;
+  return Status::Ok();
+}
+
+Status Sim::TruncateRows(Seq& s, uint32_t new_length) {
+  const uint32_t keep = CeilDiv(new_length, bs_);
+  s.length = new_length;
+  if (keep >= s.table.size()) return Status::Ok();
+  std::vector<uint32_t> drop(s.table.rbegin(), s.table.rend() - keep);  // tail first
+  s.table.resize(keep);
+  if (o_.admission == AdmissionPolicy::kReserveWorstCase) {
+    KV_ASSIGN_OR_RETURN(const uint32_t got,
+                        src_->ReleaseAndReserve(drop, static_cast<uint32_t>(drop.size())));
+    s.reserved += got;
+    return Status::Ok();
+  }
+  return src_->Release(drop);
+}
+
+Status Sim::Publish(Seq& s) {
+  if (cache_ == nullptr || s.publish_stopped) return Status::Ok();
+  const size_t full = s.tokens.size() / bs_;
+  if (full <= s.offered) return Status::Ok();
+  // Extend the chain hashes by the newly full blocks only.
+  BlockHash h = s.hashes.empty() ? ChainRoot(s.req->salt) : s.hashes.back();
+  for (size_t i = s.hashes.size(); i < full; ++i) {
+    h = ChainHash(h, std::span<const TokenId>(s.tokens).subspan(i * bs_, bs_));
+    s.hashes.push_back(h);
+  }
+  KV_ASSIGN_OR_RETURN(const size_t end,
+                      cache_->PublishHashed(s.hashes, std::span<const uint32_t>(s.table.data(), full),
+                                            s.offered, std::span<const TokenId>(s.tokens.data(), bs_),
+                                            s.req->salt));
+  s.offered = full;
+  s.publish_stopped = end < full;
+  return Status::Ok();
+}
+
+Status Sim::ReleaseSeq(Seq& s) {
+  src_->Unreserve(s.reserved);
+  s.reserved = 0;
+  std::vector<uint32_t> back_to_front(s.table.rbegin(), s.table.rend());
+  s.table.clear();
+  s.alive = false;
+  return src_->Release(back_to_front);
+}
+
+Status Sim::Preempt(Seq& s) {
+  ++rep_.preemptions;
+  waiting_.push_front(Pending{s.req, s.sample, 1, s.generated, true});
+  return ReleaseSeq(s);
+}
+
+Result<bool> Sim::TryAdmit(const Pending& p, double now) {
+  const Request& r = *p.req;
+  const uint32_t target = TargetOutputs(r);
+  std::vector<TokenId> prompt = r.prompt;
+  for (uint32_t j = 0; j < p.done; ++j) prompt.push_back(OutputToken(r, p.first_sample, j));
+  const uint32_t remaining = target - p.done;
+  const uint64_t len = prompt.size();
+  // A request that could not fit even alone is rejected, not queued forever.
+  const uint64_t alone = WorstCaseBlocks(len, remaining) +
+                         uint64_t{p.num_samples - 1} * (WorstCaseBlocks(len, remaining) - len / bs_);
+  if (alone > src_->num_blocks()) {
+    ++rep_.rejected;
+    return true;  // consumed
+  }
+  if (running_.size() + p.num_samples > o_.max_running) return false;
+
+  PrefixMatch match;
+  if (cache_ != nullptr) {
+    match = cache_->Acquire(std::span<const TokenId>(prompt.data(), len - 1), r.salt);
+  }
+  const uint32_t hit_blocks = static_cast<uint32_t>(match.blocks.size());
+  const uint32_t prefill_blocks = CeilDiv(len, bs_) - hit_blocks;
+  // Reservation per sample: sample 0 owns the prompt blocks.
+  std::vector<uint32_t> share(p.num_samples);
+  if (o_.admission == AdmissionPolicy::kReserveWorstCase) {
+    share[0] = WorstCaseBlocks(len, remaining) - hit_blocks;
+    for (uint32_t i = 1; i < p.num_samples; ++i) {
+      share[i] = WorstCaseBlocks(len, remaining) - static_cast<uint32_t>(len / bs_);
+    }
+  } else {
+    share[0] = prefill_blocks;
+    for (uint32_t i = 1; i < p.num_samples; ++i) share[i] = 1;
+  }
+  uint32_t total = 0;
+  for (uint32_t x : share) total += x;
+  Status reserve = src_->Reserve(total);
+  if (!reserve.ok()) {
+    std::vector<uint32_t> back(match.blocks.rbegin(), match.blocks.rend());
+    KV_RETURN_IF_ERROR(src_->Release(back));
+    if (!reserve.IsPoolExhausted()) return reserve;
+    return false;
+  }
+  if (!p.counted_queue) {
+    queue_steps_sum_ += std::max(0.0, now - r.arrival);
+    ++queue_count_;
+  }
+  Seq s;
+  s.req = &r;
+  s.sample = p.first_sample;
+  s.admit_order = next_admit_++;
+  s.tokens = std::move(prompt);
+  s.generated = p.done;
+  s.target = target;
+  s.table = match.blocks;
+  s.length = static_cast<uint32_t>(match.num_tokens);
+  s.reserved = share[0];
+  const uint32_t computed = static_cast<uint32_t>(len - match.num_tokens);
+  KV_RETURN_IF_ERROR(AppendRows(s, computed));  // draws prefill_blocks from the reservation
+  rep_.prefill_tokens += computed;
+  KV_RETURN_IF_ERROR(Publish(s));
+  for (uint32_t i = 1; i < p.num_samples; ++i) {
+    Seq f;
+    f.req = &r;
+    f.sample = p.first_sample + i;
+    f.admit_order = s.admit_order;
+    f.tokens = s.tokens;
+    f.generated = p.done;
+    f.target = target;
+    f.length = s.length;
+    f.table = s.table;
+    f.reserved = share[i];
+    f.offered = s.offered;
+    f.publish_stopped = s.publish_stopped;
+    f.hashes = s.hashes;
+    KV_RETURN_IF_ERROR(src_->Retain(f.table));  // fork: share every block
+    running_.push_back(std::move(f));
+  }
+  running_.insert(running_.end() - (p.num_samples - 1), std::move(s));
+  return true;
+}
+
+Status Sim::DecodeStep(Seq& s, bool* preempted_self) {
+  *preempted_self = false;
+  const uint32_t remaining = s.target - s.generated;
+  const uint32_t drafts = std::min(o_.draft_tokens, remaining - 1);
+  const uint32_t rows = 1 + drafts;
+  for (;;) {
+    Status st = AppendRows(s, rows);
+    if (st.ok()) break;
+    if (!st.IsPoolExhausted()) return st;
+    // Preempt the most recently admitted live sequence (maybe s itself).
+    Seq* victim = nullptr;
+    for (Seq& v : running_) {
+      if (v.alive && (victim == nullptr || v.admit_order >= victim->admit_order)) victim = &v;
+    }
+    KV_RETURN_IF_ERROR(Preempt(*victim));
+    if (victim == &s) {
+      *preempted_self = true;
+      return Status::Ok();
+    }
+  }
+  uint32_t accepted = 0;
+  if (drafts > 0) {
+    std::bernoulli_distribution accept(o_.draft_accept);
+    while (accepted < drafts && accept(rng_)) ++accepted;
+    rep_.draft_tokens += drafts;
+    rep_.draft_accepted += accepted;
+    KV_RETURN_IF_ERROR(TruncateRows(s, s.length - (drafts - accepted)));
+  }
+  for (uint32_t j = 0; j < 1 + accepted; ++j) {
+    s.tokens.push_back(OutputToken(*s.req, s.sample, s.generated++));
+  }
+  rep_.generated_tokens += 1 + accepted;
+  return Publish(s);
+}
+
+Status Sim::Check() const {
+  KV_RETURN_IF_ERROR(src_->CheckInvariants());
+  const PoolStats ps = src_->stats();
+  uint64_t reserved = 0;
+  for (const Seq& s : running_) {
+    reserved += s.reserved;
+    if (s.table.size() != CeilDiv(s.length, bs_)) return Status::Internal("sim: table size");
+    if (s.length != s.tokens.size()) return Status::Internal("sim: drafts left behind");
+  }
+  if (reserved != ps.reserved_blocks) {
+    return Status::Internal(fmt::format("sim: {} reserved by sequences, pool says {}", reserved,
+                                        ps.reserved_blocks));
+  }
+  if (cache_ != nullptr) {
+    const std::string bad = cache_->CheckInvariants();
+    if (!bad.empty()) return Status::Internal("prefix cache: " + bad);
+  }
+  return Status::Ok();
+}
+
+Result<SimulateReport> Sim::Run(std::span<const Request> requests) {
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<const Request*> order;
+  for (const Request& r : requests) {
+    if (r.prompt.empty() || r.max_new_tokens == 0 || r.num_samples == 0 ||
+        r.output.size() > r.max_new_tokens) {
+      return Status::InvalidArgument(fmt::format("simulate: request {} is malformed", r.id));
+    }
+    order.push_back(&r);
+  }
+  std::stable_sort(order.begin(), order.end(),
+                   [](const Request* a, const Request* b) { return a->arrival < b->arrival; });
+  size_t next_arrival = 0;
+  uint64_t finished = 0, concurrent_sum = 0;
+  double util_sum = 0;
+  double now = 0;
+  const size_t total = order.size();
+  uint64_t last_progress_step = 0;
+
+  while (finished + rep_.rejected < total) {
+    if (rep_.steps >= o_.max_steps) {
+      return Status::Internal(fmt::format("simulate: no end after {} steps", o_.max_steps));
+    }
+    while (next_arrival < order.size() && order[next_arrival]->arrival <= now) {
+      const Request* r = order[next_arrival++];
+      waiting_.push_back(Pending{r, 0, r->num_samples, 0, false});
+    }
+    if (running_.empty() && waiting_.empty()) {
+      now = std::ceil(order[next_arrival]->arrival);  // idle: jump to the next arrival
+      continue;
+    }
+    // 1. admission, first come first served.
+    while (!waiting_.empty()) {
+      KV_ASSIGN_OR_RETURN(const bool admitted, TryAdmit(waiting_.front(), now));
+      if (!admitted) break;
+      waiting_.pop_front();
+    }
+    // 2. decode.
+    const uint32_t live = static_cast<uint32_t>(running_.size());
+    if (live > 0) {
+      ++rep_.steps;
+      concurrent_sum += live;
+      rep_.peak_concurrent = std::max(rep_.peak_concurrent, live);
+    }
+    for (size_t i = 0; i < running_.size(); ++i) {
+      Seq& s = running_[i];
+      if (!s.alive) continue;
+      bool self = false;
+      KV_RETURN_IF_ERROR(DecodeStep(s, &self));
+      if (!self && s.generated >= s.target) {
+        KV_RETURN_IF_ERROR(ReleaseSeq(s));
+        ++rep_.sequences;
+        // A request is done when its last live sample is.
+        bool last = true;
+        for (const Seq& o : running_) last &= !(o.alive && o.req == s.req);
+        for (const Pending& p : waiting_) last &= p.req != s.req;
+        if (last) ++finished;
+      }
+    }
+    const PoolStats ps = src_->stats();
+    if (live > 0) {
+      const double util = double(ps.used_blocks) / double(ps.num_blocks);
+      util_sum += util;
+      rep_.peak_pool_utilization = std::max(rep_.peak_pool_utilization, util);
+    }
+    std::erase_if(running_, [](const Seq& s) { return !s.alive; });
+    if (o_.check_invariants) KV_RETURN_IF_ERROR(Check());
+    now += 1;
+    if (o_.progress && rep_.steps - last_progress_step >= 256) {
+      last_progress_step = rep_.steps;
+      o_.progress(double(finished + rep_.rejected) / double(total));
+    }
+  }
+  if (o_.progress) o_.progress(1.0);
+  rep_.requests = finished;
+  rep_.mean_concurrent = rep_.steps ? double(concurrent_sum) / double(rep_.steps) : 0;
+  rep_.pool_utilization = rep_.steps ? util_sum / double(rep_.steps) : 0;
+  rep_.evicted_blocks = src_->stats().evictions;
+  if (cache_ != nullptr) {
+    rep_.prefix = cache_->stats();
+    rep_.prefix_hit_rate = rep_.prefix.hit_rate();
+  }
+  rep_.mean_queue_steps = queue_count_ ? queue_steps_sum_ / double(queue_count_) : 0;
+  rep_.wall_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  rep_.sim_tokens_per_second =
+      rep_.wall_seconds > 0 ? double(rep_.tokens_appended) / rep_.wall_seconds : 0;
+  return rep_;
+}
+
+}  // namespace
+
+Result<SimulateReport> SimulateOn(BlockSource* source, const SimulateOptions& options,
+                                  std::span<const Request> requests) {
+  if (!(options.draft_accept >= 0 && options.draft_accept <= 1)) {
+    return Status::InvalidArgument("simulate: draft_accept must be in [0, 1]");
+  }
+  if (options.max_running == 0) return Status::InvalidArgument("simulate: max_running must be > 0");
+  std::unique_ptr<PrefixCache> cache;
+  if (options.prefix_caching) {
+    KV_ASSIGN_OR_RETURN(cache, PrefixCache::Create(source->NewPrefixBackend()));
+  }
+  Sim sim(source, cache.get(), options);
+  return sim.Run(requests);
+}
+
+}  // namespace serving
+}  // namespace kvcache
