@@ -9,6 +9,7 @@
 #include <string>
 
 #include "model/demo_report.h"
+#include "tools/cmd_simulate.h"
 #include "tools/command.h"
 
 namespace kvcache::tools {
@@ -29,7 +30,9 @@ int RunDemo(const DemoOptions& o) {
     fmt::print(stderr, "kvcache demo: {}\n", s.ToString());
     return 1;
   }
-  return 0;
+  fmt::print("\n== 2. Serving: how many requests 1 GiB of KV memory holds, per format ==\n\n");
+  std::fflush(stdout);
+  return RunServingDemo(stdout);
 }
 
 const bool kRegistered = RegisterCommand(
