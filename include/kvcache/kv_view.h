@@ -12,6 +12,14 @@
 // logical blocks to physical pool blocks (u32).
 // Contiguous layout: the special case of a single block of `capacity` rows:
 // block_size = capacity, block_table = {0}, storage [n_kv_heads][capacity][row_bytes].
+//
+// Per-head contiguous storage (what SequenceCache's contiguous layout hands
+// out, so that a dead head owns no memory): side.head_base is set, [n_kv_heads]
+// pointers to each head's own [capacity_h][row_bytes] buffer (nullptr for a
+// head with no rows); row r of head h is at head_base[h] + r * row_bytes, and
+// base / block_stride / head_stride are unused (0). block_size is then the
+// largest head capacity, block_table = {0}, num_blocks = 1, so code that walks
+// "blocks" sees one block per head. row_ptr() handles both forms.
 #pragma once
 
 #include <cstddef>
@@ -33,6 +41,9 @@ struct KvSideView {
   // [n_kv_heads] per-head calibration (mean / column scales), or nullptr
   // when no head has one. An empty RowTransform means none for that head.
   const RowTransform* transforms = nullptr;
+  // [n_kv_heads] per-head row buffers (per-head contiguous storage, see
+  // above), or nullptr for the block-addressed form.
+  const uint8_t* const* head_base = nullptr;
 };
 
 struct LayerKvView {
@@ -56,6 +67,7 @@ struct LayerKvView {
   }
   // Start of stored row `row` of kv head `head` on one side.
   const uint8_t* row_ptr(const KvSideView& side, uint32_t head, uint32_t row) const {
+    if (side.head_base) return side.head_base[head] + static_cast<size_t>(row) * side.row_bytes;
     return side.base + static_cast<size_t>(block_table[row / block_size]) * side.block_stride +
            static_cast<size_t>(head) * side.head_stride +
            static_cast<size_t>(row % block_size) * side.row_bytes;

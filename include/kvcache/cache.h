@@ -1,0 +1,304 @@
+// SequenceCache: the K/V cache of one sequence, all layers; LayerCache: a
+// handle on one layer of it.
+//
+// Layouts, chosen at creation:
+//   contiguous  per layer, per side, per kv head one private buffer
+//               [capacity_h][row_bytes]. A head that never stores a row owns
+//               no buffer (no memory). Growable (geometric) or pre-sized
+//               with a planned capacity that is either a hint (growth past it
+//               allowed, is_within_planned_capacity() turns false) or a hard
+//               limit (CapacityExceeded).
+//   paged       rows live in BlockPool blocks. ONE block table (logical block
+//               -> physical u32) is shared by all layers and heads of the
+//               sequence: row r of any head of any layer is in block
+//               block_table[r / block_size], slot r % block_size. The table
+//               covers max over (layer, head) of head_len rows.
+//
+// Lengths. num_tokens(layer) counts positions appended to a layer (dead
+// heads included); num_tokens() is the max over layers (layers may be
+// appended one at a time, e.g. by a model's forward pass). head_len(l, h)
+// counts rows actually stored for a head: a head that was dead (alive[h] ==
+// 0) at some appends stores fewer rows, compacted; head_positions() maps its
+// rows back to positions. In the paged layout a dead head's slots in a block
+// are simply unused: blocks are allocated for the longest head, so a head
+// dead at every step costs block_size * row_bytes per block it does not use
+// (nothing extra if every head of every layer is dead at a position).
+//
+// Storage is encoded with the K and V RowCodecs of the format pair. Each
+// (layer, head, side) gets its RowTransform from RowCodec::Calibrate on the
+// rows of the first append call that stores anything for that head; it is
+// kept until the head's head_len returns to 0 (truncate) or Clear, copied by
+// Fork / Clone, and exposed to attention through the view.
+//
+// Sharing (paged). Fork() makes a copy that shares every block by refcount;
+// a block is written only while held exclusively (refcount 1, no hash), so
+// the first write to a shared block after a fork copies that block first
+// (copy-on-write; with all heads alive only the partial last block is ever
+// copied). Fork of a 32k-token sequence = block-table copy + refcount bumps.
+// Clone() is a detached deep copy: by default it is contiguous and holds no
+// pool blocks (the seed's semantics), or, with CloneOptions, paged with its
+// own fresh blocks from the same pool (all or nothing).
+//
+// Reservations (paged, admission control). Reserve(max_tokens) promises, up
+// front, every block that appending up to max_tokens rows in every head
+// could need (new blocks plus copy-on-write copies of shared ones), all or
+// nothing. Appends draw from it first, so within that length they never fail
+// for lack of blocks. Truncate / Clear turn the blocks they free back into
+// reservation (atomically), so a speculative reject keeps the guarantee;
+// blocks still shared with a fork are not freed by dropping them, and for
+// those the reservation is topped up best effort (reserved_blocks() and
+// is_fully_reserved() tell). Fork of a reserved sequence reserves the one
+// extra copy-on-write block the parent now needs, or fails with
+// PoolExhausted. The child of a fork starts without a reservation.
+//
+// Errors. Every failing operation leaves the cache and the pool exactly as
+// they were: wrong input sizes, non-finite values (InvalidArgument), a head
+// or layer out of range (OutOfRange), past a fixed capacity
+// (CapacityExceeded), truncating past the end (OutOfRange), pool exhaustion
+// (PoolExhausted: no layer gets a partial append), any use after Release
+// (FailedPrecondition). Release is idempotent and also done on destruction;
+// blocks go back exactly once (back to front, see pool.h for why).
+//
+// Thread safety: a SequenceCache is used by one thread at a time (external
+// synchronization); distinct caches may share a pool across threads freely.
+// Views, spans and LayerCache handles are invalidated by any mutating call
+// and by moving the cache.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "kvcache/codec.h"
+#include "kvcache/format.h"
+#include "kvcache/geometry.h"
+#include "kvcache/kv_view.h"
+#include "kvcache/pool.h"
+#include "kvcache/status.h"
+
+namespace kvcache {
+
+enum class CacheLayout : uint8_t {
+  kContiguous,  // per head [capacity][row_bytes] buffers
+  kPaged,       // pool blocks [block][head][block_size][row_bytes] + block table
+};
+
+enum class CapacityPolicy : uint8_t {
+  kGrow,   // planned capacity is a hint; appends past it grow the buffers
+  kFixed,  // planned capacity is a hard limit; appends past it fail (CapacityExceeded)
+};
+
+struct ContiguousOptions {
+  // Planned capacity per head, in tokens (0 = start empty and grow). A
+  // head's buffer is allocated at this size when it first stores a row.
+  uint32_t capacity_tokens = 0;
+  CapacityPolicy policy = CapacityPolicy::kGrow;
+  uint64_t rotation_seed = RowCodec::kDefaultRotationSeed;
+};
+
+struct PagedOptions {
+  // If > 0, Reserve(reserve_tokens) at creation (admission control: fails
+  // with PoolExhausted, creating nothing, if the pool cannot promise it).
+  uint32_t reserve_tokens = 0;
+};
+
+struct AppendOptions {
+  // Which kv heads store this append: empty = all; [n_kv_heads] = the same
+  // mask for every layer of the call; [n_layers][n_kv_heads] (sequence-level
+  // Append only) = per layer. Nonzero = alive. Applies to every token of a
+  // chunk.
+  std::span<const uint8_t> alive;
+};
+
+enum class CloneLayout : uint8_t {
+  kContiguous,  // detached: holds no pool blocks (default; the seed's Clone)
+  kSame,        // same layout as the source; a paged clone draws its own blocks
+};
+struct CloneOptions {
+  CloneLayout layout = CloneLayout::kContiguous;
+};
+
+class SequenceCache;
+
+// Per-sequence calibration: the RowTransform of every (layer, side, head).
+// Immutable once built; shared between forks. A prefix cache that hands out
+// blocks must hand out the calibration they were encoded with.
+struct Calibration {
+  // [n_layers][2 (K, V)][n_kv_heads]; an empty RowTransform means none.
+  std::vector<RowTransform> transforms;
+};
+
+// A handle on one layer of a SequenceCache: the seed's LayerKvCache.
+// Cheap to copy; invalidated when its SequenceCache is moved or destroyed.
+class LayerCache {
+ public:
+  uint32_t layer() const { return layer_; }
+  uint32_t n_kv_heads() const;
+  uint32_t head_dim() const;
+  uint32_t num_tokens() const;  // seq_len of the seed: positions appended to this layer
+
+  // k, v: [n_tokens][n_kv_heads][head_dim]. One token or a chunk.
+  Status Append(std::span<const float> k, std::span<const float> v,
+                const AppendOptions& options = {});
+  uint32_t head_len(uint32_t head) const;  // 0 for an out-of-range head
+  // Decoded rows of one head: [head_len][head_dim], original (unrotated,
+  // un-calibrated) space.
+  Result<std::vector<float>> HeadKeys(uint32_t head) const;
+  Result<std::vector<float>> HeadValues(uint32_t head) const;
+  // [head_len] position index of each stored row.
+  std::vector<uint32_t> HeadPositions(uint32_t head) const;
+  // Adds probs ([head_len(head)], e.g. the attention probabilities one
+  // query put on each stored row) to the head's per-row accumulator and to
+  // the layer's per-position sum over heads.
+  Status AccumulateImportance(uint32_t head, std::span<const float> probs);
+  // [head_len] accumulated mass per stored row of one head (zeros if none).
+  std::vector<float> HeadImportance(uint32_t head) const;
+  // [num_tokens] accumulated mass per position, summed over heads.
+  std::vector<float> Importance() const;
+  // The view attention reads. FailedPrecondition after Release.
+  Result<LayerKvView> View() const;
+  size_t allocated_bytes() const;  // memory_bytes of the seed (contiguous: own buffers)
+  size_t used_bytes() const;       // stored rows * row bytes, K + V
+
+ private:
+  friend class SequenceCache;
+  LayerCache(SequenceCache* seq, uint32_t layer) : seq_(seq), layer_(layer) {}
+  SequenceCache* seq_;
+  uint32_t layer_;
+};
+
+class SequenceCache {
+ public:
+  // A contiguous cache (KvCache::new / with_capacity of the seed).
+  // InvalidArgument if a format cannot take geometry.head_dim().
+  static Result<SequenceCache> CreateContiguous(const Geometry& geometry, FormatPair formats,
+                                                const ContiguousOptions& options = {});
+  // A paged cache on `pool` (KvCache::with_pool of the seed when
+  // options.reserve_tokens > 0).
+  static Result<SequenceCache> CreatePaged(std::shared_ptr<BlockPool> pool,
+                                           const PagedOptions& options = {});
+
+  SequenceCache(SequenceCache&& other) noexcept;
+  SequenceCache& operator=(SequenceCache&& other) noexcept;  // releases what *this held
+  SequenceCache(const SequenceCache&) = delete;  // copies are explicit: Clone / Fork
+  SequenceCache& operator=(const SequenceCache&) = delete;
+  ~SequenceCache();  // Release()
+
+  // --- shape -------------------------------------------------------------
+  const Geometry& geometry() const;
+  FormatPair formats() const;
+  CacheLayout layout() const;
+  uint32_t n_layers() const;
+  uint32_t n_kv_heads() const;
+  uint32_t head_dim() const;
+  // Paged: positions per block; 0 for contiguous (as in the seed).
+  uint32_t block_size() const;
+  const std::shared_ptr<BlockPool>& pool() const;  // null for contiguous
+  const RowCodec& codec(Side side) const;
+
+  // --- lengths and memory ------------------------------------------------
+  uint32_t num_tokens() const;                // max over layers
+  uint32_t num_tokens(uint32_t layer) const;  // 0 for an out-of-range layer
+  uint32_t head_len(uint32_t layer, uint32_t head) const;
+  // Rows every head can hold without allocating: contiguous: min over heads
+  // of buffer capacity (planned capacity for heads not yet allocated);
+  // paged: blocks held * block_size.
+  uint32_t capacity_tokens() const;
+  // Bytes resident for K and V: contiguous: its buffers; paged: blocks in
+  // the table * block bytes (shared blocks counted in full by each holder).
+  size_t allocated_bytes() const;
+  // Bytes of rows actually stored (sum over layers, heads, sides).
+  size_t used_bytes() const;
+  // Contiguous: true iff created with a planned capacity and no buffer ever
+  // grew past it. Paged: true iff the reservation covers the current need.
+  bool is_within_planned_capacity() const;
+  bool released() const;
+
+  // --- appends -----------------------------------------------------------
+  // k, v: [n_layers][n_tokens][n_kv_heads][head_dim] (n_tokens >= 1): one
+  // token or a prefill chunk for every layer. All layers or none.
+  Status Append(std::span<const float> k, std::span<const float> v,
+                const AppendOptions& options = {});
+  // k, v: [n_tokens][n_kv_heads][head_dim] for one layer.
+  Status AppendLayer(uint32_t layer, std::span<const float> k, std::span<const float> v,
+                     const AppendOptions& options = {});
+  // Appends n positions whose K and V rows are all zeros, every head alive,
+  // every layer (exactly as Append of zeros would).
+  Status AdvanceLen(uint32_t n);
+
+  // --- rollback and lifetime ----------------------------------------------
+  // Keeps positions [0, num_tokens) of every layer; blocks no longer needed
+  // go back to the pool (into the reservation first). OutOfRange if
+  // num_tokens > this->num_tokens().
+  Status Truncate(uint32_t num_tokens);
+  // Drops the last n_drop positions (the seed's truncate_last).
+  Status TruncateLast(uint32_t n_drop);
+  // Back to empty: rows, calibration and importance dropped; paged blocks
+  // released (into the reservation while Reserve's target asks for them).
+  // Keeps the layout, pool and reservation target.
+  Status Clear();
+  // Gives everything back (blocks, reservation, buffers); afterwards every
+  // operation but accessors fails with FailedPrecondition. Idempotent.
+  void Release();
+
+  // --- copies ------------------------------------------------------------
+  // Paged: shares every block (refcount +1 each) and copies the table and
+  // per-head metadata. Contiguous: same as Clone(). PoolExhausted only when
+  // the parent is reserved and its extra copy-on-write block cannot be.
+  Result<SequenceCache> Fork();
+  // Detached deep copy (same rows, lengths, calibration, importance).
+  Result<SequenceCache> Clone(const CloneOptions& options = {}) const;
+
+  // --- reservations (paged; no-ops returning OK on contiguous) ------------
+  // See the file comment. Setting a smaller target returns surplus blocks.
+  Status Reserve(uint32_t max_tokens);
+  uint32_t reserved_blocks() const;
+  uint32_t reservation_target_tokens() const;
+  // True iff appends up to reservation_target_tokens() cannot fail.
+  bool is_fully_reserved() const;
+
+  // --- paged exports (empty spans for contiguous) ---------------------------
+  // [num_blocks] logical -> physical block ids: paged_block_indices / block_table of the seed.
+  std::span<const uint32_t> block_table() const;
+  // [1] the sequence length as u32: context_lens of the seed.
+  std::span<const uint32_t> context_lens() const;
+  // Names logical block `logical_block` (which must be full in every head)
+  // by its content hash in the pool (prefix reuse); the block is treated as
+  // shared from now on.
+  Status SetBlockHash(uint32_t logical_block, uint64_t hash);
+  // Starts an empty paged cache with prefix blocks found in a prefix cache:
+  // takes over one reference per block that the CALLER already holds (e.g.
+  // from BlockPool::RetainCached) and sets every layer and head to
+  // blocks.size() * block_size rows, encoded with `calibration` (null: none).
+  // FailedPrecondition unless empty and paged.
+  Status AdoptPrefix(std::span<const uint32_t> blocks,
+                     std::shared_ptr<const Calibration> calibration);
+  std::shared_ptr<const Calibration> calibration() const;
+
+  // --- per layer -----------------------------------------------------------
+  LayerCache layer(uint32_t layer) { return LayerCache(this, layer); }
+  // REQUIRES layer < n_layers(); see LayerCache for the per-layer methods.
+  Result<LayerKvView> View(uint32_t layer) const;
+  Result<std::vector<float>> HeadKeys(uint32_t layer, uint32_t head) const;
+  Result<std::vector<float>> HeadValues(uint32_t layer, uint32_t head) const;
+  std::vector<uint32_t> HeadPositions(uint32_t layer, uint32_t head) const;
+  Status AccumulateImportance(uint32_t layer, uint32_t head, std::span<const float> probs);
+  std::vector<float> HeadImportance(uint32_t layer, uint32_t head) const;
+  std::vector<float> Importance(uint32_t layer) const;
+
+  // Internal consistency (and the pool's, for paged); Internal on failure.
+  Status CheckInvariants() const;
+  std::string DebugString() const;
+
+  struct State;  // private; public only so that src/cache can name it
+
+ private:
+  friend class LayerCache;
+  explicit SequenceCache(std::unique_ptr<State> state);
+  std::unique_ptr<State> s_;
+};
+
+}  // namespace kvcache

@@ -1,0 +1,212 @@
+// The randomized Walsh-Hadamard rotation of turbo rows (see format_internal.h).
+//
+// Operation order (identical in the scalar reference and every SIMD target, so
+// rotated rows are bit-identical everywhere): multiply by the signs; in each
+// 16-value chunk apply the dense 16x16 Hadamard matrix, accumulating column
+// j = 0..15 in order (a +-1 product is exact, so a fused multiply-add equals a
+// plain add); then the butterfly stages h = 16, 32, ... inside each
+// power-of-two block; finally scale the block by 1/sqrt(block).
+//
+// Thread safety: pure functions.
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "format/format_internal.h"
+
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "format/rotation.cc"
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+#include <hwy/highway.h>
+
+#ifndef KVCACHE_FORMAT_ROTATION_ONCE
+#define KVCACHE_FORMAT_ROTATION_ONCE
+namespace kvcache {
+namespace format_internal {
+namespace {
+
+// H16[j][i] = (-1)^popcount(i & j): column j of the 16x16 Hadamard matrix.
+struct Hadamard16 {
+  alignas(64) float col[16][16];
+  Hadamard16() {
+    for (int j = 0; j < 16; ++j) {
+      for (int i = 0; i < 16; ++i) col[j][i] = (__builtin_popcount(i & j) & 1) ? -1.0f : 1.0f;
+    }
+  }
+};
+const Hadamard16& H16() {
+  static const Hadamard16 h;
+  return h;
+}
+
+// Largest power of two <= n (n >= 16).
+inline uint32_t BlockAt(uint32_t remaining) {
+  uint32_t b = 16;
+  while (b * 2 <= remaining) b *= 2;
+  return b;
+}
+
+}  // namespace
+}  // namespace format_internal
+}  // namespace kvcache
+#endif
+
+HWY_BEFORE_NAMESPACE();
+namespace kvcache {
+namespace format_internal {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+// Hadamard-transforms x[0, block) in place (unnormalized), block a power of two >= 16.
+void WhtBlock(float* HWY_RESTRICT x, uint32_t block) {
+  const hn::CappedTag<float, 16> d;
+  const size_t N = hn::Lanes(d);
+  const Hadamard16& h = H16();
+  alignas(64) float tmp[16];
+  for (uint32_t c = 0; c < block; c += 16) {
+    float* chunk = x + c;
+    for (size_t i = 0; i < 16; i += N) {
+      auto acc = hn::Mul(hn::Load(d, h.col[0] + i), hn::Set(d, chunk[0]));
+      for (int j = 1; j < 16; ++j) {
+        acc = hn::MulAdd(hn::Load(d, h.col[j] + i), hn::Set(d, chunk[j]), acc);
+      }
+      hn::Store(acc, d, tmp + i);
+    }
+    std::memcpy(chunk, tmp, sizeof(tmp));
+  }
+  for (uint32_t half = 16; half < block; half *= 2) {
+    for (uint32_t base = 0; base < block; base += 2 * half) {
+      for (uint32_t k = 0; k < half; k += static_cast<uint32_t>(N)) {
+        const auto a = hn::LoadU(d, x + base + k);
+        const auto b = hn::LoadU(d, x + base + half + k);
+        hn::StoreU(hn::Add(a, b), d, x + base + k);
+        hn::StoreU(hn::Sub(a, b), d, x + base + half + k);
+      }
+    }
+  }
+}
+
+void ScaleBy(float* HWY_RESTRICT x, uint32_t n, float s) {
+  const hn::CappedTag<float, 16> d;
+  const size_t N = hn::Lanes(d);
+  const auto vs = hn::Set(d, s);
+  for (uint32_t i = 0; i < n; i += static_cast<uint32_t>(N)) {
+    hn::StoreU(hn::Mul(hn::LoadU(d, x + i), vs), d, x + i);
+  }
+}
+
+void MulSigns(const float* HWY_RESTRICT signs, uint32_t n, float* HWY_RESTRICT x) {
+  const hn::CappedTag<float, 16> d;
+  const size_t N = hn::Lanes(d);
+  for (uint32_t i = 0; i < n; i += static_cast<uint32_t>(N)) {
+    hn::StoreU(hn::Mul(hn::LoadU(d, x + i), hn::LoadU(d, signs + i)), d, x + i);
+  }
+}
+
+void TransformBlocks(uint32_t head_dim, float* HWY_RESTRICT x) {
+  for (uint32_t off = 0; off < head_dim;) {
+    const uint32_t b = BlockAt(head_dim - off);
+    WhtBlock(x + off, b);
+    ScaleBy(x + off, b, 1.0f / std::sqrt(static_cast<float>(b)));
+    off += b;
+  }
+}
+
+void RotateRowsT(const float* signs, uint32_t head_dim, size_t n, float* x) {
+  for (size_t r = 0; r < n; ++r) {
+    float* row = x + r * head_dim;
+    MulSigns(signs, head_dim, row);
+    TransformBlocks(head_dim, row);
+  }
+}
+
+void InverseRotateRowsT(const float* signs, uint32_t head_dim, size_t n, float* x) {
+  for (size_t r = 0; r < n; ++r) {
+    float* row = x + r * head_dim;
+    TransformBlocks(head_dim, row);
+    MulSigns(signs, head_dim, row);
+  }
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace format_internal
+}  // namespace kvcache
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace kvcache {
+namespace format_internal {
+
+HWY_EXPORT(RotateRowsT);
+HWY_EXPORT(InverseRotateRowsT);
+
+std::vector<float> RotationSigns(uint64_t seed, uint32_t head_dim) {
+  std::vector<float> s(head_dim);
+  uint64_t state = seed;
+  for (uint32_t i = 0; i < head_dim; ++i) {
+    // SplitMix64.
+    uint64_t z = (state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    s[i] = (z >> 63) ? -1.0f : 1.0f;
+  }
+  return s;
+}
+
+void RotateRows(const float* signs, uint32_t head_dim, size_t n, float* x) {
+  HWY_DYNAMIC_DISPATCH(RotateRowsT)(signs, head_dim, n, x);
+}
+void InverseRotateRows(const float* signs, uint32_t head_dim, size_t n, float* x) {
+  HWY_DYNAMIC_DISPATCH(InverseRotateRowsT)(signs, head_dim, n, x);
+}
+void RotateInPlace(const float* signs, uint32_t head_dim, float* x) {
+  RotateRows(signs, head_dim, 1, x);
+}
+void InverseRotateInPlace(const float* signs, uint32_t head_dim, float* x) {
+  InverseRotateRows(signs, head_dim, 1, x);
+}
+
+namespace {
+void ScalarTransformBlocks(uint32_t head_dim, float* x) {
+  const Hadamard16& h = H16();
+  for (uint32_t off = 0; off < head_dim;) {
+    const uint32_t b = BlockAt(head_dim - off);
+    float* blk = x + off;
+    for (uint32_t c = 0; c < b; c += 16) {
+      float tmp[16];
+      for (int i = 0; i < 16; ++i) {
+        float acc = h.col[0][i] * blk[c];
+        for (int j = 1; j < 16; ++j) acc += h.col[j][i] * blk[c + j];  // exact product
+        tmp[i] = acc;
+      }
+      std::memcpy(blk + c, tmp, sizeof(tmp));
+    }
+    for (uint32_t half = 16; half < b; half *= 2) {
+      for (uint32_t base = 0; base < b; base += 2 * half) {
+        for (uint32_t k = 0; k < half; ++k) {
+          const float a = blk[base + k], bb = blk[base + half + k];
+          blk[base + k] = a + bb;
+          blk[base + half + k] = a - bb;
+        }
+      }
+    }
+    const float s = 1.0f / std::sqrt(static_cast<float>(b));
+    for (uint32_t i = 0; i < b; ++i) blk[i] *= s;
+    off += b;
+  }
+}
+}  // namespace
+
+void RotateInPlaceScalar(const float* signs, uint32_t head_dim, float* x) {
+  for (uint32_t i = 0; i < head_dim; ++i) x[i] *= signs[i];
+  ScalarTransformBlocks(head_dim, x);
+}
+void InverseRotateInPlaceScalar(const float* signs, uint32_t head_dim, float* x) {
+  ScalarTransformBlocks(head_dim, x);
+  for (uint32_t i = 0; i < head_dim; ++i) x[i] *= signs[i];
+}
+
+}  // namespace format_internal
+}  // namespace kvcache
+#endif
