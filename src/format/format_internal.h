@@ -207,14 +207,20 @@ inline uint8_t FloatToE4M3(float f) {
 // See docs/formats.md for how they were fitted and their measured error.
 
 inline constexpr std::array<float, 16> kTurbo4Levels = {
-    -1.0000000f, -0.7572038f, -0.5921607f, -0.4575187f, -0.3448772f, -0.2403591f,
-    -0.1420354f, -0.0469906f, 0.0469906f,  0.1420354f,  0.2403591f,  0.3448772f,
-    0.4575187f,  0.5921607f,  0.7572038f,  1.0000000f};
+    -1.0911369f, -0.8703624f, -0.6668467f, -0.5082749f, -0.3671443f, -0.2428598f,
+    -0.1349901f, -0.0421503f, 0.0421503f,  0.1349901f,  0.2428598f,  0.3671443f,
+    0.5082749f,  0.6668467f,  0.8703624f,  1.0911369f};
 inline constexpr std::array<float, 8> kTurbo3Levels = {
-    -1.0000000f, -0.6245063f, -0.3513248f, -0.1138988f,
-    0.1138988f,  0.3513248f,  0.6245063f,  1.0000000f};
-inline constexpr std::array<float, 4> kTurbo2Levels = {-1.0000000f, -0.2997881f, 0.2997881f,
-                                                       1.0000000f};
+    -0.9674752f, -0.5422341f, -0.2723807f, -0.0767486f,
+    0.0767486f,  0.2723807f,  0.5422341f,  0.9674752f};
+inline constexpr std::array<float, 4> kTurbo2Levels = {-0.7527767f, -0.1543219f, 0.1543219f,
+                                                       0.7527767f};
+
+// Encoder scale rule for turbo4/3/2: c0 = E4M3(amax of the group); try the
+// stored scales c0-kTurboScaleSearch .. c0+kTurboScaleSearch (valid codes
+// 1..0x7E), pick the one whose nearest-level reconstruction has the least
+// squared error (first on ties). An all-zero group stores scale 0 and codes 0.
+inline constexpr int kTurboScaleSearch = 2;
 
 // ---------------------------------------------------------------------------
 // Scalar group decoders (reference; one group of 16 values, rotated space).
@@ -285,6 +291,16 @@ void InverseRotateRows(const float* signs, uint32_t head_dim, size_t n, float* x
 // Scalar references.
 void RotateInPlaceScalar(const float* signs, uint32_t head_dim, float* x);
 void InverseRotateInPlaceScalar(const float* signs, uint32_t head_dim, float* x);
+
+// ---------------------------------------------------------------------------
+// Whole-row kernels on prepared rows: x[n][d] is already in storage space (mean
+// subtracted, column scales divided out, rotated for turbo) and finite.
+// out/in are [n][RowBytes(format, d)]. The dispatched versions are SIMD and
+// produce bytes (and floats) identical to the scalar references.
+void EncodeRows(Format format, uint32_t d, size_t n, const float* x, uint8_t* out);
+void DecodeRows(Format format, uint32_t d, size_t n, const uint8_t* in, float* x);
+void EncodeRowsScalar(Format format, uint32_t d, size_t n, const float* x, uint8_t* out);
+void DecodeRowsScalar(Format format, uint32_t d, size_t n, const uint8_t* in, float* x);
 
 }  // namespace format_internal
 }  // namespace kvcache
