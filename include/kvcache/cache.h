@@ -59,8 +59,10 @@
 // (FailedPrecondition). Release is idempotent and also done on destruction;
 // blocks go back exactly once (back to front, see pool.h for why).
 //
-// Thread safety: a SequenceCache is used by one thread at a time (external
-// synchronization); distinct caches may share a pool across threads freely.
+// Thread safety: a SequenceCache is mutated by one thread at a time
+// (external synchronization); its const methods (View, HeadKeys, ...) may run
+// concurrently with each other, e.g. attention threads over its heads.
+// Distinct caches may share a pool across threads freely.
 // Views, spans and LayerCache handles are invalidated by any mutating call
 // and by moving the cache.
 #pragma once

@@ -34,8 +34,9 @@ struct LayerMeta {
   std::shared_ptr<const std::vector<RowTransform>> transforms[2];
   std::vector<std::vector<float>> head_imp;       // empty or [n_kv_heads][head_len]
   std::vector<float> pos_imp;                     // empty or [num_tokens]
-  // Scratch for View(): pointers into positions (rebuilt by each View call).
-  mutable std::vector<const uint32_t*> position_ptrs;
+  // [n_kv_heads] pointers into positions for View(), or empty; refreshed by
+  // State::Touch after every mutation so that View() only reads.
+  std::vector<const uint32_t*> position_ptrs;
 
   bool has_positions() const { return !positions.empty(); }
   bool has_importance() const { return !head_imp.empty(); }
@@ -53,8 +54,8 @@ struct HeadBuffer {
 };
 
 struct ContiguousLayer {
-  std::vector<HeadBuffer> heads[2];            // [side][n_kv_heads]
-  mutable std::vector<const uint8_t*> bases[2];  // View() scratch
+  std::vector<HeadBuffer> heads[2];     // [side][n_kv_heads]
+  std::vector<const uint8_t*> bases[2];  // [side][n_kv_heads] heads[s][h].data, for View()
 };
 
 struct SequenceCache::State {
@@ -103,7 +104,21 @@ struct SequenceCache::State {
       for (uint32_t x : l.head_len) m = x < m ? x : m;
     return m == UINT32_MAX ? 0 : m;
   }
-  void Touch() { context_len[0] = num_tokens(); }
+  // Called at the end of every mutation: refreshes the derived fields
+  // (context length, pointer arrays the views hand out).
+  void Touch() {
+    context_len[0] = num_tokens();
+    for (LayerMeta& l : layers) {
+      l.position_ptrs.resize(l.positions.size());
+      for (size_t h = 0; h < l.positions.size(); ++h) l.position_ptrs[h] = l.positions[h].data();
+    }
+    for (ContiguousLayer& c : store) {
+      for (int s = 0; s < 2; ++s) {
+        c.bases[s].resize(c.heads[s].size());
+        for (size_t h = 0; h < c.heads[s].size(); ++h) c.bases[s][h] = c.heads[s][h].data.get();
+      }
+    }
+  }
 };
 
 }  // namespace kvcache

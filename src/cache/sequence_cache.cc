@@ -75,6 +75,7 @@ std::unique_ptr<SequenceCache::State> NewState(const Geometry& g, FormatPair f,
     for (ContiguousLayer& c : st->store)
       for (int s = 0; s < kSides; ++s) c.heads[s].resize(g.n_kv_heads());
   }
+  st->Touch();
   return st;
 }
 }  // namespace
@@ -611,6 +612,7 @@ Status SequenceCache::Clear() {
     lm.head_imp.clear();
     lm.pos_imp.clear();
   }
+  s.Touch();
   return Status::Ok();
 }
 
@@ -909,11 +911,7 @@ Result<LayerKvView> SequenceCache::View(uint32_t layer) const {
   v.head_dim = s.geometry.head_dim();
   v.num_tokens = lm.num_tokens;
   v.head_len = lm.head_len.data();
-  if (lm.has_positions()) {
-    lm.position_ptrs.resize(v.n_kv_heads);
-    for (uint32_t h = 0; h < v.n_kv_heads; ++h) lm.position_ptrs[h] = lm.positions[h].data();
-    v.positions = lm.position_ptrs.data();
-  }
+  if (lm.has_positions()) v.positions = lm.position_ptrs.data();
   KvSideView* sides[2] = {&v.k, &v.v};
   for (int side = 0; side < kSides; ++side) {
     KvSideView& sv = *sides[side];
@@ -935,11 +933,7 @@ Result<LayerKvView> SequenceCache::View(uint32_t layer) const {
     const ContiguousLayer& c = s.store[layer];
     uint32_t cap = 1;
     for (int side = 0; side < kSides; ++side) {
-      c.bases[side].resize(v.n_kv_heads);
-      for (uint32_t h = 0; h < v.n_kv_heads; ++h) {
-        c.bases[side][h] = c.heads[side][h].data.get();
-        cap = std::max(cap, c.heads[side][h].cap);
-      }
+      for (uint32_t h = 0; h < v.n_kv_heads; ++h) cap = std::max(cap, c.heads[side][h].cap);
       sides[side]->head_base = c.bases[side].data();
     }
     v.block_size = cap;

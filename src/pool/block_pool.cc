@@ -48,7 +48,7 @@ struct Arena {
     if (data) munmap(data, bytes);
   }
   bool Map(size_t n) {
-    void* p = mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    void* p = mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (p == MAP_FAILED) return false;
     data = static_cast<uint8_t*>(p);
     bytes = n;

@@ -1,0 +1,273 @@
+// The public attention entry points: validate every input (a failing call
+// writes nothing), prepare the queries per head (column scales, rotation,
+// key-mean bias) and hand a Plan to the SIMD kernels.
+//
+// Thread safety: reentrant; the only shared state is the caller's pool.
+#include "kvcache/attention.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "attention/plan.h"
+#include "attention/reference.h"
+#include "kvcache/geometry.h"
+
+namespace kvcache {
+namespace {
+
+using attention_internal::HeadJob;
+using attention_internal::PaddedDim;
+using attention_internal::Plan;
+using attention_internal::QueryVec;
+
+Status CheckSide(const LayerKvView& view, const KvSideView& side, const char* name) {
+  KV_RETURN_IF_ERROR(CheckHeadDim(side.format, view.head_dim));
+  if (side.base == nullptr && side.head_base == nullptr) {
+    return Status::InvalidArgument(fmt::format("attention: {} storage is null", name));
+  }
+  if (side.head_base != nullptr) {
+    for (uint32_t h = 0; h < view.n_kv_heads; ++h) {
+      if (view.rows(h) > 0 && side.head_base[h] == nullptr) {
+        return Status::InvalidArgument(fmt::format(
+            "attention: {} kv head {} stores {} rows but has no row buffer", name, h,
+            view.rows(h)));
+      }
+    }
+  }
+  if (side.row_bytes != RowBytes(side.format, view.head_dim)) {
+    return Status::InvalidArgument(fmt::format(
+        "attention: {} row_bytes {} does not match format {} at head_dim {} ({})", name,
+        side.row_bytes, FormatName(side.format), view.head_dim,
+        RowBytes(side.format, view.head_dim)));
+  }
+  if (side.codec != nullptr &&
+      (side.codec->format() != side.format || side.codec->head_dim() != view.head_dim)) {
+    return Status::InvalidArgument(
+        fmt::format("attention: {} codec does not match the view's format/head_dim", name));
+  }
+  if (IsRotated(side.format) && side.codec == nullptr) {
+    return Status::InvalidArgument(fmt::format(
+        "attention: {} format {} is rotated and needs the view's codec", name,
+        FormatName(side.format)));
+  }
+  if (side.transforms != nullptr) {
+    for (uint32_t h = 0; h < view.n_kv_heads; ++h) {
+      const RowTransform& t = side.transforms[h];
+      if ((!t.mean.empty() && t.mean.size() != view.head_dim) ||
+          (!t.col_scale.empty() && t.col_scale.size() != view.head_dim)) {
+        return Status::InvalidArgument(fmt::format(
+            "attention: {} transform of kv head {} has the wrong size (head_dim {})", name, h,
+            view.head_dim));
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+Status CheckView(const LayerKvView& view) {
+  if (view.n_kv_heads == 0 || view.n_kv_heads > Geometry::kMaxKvHeads) {
+    return Status::InvalidArgument(
+        fmt::format("attention: n_kv_heads {} out of range [1, {}]", view.n_kv_heads,
+                    Geometry::kMaxKvHeads));
+  }
+  if (view.head_dim == 0 || view.head_dim > Geometry::kMaxHeadDim) {
+    return Status::InvalidArgument(fmt::format("attention: head_dim {} out of range [1, {}]",
+                                               view.head_dim, Geometry::kMaxHeadDim));
+  }
+  if (view.num_tokens == 0) {
+    return Status::InvalidArgument("attention: the view is empty (num_tokens 0)");
+  }
+  if (view.block_size == 0 || view.block_table == nullptr) {
+    return Status::InvalidArgument("attention: the view has no block table / block size");
+  }
+  const uint64_t stored_capacity = static_cast<uint64_t>(view.num_blocks) * view.block_size;
+  for (uint32_t h = 0; h < view.n_kv_heads; ++h) {
+    const uint32_t rows = view.rows(h);
+    if (rows > view.num_tokens) {
+      return Status::InvalidArgument(fmt::format(
+          "attention: kv head {} stores {} rows, more than num_tokens {}", h, rows,
+          view.num_tokens));
+    }
+    if (rows > stored_capacity) {
+      return Status::InvalidArgument(fmt::format(
+          "attention: kv head {} stores {} rows but the block table covers {}", h, rows,
+          stored_capacity));
+    }
+  }
+  KV_RETURN_IF_ERROR(CheckSide(view, view.k, "K"));
+  KV_RETURN_IF_ERROR(CheckSide(view, view.v, "V"));
+  return Status::Ok();
+}
+
+Status CheckOptions(const AttentionOptions& o, uint32_t n_kv_heads, uint32_t num_tokens) {
+  if (o.n_q_heads == 0 || o.n_q_heads % n_kv_heads != 0) {
+    return Status::InvalidArgument(fmt::format(
+        "attention: n_q_heads {} must be a positive multiple of n_kv_heads {}", o.n_q_heads,
+        n_kv_heads));
+  }
+  if (!std::isfinite(o.scale) || o.scale < 0.0f) {
+    return Status::InvalidArgument("attention: scale must be finite and >= 0 (0 = 1/sqrt(d))");
+  }
+  if (o.window > num_tokens) {
+    return Status::InvalidArgument(fmt::format(
+        "attention: window {} is larger than the cache ({} tokens)", o.window, num_tokens));
+  }
+  return Status::Ok();
+}
+
+Status CheckSize(std::span<const float> s, size_t want, const char* name, bool optional) {
+  if (optional && s.empty()) return Status::Ok();
+  if (s.size() != want) {
+    return Status::InvalidArgument(
+        fmt::format("attention: {} has {} floats, expected {}", name, s.size(), want));
+  }
+  return Status::Ok();
+}
+
+float EffectiveScale(const AttentionOptions& o, uint32_t head_dim) {
+  return o.scale > 0.0f ? o.scale : 1.0f / std::sqrt(static_cast<float>(head_dim));
+}
+
+// Adds the jobs for one sequence (all kv heads) to the plan. q/out/lse/probs
+// are laid out [n_queries][n_q_heads][...]. Returns nothing: inputs checked.
+void AddSequence(Plan& plan, const LayerKvView& view, uint32_t n_queries, const float* q,
+                 uint32_t n_q_heads, float* out, float* lse, float* probs, float* kv_probs) {
+  const uint32_t d = view.head_dim;
+  const uint32_t group = n_q_heads / view.n_kv_heads;
+  for (uint32_t h = 0; h < view.n_kv_heads; ++h) {
+    HeadJob job;
+    job.view = &view;
+    job.head = h;
+    job.rows = view.rows(h);
+    const RowTransform* kt = view.k.transforms ? &view.k.transforms[h] : nullptr;
+    const RowTransform* vt = view.v.transforms ? &view.v.transforms[h] : nullptr;
+    const bool no_transforms = (kt == nullptr || kt->empty()) && (vt == nullptr || vt->empty());
+    job.exact = view.k.format == Format::kF32 && view.v.format == Format::kF32 && no_transforms;
+    job.has_bias = kt != nullptr && !kt->mean.empty();
+    job.first_query = static_cast<uint32_t>(plan.queries.size());
+    job.nq = n_queries * group;
+    job.kv_probs = kv_probs ? kv_probs + static_cast<size_t>(h) * view.num_tokens : nullptr;
+    for (uint32_t t = 0; t < n_queries; ++t) {
+      for (uint32_t g = 0; g < group; ++g) {
+        const size_t qh = static_cast<size_t>(t) * n_q_heads + h * group + g;
+        QueryVec qv;
+        qv.q = q + qh * d;  // original; replaced by the prepared copy below
+        qv.qpos = view.num_tokens - n_queries + t;
+        qv.out = out + qh * d;
+        qv.lse = lse ? lse + qh : nullptr;
+        qv.probs = probs ? probs + qh * view.num_tokens : nullptr;
+        if (job.has_bias) {
+          double dot = 0.0;
+          for (uint32_t i = 0; i < d; ++i) dot += static_cast<double>(qv.q[i]) * kt->mean[i];
+          qv.bias = static_cast<float>(dot * plan.scale);
+        }
+        plan.queries.push_back(qv);
+      }
+    }
+    plan.jobs.push_back(job);
+  }
+}
+
+// Copies every query into prepared_q (column scales, rotation, zero padding)
+// and repoints QueryVec::q at the copies.
+void PrepareQueries(Plan& plan) {
+  const uint32_t d = plan.head_dim, pd = plan.padded_dim;
+  plan.prepared_q.assign(plan.queries.size() * pd, 0.0f);
+  for (const HeadJob& job : plan.jobs) {
+    const KvSideView& k = job.view->k;
+    const RowTransform* kt = k.transforms ? &k.transforms[job.head] : nullptr;
+    for (uint32_t i = 0; i < job.nq; ++i) {
+      QueryVec& qv = plan.queries[job.first_query + i];
+      float* dst = plan.prepared_q.data() + static_cast<size_t>(job.first_query + i) * pd;
+      std::memcpy(dst, qv.q, d * sizeof(float));
+      if (kt != nullptr && !kt->col_scale.empty()) {
+        for (uint32_t j = 0; j < d; ++j) dst[j] *= kt->col_scale[j];
+      }
+      if (IsRotated(k.format)) k.codec->Rotate(dst);
+      qv.q = dst;
+    }
+  }
+}
+
+Plan NewPlan(const AttentionOptions& options, uint32_t head_dim) {
+  Plan plan;
+  plan.head_dim = head_dim;
+  plan.padded_dim = PaddedDim(head_dim);
+  plan.scale = EffectiveScale(options, head_dim);
+  plan.window = options.window;
+  plan.n_sink = options.n_sink;
+  plan.pool = options.pool;
+  return plan;
+}
+
+}  // namespace
+
+Status AttendMulti(const LayerKvView& view, uint32_t n_queries, std::span<const float> q,
+                   const AttentionOptions& options, const AttentionOutput& output) {
+  KV_RETURN_IF_ERROR(CheckView(view));
+  KV_RETURN_IF_ERROR(CheckOptions(options, view.n_kv_heads, view.num_tokens));
+  if (n_queries == 0 || n_queries > view.num_tokens) {
+    return Status::InvalidArgument(fmt::format(
+        "attention: {} query tokens, but the cache holds {} positions (queries are its last "
+        "positions)",
+        n_queries, view.num_tokens));
+  }
+  const size_t qd = static_cast<size_t>(n_queries) * options.n_q_heads;
+  KV_RETURN_IF_ERROR(CheckSize(q, qd * view.head_dim, "query", false));
+  KV_RETURN_IF_ERROR(CheckSize(output.out, qd * view.head_dim, "out", false));
+  KV_RETURN_IF_ERROR(CheckSize(output.lse, qd, "lse", true));
+  KV_RETURN_IF_ERROR(CheckSize(output.probs, qd * view.num_tokens, "probs", true));
+  KV_RETURN_IF_ERROR(CheckSize(output.kv_probs,
+                               static_cast<size_t>(view.n_kv_heads) * view.num_tokens,
+                               "kv_probs", true));
+  Plan plan = NewPlan(options, view.head_dim);
+  AddSequence(plan, view, n_queries, q.data(), options.n_q_heads, output.out.data(),
+              output.lse.empty() ? nullptr : output.lse.data(),
+              output.probs.empty() ? nullptr : output.probs.data(),
+              output.kv_probs.empty() ? nullptr : output.kv_probs.data());
+  PrepareQueries(plan);
+  attention_internal::RunPlan(plan);
+  return Status::Ok();
+}
+
+Status AttendDecode(const LayerKvView& view, std::span<const float> q,
+                    const AttentionOptions& options, const AttentionOutput& output) {
+  return AttendMulti(view, 1, q, options, output);
+}
+
+Status AttendDecodeBatch(std::span<const LayerKvView> views, std::span<const float> q,
+                         const AttentionOptions& options, std::span<float> out,
+                         std::span<float> lse) {
+  if (views.empty()) return Status::InvalidArgument("attention: no sequences in the batch");
+  const uint32_t n_kv = views[0].n_kv_heads, d = views[0].head_dim;
+  for (size_t s = 0; s < views.size(); ++s) {
+    const Status st = CheckView(views[s]);
+    if (!st.ok()) {
+      return Status(st.code(), fmt::format("sequence {}: {}", s, st.message()));
+    }
+    if (views[s].n_kv_heads != n_kv || views[s].head_dim != d) {
+      return Status::InvalidArgument(fmt::format(
+          "attention: sequence {} has n_kv_heads {} / head_dim {}, sequence 0 has {} / {}", s,
+          views[s].n_kv_heads, views[s].head_dim, n_kv, d));
+    }
+    KV_RETURN_IF_ERROR(CheckOptions(options, n_kv, views[s].num_tokens));
+  }
+  const size_t per_seq = static_cast<size_t>(options.n_q_heads) * d;
+  KV_RETURN_IF_ERROR(CheckSize(q, views.size() * per_seq, "query", false));
+  KV_RETURN_IF_ERROR(CheckSize(out, views.size() * per_seq, "out", false));
+  KV_RETURN_IF_ERROR(CheckSize(lse, views.size() * options.n_q_heads, "lse", true));
+  Plan plan = NewPlan(options, d);
+  for (size_t s = 0; s < views.size(); ++s) {
+    AddSequence(plan, views[s], 1, q.data() + s * per_seq, options.n_q_heads,
+                out.data() + s * per_seq,
+                lse.empty() ? nullptr : lse.data() + s * options.n_q_heads, nullptr, nullptr);
+  }
+  PrepareQueries(plan);
+  attention_internal::RunPlan(plan);
+  return Status::Ok();
+}
+
+}  // namespace kvcache

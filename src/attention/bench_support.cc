@@ -1,0 +1,111 @@
+// SyntheticKv and ReadBandwidthProbe (bench_support.h).
+#include "attention/bench_support.h"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <numeric>
+#include <random>
+
+namespace kvcache::attention_internal {
+
+Result<std::unique_ptr<SyntheticKv>> SyntheticKv::Create(const SyntheticKvOptions& o) {
+  auto s = std::unique_ptr<SyntheticKv>(new SyntheticKv());
+  const uint32_t d = o.head_dim, nkv = o.n_kv_heads, n = std::max(1u, o.num_tokens);
+  KV_ASSIGN_OR_RETURN(RowCodec kc, RowCodec::Create(o.formats.k, d, Side::kKey));
+  KV_ASSIGN_OR_RETURN(RowCodec vc, RowCodec::Create(o.formats.v, d, Side::kValue));
+  s->k_codec_ = std::make_unique<RowCodec>(kc);
+  s->v_codec_ = std::make_unique<RowCodec>(vc);
+  // Encode a few distinct rows per side, then tile storage with them.
+  const uint32_t distinct = std::max(1u, std::min(o.distinct_rows, n));
+  std::mt19937_64 rng(o.seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> rows(size_t{distinct} * d);
+  for (auto& x : rows) x = normal(rng);
+  std::vector<uint8_t> k_rows(distinct * kc.row_bytes()), v_rows(distinct * vc.row_bytes());
+  KV_RETURN_IF_ERROR(kc.Encode(rows, k_rows));
+  for (auto& x : rows) x = normal(rng);
+  KV_RETURN_IF_ERROR(vc.Encode(rows, v_rows));
+
+  LayerKvView& v = s->view_;
+  v.n_kv_heads = nkv;
+  v.head_dim = d;
+  v.num_tokens = n;
+  const uint32_t bs = o.paged ? o.block_size : n;
+  const uint32_t blocks = (n + bs - 1) / bs;
+  v.block_size = bs;
+  v.num_blocks = blocks;
+  s->table_.resize(blocks);
+  std::iota(s->table_.begin(), s->table_.end(), 0u);
+  if (o.paged) std::shuffle(s->table_.begin(), s->table_.end(), rng);
+  v.block_table = s->table_.data();
+  auto fill = [&](KvSideView& side, const RowCodec& c, const std::vector<uint8_t>& enc,
+                  std::vector<uint8_t>& store) {
+    const size_t rb = c.row_bytes();
+    side.format = c.format();
+    side.row_bytes = static_cast<uint32_t>(rb);
+    side.codec = &c;
+    side.head_stride = size_t{bs} * rb;
+    side.block_stride = size_t{nkv} * side.head_stride;
+    store.resize(size_t{blocks} * side.block_stride);
+    side.base = store.data();
+    for (uint32_t h = 0; h < nkv; ++h) {
+      for (uint32_t r = 0; r < n; ++r) {
+        uint8_t* dst = store.data() + size_t{s->table_[r / bs]} * side.block_stride +
+                       h * side.head_stride + size_t{r % bs} * rb;
+        std::memcpy(dst, enc.data() + size_t{(r + 7 * h) % distinct} * rb, rb);
+      }
+    }
+  };
+  fill(v.k, *s->k_codec_, k_rows, s->k_);
+  fill(v.v, *s->v_codec_, v_rows, s->v_);
+  s->kv_bytes_ = size_t{n} * nkv * (kc.row_bytes() + vc.row_bytes());
+  return s;
+}
+
+ReadBandwidthProbe::ReadBandwidthProbe(size_t bytes) : data_(bytes / sizeof(uint64_t)) {
+  for (size_t i = 0; i < data_.size(); ++i) data_[i] = i * 0x9E3779B97F4A7C15ull;
+}
+
+namespace {
+uint64_t ReadRange(const uint64_t* p, size_t n) {
+  // Four independent sums so the loop is load-bound, not add-latency bound.
+  uint64_t a = 0, b = 0, c = 0, d = 0;
+  size_t i = 0;
+  for (; i + 4 <= n; i += 4) {
+    a += p[i];
+    b ^= p[i + 1];
+    c += p[i + 2];
+    d ^= p[i + 3];
+  }
+  for (; i < n; ++i) a += p[i];
+  return a + b + c + d;
+}
+std::atomic<uint64_t> g_sink{0};
+}  // namespace
+
+double ReadBandwidthProbe::MeasureOnce(ThreadPool* pool) {
+  const uint32_t threads = pool ? pool->num_threads() : 1;
+  const size_t n = data_.size();
+  const uint32_t tasks = threads * 8;
+  const auto t0 = std::chrono::steady_clock::now();
+  auto body = [&](uint32_t t, uint32_t) {
+    const size_t lo = n * t / tasks, hi = n * (t + 1) / tasks;
+    g_sink.fetch_add(ReadRange(data_.data() + lo, hi - lo), std::memory_order_relaxed);
+  };
+  if (pool) {
+    pool->ParallelFor(tasks, body);
+  } else {
+    for (uint32_t t = 0; t < tasks; ++t) body(t, 0);
+  }
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return static_cast<double>(n * sizeof(uint64_t)) / s / 1e9;
+}
+
+void ReadBandwidthProbe::Flush(size_t bytes) {
+  const size_t n = std::min(data_.size(), bytes / sizeof(uint64_t));
+  g_sink.fetch_add(ReadRange(data_.data(), n), std::memory_order_relaxed);
+}
+
+}  // namespace kvcache::attention_internal

@@ -1,0 +1,65 @@
+// Support for attention benchmarks (`kvcache bench attention` and
+// bench/attention_bench.cc): synthetic K/V storage behind a LayerKvView, and
+// a streaming read-bandwidth probe to compare kernels against.
+//
+// Thread safety: objects are not shared between threads while mutated;
+// Measure* calls use the given pool.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "kvcache/codec.h"
+#include "kvcache/format.h"
+#include "kvcache/kv_view.h"
+#include "kvcache/status.h"
+#include "kvcache/thread_pool.h"
+
+namespace kvcache::attention_internal {
+
+struct SyntheticKvOptions {
+  FormatPair formats;
+  uint32_t n_kv_heads = 8;
+  uint32_t head_dim = 128;
+  uint32_t num_tokens = 2048;
+  bool paged = true;          // block_size 16 pool blocks behind a shuffled table
+  uint32_t block_size = 16;
+  uint32_t distinct_rows = 512;  // rows actually encoded; storage repeats them
+  uint64_t seed = 1;
+};
+
+// Owns K/V storage for one sequence of one layer, filled with encoded
+// random rows, and the view over it.
+class SyntheticKv {
+ public:
+  static Result<std::unique_ptr<SyntheticKv>> Create(const SyntheticKvOptions& options);
+  const LayerKvView& view() const { return view_; }
+  // Bytes of stored K and V rows a decode step reads.
+  size_t kv_bytes() const { return kv_bytes_; }
+
+ private:
+  SyntheticKv() = default;
+  LayerKvView view_;
+  std::unique_ptr<RowCodec> k_codec_, v_codec_;
+  std::vector<uint32_t> table_;
+  std::vector<uint8_t> k_, v_;  // [pool blocks][heads][block][row] or [heads][tokens][row]
+  size_t kv_bytes_ = 0;
+};
+
+// A buffer far larger than the last-level cache, read by every thread of a
+// pool: the machine's streaming read bandwidth.
+class ReadBandwidthProbe {
+ public:
+  explicit ReadBandwidthProbe(size_t bytes);
+  // One timed read of the whole buffer split over the pool; GB/s (1e9).
+  double MeasureOnce(ThreadPool* pool);
+  // Reads `bytes` of the buffer to push other data out of the caches.
+  void Flush(size_t bytes);
+
+ private:
+  std::vector<uint64_t> data_;
+};
+
+}  // namespace kvcache::attention_internal

@@ -1,0 +1,961 @@
+// SIMD attention kernels over a Plan (plan.h), one Highway dispatch per call.
+//
+// Per job (one kv head of one sequence, nq query vectors) the work is three
+// passes over the head's stored rows:
+//   K pass:   s[qi][r] = scale * <q_qi, k_r> + bias_qi for visible rows,
+//             -inf otherwise; running max per query vector.
+//   exp pass: e[qi][r] = Exp(s - m) in place (Exp of reference.h, vectorized).
+//   V pass:   per fixed 512-row segment: l += e_r, o[d] += e_r * v_r[d];
+//             segments folded in order; out = o / l, then the value transforms.
+// K and V rows are decoded 16 values at a time straight into registers
+// (Decoder<F>) and consumed by up to 4 query vectors at once, so the decode
+// of a row is shared by the q heads of a group and nothing is expanded to an
+// f32 row in memory. The f32:f32 path without transforms ("exact") uses
+// separate multiplies and adds in the order of reference.h, so it equals
+// AttendReference bit for bit; every other path uses fused multiply-adds.
+//
+// Parallelism: jobs run on the plan's pool. When there are fewer jobs than
+// twice the threads, each job's rows are split into chunks of whole segments
+// (flash-decoding): K pass per chunk, a barrier, exp + V pass per chunk into
+// per-segment partials, a barrier, then the in-order segment fold per job.
+// The result is the same for every split.
+//
+// Thread safety: scratch is thread_local; a Plan is only read.
+#pragma GCC optimize("fp-contract=off")
+
+// SSSE3 adds compile time and nothing over SSE4 for these kernels.
+#ifndef HWY_DISABLED_TARGETS
+#define HWY_DISABLED_TARGETS HWY_SSSE3
+#endif
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "attention/kernels.cc"
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+#include <hwy/highway.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "attention/plan.h"
+#include "attention/reference.h"
+#include "format/format_internal.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace kvcache {
+namespace attention_internal {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+namespace fi = format_internal;
+
+using DF = hn::ScalableTag<float>;
+using VF = hn::Vec<DF>;
+using DU = hn::RebindToUnsigned<DF>;
+using DI = hn::RebindToSigned<DF>;
+constexpr size_t kN = hn::MaxLanes(DF());
+constexpr size_t kVecs = kDotLanes / kN;  // vectors per 16-value block
+static_assert(kN <= kDotLanes && kDotLanes % kN == 0, "lane count must divide 16");
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+constexpr float kTwo120 = 1.329227995784915872903807060280344576e36f;  // 2^120
+
+// ---------------------------------------------------------------------------
+// Table lookups on small float tables (idx in u32 lanes, already < size).
+
+template <size_t kSize>
+struct Table {
+  // kSize <= 8: one vector when kN >= 8, else two 4-lane halves; a plain
+  // array on single-lane targets.
+  VF lo, hi;
+  float raw[8] = {};
+  explicit Table(const float* t) {
+    alignas(64) float buf[2 * kDotLanes] = {};
+    for (size_t i = 0; i < kSize; ++i) buf[i] = raw[i] = t[i];
+    const DF df;
+    if constexpr (kN < 4) {
+      lo = hi = hn::Zero(df);
+    } else if constexpr (kN >= 8) {
+      lo = hn::Load(df, buf);
+      hi = lo;
+    } else {
+      lo = hn::Load(df, buf);
+      hi = hn::Load(df, buf + 4);
+    }
+  }
+  HWY_INLINE VF Lookup(hn::Vec<DU> idx) const {
+    const DF df;
+    const DI di;
+    if constexpr (kN < 4) {
+      alignas(64) uint32_t ib[kDotLanes];
+      alignas(64) float fb[kDotLanes];
+      hn::Store(idx, DU(), ib);
+      for (size_t i = 0; i < kN; ++i) fb[i] = raw[ib[i] & 7];
+      return hn::Load(df, fb);
+    } else if constexpr (kN >= 8 || kSize <= 4) {
+      return hn::TableLookupLanes(lo, hn::IndicesFromVec(df, hn::BitCast(di, idx)));
+    } else {
+      const auto i3 = hn::BitCast(di, hn::And(idx, hn::Set(DU(), 3)));
+      const VF a = hn::TableLookupLanes(lo, hn::IndicesFromVec(df, i3));
+      const VF b = hn::TableLookupLanes(hi, hn::IndicesFromVec(df, i3));
+      // bit 2 of idx selects the upper half
+      const auto upper = hn::RebindMask(df, hn::TestBit(idx, hn::Set(DU(), 4u)));
+      return hn::IfThenElse(upper, b, a);
+    }
+  }
+};
+
+// ---------------------------------------------------------------------------
+// Decoders: Block(row, b, out) writes values [16b, 16b + 16) of a stored row,
+// scales applied, into kVecs vectors. Tail formats (any head_dim) also
+// provide Value(row, i) for the last partial block.
+
+struct RowRef {
+  const uint8_t* p;
+  float scale;  // q8 row scale; unused elsewhere
+};
+
+HWY_INLINE hn::Vec<DU> LoadBytesU32(const uint8_t* p) {
+  const hn::Rebind<uint8_t, DF> du8;
+  return hn::PromoteTo(DU(), hn::LoadU(du8, p));
+}
+
+HWY_INLINE VF E4M3Bits(hn::Vec<DU> u) {
+  // sign -> bit 31, exponent+mantissa -> bits 20..26: the value times 2^-120
+  // (subnormal codes become f32 subnormals, exactly).
+  const DU du;
+  const auto mag = hn::ShiftLeft<20>(hn::And(u, hn::Set(du, 0x7Fu)));
+  const auto sign = hn::ShiftLeft<24>(hn::And(u, hn::Set(du, 0x80u)));
+  return hn::BitCast(DF(), hn::Or(mag, sign));
+}
+
+HWY_INLINE uint32_t LoadU32(const uint8_t* p) {
+  uint32_t w;
+  std::memcpy(&w, p, 4);
+  return w;
+}
+
+template <Format F>
+struct Decoder;
+
+template <>
+struct Decoder<Format::kF32> {
+  static constexpr bool kTail = true;
+  HWY_INLINE RowRef Prepare(const uint8_t* p, uint32_t) const { return {p, 1.0f}; }
+  HWY_INLINE void Block(const RowRef& r, uint32_t b, VF* out) const {
+    const float* f = reinterpret_cast<const float*>(r.p) + b * kDotLanes;
+    for (size_t v = 0; v < kVecs; ++v) out[v] = hn::LoadU(DF(), f + v * kN);
+  }
+  HWY_INLINE float Value(const RowRef& r, uint32_t i) const {
+    float x;
+    std::memcpy(&x, r.p + 4 * i, 4);
+    return x;
+  }
+};
+
+template <>
+struct Decoder<Format::kF16> {
+  static constexpr bool kTail = true;
+  HWY_INLINE RowRef Prepare(const uint8_t* p, uint32_t) const { return {p, 1.0f}; }
+  HWY_INLINE void Block(const RowRef& r, uint32_t b, VF* out) const {
+    const hn::Rebind<hwy::float16_t, DF> dh;
+    const hwy::float16_t* h = reinterpret_cast<const hwy::float16_t*>(r.p) + b * kDotLanes;
+    for (size_t v = 0; v < kVecs; ++v) out[v] = hn::PromoteTo(DF(), hn::LoadU(dh, h + v * kN));
+  }
+  HWY_INLINE float Value(const RowRef& r, uint32_t i) const {
+    return fi::F16ToFloat(fi::LoadU16(r.p + 2 * i));
+  }
+};
+
+template <>
+struct Decoder<Format::kBF16> {
+  static constexpr bool kTail = true;
+  HWY_INLINE RowRef Prepare(const uint8_t* p, uint32_t) const { return {p, 1.0f}; }
+  HWY_INLINE void Block(const RowRef& r, uint32_t b, VF* out) const {
+    const hn::Rebind<uint16_t, DF> du16;
+    const uint16_t* h = reinterpret_cast<const uint16_t*>(r.p) + b * kDotLanes;
+    for (size_t v = 0; v < kVecs; ++v) {
+      out[v] = hn::BitCast(DF(), hn::ShiftLeft<16>(hn::PromoteTo(DU(), hn::LoadU(du16, h + v * kN))));
+    }
+  }
+  HWY_INLINE float Value(const RowRef& r, uint32_t i) const {
+    return fi::BF16ToFloat(fi::LoadU16(r.p + 2 * i));
+  }
+};
+
+template <>
+struct Decoder<Format::kFp8E4M3> {
+  static constexpr bool kTail = true;
+  HWY_INLINE RowRef Prepare(const uint8_t* p, uint32_t) const { return {p, 1.0f}; }
+  HWY_INLINE void Block(const RowRef& r, uint32_t b, VF* out) const {
+    const VF k = hn::Set(DF(), kTwo120);
+    for (size_t v = 0; v < kVecs; ++v) {
+      out[v] = hn::Mul(E4M3Bits(LoadBytesU32(r.p + b * kDotLanes + v * kN)), k);
+    }
+  }
+  HWY_INLINE float Value(const RowRef& r, uint32_t i) const { return fi::E4M3ToFloat(r.p[i]); }
+};
+
+template <>
+struct Decoder<Format::kQ8> {
+  static constexpr bool kTail = true;
+  HWY_INLINE RowRef Prepare(const uint8_t* p, uint32_t d) const { return {p, fi::Q8RowScale(p, d)}; }
+  HWY_INLINE void Block(const RowRef& r, uint32_t b, VF* out) const {
+    const hn::Rebind<int8_t, DF> di8;
+    const VF s = hn::Set(DF(), r.scale);
+    const int8_t* c = reinterpret_cast<const int8_t*>(r.p) + b * kDotLanes;
+    for (size_t v = 0; v < kVecs; ++v) {
+      out[v] = hn::Mul(s, hn::ConvertTo(DF(), hn::PromoteTo(DI(), hn::LoadU(di8, c + v * kN))));
+    }
+  }
+  HWY_INLINE float Value(const RowRef& r, uint32_t i) const {
+    return r.scale * static_cast<float>(static_cast<int8_t>(r.p[i]));
+  }
+};
+
+// Turbo rows: codes, then one scale per 16-value group at scales_offset.
+template <>
+struct Decoder<Format::kTurbo8> {
+  static constexpr bool kTail = false;
+  uint32_t scales_offset;
+  explicit Decoder(uint32_t d) : scales_offset(d) {}
+  HWY_INLINE RowRef Prepare(const uint8_t* p, uint32_t) const { return {p, 1.0f}; }
+  HWY_INLINE void Block(const RowRef& r, uint32_t b, VF* out) const {
+    const float s = fi::BF16ToFloat(fi::LoadU16(r.p + scales_offset + 2 * b));
+    const VF k = hn::Set(DF(), kTwo120);
+    const VF sv = hn::Set(DF(), s);
+    for (size_t v = 0; v < kVecs; ++v) {
+      out[v] = hn::Mul(hn::Mul(E4M3Bits(LoadBytesU32(r.p + b * kDotLanes + v * kN)), k), sv);
+    }
+  }
+  HWY_INLINE float Value(const RowRef&, uint32_t) const { return 0.0f; }
+};
+
+// Per-lane shift counts for packed codes of vector v of a block: value
+// i = v * kN + lane sits at bit kBits * (i % kPeriod) of its 32-bit word.
+template <uint32_t kBits, uint32_t kPeriod>
+HWY_INLINE hn::Vec<DU> LaneShifts(size_t v) {
+  alignas(64) uint32_t buf[kDotLanes];
+  for (size_t i = 0; i < kN; ++i) buf[i] = kBits * static_cast<uint32_t>((v * kN + i) % kPeriod);
+  return hn::Load(DU(), buf);
+}
+
+template <>
+struct Decoder<Format::kTurbo4> {
+  static constexpr bool kTail = false;
+  uint32_t scales_offset;
+  Table<8> neg, pos;  // levels 0..7 and 8..15
+  hn::Vec<DU> shifts[kVecs];
+  explicit Decoder(uint32_t d)
+      : scales_offset(d / 2), neg(fi::kTurbo4Levels.data()), pos(fi::kTurbo4Levels.data() + 8) {
+    for (size_t v = 0; v < kVecs; ++v) shifts[v] = LaneShifts<4, 8>(v);
+  }
+  HWY_INLINE RowRef Prepare(const uint8_t* p, uint32_t) const { return {p, 1.0f}; }
+  HWY_INLINE void Block(const RowRef& r, uint32_t b, VF* out) const {
+    const DU du;
+    const uint8_t* c = r.p + 8 * b;
+    const VF sv = hn::Set(DF(), fi::E4M3ToFloat(r.p[scales_offset + b]));
+    for (size_t v = 0; v < kVecs; ++v) {
+      hn::Vec<DU> w;
+      if constexpr (kN <= 8) {
+        w = hn::Set(du, LoadU32(c + 4 * ((v * kN) / 8)));
+      } else {
+        w = hn::IfThenElse(hn::FirstN(du, 8), hn::Set(du, LoadU32(c)), hn::Set(du, LoadU32(c + 4)));
+      }
+      const auto idx = hn::And((w >> shifts[v]), hn::Set(du, 15u));
+      const auto i7 = hn::And(idx, hn::Set(du, 7u));
+      const VF a = neg.Lookup(i7);
+      const VF bb = pos.Lookup(i7);
+      const auto upper = hn::RebindMask(DF(), hn::TestBit(idx, hn::Set(du, 8u)));
+      out[v] = hn::Mul(hn::IfThenElse(upper, bb, a), sv);
+    }
+  }
+  HWY_INLINE float Value(const RowRef&, uint32_t) const { return 0.0f; }
+};
+
+template <>
+struct Decoder<Format::kTurbo3> {
+  static constexpr bool kTail = false;
+  uint32_t scales_offset;
+  Table<8> levels;
+  hn::Vec<DU> shifts[kVecs];
+  explicit Decoder(uint32_t d) : scales_offset(6 * (d / 16)), levels(fi::kTurbo3Levels.data()) {
+    for (size_t v = 0; v < kVecs; ++v) shifts[v] = LaneShifts<3, 8>(v);
+  }
+  HWY_INLINE RowRef Prepare(const uint8_t* p, uint32_t) const { return {p, 1.0f}; }
+  HWY_INLINE void Block(const RowRef& r, uint32_t b, VF* out) const {
+    const DU du;
+    const uint8_t* c = r.p + 6 * b;
+    const VF sv = hn::Set(DF(), fi::E4M3ToFloat(r.p[scales_offset + b]));
+    // Values 0..7 are bits 0..23 of bytes 0..3, values 8..15 bits 0..23 of
+    // bytes 3..6 (byte 6 is still inside the row: next group or a scale).
+    for (size_t v = 0; v < kVecs; ++v) {
+      hn::Vec<DU> w;
+      if constexpr (kN <= 8) {
+        w = hn::Set(du, LoadU32(c + 3 * ((v * kN) / 8)));
+      } else {
+        w = hn::IfThenElse(hn::FirstN(du, 8), hn::Set(du, LoadU32(c)), hn::Set(du, LoadU32(c + 3)));
+      }
+      const auto idx = hn::And((w >> shifts[v]), hn::Set(du, 7u));
+      out[v] = hn::Mul(levels.Lookup(idx), sv);
+    }
+  }
+  HWY_INLINE float Value(const RowRef&, uint32_t) const { return 0.0f; }
+};
+
+template <>
+struct Decoder<Format::kTurbo2> {
+  static constexpr bool kTail = false;
+  uint32_t scales_offset;
+  Table<4> levels;
+  hn::Vec<DU> shifts[kVecs];
+  explicit Decoder(uint32_t d) : scales_offset(d / 4), levels(fi::kTurbo2Levels.data()) {
+    for (size_t v = 0; v < kVecs; ++v) shifts[v] = LaneShifts<2, 16>(v);
+  }
+  HWY_INLINE RowRef Prepare(const uint8_t* p, uint32_t) const { return {p, 1.0f}; }
+  HWY_INLINE void Block(const RowRef& r, uint32_t b, VF* out) const {
+    const DU du;
+    const auto w = hn::Set(du, LoadU32(r.p + 4 * b));
+    const VF sv = hn::Set(DF(), fi::E4M3ToFloat(r.p[scales_offset + b]));
+    for (size_t v = 0; v < kVecs; ++v) {
+      const auto idx = hn::And((w >> shifts[v]), hn::Set(du, 3u));
+      out[v] = hn::Mul(levels.Lookup(idx), sv);
+    }
+  }
+  HWY_INLINE float Value(const RowRef&, uint32_t) const { return 0.0f; }
+};
+
+template <>
+struct Decoder<Format::kQ8_0> {
+  static constexpr bool kTail = false;
+  HWY_INLINE RowRef Prepare(const uint8_t* p, uint32_t) const { return {p, 1.0f}; }
+  HWY_INLINE void Block(const RowRef& r, uint32_t b, VF* out) const {
+    const hn::Rebind<int8_t, DF> di8;
+    const uint8_t* blk = r.p + 34 * (b / 2);
+    const VF d = hn::Set(DF(), fi::F16ToFloat(fi::LoadU16(blk)));
+    const int8_t* c = reinterpret_cast<const int8_t*>(blk + 2 + 16 * (b % 2));
+    for (size_t v = 0; v < kVecs; ++v) {
+      out[v] = hn::Mul(d, hn::ConvertTo(DF(), hn::PromoteTo(DI(), hn::LoadU(di8, c + v * kN))));
+    }
+  }
+  HWY_INLINE float Value(const RowRef&, uint32_t) const { return 0.0f; }
+};
+
+template <>
+struct Decoder<Format::kQ4_0> {
+  static constexpr bool kTail = false;
+  HWY_INLINE RowRef Prepare(const uint8_t* p, uint32_t) const { return {p, 1.0f}; }
+  HWY_INLINE void Block(const RowRef& r, uint32_t b, VF* out) const {
+    const DU du;
+    const uint8_t* blk = r.p + 18 * (b / 2);
+    const VF d = hn::Set(DF(), fi::F16ToFloat(fi::LoadU16(blk)));
+    const auto eight = hn::Set(DI(), 8);
+    for (size_t v = 0; v < kVecs; ++v) {
+      auto u = LoadBytesU32(blk + 2 + v * kN);
+      u = (b % 2) ? hn::ShiftRight<4>(u) : hn::And(u, hn::Set(du, 15u));
+      const auto q = hn::Sub(hn::BitCast(DI(), u), eight);
+      out[v] = hn::Mul(hn::ConvertTo(DF(), q), d);
+    }
+  }
+  HWY_INLINE float Value(const RowRef&, uint32_t) const { return 0.0f; }
+};
+
+template <Format F>
+HWY_INLINE Decoder<F> MakeDecoder(uint32_t d) {
+  if constexpr (F == Format::kTurbo8 || F == Format::kTurbo4 || F == Format::kTurbo3 ||
+                F == Format::kTurbo2) {
+    return Decoder<F>(d);
+  } else {
+    (void)d;
+    return Decoder<F>();
+  }
+}
+
+// Values [16b, head_dim) of a tail block, zero padded.
+template <Format F>
+HWY_INLINE void TailBlock(const Decoder<F>& dec, const RowRef& r, uint32_t b, uint32_t head_dim,
+                          VF* out) {
+  alignas(64) float buf[kDotLanes] = {};
+  for (uint32_t i = b * kDotLanes; i < head_dim; ++i) buf[i - b * kDotLanes] = dec.Value(r, i);
+  for (size_t v = 0; v < kVecs; ++v) out[v] = hn::Load(DF(), buf + v * kN);
+}
+
+// ---------------------------------------------------------------------------
+// The reference reduction of 16 running sums held as kVecs vectors.
+
+template <class D>
+HWY_INLINE float ReduceHalving(D d, hn::Vec<D> v) {
+#if HWY_TARGET == HWY_SCALAR
+  (void)d;
+  return hn::GetLane(v);
+#else
+  if constexpr (hn::MaxLanes(D()) > 4) {
+    const hn::Half<D> dh;
+    return ReduceHalving(dh, hn::Add(hn::LowerHalf(dh, v), hn::UpperHalf(dh, v)));
+  } else {
+    (void)d;
+    v = hn::Add(v, hn::Shuffle1032(v));
+    v = hn::Add(v, hn::Shuffle2301(v));
+    return hn::GetLane(v);
+  }
+#endif
+}
+
+HWY_INLINE float Reduce16(VF* acc) {
+  for (size_t c = kVecs; c > 1; c /= 2) {
+    for (size_t i = 0; i < c / 2; ++i) acc[i] = hn::Add(acc[i], acc[i + c / 2]);
+  }
+  return ReduceHalving(DF(), acc[0]);
+}
+
+template <bool kExact>
+HWY_INLINE VF MulAcc(VF a, VF b, VF acc) {
+  if constexpr (kExact) {
+    return hn::Add(acc, hn::Mul(a, b));
+  } else {
+    return hn::MulAdd(a, b, acc);
+  }
+}
+
+// Vector Exp with exactly the operations of reference.h's Exp.
+HWY_INLINE VF ExpV(VF x) {
+  const DF df;
+  const DI di;
+  const auto ok = x >= hn::Set(df, kExpMin);
+  x = hn::IfThenElseZero(ok, x);
+  const VF t = hn::Mul(x, hn::Set(df, kLog2e));
+  const VF magic = hn::Set(df, kRoundMagic);
+  const VF n = hn::Sub(hn::Add(t, magic), magic);
+  const VF a = hn::Mul(n, hn::Set(df, kLn2Hi));
+  const VF r1 = hn::Sub(x, a);
+  const VF b = hn::Mul(n, hn::Set(df, kLn2Lo));
+  const VF r = hn::Sub(r1, b);
+  VF p = hn::Set(df, kExpC6);
+  p = hn::Mul(p, r);
+  p = hn::Add(p, hn::Set(df, kExpC5));
+  p = hn::Mul(p, r);
+  p = hn::Add(p, hn::Set(df, kExpC4));
+  p = hn::Mul(p, r);
+  p = hn::Add(p, hn::Set(df, kExpC3));
+  p = hn::Mul(p, r);
+  p = hn::Add(p, hn::Set(df, kExpC2));
+  p = hn::Mul(p, r);
+  p = hn::Mul(p, r);
+  p = hn::Add(p, r);
+  p = hn::Add(p, hn::Set(df, 1.0f));
+  const auto ni = hn::ConvertTo(di, n);
+  const VF pow2 = hn::BitCast(df, hn::ShiftLeft<23>(hn::Add(ni, hn::Set(di, 127))));
+  return hn::IfThenElseZero(ok, hn::Mul(p, pow2));
+}
+
+// ---------------------------------------------------------------------------
+// Walking the stored rows of one head on one side.
+
+struct RowCursor {
+  const uint8_t* head_base;
+  const uint32_t* table;
+  size_t block_stride;
+  uint32_t block_size, row_bytes;
+  uint32_t blk, off;
+  const uint8_t* next_row;  // per-head contiguous storage (side.head_base)
+  RowCursor(const LayerKvView& v, const KvSideView& s, uint32_t head, uint32_t r0)
+      : head_base(s.base + static_cast<size_t>(head) * s.head_stride),
+        table(v.block_table),
+        block_stride(s.block_stride),
+        block_size(v.block_size),
+        row_bytes(s.row_bytes),
+        blk(r0 / v.block_size),
+        off(r0 % v.block_size),
+        next_row(s.head_base ? s.head_base[head] + static_cast<size_t>(r0) * s.row_bytes
+                             : nullptr) {}
+  HWY_INLINE const uint8_t* Next() {
+    if (next_row != nullptr) {
+      const uint8_t* p = next_row;
+      next_row += row_bytes;
+      return p;
+    }
+    const uint8_t* p = head_base + static_cast<size_t>(table[blk]) * block_stride +
+                       static_cast<size_t>(off) * row_bytes;
+    if (++off == block_size) {
+      off = 0;
+      ++blk;
+    }
+    return p;
+  }
+};
+
+struct Visibility {
+  const uint32_t* positions;  // nullptr: row r is position r
+  uint32_t window, n_sink;
+  HWY_INLINE uint32_t Pos(uint32_t r) const { return positions ? positions[r] : r; }
+  HWY_INLINE bool Visible(uint32_t p, uint32_t qpos) const {
+    if (p > qpos) return false;
+    return window == 0 || p + window > qpos || p < n_sink;
+  }
+};
+
+HWY_INLINE Visibility MakeVisibility(const Plan& plan, const HeadJob& job) {
+  const LayerKvView& v = *job.view;
+  return {v.positions ? v.positions[job.head] : nullptr, plan.window, plan.n_sink};
+}
+
+// ---------------------------------------------------------------------------
+// K pass: rows [r0, r1) for query vectors [qi0, qi0 + kQB).
+
+struct KArgs {
+  const Plan* plan;
+  const HeadJob* job;
+  uint32_t qi0, r0, r1;
+  float* scores;  // [nq][job.rows] (the job's whole buffer)
+  float* maxes;   // [nq] running maxima (the job's)
+};
+
+template <Format F, bool kExact, int kQB>
+void KPass(const KArgs& a) {
+  const Plan& plan = *a.plan;
+  const HeadJob& job = *a.job;
+  const LayerKvView& view = *job.view;
+  const uint32_t d = plan.head_dim;
+  const uint32_t full_blocks = d / kDotLanes;
+  const bool tail = (d % kDotLanes) != 0;
+  const Decoder<F> dec = MakeDecoder<F>(d);
+  const Visibility vis = MakeVisibility(plan, job);
+  const QueryVec* qv = plan.queries.data() + job.first_query + a.qi0;
+  const float* q[kQB];
+  float* s[kQB];
+  float m[kQB];
+  for (int j = 0; j < kQB; ++j) {
+    q[j] = qv[j].q;
+    s[j] = a.scores + static_cast<size_t>(a.qi0 + j) * job.rows;
+    m[j] = a.maxes[a.qi0 + j];
+  }
+  const float scale = plan.scale;
+  RowCursor cur(view, view.k, job.head, a.r0);
+  for (uint32_t r = a.r0; r < a.r1; ++r) {
+    const uint8_t* p = cur.Next();
+    const uint32_t pos = vis.Pos(r);
+    uint32_t mask = 0;
+    for (int j = 0; j < kQB; ++j) mask |= vis.Visible(pos, qv[j].qpos) ? (1u << j) : 0u;
+    if (mask == 0) {
+      for (int j = 0; j < kQB; ++j) s[j][r] = kNegInf;
+      continue;
+    }
+    const RowRef row = dec.Prepare(p, d);
+    VF acc[kQB][kVecs];
+    for (int j = 0; j < kQB; ++j) {
+      for (size_t v = 0; v < kVecs; ++v) acc[j][v] = hn::Zero(DF());
+    }
+    VF kv[kVecs];
+    for (uint32_t b = 0; b < full_blocks + (tail ? 1 : 0); ++b) {
+      if constexpr (Decoder<F>::kTail) {
+        if (b == full_blocks) {
+          TailBlock(dec, row, b, d, kv);
+        } else {
+          dec.Block(row, b, kv);
+        }
+      } else {
+        dec.Block(row, b, kv);
+      }
+      for (int j = 0; j < kQB; ++j) {
+        for (size_t v = 0; v < kVecs; ++v) {
+          const VF qq = hn::LoadU(DF(), q[j] + b * kDotLanes + v * kN);
+          acc[j][v] = MulAcc<kExact>(qq, kv[v], acc[j][v]);
+        }
+      }
+    }
+    for (int j = 0; j < kQB; ++j) {
+      if (!(mask & (1u << j))) {
+        s[j][r] = kNegInf;
+        continue;
+      }
+      float x = Reduce16(acc[j]) * scale;
+      if (job.has_bias) x = x + qv[j].bias;
+      s[j][r] = x;
+      m[j] = std::max(m[j], x);
+    }
+  }
+  for (int j = 0; j < kQB; ++j) a.maxes[a.qi0 + j] = m[j];
+}
+
+// ---------------------------------------------------------------------------
+// V pass: rows [r0, r1) inside one segment, query vectors [qi0, qi0 + kQB);
+// adds into l[nq] and o[nq][padded_dim] (the segment's partial sums).
+
+struct VArgs {
+  const Plan* plan;
+  const HeadJob* job;
+  uint32_t qi0, r0, r1;
+  const float* e;  // [nq][job.rows]
+  float* l;        // [nq]
+  float* o;        // [nq][padded_dim]
+};
+
+constexpr uint32_t kTileRows = 16;
+
+template <Format F, bool kExact, int kQB>
+void VPass(const VArgs& a) {
+  const Plan& plan = *a.plan;
+  const HeadJob& job = *a.job;
+  const LayerKvView& view = *job.view;
+  const uint32_t d = plan.head_dim, pd = plan.padded_dim;
+  const uint32_t n_blocks = pd / kDotLanes;
+  const uint32_t full_blocks = d / kDotLanes;
+  const Decoder<F> dec = MakeDecoder<F>(d);
+  const Visibility vis = MakeVisibility(plan, job);
+  const QueryVec* qv = plan.queries.data() + job.first_query + a.qi0;
+  const float* e[kQB];
+  float* o[kQB];
+  for (int j = 0; j < kQB; ++j) {
+    e[j] = a.e + static_cast<size_t>(a.qi0 + j) * job.rows;
+    o[j] = a.o + static_cast<size_t>(a.qi0 + j) * pd;
+  }
+  RowCursor cur(view, view.v, job.head, a.r0);
+  RowRef rows[kTileRows];
+  uint32_t masks[kTileRows];
+  uint32_t ridx[kTileRows];
+  for (uint32_t t0 = a.r0; t0 < a.r1;) {
+    uint32_t n = 0;
+    bool all = true;
+    for (; n < kTileRows && t0 < a.r1; ++t0) {
+      const uint8_t* p = cur.Next();
+      const uint32_t pos = vis.Pos(t0);
+      uint32_t mask = 0;
+      for (int j = 0; j < kQB; ++j) mask |= vis.Visible(pos, qv[j].qpos) ? (1u << j) : 0u;
+      if (mask == 0) continue;
+      all = all && mask == (1u << kQB) - 1;
+      rows[n] = dec.Prepare(p, d);
+      masks[n] = mask;
+      ridx[n] = t0;
+      ++n;
+    }
+    if (n == 0) continue;
+    for (int j = 0; j < kQB; ++j) {
+      float l = a.l[a.qi0 + j];
+      for (uint32_t i = 0; i < n; ++i) {
+        if (masks[i] & (1u << j)) l = l + e[j][ridx[i]];
+      }
+      a.l[a.qi0 + j] = l;
+    }
+    for (uint32_t b = 0; b < n_blocks; ++b) {
+      VF acc[kQB][kVecs];
+      for (int j = 0; j < kQB; ++j) {
+        for (size_t v = 0; v < kVecs; ++v) acc[j][v] = hn::LoadU(DF(), o[j] + b * kDotLanes + v * kN);
+      }
+      VF vv[kVecs];
+      for (uint32_t i = 0; i < n; ++i) {
+        if constexpr (Decoder<F>::kTail) {
+          if (b == full_blocks) {
+            TailBlock(dec, rows[i], b, d, vv);
+          } else {
+            dec.Block(rows[i], b, vv);
+          }
+        } else {
+          dec.Block(rows[i], b, vv);
+        }
+        for (int j = 0; j < kQB; ++j) {
+          if (!all && !(masks[i] & (1u << j))) continue;
+          const VF ew = hn::Set(DF(), e[j][ridx[i]]);
+          for (size_t v = 0; v < kVecs; ++v) acc[j][v] = MulAcc<kExact>(ew, vv[v], acc[j][v]);
+        }
+      }
+      for (int j = 0; j < kQB; ++j) {
+        for (size_t v = 0; v < kVecs; ++v) hn::StoreU(acc[j][v], DF(), o[j] + b * kDotLanes + v * kN);
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Kernel selection (per job, by format; QB in {1, 2, 4}).
+
+using KFn = void (*)(const KArgs&);
+using VFn = void (*)(const VArgs&);
+
+template <Format F, bool kExact>
+KFn KFor(int qb) {
+  return qb == 4 ? &KPass<F, kExact, 4> : qb == 2 ? &KPass<F, kExact, 2> : &KPass<F, kExact, 1>;
+}
+template <Format F, bool kExact>
+VFn VFor(int qb) {
+  return qb == 4 ? &VPass<F, kExact, 4> : qb == 2 ? &VPass<F, kExact, 2> : &VPass<F, kExact, 1>;
+}
+
+#define KV_ATTN_FORMAT_SWITCH(fmt, FN, qb)                        \
+  switch (fmt) {                                                  \
+    case Format::kF32: return FN<Format::kF32, false>(qb);        \
+    case Format::kF16: return FN<Format::kF16, false>(qb);        \
+    case Format::kBF16: return FN<Format::kBF16, false>(qb);      \
+    case Format::kFp8E4M3: return FN<Format::kFp8E4M3, false>(qb); \
+    case Format::kQ8: return FN<Format::kQ8, false>(qb);          \
+    case Format::kTurbo8: return FN<Format::kTurbo8, false>(qb);  \
+    case Format::kTurbo4: return FN<Format::kTurbo4, false>(qb);  \
+    case Format::kTurbo3: return FN<Format::kTurbo3, false>(qb);  \
+    case Format::kTurbo2: return FN<Format::kTurbo2, false>(qb);  \
+    case Format::kQ8_0: return FN<Format::kQ8_0, false>(qb);      \
+    case Format::kQ4_0: return FN<Format::kQ4_0, false>(qb);      \
+  }                                                               \
+  return nullptr
+
+KFn SelectK(const HeadJob& job, int qb) {
+  if (job.exact) return KFor<Format::kF32, true>(qb);
+  KV_ATTN_FORMAT_SWITCH(job.view->k.format, KFor, qb);
+}
+VFn SelectV(const HeadJob& job, int qb) {
+  if (job.exact) return VFor<Format::kF32, true>(qb);
+  KV_ATTN_FORMAT_SWITCH(job.view->v.format, VFor, qb);
+}
+#undef KV_ATTN_FORMAT_SWITCH
+
+// Calls fn(qi0, qb) over query blocks of 4, then 2, then 1.
+template <class Fn>
+HWY_INLINE void ForQueryBlocks(uint32_t nq, const Fn& fn) {
+  uint32_t qi = 0;
+  for (; qi + 4 <= nq; qi += 4) fn(qi, 4);
+  for (; qi + 2 <= nq; qi += 2) fn(qi, 2);
+  for (; qi < nq; ++qi) fn(qi, 1);
+}
+
+// ---------------------------------------------------------------------------
+// Job-level steps.
+
+void RunK(const Plan& plan, const HeadJob& job, uint32_t r0, uint32_t r1, float* scores,
+          float* maxes) {
+  ForQueryBlocks(job.nq, [&](uint32_t qi0, int qb) {
+    SelectK(job, qb)(KArgs{&plan, &job, qi0, r0, r1, scores, maxes});
+  });
+}
+
+void RunExp(const HeadJob& job, uint32_t r0, uint32_t r1, float* scores, const float* m) {
+  const DF df;
+  for (uint32_t qi = 0; qi < job.nq; ++qi) {
+    if (m[qi] == kNegInf) continue;
+    float* s = scores + static_cast<size_t>(qi) * job.rows;
+    const VF mv = hn::Set(df, m[qi]);
+    uint32_t r = r0;
+    for (; r + kN <= r1; r += kN) hn::StoreU(ExpV(hn::Sub(hn::LoadU(df, s + r), mv)), df, s + r);
+    for (; r < r1; ++r) s[r] = Exp(s[r] - m[qi]);
+  }
+}
+
+// Segment [r0, r1): partial sums into l[nq] (zeroed here) and o[nq][pd].
+void RunVSegment(const Plan& plan, const HeadJob& job, uint32_t r0, uint32_t r1,
+                 const float* e, float* l, float* o) {
+  std::fill(l, l + job.nq, 0.0f);
+  std::fill(o, o + static_cast<size_t>(job.nq) * plan.padded_dim, 0.0f);
+  ForQueryBlocks(job.nq, [&](uint32_t qi0, int qb) {
+    SelectV(job, qb)(VArgs{&plan, &job, qi0, r0, r1, e, l, o});
+  });
+}
+
+// total += part, elementwise (the segment fold).
+void AddInto(float* total, const float* part, size_t n) {
+  const DF df;
+  size_t i = 0;
+  for (; i + kN <= n; i += kN) {
+    hn::StoreU(hn::Add(hn::LoadU(df, total + i), hn::LoadU(df, part + i)), df, total + i);
+  }
+  for (; i < n; ++i) total[i] = total[i] + part[i];
+}
+
+// Writes every output of the job from the folded sums. e: [nq][rows].
+void Finalize(const Plan& plan, const HeadJob& job, const float* e, const float* m,
+              const float* l, const float* o, float* tmp) {
+  const LayerKvView& view = *job.view;
+  const uint32_t d = plan.head_dim, pd = plan.padded_dim;
+  const RowTransform* vt = view.v.transforms ? &view.v.transforms[job.head] : nullptr;
+  const bool rotated = IsRotated(view.v.format);
+  if (job.kv_probs) std::fill(job.kv_probs, job.kv_probs + view.num_tokens, 0.0f);
+  for (uint32_t qi = 0; qi < job.nq; ++qi) {
+    const QueryVec& q = plan.queries[job.first_query + qi];
+    if (m[qi] == kNegInf) {
+      std::fill(q.out, q.out + d, 0.0f);
+      if (q.lse) *q.lse = kNegInf;
+      if (q.probs) std::fill(q.probs, q.probs + view.num_tokens, 0.0f);
+      continue;
+    }
+    const float lsum = l[qi];
+    const float* oq = o + static_cast<size_t>(qi) * pd;
+    for (uint32_t i = 0; i < d; ++i) tmp[i] = oq[i] / lsum;
+    if (rotated) view.v.codec->InverseRotate(tmp);
+    if (vt != nullptr && !vt->col_scale.empty()) {
+      for (uint32_t i = 0; i < d; ++i) tmp[i] *= vt->col_scale[i];
+    }
+    if (vt != nullptr && !vt->mean.empty()) {
+      for (uint32_t i = 0; i < d; ++i) tmp[i] += vt->mean[i];
+    }
+    std::memcpy(q.out, tmp, d * sizeof(float));
+    if (q.lse) *q.lse = m[qi] + std::log(lsum);
+    const float* eq = e + static_cast<size_t>(qi) * job.rows;
+    if (q.probs) {
+      for (uint32_t r = 0; r < job.rows; ++r) q.probs[r] = eq[r] / lsum;
+      std::fill(q.probs + job.rows, q.probs + view.num_tokens, 0.0f);
+    }
+    if (job.kv_probs) {
+      for (uint32_t r = 0; r < job.rows; ++r) job.kv_probs[r] = job.kv_probs[r] + eq[r] / lsum;
+    }
+  }
+}
+
+struct Scratch {
+  std::vector<float> scores, m, l, o, l_seg, o_seg, tmp;
+};
+thread_local Scratch tls_scratch;
+
+// A whole job on one thread.
+void RunJobWhole(const Plan& plan, const HeadJob& job) {
+  Scratch& s = tls_scratch;
+  const size_t nq = job.nq, pd = plan.padded_dim;
+  s.scores.resize(std::max<size_t>(1, nq * job.rows));
+  s.m.assign(nq, kNegInf);
+  s.l.assign(nq, 0.0f);
+  s.o.assign(nq * pd, 0.0f);
+  s.l_seg.resize(nq);
+  s.o_seg.resize(nq * pd);
+  s.tmp.resize(pd);
+  RunK(plan, job, 0, job.rows, s.scores.data(), s.m.data());
+  RunExp(job, 0, job.rows, s.scores.data(), s.m.data());
+  for (uint32_t r0 = 0; r0 < job.rows; r0 += kSegmentRows) {
+    const uint32_t r1 = std::min(job.rows, r0 + kSegmentRows);
+    RunVSegment(plan, job, r0, r1, s.scores.data(), s.l_seg.data(), s.o_seg.data());
+    AddInto(s.l.data(), s.l_seg.data(), nq);
+    AddInto(s.o.data(), s.o_seg.data(), nq * pd);
+  }
+  Finalize(plan, job, s.scores.data(), s.m.data(), s.l.data(), s.o.data(), s.tmp.data());
+}
+
+void ParallelFor(ThreadPool* pool, uint32_t n, const ThreadPool::Task& fn) {
+  if (pool == nullptr) {
+    for (uint32_t i = 0; i < n; ++i) fn(i, 0);
+  } else {
+    pool->ParallelFor(n, fn);
+  }
+}
+
+// Jobs split into chunks of whole segments (flash-decoding).
+void RunSplit(const Plan& plan, uint32_t chunks_wanted) {
+  const size_t pd = plan.padded_dim;
+  struct JobSplit {
+    uint32_t segments, seg_per_chunk, chunks;
+    size_t scores_off, max_off, part_off;  // into the shared buffers
+  };
+  std::vector<JobSplit> split(plan.jobs.size());
+  struct Item {
+    uint32_t job, chunk;
+  };
+  std::vector<Item> items;
+  size_t scores_n = 0, max_n = 0, part_n = 0;
+  for (uint32_t j = 0; j < plan.jobs.size(); ++j) {
+    const HeadJob& job = plan.jobs[j];
+    JobSplit& js = split[j];
+    js.segments = std::max<uint32_t>(1, (job.rows + kSegmentRows - 1) / kSegmentRows);
+    const uint32_t c = std::min(js.segments, std::max<uint32_t>(1, chunks_wanted));
+    js.seg_per_chunk = (js.segments + c - 1) / c;
+    js.chunks = (js.segments + js.seg_per_chunk - 1) / js.seg_per_chunk;
+    js.scores_off = scores_n;
+    js.max_off = max_n;
+    js.part_off = part_n;
+    scores_n += static_cast<size_t>(job.nq) * job.rows;
+    max_n += static_cast<size_t>(job.nq) * js.chunks;
+    part_n += static_cast<size_t>(job.nq) * (pd + 1) * js.segments;
+    for (uint32_t c2 = 0; c2 < js.chunks; ++c2) items.push_back({j, c2});
+  }
+  thread_local std::vector<float> scores, maxes, parts;
+  scores.resize(std::max<size_t>(1, scores_n));
+  maxes.assign(max_n, kNegInf);
+  parts.resize(std::max<size_t>(1, part_n));
+
+  auto rows_of = [&](uint32_t j, uint32_t c, uint32_t* r0, uint32_t* r1) {
+    const JobSplit& js = split[j];
+    *r0 = c * js.seg_per_chunk * kSegmentRows;
+    *r1 = std::min(plan.jobs[j].rows, (c + 1) * js.seg_per_chunk * kSegmentRows);
+  };
+  float* sc = scores.data();
+  float* mx = maxes.data();
+  float* pt = parts.data();
+  ParallelFor(plan.pool, static_cast<uint32_t>(items.size()), [&](uint32_t i, uint32_t) {
+    const Item it = items[i];
+    const HeadJob& job = plan.jobs[it.job];
+    const JobSplit& js = split[it.job];
+    uint32_t r0, r1;
+    rows_of(it.job, it.chunk, &r0, &r1);
+    RunK(plan, job, r0, r1, sc + js.scores_off, mx + js.max_off + static_cast<size_t>(it.chunk) * job.nq);
+  });
+  ParallelFor(plan.pool, static_cast<uint32_t>(items.size()), [&](uint32_t i, uint32_t) {
+    const Item it = items[i];
+    const HeadJob& job = plan.jobs[it.job];
+    const JobSplit& js = split[it.job];
+    Scratch& s = tls_scratch;
+    s.m.assign(job.nq, kNegInf);
+    for (uint32_t c = 0; c < js.chunks; ++c) {
+      for (uint32_t qi = 0; qi < job.nq; ++qi) {
+        s.m[qi] = std::max(s.m[qi], mx[js.max_off + static_cast<size_t>(c) * job.nq + qi]);
+      }
+    }
+    uint32_t r0, r1;
+    rows_of(it.job, it.chunk, &r0, &r1);
+    float* e = sc + js.scores_off;
+    RunExp(job, r0, r1, e, s.m.data());
+    for (uint32_t seg = r0 / kSegmentRows; seg * kSegmentRows < r1; ++seg) {
+      float* part = pt + js.part_off + static_cast<size_t>(seg) * job.nq * (pd + 1);
+      RunVSegment(plan, job, seg * kSegmentRows, std::min(r1, (seg + 1) * kSegmentRows), e,
+                  part, part + job.nq);
+    }
+  });
+  ParallelFor(plan.pool, static_cast<uint32_t>(plan.jobs.size()), [&](uint32_t j, uint32_t) {
+    const HeadJob& job = plan.jobs[j];
+    const JobSplit& js = split[j];
+    Scratch& s = tls_scratch;
+    s.m.assign(job.nq, kNegInf);
+    for (uint32_t c = 0; c < js.chunks; ++c) {
+      for (uint32_t qi = 0; qi < job.nq; ++qi) {
+        s.m[qi] = std::max(s.m[qi], mx[js.max_off + static_cast<size_t>(c) * job.nq + qi]);
+      }
+    }
+    s.l.assign(job.nq, 0.0f);
+    s.o.assign(static_cast<size_t>(job.nq) * pd, 0.0f);
+    s.tmp.resize(pd);
+    const uint32_t segs_with_rows = (job.rows + kSegmentRows - 1) / kSegmentRows;
+    for (uint32_t seg = 0; seg < segs_with_rows; ++seg) {
+      const float* part = pt + js.part_off + static_cast<size_t>(seg) * job.nq * (pd + 1);
+      AddInto(s.l.data(), part, job.nq);
+      AddInto(s.o.data(), part + job.nq, static_cast<size_t>(job.nq) * pd);
+    }
+    Finalize(plan, job, sc + js.scores_off, s.m.data(), s.l.data(), s.o.data(), s.tmp.data());
+  });
+}
+
+void RunPlanImpl(const Plan& plan) {
+  const uint32_t threads = plan.pool ? plan.pool->num_threads() : 1;
+  const uint32_t n_jobs = static_cast<uint32_t>(plan.jobs.size());
+  if (threads == 1 || n_jobs >= 2 * threads) {
+    ParallelFor(plan.pool, n_jobs, [&](uint32_t j, uint32_t) { RunJobWhole(plan, plan.jobs[j]); });
+    return;
+  }
+  RunSplit(plan, (2 * threads + n_jobs - 1) / n_jobs);
+}
+
+// Exposed for tests: the vector Exp on a buffer.
+void ExpBuffer(float* x, size_t n) {
+  const DF df;
+  size_t i = 0;
+  for (; i + kN <= n; i += kN) hn::StoreU(ExpV(hn::LoadU(df, x + i)), df, x + i);
+  for (; i < n; ++i) x[i] = Exp(x[i]);
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace attention_internal
+}  // namespace kvcache
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace kvcache {
+namespace attention_internal {
+HWY_EXPORT(RunPlanImpl);
+HWY_EXPORT(ExpBuffer);
+
+void RunPlan(const Plan& plan) { HWY_DYNAMIC_DISPATCH(RunPlanImpl)(plan); }
+void ExpBufferForTest(float* x, size_t n) { HWY_DYNAMIC_DISPATCH(ExpBuffer)(x, n); }
+}  // namespace attention_internal
+}  // namespace kvcache
+#endif

@@ -1,0 +1,60 @@
+// A validated attention call, flattened into per-(sequence, kv head) jobs for
+// the SIMD kernels (kernels.cc). Built by attention.cc after every input has
+// been checked, so the kernels trust it.
+//
+// A job is one kv head of one sequence and the nq query vectors that read it
+// (T query tokens x group q heads, query-token major). Its queries are
+// already prepared in the kernel's space: multiplied by key column scales,
+// rotated for rotated key formats, zero-padded to PaddedDim(head_dim).
+//
+// Thread safety: a Plan is read-only while kernels run.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "kvcache/attention.h"
+#include "kvcache/kv_view.h"
+
+namespace kvcache::attention_internal {
+
+struct QueryVec {
+  const float* q = nullptr;  // [padded_dim] prepared query
+  uint32_t qpos = 0;         // the query token's position
+  float bias = 0.0f;         // added to every score (scale * <q, key mean>)
+  float* out = nullptr;      // [head_dim]
+  float* lse = nullptr;      // 1 float or nullptr
+  float* probs = nullptr;    // [num_tokens] or nullptr
+};
+
+struct HeadJob {
+  const LayerKvView* view = nullptr;
+  uint32_t head = 0;
+  uint32_t rows = 0;         // stored rows of this head
+  bool exact = false;        // f32:f32 without transforms: reference order, no FMA
+  bool has_bias = false;     // a key mean is present
+  uint32_t first_query = 0;  // index into Plan::queries
+  uint32_t nq = 0;
+  float* kv_probs = nullptr;  // [num_tokens] or nullptr
+};
+
+struct Plan {
+  uint32_t head_dim = 0;
+  uint32_t padded_dim = 0;
+  float scale = 1.0f;
+  uint32_t window = 0;
+  uint32_t n_sink = 0;
+  ThreadPool* pool = nullptr;
+  std::vector<HeadJob> jobs;
+  std::vector<QueryVec> queries;
+  std::vector<float> prepared_q;  // [queries.size()][padded_dim]
+};
+
+// Runs every job of the plan (one Highway dispatch).
+void RunPlan(const Plan& plan);
+
+// The SIMD Exp of reference.h applied to x[n] in place (for tests).
+void ExpBufferForTest(float* x, size_t n);
+
+}  // namespace kvcache::attention_internal

@@ -1,0 +1,392 @@
+// Attention kernels against AttendReference: bit-exact for f32 on every
+// SIMD target, thread count and layout; within tolerance for lossy formats
+// (against the reference over their own decoded rows); and input errors.
+#include "kvcache/attention.h"
+
+#include <gtest/gtest.h>
+#include <hwy/targets.h>
+
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "attention/plan.h"
+#include "attention/reference.h"
+#include "attention/test_views.h"
+#include "kvcache/thread_pool.h"
+
+namespace kvcache {
+namespace {
+
+using testing::Layout;
+using testing::RandomVector;
+using testing::TestView;
+using testing::ViewSpec;
+
+struct Outputs {
+  std::vector<float> out, lse, probs, kv_probs;
+  AttentionOutput spans() {
+    return {out, lse, probs, kv_probs};
+  }
+};
+
+Outputs MakeOutputs(const LayerKvView& v, uint32_t n_q_heads, uint32_t n_queries, bool extras) {
+  Outputs o;
+  const size_t qd = size_t{n_queries} * n_q_heads;
+  o.out.assign(qd * v.head_dim, std::nanf(""));
+  if (extras) {
+    o.lse.assign(qd, std::nanf(""));
+    o.probs.assign(qd * v.num_tokens, std::nanf(""));
+    o.kv_probs.assign(size_t{v.n_kv_heads} * v.num_tokens, std::nanf(""));
+  }
+  return o;
+}
+
+bool BitsEqual(const std::vector<float>& a, const std::vector<float>& b, std::string* where) {
+  if (a.size() != b.size()) {
+    *where = "size";
+    return false;
+  }
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (std::memcmp(&a[i], &b[i], 4) != 0) {
+      *where = "index " + std::to_string(i) + ": " + std::to_string(a[i]) + " vs " +
+               std::to_string(b[i]);
+      return false;
+    }
+  }
+  return true;
+}
+
+// Runs fn once per SIMD target compiled in and supported here.
+template <class Fn>
+void ForEachTarget(const Fn& fn) {
+  for (int64_t target : hwy::SupportedAndGeneratedTargets()) {
+    hwy::SetSupportedTargetsForTest(target);
+    SCOPED_TRACE(hwy::TargetName(target));
+    fn();
+  }
+  hwy::SetSupportedTargetsForTest(0);
+}
+
+TEST(AttentionExp, VectorMatchesScalarBitForBit) {
+  std::vector<float> x;
+  for (float v = -90.0f; v <= 0.0f; v += 0.0137f) x.push_back(v);
+  x.push_back(-std::numeric_limits<float>::infinity());
+  x.push_back(-0.0f);
+  x.push_back(0.0f);
+  x.push_back(-87.0f);
+  x.push_back(-86.99999f);
+  std::vector<float> want(x.size());
+  for (size_t i = 0; i < x.size(); ++i) want[i] = attention_internal::Exp(x[i]);
+  ForEachTarget([&] {
+    std::vector<float> got = x;
+    attention_internal::ExpBufferForTest(got.data(), got.size());
+    std::string where;
+    EXPECT_TRUE(BitsEqual(got, want, &where)) << where;
+  });
+  for (size_t i = 0; i < x.size(); ++i) {
+    if (x[i] < -87.0f) {
+      EXPECT_EQ(want[i], 0.0f);
+    } else {
+      const double e = std::exp(static_cast<double>(x[i]));
+      EXPECT_NEAR(want[i], e, e * 4e-7) << x[i];
+    }
+  }
+}
+
+struct Case {
+  ViewSpec spec;
+  uint32_t n_q_heads;
+  uint32_t n_queries = 1;
+  uint32_t window = 0, n_sink = 0;
+};
+
+std::vector<Case> ExactCases() {
+  std::vector<Case> cases;
+  auto add = [&](ViewSpec s, uint32_t nq, uint32_t t = 1, uint32_t w = 0, uint32_t sink = 0) {
+    cases.push_back({s, nq, t, w, sink});
+  };
+  ViewSpec s;
+  add(s, 2);                             // MHA, paged
+  s.layout = Layout::kContiguous;
+  add(s, 8);                             // GQA 4, contiguous
+  s.layout = Layout::kPerHead;
+  add(s, 6);                             // GQA 3, per-head buffers
+  s = {};
+  s.n_kv_heads = 1;
+  s.head_dim = 40;                       // tail block
+  s.num_tokens = 1500;                   // 3 segments, split across threads
+  add(s, 8);                             // MQA
+  add(s, 8, 4);                          // multi-token causal
+  add(s, 3, 2, 700, 4);                  // window + sinks
+  s = {};
+  s.n_kv_heads = 4;
+  s.head_dim = 8;
+  s.num_tokens = 100;
+  s.head_rows = {100, 0, 37, 100};       // a dead head, a short one
+  s.evict_every = 5;                     // non-trivial positions
+  add(s, 8);
+  add(s, 4, 3, 30, 2);
+  s = {};
+  s.head_dim = 128;
+  s.num_tokens = 600;
+  s.block_size = 7;
+  add(s, 16, 2);
+  return cases;
+}
+
+void RunExactCase(const Case& c, ThreadPool* pool) {
+  auto tv = TestView::Make(c.spec);
+  ASSERT_TRUE(tv.ok()) << tv.status().ToString();
+  const LayerKvView& view = (*tv)->view();
+  const auto q = RandomVector(size_t{c.n_queries} * c.n_q_heads * view.head_dim, 7);
+  AttentionOptions o;
+  o.n_q_heads = c.n_q_heads;
+  o.window = c.window;
+  o.n_sink = c.n_sink;
+  Outputs want = MakeOutputs(view, c.n_q_heads, c.n_queries, true);
+  const auto heads = (*tv)->reference_heads();
+  ASSERT_TRUE(AttendReference(heads, view.head_dim, view.num_tokens, c.n_queries, q, o,
+                              want.spans())
+                  .ok());
+  o.pool = pool;
+  ForEachTarget([&] {
+    Outputs got = MakeOutputs(view, c.n_q_heads, c.n_queries, true);
+    const Status st = c.n_queries == 1 ? AttendDecode(view, q, o, got.spans())
+                                       : AttendMulti(view, c.n_queries, q, o, got.spans());
+    ASSERT_TRUE(st.ok()) << st.ToString();
+    std::string where;
+    EXPECT_TRUE(BitsEqual(got.out, want.out, &where)) << "out " << where;
+    EXPECT_TRUE(BitsEqual(got.lse, want.lse, &where)) << "lse " << where;
+    EXPECT_TRUE(BitsEqual(got.probs, want.probs, &where)) << "probs " << where;
+    EXPECT_TRUE(BitsEqual(got.kv_probs, want.kv_probs, &where)) << "kv_probs " << where;
+  });
+}
+
+TEST(AttentionF32, BitExactSingleThread) {
+  for (const Case& c : ExactCases()) RunExactCase(c, nullptr);
+}
+
+TEST(AttentionF32, BitExactWithPools) {
+  ThreadPool two(2), three(3);
+  for (const Case& c : ExactCases()) {
+    RunExactCase(c, &two);
+    RunExactCase(c, &three);
+  }
+}
+
+TEST(AttentionF32, ProbabilitiesSumToOneAndMatchOutput) {
+  ViewSpec s;
+  s.num_tokens = 50;
+  auto tv = TestView::Make(s);
+  ASSERT_TRUE(tv.ok());
+  const LayerKvView& view = (*tv)->view();
+  const auto q = RandomVector(4 * view.head_dim, 3);
+  AttentionOptions o;
+  o.n_q_heads = 4;
+  Outputs got = MakeOutputs(view, 4, 1, true);
+  ASSERT_TRUE(AttendDecode(view, q, o, got.spans()).ok());
+  for (uint32_t j = 0; j < 4; ++j) {
+    double sum = 0;
+    for (uint32_t r = 0; r < view.num_tokens; ++r) sum += got.probs[j * view.num_tokens + r];
+    EXPECT_NEAR(sum, 1.0, 1e-5);
+  }
+  for (uint32_t h = 0; h < 2; ++h) {
+    double sum = 0;
+    for (uint32_t r = 0; r < view.num_tokens; ++r) sum += got.kv_probs[h * view.num_tokens + r];
+    EXPECT_NEAR(sum, 2.0, 1e-5);  // two q heads per kv head
+  }
+}
+
+// Lossy formats: the kernel against the reference over decoded rows.
+struct Tolerance {
+  double out;  // max |diff| / max|out|
+  double lse;
+};
+
+void RunLossyCase(FormatPair fp, const ViewSpec& base, uint32_t n_q_heads, uint32_t n_queries,
+                  ThreadPool* pool, bool calibrate) {
+  ViewSpec s = base;
+  s.formats = fp;
+  s.calibrate = calibrate;
+  s.key_mean = calibrate;
+  auto tv = TestView::Make(s);
+  ASSERT_TRUE(tv.ok()) << FormatPairName(fp) << ": " << tv.status().ToString();
+  const LayerKvView& view = (*tv)->view();
+  const auto q = RandomVector(size_t{n_queries} * n_q_heads * view.head_dim, 11);
+  AttentionOptions o;
+  o.n_q_heads = n_q_heads;
+  Outputs want = MakeOutputs(view, n_q_heads, n_queries, true);
+  ASSERT_TRUE(AttendReference((*tv)->reference_heads(), view.head_dim, view.num_tokens,
+                              n_queries, q, o, want.spans())
+                  .ok());
+  o.pool = pool;
+  double out_scale = 0;
+  for (float x : want.out) out_scale = std::max(out_scale, std::fabs(static_cast<double>(x)));
+  ForEachTarget([&] {
+    Outputs got = MakeOutputs(view, n_q_heads, n_queries, true);
+    const Status st = AttendMulti(view, n_queries, q, o, got.spans());
+    ASSERT_TRUE(st.ok()) << st.ToString();
+    double max_out = 0, max_lse = 0, max_p = 0;
+    for (size_t i = 0; i < want.out.size(); ++i) {
+      max_out = std::max(max_out, std::fabs(static_cast<double>(got.out[i]) - want.out[i]));
+    }
+    for (size_t i = 0; i < want.lse.size(); ++i) {
+      max_lse = std::max(max_lse, std::fabs(static_cast<double>(got.lse[i]) - want.lse[i]));
+    }
+    for (size_t i = 0; i < want.probs.size(); ++i) {
+      max_p = std::max(max_p, std::fabs(static_cast<double>(got.probs[i]) - want.probs[i]));
+    }
+    // Float rounding only (the rows are the same): documented in docs/attention.md.
+    EXPECT_LE(max_out, 2e-5 * std::max(1.0, out_scale)) << FormatPairName(fp);
+    EXPECT_LE(max_lse, 2e-5) << FormatPairName(fp);
+    EXPECT_LE(max_p, 2e-6) << FormatPairName(fp);
+  });
+}
+
+TEST(AttentionLossy, EveryFormatPairMatchesDecodedReference) {
+  ViewSpec s;
+  s.n_kv_heads = 2;
+  s.head_dim = 64;
+  s.num_tokens = 70;
+  for (Format k : kAllFormats) {
+    for (Format v : kAllFormats) {
+      if (k == Format::kF32 && v == Format::kF32) continue;
+      RunLossyCase({k, v}, s, 8, 1, nullptr, false);
+    }
+  }
+}
+
+TEST(AttentionLossy, TransformsMultiTokenAndThreads) {
+  ViewSpec s;
+  s.n_kv_heads = 1;
+  s.head_dim = 128;
+  s.num_tokens = 1100;
+  ThreadPool pool(2);
+  for (Format f : kAllFormats) {
+    RunLossyCase({f, f}, s, 4, 3, &pool, true);
+  }
+  // Odd head_dim (tail blocks) for the formats that take it.
+  s.head_dim = 24;
+  s.num_tokens = 90;
+  for (Format f : {Format::kF16, Format::kBF16, Format::kFp8E4M3, Format::kQ8}) {
+    RunLossyCase({f, f}, s, 2, 2, nullptr, true);
+  }
+}
+
+TEST(AttentionBatch, EqualsPerSequenceDecode) {
+  ThreadPool pool(2);
+  std::vector<std::unique_ptr<TestView>> tvs;
+  std::vector<LayerKvView> views;
+  const FormatPair pairs[] = {{Format::kF32, Format::kF32},
+                              {Format::kBF16, Format::kTurbo4},
+                              {Format::kQ8_0, Format::kQ4_0}};
+  for (uint32_t i = 0; i < 6; ++i) {
+    ViewSpec s;
+    s.n_kv_heads = 2;
+    s.head_dim = 64;
+    s.num_tokens = 10 + 300 * i;
+    s.formats = pairs[i % 3];
+    s.layout = i % 2 ? Layout::kPaged : Layout::kContiguous;
+    s.seed = 100 + i;
+    auto tv = TestView::Make(s);
+    ASSERT_TRUE(tv.ok()) << tv.status().ToString();
+    views.push_back((*tv)->view());
+    tvs.push_back(std::move(*tv));
+  }
+  const uint32_t nq = 4, d = 64;
+  const auto q = RandomVector(views.size() * nq * d, 5);
+  AttentionOptions o;
+  o.n_q_heads = nq;
+  std::vector<float> want(q.size()), want_lse(views.size() * nq);
+  for (size_t s = 0; s < views.size(); ++s) {
+    AttentionOutput out;
+    out.out = std::span<float>(want).subspan(s * nq * d, nq * d);
+    out.lse = std::span<float>(want_lse).subspan(s * nq, nq);
+    ASSERT_TRUE(AttendDecode(views[s], std::span<const float>(q).subspan(s * nq * d, nq * d), o, out).ok());
+  }
+  for (ThreadPool* p : {static_cast<ThreadPool*>(nullptr), &pool}) {
+    o.pool = p;
+    std::vector<float> got(q.size()), got_lse(views.size() * nq);
+    ASSERT_TRUE(AttendDecodeBatch(views, q, o, got, got_lse).ok());
+    std::string where;
+    EXPECT_TRUE(BitsEqual(got, want, &where)) << where;
+    EXPECT_TRUE(BitsEqual(got_lse, want_lse, &where)) << where;
+  }
+}
+
+TEST(AttentionErrors, BadInputIsAClearStatus) {
+  ViewSpec s;
+  auto tv = TestView::Make(s);
+  ASSERT_TRUE(tv.ok());
+  const LayerKvView& view = (*tv)->view();
+  const uint32_t d = view.head_dim;
+  std::vector<float> q(4 * d, 0.5f), out(4 * d);
+  AttentionOptions o;
+  o.n_q_heads = 4;
+  AttentionOutput ao;
+  ao.out = out;
+  EXPECT_TRUE(AttendDecode(view, q, o, ao).ok());
+
+  const std::vector<float> out_before = out;
+  auto expect_invalid = [&](const Status& st, const char* what) {
+    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << what << ": " << st.ToString();
+    EXPECT_FALSE(st.message().empty());
+    EXPECT_EQ(out, out_before) << what << " wrote output";
+  };
+  std::vector<float> short_q(4 * d - 1);
+  expect_invalid(AttendDecode(view, short_q, o, ao), "query size");
+  AttentionOptions bad = o;
+  bad.n_q_heads = 3;
+  expect_invalid(AttendDecode(view, q, bad, ao), "n_q_heads not a multiple");
+  bad.n_q_heads = 0;
+  expect_invalid(AttendDecode(view, q, bad, ao), "n_q_heads 0");
+  bad = o;
+  bad.window = view.num_tokens + 1;
+  expect_invalid(AttendDecode(view, q, bad, ao), "window > cache");
+  bad = o;
+  bad.scale = std::nanf("");
+  expect_invalid(AttendDecode(view, q, bad, ao), "nan scale");
+  LayerKvView empty = view;
+  empty.num_tokens = 0;
+  expect_invalid(AttendDecode(empty, q, o, ao), "empty view");
+  LayerKvView released = view;
+  released.k.base = nullptr;
+  expect_invalid(AttendDecode(released, q, o, ao), "null storage");
+  LayerKvView wrong_rows = view;
+  wrong_rows.k.row_bytes += 1;
+  expect_invalid(AttendDecode(wrong_rows, q, o, ao), "row bytes");
+  std::vector<float> small_probs(3);
+  AttentionOutput ap = ao;
+  ap.probs = small_probs;
+  expect_invalid(AttendDecode(view, q, o, ap), "probs size");
+  expect_invalid(AttendMulti(view, view.num_tokens + 1, q, o, ao), "too many queries");
+  std::vector<LayerKvView> none;
+  EXPECT_EQ(AttendDecodeBatch(none, q, o, out).code(), StatusCode::kInvalidArgument);
+}
+
+TEST(ThreadPool, RunsEveryTaskOnceAndNests) {
+  ThreadPool pool(3);
+  EXPECT_EQ(pool.num_threads(), 3u);
+  for (uint32_t n : {0u, 1u, 2u, 7u, 1000u}) {
+    std::vector<std::atomic<int>> hits(n);
+    pool.ParallelFor(n, [&](uint32_t t, uint32_t thread) {
+      EXPECT_LT(thread, 3u);
+      hits[t].fetch_add(1);
+    });
+    for (auto& h : hits) EXPECT_EQ(h.load(), 1);
+  }
+  std::atomic<int> inner{0};
+  pool.ParallelFor(4, [&](uint32_t, uint32_t) {
+    pool.ParallelFor(5, [&](uint32_t, uint32_t) { inner.fetch_add(1); });
+  });
+  EXPECT_EQ(inner.load(), 20);
+  ThreadPool single(0);
+  EXPECT_EQ(single.num_threads(), 1u);
+}
+
+}  // namespace
+}  // namespace kvcache

@@ -1,0 +1,246 @@
+// `kvcache bench attention`: decode-attention step time per format pair and
+// layout, as a fraction of the machine's streaming read bandwidth measured
+// in the same run with the same thread count.
+//
+// One sequence: 32 q heads, 8 kv heads, head_dim 128, --context tokens.
+// Batched: --batch-seqs sequences of --batch-context tokens, one call.
+// Each timed step is preceded by a cache flush (a 64 MiB read) so that K/V
+// come from memory, as they do in a real model with many layers.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "attention/bench_support.h"
+#include "kvcache/attention.h"
+#include "kvcache/simd.h"
+#include "kvcache/thread_pool.h"
+#include "tools/command.h"
+
+namespace kvcache::tools {
+namespace {
+
+using attention_internal::ReadBandwidthProbe;
+using attention_internal::SyntheticKv;
+using attention_internal::SyntheticKvOptions;
+
+struct BenchOptions {
+  bool json = false;
+  uint32_t context = 32768;
+  uint32_t threads = 2;
+  std::string formats = "bf16:bf16,f16:f16,fp8_e4m3:fp8_e4m3,q8:q8,q8_0:q8_0,turbo4:turbo4,turbo3:turbo3,turbo2:turbo2";
+  std::string layout = "paged";
+  uint32_t repeats = 7;
+  uint32_t batch_seqs = 64;
+  uint32_t batch_context = 2048;
+  size_t bandwidth_mib = 512;
+};
+
+constexpr uint32_t kQHeads = 32, kKvHeads = 8, kHeadDim = 128;
+constexpr size_t kFlushBytes = size_t{64} << 20;
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+std::vector<std::string> Split(const std::string& s, char sep) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, sep)) {
+    if (!item.empty()) out.push_back(item);
+  }
+  return out;
+}
+
+int RunBench(const BenchOptions& o) {
+  std::vector<FormatPair> pairs;
+  for (const std::string& f : Split(o.formats, ',')) {
+    auto p = ParseFormatPair(f);
+    if (!p.ok()) {
+      fmt::print(stderr, "kvcache bench attention: {}\n", p.status().ToString());
+      return 2;
+    }
+    pairs.push_back(*p);
+  }
+  std::vector<bool> layouts;  // paged?
+  if (o.layout == "paged") {
+    layouts = {true};
+  } else if (o.layout == "contiguous") {
+    layouts = {false};
+  } else if (o.layout == "both") {
+    layouts = {false, true};
+  } else {
+    fmt::print(stderr, "kvcache bench attention: --layout must be contiguous, paged or both\n");
+    return 2;
+  }
+  if (o.repeats == 0 || o.threads == 0 || o.context == 0) {
+    fmt::print(stderr, "kvcache bench attention: --repeats, --threads and --context must be > 0\n");
+    return 2;
+  }
+  ThreadPool pool(o.threads);
+  ReadBandwidthProbe probe(std::max(o.bandwidth_mib, size_t{64}) << 20);
+  probe.MeasureOnce(&pool);  // warm up (page faults)
+  auto bandwidth = [&] {
+    std::vector<double> bw;
+    for (uint32_t i = 0; i < std::max(3u, o.repeats); ++i) bw.push_back(probe.MeasureOnce(&pool));
+    return Median(bw);
+  };
+  const std::string simd = SimdTarget();
+  nlohmann::json results = nlohmann::json::array();
+
+  auto emit = [&](nlohmann::json j) {
+    if (o.json) {
+      fmt::print("{}\n", j.dump());
+    } else {
+      fmt::print("{:<20} {:<10} {:>6} {:>5} {:>3} {:>10.1f} {:>9.1f} {:>8.2f} {:>8.2f} {:>6.3f}\n",
+                 j["k_format"].get<std::string>() + ":" + j["v_format"].get<std::string>(),
+                 j["layout"].get<std::string>(), j["context_tokens"].get<uint32_t>(),
+                 j["sequences"].get<uint32_t>(), j["threads"].get<uint32_t>(),
+                 j["step_us"].get<double>(), j["kv_bytes"].get<double>() / 1048576.0,
+                 j["effective_gb_per_s"].get<double>(), j["read_bandwidth_gb_per_s"].get<double>(),
+                 j["bandwidth_fraction"].get<double>());
+    }
+    std::fflush(stdout);
+  };
+  if (!o.json) {
+    fmt::print("SIMD target {}, {} threads, {} q heads / {} kv heads / head_dim {}\n", simd,
+               o.threads, kQHeads, kKvHeads, kHeadDim);
+    fmt::print("{:<20} {:<10} {:>6} {:>5} {:>3} {:>10} {:>9} {:>8} {:>8} {:>6}\n", "k:v", "layout",
+               "ctx", "seqs", "thr", "step_us", "kv_MiB", "eff_GB/s", "read_GB/s", "frac");
+  }
+
+  for (FormatPair fp : pairs) {
+    for (bool paged : layouts) {
+      // One sequence.
+      SyntheticKvOptions so;
+      so.formats = fp;
+      so.n_kv_heads = kKvHeads;
+      so.head_dim = kHeadDim;
+      so.num_tokens = o.context;
+      so.paged = paged;
+      auto kv = SyntheticKv::Create(so);
+      if (!kv.ok()) {
+        fmt::print(stderr, "kvcache bench attention: {}: {}\n", FormatPairName(fp),
+                   kv.status().ToString());
+        return 1;
+      }
+      std::vector<float> q(kQHeads * kHeadDim, 0.01f), out(q.size());
+      for (size_t i = 0; i < q.size(); ++i) q[i] = 0.01f * static_cast<float>(i % 97) - 0.4f;
+      AttentionOptions ao;
+      ao.n_q_heads = kQHeads;
+      ao.pool = &pool;
+      AttentionOutput outs;
+      outs.out = out;
+      std::vector<double> steps;
+      for (uint32_t r = 0; r < o.repeats + 1; ++r) {
+        probe.Flush(kFlushBytes);
+        const auto t0 = std::chrono::steady_clock::now();
+        const Status st = AttendDecode((*kv)->view(), q, ao, outs);
+        const auto t1 = std::chrono::steady_clock::now();
+        if (!st.ok()) {
+          fmt::print(stderr, "kvcache bench attention: {}\n", st.ToString());
+          return 1;
+        }
+        if (r > 0) steps.push_back(std::chrono::duration<double>(t1 - t0).count());
+      }
+      const double bw = bandwidth();
+      const double step = Median(steps);
+      const double bytes = static_cast<double>((*kv)->kv_bytes());
+      nlohmann::json j;
+      j["case"] = "single";
+      j["k_format"] = FormatName(fp.k);
+      j["v_format"] = FormatName(fp.v);
+      j["layout"] = paged ? "paged" : "contiguous";
+      j["context_tokens"] = o.context;
+      j["sequences"] = 1;
+      j["threads"] = o.threads;
+      j["step_us"] = step * 1e6;
+      j["kv_bytes"] = bytes;
+      j["effective_gb_per_s"] = bytes / step / 1e9;
+      j["read_bandwidth_gb_per_s"] = bw;
+      j["bandwidth_fraction"] = bytes / step / 1e9 / bw;
+      j["simd_target"] = simd;
+      emit(j);
+      kv = Status::Internal("released");  // free before the batch case
+
+      if (o.batch_seqs == 0) continue;
+      // Batched decode.
+      std::vector<std::unique_ptr<SyntheticKv>> seqs;
+      std::vector<LayerKvView> views;
+      double batch_bytes = 0;
+      for (uint32_t s = 0; s < o.batch_seqs; ++s) {
+        so.num_tokens = o.batch_context;
+        so.seed = 100 + s;
+        auto sk = SyntheticKv::Create(so);
+        if (!sk.ok()) {
+          fmt::print(stderr, "kvcache bench attention: {}\n", sk.status().ToString());
+          return 1;
+        }
+        views.push_back((*sk)->view());
+        batch_bytes += static_cast<double>((*sk)->kv_bytes());
+        seqs.push_back(std::move(*sk));
+      }
+      std::vector<float> bq(size_t{o.batch_seqs} * kQHeads * kHeadDim), bout(bq.size());
+      for (size_t i = 0; i < bq.size(); ++i) bq[i] = 0.01f * static_cast<float>(i % 89) - 0.4f;
+      steps.clear();
+      for (uint32_t r = 0; r < o.repeats + 1; ++r) {
+        probe.Flush(kFlushBytes);
+        const auto t0 = std::chrono::steady_clock::now();
+        const Status st = AttendDecodeBatch(views, bq, ao, bout);
+        const auto t1 = std::chrono::steady_clock::now();
+        if (!st.ok()) {
+          fmt::print(stderr, "kvcache bench attention: {}\n", st.ToString());
+          return 1;
+        }
+        if (r > 0) steps.push_back(std::chrono::duration<double>(t1 - t0).count());
+      }
+      const double bstep = Median(steps);
+      const double bbw = bandwidth();
+      j["case"] = "batched";
+      j["context_tokens"] = o.batch_context;
+      j["sequences"] = o.batch_seqs;
+      j["step_us"] = bstep * 1e6;
+      j["kv_bytes"] = batch_bytes;
+      j["effective_gb_per_s"] = batch_bytes / bstep / 1e9;
+      j["read_bandwidth_gb_per_s"] = bbw;
+      j["bandwidth_fraction"] = batch_bytes / bstep / 1e9 / bbw;
+      emit(j);
+    }
+  }
+  return 0;
+}
+
+const bool kRegistered = RegisterCommand(
+    "bench attention",
+    "Decode attention step time vs the machine's read bandwidth, per format pair",
+    [](CLI::App* app) -> Runner {
+      auto o = std::make_shared<BenchOptions>();
+      app->add_flag("--json", o->json, "One JSON object per case");
+      app->add_option("--context", o->context, "Context tokens of the single sequence")
+          ->capture_default_str();
+      app->add_option("--threads", o->threads, "Threads (kernel and bandwidth probe)")
+          ->capture_default_str();
+      app->add_option("--formats", o->formats, "Comma-separated K:V format pairs")
+          ->capture_default_str();
+      app->add_option("--layout", o->layout, "contiguous, paged or both")->capture_default_str();
+      app->add_option("--repeats", o->repeats, "Timed steps per case (median)")
+          ->capture_default_str();
+      app->add_option("--batch-seqs", o->batch_seqs, "Sequences in the batched case (0: skip)")
+          ->capture_default_str();
+      app->add_option("--batch-context", o->batch_context, "Context tokens per batched sequence")
+          ->capture_default_str();
+      app->add_option("--bandwidth-mib", o->bandwidth_mib, "Bandwidth probe buffer (MiB)")
+          ->capture_default_str();
+      return [o] { return RunBench(*o); };
+    });
+
+}  // namespace
+}  // namespace kvcache::tools
