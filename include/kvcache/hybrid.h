@@ -21,15 +21,17 @@
 // Window enforcement is a pure function of the layer's length n, so a
 // sequence that drafted and committed holds exactly what one that appended
 // the same tokens one at a time holds. A window head (sink S, window W,
-// slack G) stores positions p < S and p >= lo(n), where
-//   lo(n) = S + G * floor((n - S - W) / G)   if n > S + W,  else 0 (all).
-// It thus stores between W and W + G - 1 recent positions: compaction (a row
+// slack G, lookback L) stores positions p < S and p >= lo(n), where
+//   lo(n) = S + G * floor((n - S - W - L) / G)  if n > S + W + L, else 0 (all).
+// It thus stores between W + L and W + L + G - 1 recent positions (L lets
+// the queries of a chunk appended at once see their whole windows; Attend
+// refuses a multi-token query whose window was evicted): compaction (a row
 // move, see SequenceCache::KeepRows) happens once every G tokens, not every
-// token. Attention applies the exact window (attention options window = W,
-// n_sink = S: AttentionOptionsFor sets them for kWindow layers). A DuoAttention window
-// head inside a kFull layer uses G = 1 (it stores exactly S + W), because a
-// layer's attention call has one window for all its heads. G defaults to
-// the block size.
+// token. Attention applies the exact window: Attend() (or the options from
+// AttentionOptionsFor) sets window = W and n_sink = S. A DuoAttention window
+// head inside a kFull layer uses G = 1, so it stores exactly S + W positions
+// outside drafts, and Attend() gives it its own window by attending per head.
+// G defaults to the block size.
 //
 // Heavy-hitter heads are compacted only by Evict() (their choice depends on
 // accumulated importance, so the caller decides when). Dead heads never
@@ -52,10 +54,14 @@
 // tokens is accumulated after Commit, with the accepted queries' probabilities,
 // which causal attention makes identical to a never-drafted sequence's).
 //
-// Errors: a failing call changes nothing, with one documented exception:
+// Errors: a failing call changes nothing, with two documented exceptions:
 // an Append of several layers that fails on a later layer has still
-// appended the earlier ones (as a model's forward pass would); the Status
-// says which layer failed.
+// appended the earlier ones (as a model's forward pass would; the Status
+// says which layer failed), and a window compaction or Evict that needs a
+// copy-on-write block the pool cannot give (possible only while a fork
+// shares the blocks) returns PoolExhausted after the append or the heads
+// before it were done; the sequence stays valid and window compaction is
+// retried by the next append, Commit or Abort.
 //
 // Thread safety: one thread at a time per HybridSequence; sequences on the
 // same pools may be used from different threads.
@@ -119,6 +125,11 @@ struct LayerSpec {
 struct HybridModelOptions {
   // Window slack G in tokens (see the file comment); 0 = the block size.
   uint32_t window_slack_tokens = 0;
+  // Window lookback L: window heads keep L more positions, so that a chunk
+  // of up to L + 1 tokens appended at once (chunked prefill) can be attended
+  // with every query seeing its full window. Drafts need none (compaction
+  // waits for Commit / Abort).
+  uint32_t window_lookback_tokens = 0;
   // Most tokens one draft may hold (linear layers keep their inputs).
   uint32_t max_draft_tokens = 256;
 };
@@ -241,6 +252,13 @@ class HybridSequence {
   uint32_t head_len(uint32_t layer, uint32_t head) const;
   Status AccumulateImportance(uint32_t layer, uint32_t head, std::span<const float> probs);
   std::vector<float> HeadImportance(uint32_t layer, uint32_t head) const;
+  // Attention of the layer's last n_queries positions (AttendDecode for 1,
+  // else AttendMulti; shapes as in attention.h) with each head's window
+  // applied exactly: one call when every head has the same window (or none),
+  // else one call per kv head over a one-head view (DuoAttention layers).
+  // options.window / n_sink are set from the layer's policies.
+  Status Attend(uint32_t layer, uint32_t n_queries, std::span<const float> q,
+                AttentionOptions options, const AttentionOutput& output) const;
   // The attention options a kWindow layer needs at its current length
   // (window = W and n_sink = S, or no window while W covers the whole
   // length); `base` otherwise unchanged.

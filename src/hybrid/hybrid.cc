@@ -22,11 +22,13 @@ Status DraftOpen(const char* what) {
 
 bool Bounded(const EvictionPolicy& p) { return p.kind != EvictionKind::kKeepAll; }
 
-// First position a window head keeps past its sinks at length n (0 = all).
-uint32_t WindowLow(const EvictionPolicy& p, uint32_t slack, uint32_t n) {
-  const uint64_t S = p.sink_tokens, W = p.window_tokens;
-  if (n <= S + W) return 0;
-  return static_cast<uint32_t>(S + slack * ((n - S - W) / slack));
+// First position a window head of `layer` keeps past its sinks at length n
+// (0 = all): lo(n) = S + G * floor((n - S - W - L) / G) once n > S + W + L.
+uint32_t WindowLow(const HybridModel& m, uint32_t layer, const EvictionPolicy& p, uint32_t n) {
+  const uint64_t S = p.sink_tokens, W = p.window_tokens, L = m.options().window_lookback_tokens;
+  const uint64_t G = m.window_slack(layer);
+  if (n <= S + W + L) return 0;
+  return static_cast<uint32_t>(S + G * ((n - S - W - L) / G));
 }
 
 }  // namespace
@@ -317,10 +319,9 @@ Status HybridSequence::EnforceWindows(uint32_t layer) {
   SequenceCache& c = cache_of(layer);
   const uint32_t gl = model_->group_layer(layer);
   const uint32_t n = c.num_tokens(gl);
-  const uint32_t slack = model_->window_slack(layer);
   for (uint32_t h = 0; h < ps.size(); ++h) {
     if (ps[h].kind != EvictionKind::kWindow) continue;
-    const uint32_t lo = WindowLow(ps[h], slack, n);
+    const uint32_t lo = WindowLow(*model_, layer, ps[h], n);
     if (lo == 0) continue;
     const std::vector<uint32_t> pos = c.HeadPositions(gl, h);
     std::vector<uint32_t> keep;
@@ -421,8 +422,7 @@ Status HybridSequence::Truncate(uint32_t n) {
     const uint32_t len = num_tokens(l);
     for (const EvictionPolicy& p : ps) {
       if (p.kind != EvictionKind::kWindow) continue;
-      const uint32_t slack = model_->window_slack(l);
-      if (WindowLow(p, slack, std::min(n, len)) != WindowLow(p, slack, len)) {
+      if (WindowLow(*model_, l, p, std::min(n, len)) != WindowLow(*model_, l, p, len)) {
         return Status::FailedPrecondition(fmt::format(
             "hybrid: layer {} evicted positions a length of {} would keep (window {})", l, n,
             p.ToString()));
@@ -525,6 +525,120 @@ Status HybridSequence::LinearRead(uint32_t layer, std::span<const float> q,
   return st->Read(q, out);
 }
 
+namespace {
+
+// The window a head's policy asks attention for at length n (none when it
+// covers everything; attention.h wants window <= num_tokens).
+void WindowFor(const EvictionPolicy& p, uint32_t n, AttentionOptions* o) {
+  const bool win = p.kind == EvictionKind::kWindow && p.window_tokens < n;
+  o->window = win ? p.window_tokens : 0;
+  o->n_sink = win ? p.sink_tokens : 0;
+}
+
+// A view of kv head h of `v` alone.
+LayerKvView OneHead(const LayerKvView& v, uint32_t h) {
+  LayerKvView s = v;
+  s.n_kv_heads = 1;
+  if (v.head_len) s.head_len = v.head_len + h;
+  if (v.positions) s.positions = v.positions + h;
+  for (KvSideView* side : {&s.k, &s.v}) {
+    if (side->head_base) {
+      side->head_base += h;
+    } else {
+      side->base += static_cast<size_t>(h) * side->head_stride;
+    }
+    if (side->transforms) side->transforms += h;
+  }
+  return s;
+}
+
+}  // namespace
+
+Status HybridSequence::Attend(uint32_t layer, uint32_t n_queries, std::span<const float> q,
+                              AttentionOptions options, const AttentionOutput& output) const {
+  KV_RETURN_IF_ERROR(CheckAttention(layer));
+  KV_ASSIGN_OR_RETURN(const LayerKvView view, View(layer));
+  auto run = [&](const LayerKvView& v, std::span<const float> qq, const AttentionOptions& o,
+                 const AttentionOutput& out) {
+    return n_queries == 1 ? AttendDecode(v, qq, o, out) : AttendMulti(v, n_queries, qq, o, out);
+  };
+  const auto& ps = model_->head_policies(layer);
+  const uint32_t n = view.num_tokens, H = view.n_kv_heads, D = view.head_dim;
+  // The earliest query (position n - n_queries) must still find its whole
+  // window: compaction may only have dropped positions it cannot see.
+  if (n_queries > 1 && n_queries <= n) {
+    for (const EvictionPolicy& p : ps) {
+      if (p.kind != EvictionKind::kWindow) continue;
+      // Inside a draft, compaction stopped at the draft's start.
+      const uint32_t lo = WindowLow(*model_, layer, p, in_draft_ ? draft_base_ : n);
+      const uint32_t p0 = n - n_queries;
+      const uint32_t needed_from = p0 + 1 > p.window_tokens ? p0 + 1 - p.window_tokens : 0;
+      if (lo > std::max(needed_from, p.sink_tokens)) {
+        return Status::FailedPrecondition(fmt::format(
+            "hybrid attend: layer {} window {} evicted positions < {} that query {} needs; "
+            "set HybridModelOptions::window_lookback_tokens >= {} or verify inside a draft",
+            layer, p.ToString(), lo, p0, n_queries - 1));
+      }
+    }
+  }
+  AttentionOptions first = options;
+  WindowFor(ps[0], n, &first);
+  bool uniform = true;
+  for (uint32_t h = 1; h < H; ++h) {
+    AttentionOptions o = options;
+    WindowFor(ps[h], n, &o);
+    uniform &= o.window == first.window && o.n_sink == first.n_sink;
+  }
+  if (uniform) return run(view, q, first, output);
+
+  // Per kv head: gather its q heads, attend over a one-head view, scatter.
+  const uint32_t nq = options.n_q_heads;
+  if (nq == 0 || nq % H != 0) {
+    return Status::InvalidArgument(
+        fmt::format("hybrid attend: n_q_heads {} is not a positive multiple of {}", nq, H));
+  }
+  const size_t T = n_queries, G = nq / H;
+  if (T == 0 || T > n) {
+    return Status::InvalidArgument(fmt::format("hybrid attend: {} queries over {} positions", T, n));
+  }
+  auto want = [&](std::span<float> x, size_t size, const char* name) -> Status {
+    if (!x.empty() && x.size() != size) {
+      return Status::InvalidArgument(
+          fmt::format("hybrid attend: {} has {} values, want {}", name, x.size(), size));
+    }
+    return Status::Ok();
+  };
+  if (q.size() != T * nq * D || output.out.size() != T * nq * D) {
+    return Status::InvalidArgument(fmt::format(
+        "hybrid attend: q and out want {} values, got {} and {}", T * nq * D, q.size(),
+        output.out.size()));
+  }
+  KV_RETURN_IF_ERROR(want(output.lse, T * nq, "lse"));
+  KV_RETURN_IF_ERROR(want(output.probs, T * nq * n, "probs"));
+  KV_RETURN_IF_ERROR(want(output.kv_probs, size_t{H} * n, "kv_probs"));
+  std::vector<float> qh(T * G * D), oh(T * G * D), lse(output.lse.empty() ? 0 : T * G),
+      probs(output.probs.empty() ? 0 : T * G * n), kvp(output.kv_probs.empty() ? 0 : n);
+  for (uint32_t h = 0; h < H; ++h) {
+    for (size_t t = 0; t < T; ++t) {
+      std::copy_n(q.data() + (t * nq + h * G) * D, G * D, qh.data() + t * G * D);
+    }
+    AttentionOptions o = options;
+    o.n_q_heads = static_cast<uint32_t>(G);
+    WindowFor(ps[h], n, &o);
+    KV_RETURN_IF_ERROR(run(OneHead(view, h), qh, o,
+                           {.out = oh, .lse = lse, .probs = probs, .kv_probs = kvp}));
+    for (size_t t = 0; t < T; ++t) {
+      std::copy_n(oh.data() + t * G * D, G * D, output.out.data() + (t * nq + h * G) * D);
+      if (!lse.empty()) std::copy_n(lse.data() + t * G, G, output.lse.data() + t * nq + h * G);
+      if (!probs.empty()) {
+        std::copy_n(probs.data() + t * G * n, G * n, output.probs.data() + (t * nq + h * G) * n);
+      }
+    }
+    if (!kvp.empty()) std::copy_n(kvp.data(), n, output.kv_probs.data() + size_t{h} * n);
+  }
+  return Status::Ok();
+}
+
 AttentionOptions HybridSequence::AttentionOptionsFor(uint32_t layer,
                                                      AttentionOptions base) const {
   if (layer < model_->n_layers() && model_->kind(layer) == LayerKind::kWindow) {
@@ -615,7 +729,7 @@ Status HybridSequence::CheckInvariants() const {
         return Status::Internal(fmt::format("hybrid: dead head {} of layer {} stores rows", h, l));
       }
       if (ps[h].kind != EvictionKind::kWindow || in_draft_) continue;
-      const uint32_t lo = WindowLow(ps[h], model_->window_slack(l), n);
+      const uint32_t lo = WindowLow(*model_, l, ps[h], n);
       const uint32_t want = lo == 0 ? n : std::min(n, ps[h].sink_tokens) + (n - lo);
       if (len != want) {
         return Status::Internal(fmt::format(
