@@ -100,13 +100,20 @@ Status SequenceCache::KeepRows(uint32_t layer, uint32_t head, std::span<const ui
     }
   }
 
-  // 2. Move rows down, ascending: the source rows[i] >= i was not yet overwritten.
-  for (int side = 0; side < 2; ++side) {
-    const size_t rb = s.row_bytes[side];
-    for (uint32_t i = first_move; i < k; ++i) {
-      std::memcpy(MutableRow(s, layer, side, head, i), MutableRow(s, layer, side, head, rows[i]),
-                  rb);
+  // 2. Move rows down, ascending: the source rows[i] >= i was not yet
+  // overwritten. Runs of consecutive rows move as one memmove per stretch
+  // that stays inside one source and one destination block (they may
+  // overlap inside a block, hence memmove).
+  const uint32_t seg = paged ? s.bs() : UINT32_MAX;
+  for (uint32_t i = first_move; i < k;) {
+    uint32_t run = 1;
+    while (i + run < k && rows[i + run] == rows[i] + run) ++run;
+    run = std::min({run, seg - i % seg, seg - rows[i] % seg});
+    for (int side = 0; side < 2; ++side) {
+      std::memmove(MutableRow(s, layer, side, head, i), MutableRow(s, layer, side, head, rows[i]),
+                   size_t{run} * s.row_bytes[side]);
     }
+    i += run;
   }
 
   // 3. Metadata.

@@ -323,13 +323,18 @@ Status HybridSequence::EnforceWindows(uint32_t layer) {
     if (ps[h].kind != EvictionKind::kWindow) continue;
     const uint32_t lo = WindowLow(*model_, layer, ps[h], n);
     if (lo == 0) continue;
-    const std::vector<uint32_t> pos = c.HeadPositions(gl, h);
-    std::vector<uint32_t> keep;
-    keep.reserve(pos.size());
-    for (uint32_t r = 0; r < pos.size(); ++r) {
-      if (pos[r] < ps[h].sink_tokens || pos[r] >= lo) keep.push_back(r);
+    // Rows are ascending by position: sinks first, then the recent run. The
+    // head is compact iff its first non-sink row is at lo or later.
+    KV_ASSIGN_OR_RETURN(const LayerKvView view, c.View(gl));
+    const uint32_t len = view.rows(h);
+    uint32_t first = 0;
+    while (first < len && view.position(h, first) < ps[h].sink_tokens) ++first;
+    if (first == len || view.position(h, first) >= lo) continue;
+    std::vector<uint32_t> keep(first);
+    std::iota(keep.begin(), keep.end(), 0u);
+    for (uint32_t r = first; r < len; ++r) {
+      if (view.position(h, r) >= lo) keep.push_back(r);
     }
-    if (keep.size() == pos.size()) continue;
     KV_RETURN_IF_ERROR(c.KeepRows(gl, h, keep));
   }
   return Status::Ok();
