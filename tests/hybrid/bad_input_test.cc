@@ -173,3 +173,57 @@ TEST(HybridTruncate, AttentionOnlyAndWindowLimits) {
 
 }  // namespace
 }  // namespace kvcache
+
+namespace kvcache {
+namespace {
+
+// Append (all layers at once) equals AppendLayer per layer; clones (both
+// layouts) and forks hold the same bits; linear layers give outputs.
+TEST(HybridSequence, AppendAllLayersClonesAndLinearOutputs) {
+  auto model = HybridModel::Create(
+      Geo(3), {Format::kBF16, Format::kTurbo4},
+      {LayerSpec::Full(), LayerSpec::Linear(LinearRule::kDecay, {0.9f, 0.8f}), LayerSpec::Window(1, 2)});
+  ASSERT_TRUE(model.ok()) << model.status().ToString();
+  auto pools = (*model)->CreatePools(std::vector<uint32_t>{16, 16});
+  ASSERT_TRUE(pools.ok());
+  auto a = HybridSequence::CreatePaged(*model, *pools);
+  auto b = HybridSequence::CreateContiguous(*model);
+  ASSERT_TRUE(a.ok() && b.ok());
+  const uint32_t kv = kH * kD, T = 5;
+  std::vector<float> k_all, v_all;
+  for (uint32_t l = 0; l < 3; ++l) {
+    for (uint32_t t = 0; t < T; ++t) {
+      const auto k = TokenRows(2, l, t, 0, kv), v = TokenRows(2, l, t, 1, kv);
+      k_all.insert(k_all.end(), k.begin(), k.end());
+      v_all.insert(v_all.end(), v.begin(), v.end());
+      ASSERT_TRUE(b->AppendLayer(l, {.k = k, .v = v}).ok());
+    }
+  }
+  ASSERT_TRUE(a->Append(k_all, v_all).ok());
+  EXPECT_EQ(Take(*a), Take(*b));
+  EXPECT_EQ(a->head_len(2, 0), 5u);  // lo(5) = 1 + 4 * floor((5 - 1 - 2) / 4) = 1: all kept
+  auto same = a->Clone({.layout = CloneLayout::kSame});
+  auto detached = a->Clone();
+  auto fork = a->Fork();
+  ASSERT_TRUE(same.ok() && detached.ok() && fork.ok());
+  EXPECT_EQ(same->layout(), CacheLayout::kPaged);
+  EXPECT_EQ(detached->layout(), CacheLayout::kContiguous);
+  EXPECT_EQ(Take(*same), Take(*a));
+  EXPECT_EQ(Take(*detached), Take(*a));
+  EXPECT_EQ(Take(*fork), Take(*a));
+  // Linear outputs: AppendLayer with q equals LinearRead after the update.
+  const auto k = TokenRows(3, 1, 0, 0, kv), v = TokenRows(3, 1, 0, 1, kv), q = TokenRows(3, 1, 0, 2, kv);
+  std::vector<float> out(kv), read(kv);
+  ASSERT_TRUE(a->AppendLayer(1, {.k = k, .v = v, .q = q}, out).ok());
+  ASSERT_TRUE(a->LinearRead(1, q, read).ok());
+  EXPECT_EQ(out, read);
+  EXPECT_GT(a->allocated_bytes(), a->used_bytes());
+  for (HybridSequence* s : {&*a, &*same, &*fork}) s->Release();
+  for (const auto& p : *pools) {
+    EXPECT_EQ(p->num_used_blocks(), 0u);
+    EXPECT_TRUE(p->CheckInvariants().ok());
+  }
+}
+
+}  // namespace
+}  // namespace kvcache
