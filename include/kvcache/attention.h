@@ -83,6 +83,14 @@ Status AttendDecode(const LayerKvView& view, std::span<const float> q,
 Status AttendMulti(const LayerKvView& view, uint32_t n_queries, std::span<const float> q,
                    const AttentionOptions& options, const AttentionOutput& output);
 
+// One kv head only (the seed's LayerKvCache::attend(q, kv_head)): decode for
+// the group = n_q_heads / n_kv_heads q heads that read kv head `kv_head`.
+// q: [group][head_dim]; out: [group][head_dim]; lse: [group];
+// probs: [group][view.num_tokens]; kv_probs: [view.num_tokens].
+// OutOfRange if kv_head >= view.n_kv_heads.
+Status AttendDecodeHead(const LayerKvView& view, uint32_t kv_head, std::span<const float> q,
+                        const AttentionOptions& options, const AttentionOutput& output);
+
 // Decode for many sequences of one layer at once (same n_kv_heads and
 // head_dim; formats and layouts may differ). Work is split over (sequence,
 // kv head) pairs, and long contexts over chunks, on options.pool.

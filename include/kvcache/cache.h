@@ -64,7 +64,8 @@
 // concurrently with each other, e.g. attention threads over its heads.
 // Distinct caches may share a pool across threads freely.
 // Views, spans and LayerCache handles are invalidated by any mutating call
-// and by moving the cache.
+// and by moving the cache; a moved-from cache may only be destroyed or
+// assigned to.
 #pragma once
 
 #include <cstddef>

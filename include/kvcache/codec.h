@@ -48,12 +48,21 @@ class RowCodec {
   size_t row_bytes() const { return row_bytes_; }
 
   // The calibration this codec would use for a head whose first stored rows
-  // are `rows` ([n][head_dim], n >= 1). Empty for formats that use none.
+  // are `rows` ([n][head_dim]). q8 and turbo formats, n >= 8 finite rows:
+  // `mean` = per-channel median where it is significant (> 4 robust standard
+  // errors; empty if no channel is); q8 keys also get `col_scale` = each
+  // channel's RMS around the mean (floored at 1% of the largest). Every other
+  // case returns an empty transform (q8_0/q4_0 never calibrate, so their bytes
+  // stay llama.cpp's).
   RowTransform Calibrate(std::span<const float> rows) const;
 
-  // rows [n][head_dim] f32 -> out [n][row_bytes]. InvalidArgument on a size
-  // mismatch, a transform of the wrong size, or a non-finite input value;
-  // `out` is untouched then.
+  // rows [n][head_dim] f32 -> out [n][row_bytes]: each row becomes
+  // (x - mean) / col_scale (for the parts of `transform` present), is rotated
+  // (turbo), then quantized. InvalidArgument on a size mismatch, a transform
+  // of the wrong size or with non-finite / non-positive entries, a NaN/Inf
+  // input value (the message names row and index), or a value that overflows
+  // after the transform; `out` is untouched then. Finite values beyond a
+  // format's range saturate (fp8, turbo scales) or become +-inf (f16/bf16).
   Status Encode(std::span<const float> rows, std::span<uint8_t> out,
                 const RowTransform* transform = nullptr) const;
   // in [n][row_bytes] -> rows [n][head_dim], in the original (unrotated,

@@ -21,8 +21,8 @@
 //   q4_0       llama.cpp block_q4_0 per 32 values: f16 d = max/-8, 16 bytes; byte j
 //              holds value j (low nibble) and j+16 (high nibble), value = (q-8)*d
 //
-// The exact per-row order of codes and scales for each format is documented
-// with its codec in src/format/ and docs/formats.md.
+// The exact per-row byte offsets of codes and scales are in
+// src/format/format_internal.h (RowLayout) and docs/formats.md.
 #pragma once
 
 #include <array>

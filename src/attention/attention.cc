@@ -133,11 +133,16 @@ float EffectiveScale(const AttentionOptions& o, uint32_t head_dim) {
 
 // Adds the jobs for one sequence (all kv heads) to the plan. q/out/lse/probs
 // are laid out [n_queries][n_q_heads][...]. Returns nothing: inputs checked.
+// With only_head >= 0, the arrays hold just that kv head's q heads
+// ([n_queries][group][...]) and kv_probs just its row.
 void AddSequence(Plan& plan, const LayerKvView& view, uint32_t n_queries, const float* q,
-                 uint32_t n_q_heads, float* out, float* lse, float* probs, float* kv_probs) {
+                 uint32_t n_q_heads, float* out, float* lse, float* probs, float* kv_probs,
+                 int64_t only_head = -1) {
   const uint32_t d = view.head_dim;
   const uint32_t group = n_q_heads / view.n_kv_heads;
-  for (uint32_t h = 0; h < view.n_kv_heads; ++h) {
+  const uint32_t h_lo = only_head >= 0 ? static_cast<uint32_t>(only_head) : 0;
+  const uint32_t h_hi = only_head >= 0 ? h_lo + 1 : view.n_kv_heads;
+  for (uint32_t h = h_lo; h < h_hi; ++h) {
     HeadJob job;
     job.view = &view;
     job.head = h;
@@ -149,10 +154,13 @@ void AddSequence(Plan& plan, const LayerKvView& view, uint32_t n_queries, const 
     job.has_bias = kt != nullptr && !kt->mean.empty();
     job.first_query = static_cast<uint32_t>(plan.queries.size());
     job.nq = n_queries * group;
-    job.kv_probs = kv_probs ? kv_probs + static_cast<size_t>(h) * view.num_tokens : nullptr;
+    job.kv_probs = kv_probs == nullptr ? nullptr
+                   : only_head >= 0  ? kv_probs
+                                     : kv_probs + static_cast<size_t>(h) * view.num_tokens;
     for (uint32_t t = 0; t < n_queries; ++t) {
       for (uint32_t g = 0; g < group; ++g) {
-        const size_t qh = static_cast<size_t>(t) * n_q_heads + h * group + g;
+        const size_t qh = only_head >= 0 ? static_cast<size_t>(t) * group + g
+                                         : static_cast<size_t>(t) * n_q_heads + h * group + g;
         QueryVec qv;
         qv.q = q + qh * d;  // original; replaced by the prepared copy below
         qv.qpos = view.num_tokens - n_queries + t;
@@ -187,6 +195,7 @@ void PrepareQueries(Plan& plan) {
         for (uint32_t j = 0; j < d; ++j) dst[j] *= kt->col_scale[j];
       }
       if (IsRotated(k.format)) k.codec->Rotate(dst);
+      if (attention_internal::UsesNibbleOrder(k.format)) attention_internal::ToNibbleOrder(dst, d);
       qv.q = dst;
     }
   }
@@ -236,6 +245,30 @@ Status AttendMulti(const LayerKvView& view, uint32_t n_queries, std::span<const 
 Status AttendDecode(const LayerKvView& view, std::span<const float> q,
                     const AttentionOptions& options, const AttentionOutput& output) {
   return AttendMulti(view, 1, q, options, output);
+}
+
+Status AttendDecodeHead(const LayerKvView& view, uint32_t kv_head, std::span<const float> q,
+                        const AttentionOptions& options, const AttentionOutput& output) {
+  KV_RETURN_IF_ERROR(CheckView(view));
+  KV_RETURN_IF_ERROR(CheckOptions(options, view.n_kv_heads, view.num_tokens));
+  if (kv_head >= view.n_kv_heads) {
+    return Status::OutOfRange(fmt::format("attention: kv head {} out of range (the view has {})",
+                                          kv_head, view.n_kv_heads));
+  }
+  const size_t group = options.n_q_heads / view.n_kv_heads;
+  KV_RETURN_IF_ERROR(CheckSize(q, group * view.head_dim, "query", false));
+  KV_RETURN_IF_ERROR(CheckSize(output.out, group * view.head_dim, "out", false));
+  KV_RETURN_IF_ERROR(CheckSize(output.lse, group, "lse", true));
+  KV_RETURN_IF_ERROR(CheckSize(output.probs, group * view.num_tokens, "probs", true));
+  KV_RETURN_IF_ERROR(CheckSize(output.kv_probs, view.num_tokens, "kv_probs", true));
+  Plan plan = NewPlan(options, view.head_dim);
+  AddSequence(plan, view, 1, q.data(), options.n_q_heads, output.out.data(),
+              output.lse.empty() ? nullptr : output.lse.data(),
+              output.probs.empty() ? nullptr : output.probs.data(),
+              output.kv_probs.empty() ? nullptr : output.kv_probs.data(), kv_head);
+  PrepareQueries(plan);
+  attention_internal::RunPlan(plan);
+  return Status::Ok();
 }
 
 Status AttendDecodeBatch(std::span<const LayerKvView> views, std::span<const float> q,

@@ -8,6 +8,8 @@
 #include <numeric>
 #include <random>
 
+#include <time.h>
+
 namespace kvcache::attention_internal {
 
 Result<std::unique_ptr<SyntheticKv>> SyntheticKv::Create(const SyntheticKvOptions& o) {
@@ -85,10 +87,17 @@ uint64_t ReadRange(const uint64_t* p, size_t n) {
 std::atomic<uint64_t> g_sink{0};
 }  // namespace
 
-double ReadBandwidthProbe::MeasureOnce(ThreadPool* pool) {
+double ProcessCpuSeconds() {
+  timespec ts;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
+double ReadBandwidthProbe::MeasureOnce(ThreadPool* pool, double* cpu_gb_per_s) {
   const uint32_t threads = pool ? pool->num_threads() : 1;
   const size_t n = data_.size();
   const uint32_t tasks = threads * 8;
+  const double c0 = ProcessCpuSeconds();
   const auto t0 = std::chrono::steady_clock::now();
   auto body = [&](uint32_t t, uint32_t) {
     const size_t lo = n * t / tasks, hi = n * (t + 1) / tasks;
@@ -100,6 +109,8 @@ double ReadBandwidthProbe::MeasureOnce(ThreadPool* pool) {
     for (uint32_t t = 0; t < tasks; ++t) body(t, 0);
   }
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double cpu = (ProcessCpuSeconds() - c0) / threads;
+  if (cpu_gb_per_s) *cpu_gb_per_s = static_cast<double>(n * sizeof(uint64_t)) / cpu / 1e9;
   return static_cast<double>(n * sizeof(uint64_t)) / s / 1e9;
 }
 

@@ -50,11 +50,16 @@ class SyntheticKv {
 
 // A buffer far larger than the last-level cache, read by every thread of a
 // pool: the machine's streaming read bandwidth.
+// CPU seconds used by the whole process so far (all threads).
+double ProcessCpuSeconds();
+
 class ReadBandwidthProbe {
  public:
   explicit ReadBandwidthProbe(size_t bytes);
-  // One timed read of the whole buffer split over the pool; GB/s (1e9).
-  double MeasureOnce(ThreadPool* pool);
+  // One timed read of the whole buffer split over the pool; GB/s (1e9)
+  // by wall time, and by process CPU time / threads in *cpu_gb_per_s (a
+  // steadier figure on a machine shared with other jobs).
+  double MeasureOnce(ThreadPool* pool, double* cpu_gb_per_s = nullptr);
   // Reads `bytes` of the buffer to push other data out of the caches.
   void Flush(size_t bytes);
 

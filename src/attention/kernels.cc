@@ -34,6 +34,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -241,29 +242,33 @@ HWY_INLINE hn::Vec<DU> LaneShifts(size_t v) {
   return hn::Load(DU(), buf);
 }
 
+// turbo4 in nibble order (plan.h): vector v of a group holds the low
+// nibbles (v * kN < 8) or the high nibbles of kN consecutive code bytes.
 template <>
 struct Decoder<Format::kTurbo4> {
   static constexpr bool kTail = false;
   uint32_t scales_offset;
   Table<8> neg, pos;  // levels 0..7 and 8..15
-  hn::Vec<DU> shifts[kVecs];
   explicit Decoder(uint32_t d)
-      : scales_offset(d / 2), neg(fi::kTurbo4Levels.data()), pos(fi::kTurbo4Levels.data() + 8) {
-    for (size_t v = 0; v < kVecs; ++v) shifts[v] = LaneShifts<4, 8>(v);
-  }
+      : scales_offset(d / 2), neg(fi::kTurbo4Levels.data()), pos(fi::kTurbo4Levels.data() + 8) {}
   HWY_INLINE RowRef Prepare(const uint8_t* p, uint32_t) const { return {p, 1.0f}; }
   HWY_INLINE void Block(const RowRef& r, uint32_t b, VF* out) const {
     const DU du;
     const uint8_t* c = r.p + 8 * b;
     const VF sv = hn::Set(DF(), fi::E4M3ToFloat(r.p[scales_offset + b]));
     for (size_t v = 0; v < kVecs; ++v) {
-      hn::Vec<DU> w;
+      hn::Vec<DU> idx;
       if constexpr (kN <= 8) {
-        w = hn::Set(du, LoadU32(c + 4 * ((v * kN) / 8)));
+        const auto u = LoadBytesU32(c + (v * kN) % 8);
+        idx = (v * kN < 8) ? hn::And(u, hn::Set(du, 15u)) : hn::ShiftRight<4>(u);
       } else {
-        w = hn::IfThenElse(hn::FirstN(du, 8), hn::Set(du, LoadU32(c)), hn::Set(du, LoadU32(c + 4)));
+        alignas(64) uint32_t buf[kDotLanes];
+        for (size_t i = 0; i < 8; ++i) {
+          buf[i] = c[i] & 15u;
+          buf[8 + i] = c[i] >> 4;
+        }
+        idx = hn::Load(du, buf);
       }
-      const auto idx = hn::And((w >> shifts[v]), hn::Set(du, 15u));
       const auto i7 = hn::And(idx, hn::Set(du, 7u));
       const VF a = neg.Lookup(i7);
       const VF bb = pos.Lookup(i7);
@@ -409,6 +414,39 @@ HWY_INLINE float Reduce16(VF* acc) {
   return ReduceHalving(DF(), acc[0]);
 }
 
+#if HWY_TARGET != HWY_SCALAR
+// Sums the 128-bit blocks of v and stores the 4 resulting lanes.
+template <class D>
+HWY_INLINE void StoreBlockSum(D d, hn::Vec<D> v, float* out4) {
+  if constexpr (hn::MaxLanes(D()) > 4) {
+    const hn::Half<D> dh;
+    StoreBlockSum(dh, hn::Add(hn::LowerHalf(dh, v), hn::UpperHalf(dh, v)), out4);
+  } else {
+    hn::StoreU(v, d, out4);
+  }
+}
+#endif
+
+// Four dot products at once (any order: lossy paths only): out4[j] = sum of
+// the lanes of acc_j.
+HWY_INLINE void Reduce4(VF a, VF b, VF c, VF d, float* out4) {
+#if HWY_TARGET == HWY_SCALAR
+  out4[0] = hn::GetLane(a);
+  out4[1] = hn::GetLane(b);
+  out4[2] = hn::GetLane(c);
+  out4[3] = hn::GetLane(d);
+#else
+  const DF df;
+  const hn::Repartition<double, DF> dd;
+  const VF ab = hn::Add(hn::InterleaveLower(df, a, b), hn::InterleaveUpper(df, a, b));
+  const VF cd = hn::Add(hn::InterleaveLower(df, c, d), hn::InterleaveUpper(df, c, d));
+  const auto ab64 = hn::BitCast(dd, ab), cd64 = hn::BitCast(dd, cd);
+  const VF s = hn::Add(hn::BitCast(df, hn::InterleaveLower(dd, ab64, cd64)),
+                       hn::BitCast(df, hn::InterleaveUpper(dd, ab64, cd64)));
+  StoreBlockSum(df, s, out4);
+#endif
+}
+
 template <bool kExact>
 HWY_INLINE VF MulAcc(VF a, VF b, VF acc) {
   if constexpr (kExact) {
@@ -452,36 +490,46 @@ HWY_INLINE VF ExpV(VF x) {
 // ---------------------------------------------------------------------------
 // Walking the stored rows of one head on one side.
 
+// Rows ahead of the current one to prefetch: paged blocks are scattered,
+// so the hardware prefetcher loses the stream at every block boundary.
+constexpr uint32_t kPrefetchRows = 24;
+
 struct RowCursor {
   const uint8_t* head_base;
   const uint32_t* table;
   size_t block_stride;
   uint32_t block_size, row_bytes;
-  uint32_t blk, off;
-  const uint8_t* next_row;  // per-head contiguous storage (side.head_base)
-  RowCursor(const LayerKvView& v, const KvSideView& s, uint32_t head, uint32_t r0)
+  uint32_t r, r_end;
+  const uint8_t* contiguous;  // per-head contiguous storage (side.head_base)
+  int block_shift;            // log2(block_size) when a power of two, else -1
+  RowCursor(const LayerKvView& v, const KvSideView& s, uint32_t head, uint32_t r0, uint32_t r1)
       : head_base(s.base + static_cast<size_t>(head) * s.head_stride),
         table(v.block_table),
         block_stride(s.block_stride),
         block_size(v.block_size),
         row_bytes(s.row_bytes),
-        blk(r0 / v.block_size),
-        off(r0 % v.block_size),
-        next_row(s.head_base ? s.head_base[head] + static_cast<size_t>(r0) * s.row_bytes
-                             : nullptr) {}
+        r(r0),
+        r_end(r1),
+        contiguous(s.head_base ? s.head_base[head] : nullptr),
+        block_shift((v.block_size & (v.block_size - 1)) == 0 ? std::countr_zero(v.block_size) : -1) {
+    for (uint32_t i = r0; i < std::min(r1, r0 + kPrefetchRows); ++i) Prefetch(At(i));
+  }
+  HWY_INLINE const uint8_t* At(uint32_t row) const {
+    if (contiguous != nullptr) return contiguous + static_cast<size_t>(row) * row_bytes;
+    if (block_shift >= 0) {
+      return head_base + static_cast<size_t>(table[row >> block_shift]) * block_stride +
+             static_cast<size_t>(row & (block_size - 1)) * row_bytes;
+    }
+    return head_base + static_cast<size_t>(table[row / block_size]) * block_stride +
+           static_cast<size_t>(row % block_size) * row_bytes;
+  }
+  HWY_INLINE void Prefetch(const uint8_t* p) const {
+    for (uint32_t off = 0; off < row_bytes; off += 64) __builtin_prefetch(p + off, 0, 3);
+    __builtin_prefetch(p + row_bytes - 1, 0, 3);
+  }
   HWY_INLINE const uint8_t* Next() {
-    if (next_row != nullptr) {
-      const uint8_t* p = next_row;
-      next_row += row_bytes;
-      return p;
-    }
-    const uint8_t* p = head_base + static_cast<size_t>(table[blk]) * block_stride +
-                       static_cast<size_t>(off) * row_bytes;
-    if (++off == block_size) {
-      off = 0;
-      ++blk;
-    }
-    return p;
+    if (r + kPrefetchRows < r_end) Prefetch(At(r + kPrefetchRows));
+    return At(r++);
   }
 };
 
@@ -531,7 +579,7 @@ void KPass(const KArgs& a) {
     m[j] = a.maxes[a.qi0 + j];
   }
   const float scale = plan.scale;
-  RowCursor cur(view, view.k, job.head, a.r0);
+  RowCursor cur(view, view.k, job.head, a.r0, a.r1);
   for (uint32_t r = a.r0; r < a.r1; ++r) {
     const uint8_t* p = cur.Next();
     const uint32_t pos = vis.Pos(r);
@@ -564,12 +612,21 @@ void KPass(const KArgs& a) {
         }
       }
     }
+    float dots[4];
+    if constexpr (!kExact && kQB == 4) {
+      for (int j = 0; j < kQB; ++j) {
+        for (size_t v = 1; v < kVecs; ++v) acc[j][0] = hn::Add(acc[j][0], acc[j][v]);
+      }
+      Reduce4(acc[0][0], acc[1][0], acc[2][0], acc[3][0], dots);
+    } else {
+      for (int j = 0; j < kQB; ++j) dots[j] = Reduce16(acc[j]);
+    }
     for (int j = 0; j < kQB; ++j) {
       if (!(mask & (1u << j))) {
         s[j][r] = kNegInf;
         continue;
       }
-      float x = Reduce16(acc[j]) * scale;
+      float x = dots[j] * scale;
       if (job.has_bias) x = x + qv[j].bias;
       s[j][r] = x;
       m[j] = std::max(m[j], x);
@@ -610,7 +667,7 @@ void VPass(const VArgs& a) {
     e[j] = a.e + static_cast<size_t>(a.qi0 + j) * job.rows;
     o[j] = a.o + static_cast<size_t>(a.qi0 + j) * pd;
   }
-  RowCursor cur(view, view.v, job.head, a.r0);
+  RowCursor cur(view, view.v, job.head, a.r0, a.r1);
   RowRef rows[kTileRows];
   uint32_t masks[kTileRows];
   uint32_t ridx[kTileRows];
@@ -777,6 +834,7 @@ void Finalize(const Plan& plan, const HeadJob& job, const float* e, const float*
     const float lsum = l[qi];
     const float* oq = o + static_cast<size_t>(qi) * pd;
     for (uint32_t i = 0; i < d; ++i) tmp[i] = oq[i] / lsum;
+    if (UsesNibbleOrder(view.v.format)) FromNibbleOrder(tmp, d);
     if (rotated) view.v.codec->InverseRotate(tmp);
     if (vt != nullptr && !vt->col_scale.empty()) {
       for (uint32_t i = 0; i < d; ++i) tmp[i] *= vt->col_scale[i];

@@ -51,6 +51,32 @@ struct Plan {
   std::vector<float> prepared_q;  // [queries.size()][padded_dim]
 };
 
+// Kernel value order. turbo4 rows are consumed as "low nibbles, then high
+// nibbles" of each 16-value group (values 0,2,..,14 then 1,3,..,15), which
+// saves a shuffle per vector; queries are permuted into that order before
+// the kernels run and outputs back after. Other formats use natural order.
+inline bool UsesNibbleOrder(Format f) { return f == Format::kTurbo4; }
+inline void ToNibbleOrder(float* x, uint32_t head_dim) {
+  float t[16];
+  for (uint32_t g = 0; g + 16 <= head_dim; g += 16) {
+    for (uint32_t i = 0; i < 8; ++i) {
+      t[i] = x[g + 2 * i];
+      t[8 + i] = x[g + 2 * i + 1];
+    }
+    for (uint32_t i = 0; i < 16; ++i) x[g + i] = t[i];
+  }
+}
+inline void FromNibbleOrder(float* x, uint32_t head_dim) {
+  float t[16];
+  for (uint32_t g = 0; g + 16 <= head_dim; g += 16) {
+    for (uint32_t i = 0; i < 8; ++i) {
+      t[2 * i] = x[g + i];
+      t[2 * i + 1] = x[g + 8 + i];
+    }
+    for (uint32_t i = 0; i < 16; ++i) x[g + i] = t[i];
+  }
+}
+
 // Runs every job of the plan (one Highway dispatch).
 void RunPlan(const Plan& plan);
 

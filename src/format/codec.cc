@@ -139,11 +139,9 @@ Status RowCodec::Encode(std::span<const float> rows, std::span<uint8_t> out,
                                                FormatName(format_), out.size(), n, n * row_bytes_));
   }
   KV_RETURN_IF_ERROR(CheckTransform(transform, head_dim_));
-  for (size_t i = 0; i < rows.size(); ++i) {
-    if (!std::isfinite(rows[i])) {
-      return Status::InvalidArgument(fmt::format("encode {}: non-finite value at row {}, index {}",
-                                                 FormatName(format_), i / d, i % d));
-    }
+  if (const size_t i = fi::FirstNonFinite(rows.data(), rows.size()); i != rows.size()) {
+    return Status::InvalidArgument(fmt::format("encode {}: non-finite value at row {}, index {}",
+                                               FormatName(format_), i / d, i % d));
   }
   const bool has_transform = transform != nullptr && !transform->empty();
   if (!has_transform && !IsRotated(format_)) {

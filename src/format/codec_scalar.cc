@@ -19,20 +19,25 @@ namespace kvcache {
 namespace format_internal {
 namespace {
 
+// Midpoints between consecutive non-negative levels (the codebooks are
+// symmetric): [L/2 - 1].
 template <size_t L>
 struct Thresholds {
-  std::array<float, L - 1> t{};
-  constexpr explicit Thresholds(const std::array<float, L>& lv) {
-    for (size_t k = 0; k + 1 < L; ++k) t[k] = (lv[k] + lv[k + 1]) / 2;
+  std::array<float, L / 2 - 1> t{};
+  explicit Thresholds(const std::array<float, L>& lv) {
+    for (size_t j = 0; j + 1 < L / 2; ++j) t[j] = (lv[L / 2 + j] + lv[L / 2 + j + 1]) / 2;
   }
 };
 
-// Index of the nearest level: the number of midpoints strictly below y.
+// Index of the nearest level (an exact tie goes to the smaller magnitude):
+// c = number of midpoints strictly below |y|; code L/2 + c for y > 0, else
+// L/2 - 1 - c.
 template <size_t L>
-inline int NearestCode(const std::array<float, L - 1>& th, float y) {
-  int k = 0;
-  for (float t : th) k += (y > t) ? 1 : 0;
-  return k;
+inline int NearestCode(const std::array<float, L / 2 - 1>& th, float y) {
+  const float a = std::fabs(y);
+  int c = 0;
+  for (float t : th) c += (a > t) ? 1 : 0;
+  return y > 0.0f ? static_cast<int>(L / 2) + c : static_cast<int>(L / 2) - 1 - c;
 }
 
 // Turbo4/3/2 group: picks the scale and codes (see kTurboScaleSearch).

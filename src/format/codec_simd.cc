@@ -33,10 +33,10 @@ namespace {
 template <size_t L>
 struct LevelTable {
   alignas(64) float level[L];
-  float threshold[L - 1];
+  float threshold[L / 2 - 1];  // midpoints of the non-negative half, as in codec_scalar.cc
   explicit LevelTable(const std::array<float, L>& lv) {
     for (size_t k = 0; k < L; ++k) level[k] = lv[k];
-    for (size_t k = 0; k + 1 < L; ++k) threshold[k] = (lv[k] + lv[k + 1]) / 2;
+    for (size_t j = 0; j + 1 < L / 2; ++j) threshold[j] = (lv[L / 2 + j] + lv[L / 2 + j + 1]) / 2;
   }
 };
 const LevelTable<16>& Table4() {
@@ -246,12 +246,28 @@ template <size_t L>
 HWY_INLINE VI NearestCodes(const LevelTable<L>& t, VF y) {
   const DI di;
   const DF df;
-  VI k = hn::Zero(di);
-  for (size_t j = 0; j + 1 < L; ++j) {
-    const auto gt = hn::RebindMask(di, y > hn::Set(df, t.threshold[j]));
-    k = hn::Sub(k, hn::VecFromMask(di, gt));  // mask lanes are -1
+  const VF a = hn::Abs(y);
+  VI c = hn::Zero(di);
+  for (size_t j = 0; j + 1 < L / 2; ++j) {
+    const auto gt = hn::RebindMask(di, a > hn::Set(df, t.threshold[j]));
+    c = hn::Sub(c, hn::VecFromMask(di, gt));  // mask lanes are -1
   }
-  return k;
+  const auto pos = hn::RebindMask(di, y > hn::Zero(df));
+  constexpr int32_t kHalf = static_cast<int32_t>(L / 2);
+  return hn::IfThenElse(pos, hn::Add(hn::Set(di, kHalf), c), hn::Sub(hn::Set(di, kHalf - 1), c));
+}
+
+// The level NearestCodes(t, y) indexes, without a gather: a select chain over
+// the non-negative half, then the sign (levels are exactly symmetric).
+template <size_t L>
+HWY_INLINE VF NearestLevel(const LevelTable<L>& t, VF y) {
+  const DF df;
+  const VF a = hn::Abs(y);
+  VF lv = hn::Set(df, t.level[L / 2]);
+  for (size_t j = 0; j + 1 < L / 2; ++j) {
+    lv = hn::IfThenElse(a > hn::Set(df, t.threshold[j]), hn::Set(df, t.level[L / 2 + j + 1]), lv);
+  }
+  return hn::IfThenElse(y > hn::Zero(df), lv, hn::Neg(lv));
 }
 
 // x: N groups of 16 values (group lane at x + 16 * lane); writes scale codes
@@ -280,7 +296,7 @@ void QuantizeTurboLanes(const LevelTable<L>& t, const float* x, int32_t* scale_o
     VF err = hn::Zero(df);
     for (int i = 0; i < 16; ++i) {
       const VF y = hn::Div(v[i], s);
-      const VF lv = hn::GatherIndex(df, t.level, NearestCodes(t, y));
+      const VF lv = NearestLevel(t, y);
       const VF dd = hn::Sub(v[i], hn::Mul(s, lv));
       err = hn::Add(err, hn::Mul(dd, dd));
     }
@@ -332,6 +348,37 @@ void EncodeTurboRows(const LevelTable<L>& t, Format f, uint32_t d, size_t n, con
 
 // ---- whole-row kernels ----
 
+// Index of the first NaN/Inf in x[0, n), or n.
+size_t FirstNonFiniteT(const float* HWY_RESTRICT x, size_t n) {
+  const DF df;
+  const DI di;
+  const size_t N = hn::Lanes(df);
+  const VI exp_mask = hn::Set(di, 0x7F800000);
+  size_t i = 0;
+  for (; i + 4 * N <= n; i += 4 * N) {
+    // A lane is non-finite iff its exponent bits are all ones.
+    VI m = hn::And(hn::BitCast(di, hn::LoadU(df, x + i)), exp_mask);
+    VI hit = hn::VecFromMask(di, m == exp_mask);
+    for (size_t k = 1; k < 4; ++k) {
+      m = hn::And(hn::BitCast(di, hn::LoadU(df, x + i + k * N)), exp_mask);
+      hit = hn::Or(hit, hn::VecFromMask(di, m == exp_mask));
+    }
+    if (!hn::AllFalse(di, hn::MaskFromVec(hit))) break;
+  }
+  for (; i < n; ++i) {
+    if (!std::isfinite(x[i])) return i;
+  }
+  return n;
+}
+
+HWY_INLINE void CopyFloats(const float* HWY_RESTRICT src, size_t n, float* HWY_RESTRICT dst) {
+  const DF df;
+  const size_t N = hn::Lanes(df);
+  size_t i = 0;
+  for (; i + N <= n; i += N) hn::StoreU(hn::LoadU(df, src + i), df, dst + i);
+  if (i < n) std::memcpy(dst + i, src + i, (n - i) * sizeof(float));  // may be unaligned
+}
+
 void EncodeRowsT(Format f, uint32_t d, size_t n, const float* HWY_RESTRICT x,
                  uint8_t* HWY_RESTRICT out) {
   const DF df;
@@ -339,7 +386,7 @@ void EncodeRowsT(Format f, uint32_t d, size_t n, const float* HWY_RESTRICT x,
   const size_t N = hn::Lanes(df);
   const size_t total = n * d;
   switch (f) {
-    case Format::kF32: std::memcpy(out, x, total * 4); return;
+    case Format::kF32: CopyFloats(x, total, reinterpret_cast<float*>(out)); return;
     case Format::kF16: {
       size_t i = 0;
       for (; i + N <= total; i += N) StoreI32AsU16(EncodeF16(hn::LoadU(df, x + i)), out + 2 * i);
@@ -420,7 +467,7 @@ void DecodeRowsT(Format f, uint32_t d, size_t n, const uint8_t* HWY_RESTRICT in,
   const size_t N = hn::Lanes(df);
   const size_t total = n * d;
   switch (f) {
-    case Format::kF32: std::memcpy(x, in, total * 4); return;
+    case Format::kF32: CopyFloats(reinterpret_cast<const float*>(in), total, x); return;
     case Format::kF16: {
       size_t i = 0;
       for (; i + N <= total; i += N) hn::StoreU(DecodeF16(LoadU16AsI32(in + 2 * i)), df, x + i);
@@ -530,6 +577,9 @@ namespace format_internal {
 
 HWY_EXPORT(EncodeRowsT);
 HWY_EXPORT(DecodeRowsT);
+HWY_EXPORT(FirstNonFiniteT);
+
+size_t FirstNonFinite(const float* x, size_t n) { return HWY_DYNAMIC_DISPATCH(FirstNonFiniteT)(x, n); }
 
 void EncodeRows(Format f, uint32_t d, size_t n, const float* x, uint8_t* out) {
   HWY_DYNAMIC_DISPATCH(EncodeRowsT)(f, d, n, x, out);

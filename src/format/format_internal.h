@@ -207,19 +207,21 @@ inline uint8_t FloatToE4M3(float f) {
 // See docs/formats.md for how they were fitted and their measured error.
 
 inline constexpr std::array<float, 16> kTurbo4Levels = {
-    -1.0911369f, -0.8703624f, -0.6668467f, -0.5082749f, -0.3671443f, -0.2428598f,
-    -0.1349901f, -0.0421503f, 0.0421503f,  0.1349901f,  0.2428598f,  0.3671443f,
-    0.5082749f,  0.6668467f,  0.8703624f,  1.0911369f};
+    -1.0630157f, -0.8529882f, -0.6673639f, -0.5176435f, -0.3846969f, -0.2639617f,
+    -0.1540296f, -0.0507288f, 0.0507288f,  0.1540296f,  0.2639617f,  0.3846969f,
+    0.5176435f,  0.6673639f,  0.8529882f,  1.0630157f};
 inline constexpr std::array<float, 8> kTurbo3Levels = {
-    -0.9674752f, -0.5422341f, -0.2723807f, -0.0767486f,
-    0.0767486f,  0.2723807f,  0.5422341f,  0.9674752f};
-inline constexpr std::array<float, 4> kTurbo2Levels = {-0.7527767f, -0.1543219f, 0.1543219f,
-                                                       0.7527767f};
+    -0.9565287f, -0.5790571f, -0.3191016f, -0.1023969f,
+    0.1023969f,  0.3191016f,  0.5790571f,  0.9565287f};
+inline constexpr std::array<float, 4> kTurbo2Levels = {-0.7343107f, -0.2058505f, 0.2058505f,
+                                                       0.7343107f};
 
 // Encoder scale rule for turbo4/3/2: c0 = E4M3(amax of the group); try the
 // stored scales c0-kTurboScaleSearch .. c0+kTurboScaleSearch (valid codes
 // 1..0x7E), pick the one whose nearest-level reconstruction has the least
-// squared error (first on ties). An all-zero group stores scale 0 and codes 0.
+// squared error (first on ties). Codes are the nearest level to x / s (an exact
+// tie between two levels goes to the smaller magnitude). An all-zero group
+// stores scale 0 and codes 0.
 inline constexpr int kTurboScaleSearch = 2;
 
 // ---------------------------------------------------------------------------
@@ -299,6 +301,8 @@ void InverseRotateInPlaceScalar(const float* signs, uint32_t head_dim, float* x)
 // produce bytes (and floats) identical to the scalar references.
 void EncodeRows(Format format, uint32_t d, size_t n, const float* x, uint8_t* out);
 void DecodeRows(Format format, uint32_t d, size_t n, const uint8_t* in, float* x);
+// Index of the first NaN/Inf in x[0, n), or n. SIMD.
+size_t FirstNonFinite(const float* x, size_t n);
 void EncodeRowsScalar(Format format, uint32_t d, size_t n, const float* x, uint8_t* out);
 void DecodeRowsScalar(Format format, uint32_t d, size_t n, const uint8_t* in, float* x);
 

@@ -2,10 +2,11 @@
 //
 // Operation order (identical in the scalar reference and every SIMD target, so
 // rotated rows are bit-identical everywhere): multiply by the signs; in each
-// 16-value chunk apply the dense 16x16 Hadamard matrix, accumulating column
-// j = 0..15 in order (a +-1 product is exact, so a fused multiply-add equals a
-// plain add); then the butterfly stages h = 16, 32, ... inside each
-// power-of-two block; finally scale the block by 1/sqrt(block).
+// power-of-two block the butterfly stages h = 1, 2, 4, ... (x[k], x[k+h]) ->
+// (x[k] + x[k+h], x[k] - x[k+h]); finally scale the block by 1/sqrt(block).
+// SIMD stages with h below the vector width permute lanes (lane i ^ h) and
+// flip the sign bit of the lanes that take the difference: -b + a == a - b
+// exactly, so the results match the scalar butterflies bit for bit.
 //
 // Thread safety: pure functions.
 #include <cmath>
@@ -24,20 +25,6 @@
 namespace kvcache {
 namespace format_internal {
 namespace {
-
-// H16[j][i] = (-1)^popcount(i & j): column j of the 16x16 Hadamard matrix.
-struct Hadamard16 {
-  alignas(64) float col[16][16];
-  Hadamard16() {
-    for (int j = 0; j < 16; ++j) {
-      for (int i = 0; i < 16; ++i) col[j][i] = (__builtin_popcount(i & j) & 1) ? -1.0f : 1.0f;
-    }
-  }
-};
-const Hadamard16& H16() {
-  static const Hadamard16 h;
-  return h;
-}
 
 // Largest power of two <= n (n >= 16).
 inline uint32_t BlockAt(uint32_t remaining) {
@@ -60,21 +47,21 @@ namespace hn = hwy::HWY_NAMESPACE;
 // Hadamard-transforms x[0, block) in place (unnormalized), block a power of two >= 16.
 void WhtBlock(float* HWY_RESTRICT x, uint32_t block) {
   const hn::CappedTag<float, 16> d;
+  const hn::RebindToSigned<decltype(d)> di;
   const size_t N = hn::Lanes(d);
-  const Hadamard16& h = H16();
-  alignas(64) float tmp[16];
-  for (uint32_t c = 0; c < block; c += 16) {
-    float* chunk = x + c;
-    for (size_t i = 0; i < 16; i += N) {
-      auto acc = hn::Mul(hn::Load(d, h.col[0] + i), hn::Set(d, chunk[0]));
-      for (int j = 1; j < 16; ++j) {
-        acc = hn::MulAdd(hn::Load(d, h.col[j] + i), hn::Set(d, chunk[j]), acc);
-      }
-      hn::Store(acc, d, tmp + i);
+  for (uint32_t half = 1; half < N && half < block; half *= 2) {
+    const auto idx = hn::IndicesFromVec(d, hn::Xor(hn::Iota(di, 0), hn::Set(di, static_cast<int32_t>(half))));
+    // Sign bit set in the lanes that receive a - b.
+    const auto lane_has_h = hn::And(hn::Iota(di, 0), hn::Set(di, static_cast<int32_t>(half)));
+    const auto flip = hn::BitCast(
+        d, hn::IfThenElseZero(lane_has_h == hn::Set(di, static_cast<int32_t>(half)),
+                              hn::Set(di, static_cast<int32_t>(0x80000000u))));
+    for (uint32_t k = 0; k < block; k += static_cast<uint32_t>(N)) {
+      const auto v = hn::LoadU(d, x + k);
+      hn::StoreU(hn::Add(hn::Xor(v, flip), hn::TableLookupLanes(v, idx)), d, x + k);
     }
-    std::memcpy(chunk, tmp, sizeof(tmp));
   }
-  for (uint32_t half = 16; half < block; half *= 2) {
+  for (uint32_t half = static_cast<uint32_t>(N); half < block; half *= 2) {
     for (uint32_t base = 0; base < block; base += 2 * half) {
       for (uint32_t k = 0; k < half; k += static_cast<uint32_t>(N)) {
         const auto a = hn::LoadU(d, x + base + k);
@@ -169,20 +156,10 @@ void InverseRotateInPlace(const float* signs, uint32_t head_dim, float* x) {
 
 namespace {
 void ScalarTransformBlocks(uint32_t head_dim, float* x) {
-  const Hadamard16& h = H16();
   for (uint32_t off = 0; off < head_dim;) {
     const uint32_t b = BlockAt(head_dim - off);
     float* blk = x + off;
-    for (uint32_t c = 0; c < b; c += 16) {
-      float tmp[16];
-      for (int i = 0; i < 16; ++i) {
-        float acc = h.col[0][i] * blk[c];
-        for (int j = 1; j < 16; ++j) acc += h.col[j][i] * blk[c + j];  // exact product
-        tmp[i] = acc;
-      }
-      std::memcpy(blk + c, tmp, sizeof(tmp));
-    }
-    for (uint32_t half = 16; half < b; half *= 2) {
+    for (uint32_t half = 1; half < b; half *= 2) {
       for (uint32_t base = 0; base < b; base += 2 * half) {
         for (uint32_t k = 0; k < half; ++k) {
           const float a = blk[base + k], bb = blk[base + half + k];

@@ -318,6 +318,42 @@ TEST(AttentionBatch, EqualsPerSequenceDecode) {
   }
 }
 
+TEST(AttentionHead, OneKvHeadEqualsItsSliceOfTheFullDecode) {
+  ViewSpec s;
+  s.n_kv_heads = 3;
+  s.num_tokens = 77;
+  s.formats = {Format::kBF16, Format::kQ8_0};
+  auto tv = TestView::Make(s);
+  ASSERT_TRUE(tv.ok()) << tv.status().ToString();
+  const LayerKvView& view = (*tv)->view();
+  const uint32_t nq = 6, group = 2, d = view.head_dim;
+  const auto q = RandomVector(nq * d, 9);
+  AttentionOptions o;
+  o.n_q_heads = nq;
+  Outputs full = MakeOutputs(view, nq, 1, true);
+  ASSERT_TRUE(AttendDecode(view, q, o, full.spans()).ok());
+  for (uint32_t h = 0; h < 3; ++h) {
+    std::vector<float> out(group * d), lse(group), probs(group * view.num_tokens),
+        kvp(view.num_tokens);
+    const Status st = AttendDecodeHead(view, h, std::span<const float>(q).subspan(h * group * d, group * d),
+                                       o, {out, lse, probs, kvp});
+    ASSERT_TRUE(st.ok()) << st.ToString();
+    auto slice = [](const std::vector<float>& v, size_t at, size_t n) {
+      return std::vector<float>(v.begin() + at, v.begin() + at + n);
+    };
+    std::string where;
+    EXPECT_TRUE(BitsEqual(out, slice(full.out, h * group * d, group * d), &where)) << where;
+    EXPECT_TRUE(BitsEqual(lse, slice(full.lse, h * group, group), &where)) << where;
+    EXPECT_TRUE(BitsEqual(probs, slice(full.probs, h * group * view.num_tokens, group * view.num_tokens), &where)) << where;
+    EXPECT_TRUE(BitsEqual(kvp, slice(full.kv_probs, h * view.num_tokens, view.num_tokens), &where)) << where;
+  }
+  std::vector<float> out(group * d);
+  AttentionOutput ao;
+  ao.out = out;
+  EXPECT_EQ(AttendDecodeHead(view, 3, std::span<const float>(q).subspan(0, group * d), o, ao).code(),
+            StatusCode::kOutOfRange);
+}
+
 TEST(AttentionErrors, BadInputIsAClearStatus) {
   ViewSpec s;
   auto tv = TestView::Make(s);

@@ -322,7 +322,7 @@ TEST_P(CacheModelTest, RandomOperationsMatchModel) {
   add_paged();
   add_contig();
 
-  const int kSteps = 2500;
+  const int kSteps = 1500;
   int counts[16] = {};
   int exhausted = 0;
   for (int step = 0; step < kSteps; ++step) {

@@ -1,0 +1,261 @@
+// The kvcache CLI end to end: `info --json` and `eval --json` output shape and
+// sanity, an .npy round trip through `eval --keys`, and clean failures.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+
+#include "eval/synthetic.h"
+#include "kvcache/format.h"
+#include "kvcache/npy.h"
+
+namespace kvcache {
+namespace {
+
+struct CliResult {
+  int exit_code = -1;
+  std::string out, err;
+};
+
+std::string Slurp(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// Unique per test: ctest runs the test cases of this file in parallel processes.
+std::string TempPath(const std::string& name) {
+  const auto* info = testing::UnitTest::GetInstance()->current_test_info();
+  return testing::TempDir() + "/kvcache_cli_test_" + info->test_suite_name() + "_" + info->name() + "_" + name;
+}
+
+CliResult RunCli(const std::string& args) {
+  const std::string out = TempPath("stdout"), err = TempPath("stderr");
+  const std::string cmd = std::string("'") + KVCACHE_CLI_PATH + "' " + args + " >'" + out + "' 2>'" + err + "'";
+  const int status = std::system(cmd.c_str());
+  CliResult r;
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  r.out = Slurp(out);
+  r.err = Slurp(err);
+  return r;
+}
+
+std::vector<nlohmann::json> JsonLines(const std::string& text) {
+  std::vector<nlohmann::json> lines;
+  std::stringstream in(text);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (!line.empty()) lines.push_back(nlohmann::json::parse(line));
+  }
+  return lines;
+}
+
+TEST(CliInfo, JsonListsEveryFormat) {
+  const CliResult r = RunCli("info --json --layers 2 --kv-heads 4 --head-dim 64 --n-values 256");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_TRUE(j["simd_target"].is_string());
+  EXPECT_FALSE(j["simd_target"].get<std::string>().empty());
+  ASSERT_EQ(j["formats"].size(), kAllFormats.size());
+  for (size_t i = 0; i < kAllFormats.size(); ++i) {
+    const Format f = kAllFormats[i];
+    const auto& e = j["formats"][i];
+    EXPECT_EQ(e["name"], std::string(FormatName(f)));
+    ASSERT_TRUE(e["supported"].get<bool>()) << e.dump();
+    EXPECT_DOUBLE_EQ(e["bits_per_value"].get<double>(), BitsPerValue(f, 64));
+    EXPECT_EQ(e["bytes_for_n_values"].get<size_t>(), BytesFor(f, 64, 256));
+    EXPECT_EQ(e["bytes_per_token_per_side"].get<uint64_t>(), RowBytes(f, 64) * 4 * 2);
+    EXPECT_EQ(e["bytes_per_token"].get<uint64_t>(), 2 * RowBytes(f, 64) * 4 * 2);
+  }
+  ASSERT_FALSE(j["pairs"].empty());
+  for (const auto& p : j["pairs"]) {
+    auto k = ParseFormat(p["k_format"].get<std::string>());
+    auto v = ParseFormat(p["v_format"].get<std::string>());
+    ASSERT_TRUE(k.ok() && v.ok());
+    EXPECT_EQ(p["bytes_per_token"].get<uint64_t>(), (RowBytes(*k, 64) + RowBytes(*v, 64)) * 4 * 2);
+  }
+}
+
+TEST(CliInfo, UnsupportedHeadDimIsReportedPerFormat) {
+  const CliResult r = RunCli("info --json --head-dim 40");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  for (const auto& e : j["formats"]) {
+    const auto f = ParseFormat(e["name"].get<std::string>());
+    ASSERT_TRUE(f.ok());
+    EXPECT_EQ(e["supported"].get<bool>(), CheckHeadDim(*f, 40).ok()) << e.dump();
+    if (!e["supported"].get<bool>()) {
+      EXPECT_TRUE(e["error"].is_string());
+    }
+  }
+}
+
+const char* const kMetricKeys[] = {"k_bits", "v_bits", "k_nmse", "v_nmse", "attn_rel_err",
+                                   "attn_cosine", "softmax_kl", "top1_agree"};
+
+void ExpectSaneRow(const nlohmann::json& row) {
+  ASSERT_TRUE(row["k_format"].is_string());
+  ASSERT_TRUE(row["v_format"].is_string());
+  if (row.contains("error")) {
+    EXPECT_TRUE(row["error"].is_string());
+    return;
+  }
+  for (const char* key : kMetricKeys) ASSERT_TRUE(row[key].is_number()) << key << " in " << row.dump();
+  const Format k = *ParseFormat(row["k_format"].get<std::string>());
+  const Format v = *ParseFormat(row["v_format"].get<std::string>());
+  const uint32_t d = row["head_dim"].get<uint32_t>();
+  EXPECT_DOUBLE_EQ(row["k_bits"].get<double>(), BitsPerValue(k, d));
+  EXPECT_DOUBLE_EQ(row["v_bits"].get<double>(), BitsPerValue(v, d));
+  EXPECT_GE(row["k_nmse"].get<double>(), 0.0);
+  EXPECT_GE(row["v_nmse"].get<double>(), 0.0);
+  EXPECT_GE(row["attn_rel_err"].get<double>(), 0.0);
+  EXPECT_LE(row["attn_cosine"].get<double>(), 1.0 + 1e-9);
+  EXPECT_GE(row["softmax_kl"].get<double>(), 0.0);
+  EXPECT_GE(row["top1_agree"].get<double>(), 0.0);
+  EXPECT_LE(row["top1_agree"].get<double>(), 1.0);
+  if (k == Format::kF32) {
+    EXPECT_EQ(row["k_nmse"].get<double>(), 0.0);
+  }
+  if (v == Format::kF32) {
+    EXPECT_EQ(row["v_nmse"].get<double>(), 0.0);
+  }
+  if (k == Format::kF32 && v == Format::kF32) {
+    EXPECT_EQ(row["attn_rel_err"].get<double>(), 0.0);
+    EXPECT_EQ(row["attn_cosine"].get<double>(), 1.0);
+    EXPECT_EQ(row["softmax_kl"].get<double>(), 0.0);
+    EXPECT_EQ(row["top1_agree"].get<double>(), 1.0);
+  }
+}
+
+TEST(CliEval, DefaultPairsJsonShape) {
+  for (const char* data : {"gaussian", "outlier"}) {
+    const CliResult r = RunCli(std::string("eval --json --tokens 64 --num-queries 8 --head-dim 64 --data ") + data);
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    const auto rows = JsonLines(r.out);
+    // Every format as K=V plus the mixed pairs.
+    ASSERT_GE(rows.size(), kAllFormats.size() + 4);
+    EXPECT_EQ(rows[0]["k_format"], "f32");
+    EXPECT_EQ(rows[0]["v_format"], "f32");
+    EXPECT_FALSE(rows[0].contains("error")) << rows[0].dump();
+    for (const auto& row : rows) {
+      ExpectSaneRow(row);
+      EXPECT_EQ(row["data"], data);
+      EXPECT_EQ(row["tokens"], 64);
+      EXPECT_EQ(row["head_dim"], 64);
+    }
+  }
+}
+
+TEST(CliEval, UnsupportedHeadDimIsAnErrorRowNotACrash) {
+  const CliResult r = RunCli("eval --json --tokens 16 --num-queries 4 --head-dim 40 --formats f32,q4_0:f32,turbo4");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto rows = JsonLines(r.out);
+  ASSERT_EQ(rows.size(), 3u);
+  EXPECT_FALSE(rows[0].contains("error"));
+  EXPECT_NE(rows[1]["error"].get<std::string>().find("q4_0"), std::string::npos) << rows[1].dump();
+  EXPECT_NE(rows[2]["error"].get<std::string>().find("turbo4"), std::string::npos) << rows[2].dump();
+}
+
+TEST(CliEval, TableWithoutJson) {
+  const CliResult r = RunCli("eval --tokens 16 --num-queries 4 --head-dim 32 --formats f32:f32");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("attn_rel_err"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("f32:f32"), std::string::npos) << r.out;
+}
+
+TEST(CliEval, NpyRoundTripThroughKeysValuesQueries) {
+  const eval::SyntheticShape s{48, 2, 32};
+  const auto keys = eval::MakeKeys(eval::DataKind::kOutlier, s, 5);
+  const auto values = eval::MakeValues(eval::DataKind::kGaussian, s, 5);
+  eval::QueryOptions qo;
+  qo.num_queries = 6;
+  qo.q_heads = 4;
+  const auto queries = eval::MakeQueries(keys, s, qo);
+  const std::vector<uint64_t> kv_shape = {48, 2, 32}, q_shape = {6, 4, 32};
+  const std::string kp = TempPath("k.npy"), vp = TempPath("v.npy"), qp = TempPath("q.npy"), kp16 = TempPath("k16.npy");
+  ASSERT_TRUE(WriteNpy(kp, kv_shape, keys).ok());
+  ASSERT_TRUE(WriteNpy(vp, kv_shape, values, {NpyDtype::kF32, 2}).ok());
+  ASSERT_TRUE(WriteNpy(qp, q_shape, queries, {NpyDtype::kF32, 3}).ok());
+  ASSERT_TRUE(WriteNpy(kp16, kv_shape, keys, {NpyDtype::kF16, 1}).ok());
+
+  CliResult r = RunCli("eval --json --formats f32 --keys '" + kp + "' --values '" + vp + "' --queries '" + qp + "'");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  auto rows = JsonLines(r.out);
+  ASSERT_EQ(rows.size(), 1u);
+  ExpectSaneRow(rows[0]);
+  EXPECT_EQ(rows[0]["data"], "npy");
+  EXPECT_EQ(rows[0]["tokens"], 48);
+  EXPECT_EQ(rows[0]["kv_heads"], 2);
+  EXPECT_EQ(rows[0]["q_heads"], 4);
+  EXPECT_EQ(rows[0]["queries"], 6);
+  EXPECT_EQ(rows[0]["head_dim"], 32);
+
+  // float16 keys only: synthetic values, queries drawn from the keys; --tokens keeps the first.
+  r = RunCli("eval --json --formats f32,q4_0 --tokens 40 --keys '" + kp16 + "'");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  rows = JsonLines(r.out);
+  ASSERT_EQ(rows.size(), 2u);
+  for (const auto& row : rows) ExpectSaneRow(row);
+  EXPECT_EQ(rows[0]["tokens"], 40);
+  EXPECT_EQ(rows[0]["q_heads"], 4);
+  for (const std::string& p : {kp, vp, qp, kp16}) std::filesystem::remove(p);
+}
+
+TEST(CliEval, MalformedNpyFailsCleanly) {
+  const std::string bad = TempPath("bad.npy");
+  {
+    std::ofstream out(bad, std::ios::binary);
+    out << "\x93NUMPY\x01";  // cut off inside the preamble
+  }
+  CliResult r = RunCli("eval --json --keys '" + bad + "'");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_TRUE(r.out.empty()) << r.out;
+  EXPECT_NE(r.err.find("Corruption"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("bad.npy"), std::string::npos) << r.err;
+
+  // Well-formed but the wrong rank.
+  const std::vector<uint64_t> shape = {4, 8};
+  const std::vector<float> data(32, 1.0f);
+  ASSERT_TRUE(WriteNpy(bad, shape, data).ok());
+  r = RunCli("eval --json --keys '" + bad + "'");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("shape"), std::string::npos) << r.err;
+
+  // Values that do not match the keys.
+  const std::vector<uint64_t> k_shape = {4, 1, 8}, v_shape = {4, 1, 16};
+  const std::string kp = TempPath("k_ok.npy");
+  ASSERT_TRUE(WriteNpy(kp, k_shape, data).ok());
+  const std::vector<float> v_data(64, 1.0f);
+  ASSERT_TRUE(WriteNpy(bad, v_shape, v_data).ok());
+  r = RunCli("eval --json --keys '" + kp + "' --values '" + bad + "'");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("differs from keys"), std::string::npos) << r.err;
+
+  r = RunCli("eval --json --keys '" + TempPath("does_not_exist.npy") + "'");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("IoError"), std::string::npos) << r.err;
+  std::filesystem::remove(bad);
+  std::filesystem::remove(kp);
+}
+
+TEST(CliEval, UnknownFormatAndDataFailCleanly) {
+  CliResult r = RunCli("eval --json --tokens 16 --formats f32,turbo5");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_TRUE(r.out.empty()) << r.out;
+  EXPECT_NE(r.err.find("turbo5"), std::string::npos) << r.err;
+  r = RunCli("eval --json --tokens 16 --data uniform");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("uniform"), std::string::npos) << r.err;
+  r = RunCli("eval --json --tokens 16 --q-heads 3");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("multiple"), std::string::npos) << r.err;
+}
+
+}  // namespace
+}  // namespace kvcache
