@@ -291,6 +291,15 @@ class SequenceCache {
   Status AccumulateImportance(uint32_t layer, uint32_t head, std::span<const float> probs);
   std::vector<float> HeadImportance(uint32_t layer, uint32_t head) const;
   std::vector<float> Importance(uint32_t layer) const;
+  // Eviction (added for hybrid.h): keeps only stored rows `rows` (strictly
+  // ascending, each < head_len) of one head, compacted to rows 0..k-1 in that
+  // order; each keeps its original position (HeadPositions) and importance.
+  // Paged: blocks written are copied first if shared (copy-on-write), blocks
+  // no longer covered by any head go back to the pool (into the reservation
+  // first, as Truncate does). Keeping no row drops the head's calibration.
+  // InvalidArgument on a bad row list, PoolExhausted if a copy-on-write
+  // block cannot be had; nothing changes then.
+  Status KeepRows(uint32_t layer, uint32_t head, std::span<const uint32_t> rows);
 
   // Internal consistency (and the pool's, for paged); Internal on failure.
   Status CheckInvariants() const;

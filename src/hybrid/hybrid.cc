@@ -1,0 +1,749 @@
+// HybridModel and HybridSequence (contracts in include/kvcache/hybrid.h).
+//
+// A sequence is up to two SequenceCaches (full and bounded groups) plus one
+// LinearState per linear layer. Speculative drafts are bookkeeping on top:
+// the caches roll back with Truncate (rows past n0 + a), the linear states
+// with their own scratch lanes, and window compaction is suspended while a
+// draft is open and re-applied (a pure function of the length) afterwards.
+#include "kvcache/hybrid.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <numeric>
+
+namespace kvcache {
+namespace {
+
+Status ReleasedError() { return Status::FailedPrecondition("hybrid: sequence was released"); }
+Status DraftOpen(const char* what) {
+  return Status::FailedPrecondition(fmt::format("hybrid: {} while a draft is open", what));
+}
+
+bool Bounded(const EvictionPolicy& p) { return p.kind != EvictionKind::kKeepAll; }
+
+// First position a window head of `layer` keeps past its sinks at length n
+// (0 = all): lo(n) = S + G * floor((n - S - W - L) / G) once n > S + W + L.
+uint32_t WindowLow(const HybridModel& m, uint32_t layer, const EvictionPolicy& p, uint32_t n) {
+  const uint64_t S = p.sink_tokens, W = p.window_tokens, L = m.options().window_lookback_tokens;
+  const uint64_t G = m.window_slack(layer);
+  if (n <= S + W + L) return 0;
+  return static_cast<uint32_t>(S + G * ((n - S - W - L) / G));
+}
+
+}  // namespace
+
+std::string_view LayerKindName(LayerKind kind) {
+  switch (kind) {
+    case LayerKind::kFull: return "full";
+    case LayerKind::kWindow: return "window";
+    case LayerKind::kLinear: return "linear";
+  }
+  return "unknown";
+}
+
+// --- HybridModel -------------------------------------------------------------
+
+Result<std::shared_ptr<const HybridModel>> HybridModel::Create(const Geometry& geometry,
+                                                              FormatPair formats,
+                                                              std::vector<LayerSpec> layers,
+                                                              const HybridModelOptions& options) {
+  const uint32_t L = geometry.n_layers(), H = geometry.n_kv_heads(), D = geometry.head_dim();
+  if (layers.size() != L) {
+    return Status::InvalidArgument(
+        fmt::format("hybrid model: {} layer specs for {} layers", layers.size(), L));
+  }
+  KV_RETURN_IF_ERROR(CheckHeadDim(formats.k, D));
+  KV_RETURN_IF_ERROR(CheckHeadDim(formats.v, D));
+  if (options.max_draft_tokens == 0) {
+    return Status::InvalidArgument("hybrid model: max_draft_tokens must be >= 1");
+  }
+  std::shared_ptr<HybridModel> m(new HybridModel(geometry));
+  m->formats_ = formats;
+  m->options_ = options;
+  if (m->options_.window_slack_tokens == 0) m->options_.window_slack_tokens = geometry.block_size();
+  m->policies_.resize(L);
+  m->group_.assign(L, -1);
+  m->group_layer_.assign(L, 0);
+  for (uint32_t l = 0; l < L; ++l) {
+    const LayerSpec& s = layers[l];
+    auto bad = [&](const std::string& why) {
+      return Status::InvalidArgument(
+          fmt::format("hybrid model: layer {} ({}): {}", l, LayerKindName(s.kind), why));
+    };
+    switch (s.kind) {
+      case LayerKind::kWindow: {
+        if (!s.head_policies.empty()) return bad("a window layer takes no head_policies");
+        const EvictionPolicy p = EvictionPolicy::Window(s.sink_tokens, s.window_tokens);
+        const Status st = p.Validate();
+        if (!st.ok()) return bad(st.message());
+        m->policies_[l].assign(H, p);
+        break;
+      }
+      case LayerKind::kFull:
+        if (s.sink_tokens || s.window_tokens) return bad("sink/window sizes belong to kWindow");
+        if (s.head_policies.empty()) {
+          m->policies_[l].assign(H, EvictionPolicy::KeepAll());
+        } else {
+          if (s.head_policies.size() != H) {
+            return bad(fmt::format("{} head policies for {} kv heads", s.head_policies.size(), H));
+          }
+          for (const EvictionPolicy& p : s.head_policies) {
+            const Status st = p.Validate();
+            if (!st.ok()) return bad(st.message());
+          }
+          m->policies_[l] = s.head_policies;
+        }
+        break;
+      case LayerKind::kLinear: {
+        if (!s.head_policies.empty() || s.sink_tokens || s.window_tokens) {
+          return bad("a linear layer takes no eviction policies or window");
+        }
+        auto probe = LinearState::Create({.n_heads = H, .d_k = 1, .d_v = 1, .rule = s.rule,
+                                          .head_gate = s.head_gate,
+                                          .max_draft_tokens = options.max_draft_tokens});
+        if (!probe.ok()) return bad(probe.status().message());
+        break;
+      }
+      default:
+        return bad("unknown layer kind");
+    }
+    if (s.kind != LayerKind::kLinear) {
+      const auto& ps = m->policies_[l];
+      const int g = std::all_of(ps.begin(), ps.end(), Bounded) ? kBoundedGroup : kFullGroup;
+      m->group_[l] = g;
+      m->group_layer_[l] = m->group_size_[g]++;
+    }
+  }
+  m->layers_ = std::move(layers);
+  return std::shared_ptr<const HybridModel>(std::move(m));
+}
+
+uint32_t HybridModel::window_slack(uint32_t layer) const {
+  return layers_[layer].kind == LayerKind::kWindow ? options_.window_slack_tokens : 1;
+}
+
+Geometry HybridModel::group_geometry(int group) const {
+  auto g = Geometry::Create({.n_layers = group_size_[group],
+                             .n_kv_heads = geometry_.n_kv_heads(),
+                             .head_dim = geometry_.head_dim(),
+                             .block_size = geometry_.block_size()});
+  assert(g.ok());
+  return *g;
+}
+
+Result<std::vector<std::shared_ptr<BlockPool>>> HybridModel::CreatePools(
+    std::span<const uint32_t> blocks_per_group, const BlockPoolOptions& options) const {
+  if (blocks_per_group.size() != 2) {
+    return Status::InvalidArgument("hybrid model: CreatePools wants [2] block counts");
+  }
+  std::vector<std::shared_ptr<BlockPool>> pools(2);
+  for (int g = 0; g < 2; ++g) {
+    if (group_size_[g] == 0) continue;
+    BlockPoolOptions o = options;
+    o.num_blocks = blocks_per_group[g];
+    KV_ASSIGN_OR_RETURN(pools[g], BlockPool::Create(group_geometry(g), formats_, o));
+  }
+  return pools;
+}
+
+// --- HybridSequence: creation and lifetime ----------------------------------------
+
+HybridSequence::HybridSequence(HybridSequence&&) noexcept = default;
+HybridSequence& HybridSequence::operator=(HybridSequence&&) noexcept = default;
+HybridSequence::~HybridSequence() = default;
+
+namespace {
+Result<std::vector<std::unique_ptr<LinearState>>> MakeLinear(const HybridModel& m) {
+  std::vector<std::unique_ptr<LinearState>> out(m.n_layers());
+  const uint32_t H = m.geometry().n_kv_heads(), D = m.geometry().head_dim();
+  for (uint32_t l = 0; l < m.n_layers(); ++l) {
+    if (m.kind(l) != LayerKind::kLinear) continue;
+    KV_ASSIGN_OR_RETURN(LinearState st,
+                        LinearState::Create({.n_heads = H, .d_k = D, .d_v = D,
+                                             .rule = m.spec(l).rule,
+                                             .head_gate = m.spec(l).head_gate,
+                                             .max_draft_tokens = m.options().max_draft_tokens}));
+    out[l] = std::make_unique<LinearState>(std::move(st));
+  }
+  return out;
+}
+}  // namespace
+
+Result<HybridSequence> HybridSequence::CreateContiguous(std::shared_ptr<const HybridModel> model,
+                                                        const ContiguousOptions& options) {
+  if (!model) return Status::InvalidArgument("hybrid: no model");
+  HybridSequence seq;
+  seq.model_ = model;
+  seq.layout_ = CacheLayout::kContiguous;
+  for (int g = 0; g < 2; ++g) {
+    if (model->group_size(g) == 0) continue;
+    KV_ASSIGN_OR_RETURN(SequenceCache c, SequenceCache::CreateContiguous(model->group_geometry(g),
+                                                                         model->formats(), options));
+    seq.groups_[g] = std::make_unique<SequenceCache>(std::move(c));
+  }
+  KV_ASSIGN_OR_RETURN(seq.linear_, MakeLinear(*model));
+  return seq;
+}
+
+Result<HybridSequence> HybridSequence::CreatePaged(
+    std::shared_ptr<const HybridModel> model, std::span<const std::shared_ptr<BlockPool>> pools,
+    const PagedOptions& options) {
+  if (!model) return Status::InvalidArgument("hybrid: no model");
+  if (pools.size() != 2) {
+    return Status::InvalidArgument("hybrid: CreatePaged wants [2] pools (full, bounded)");
+  }
+  for (int g = 0; g < 2; ++g) {
+    if (model->group_size(g) == 0) continue;
+    const auto& p = pools[g];
+    if (!p || !(p->geometry() == model->group_geometry(g)) || !(p->formats() == model->formats())) {
+      return Status::InvalidArgument(fmt::format(
+          "hybrid: pool {} must have geometry {} and formats {} (see HybridModel::CreatePools)", g,
+          model->group_geometry(g).ToString(), FormatPairName(model->formats())));
+    }
+  }
+  HybridSequence seq;
+  seq.model_ = model;
+  seq.layout_ = CacheLayout::kPaged;
+  for (int g = 0; g < 2; ++g) {
+    if (model->group_size(g) == 0) continue;
+    KV_ASSIGN_OR_RETURN(SequenceCache c, SequenceCache::CreatePaged(pools[g], options));
+    seq.groups_[g] = std::make_unique<SequenceCache>(std::move(c));
+  }
+  KV_ASSIGN_OR_RETURN(seq.linear_, MakeLinear(*model));
+  return seq;
+}
+
+void HybridSequence::Release() {
+  if (released_) return;
+  for (auto& g : groups_) {
+    if (g) g->Release();
+  }
+  for (auto& l : linear_) {
+    if (l) l->Clear();
+  }
+  in_draft_ = false;
+  released_ = true;
+}
+
+// --- lengths -----------------------------------------------------------------------
+
+uint32_t HybridSequence::num_tokens(uint32_t layer) const {
+  if (layer >= model_->n_layers()) return 0;
+  if (linear_[layer]) {
+    return static_cast<uint32_t>(linear_[layer]->num_tokens() + linear_[layer]->draft_tokens());
+  }
+  return cache_of(layer).num_tokens(model_->group_layer(layer));
+}
+
+uint32_t HybridSequence::num_tokens() const {
+  uint32_t m = 0;
+  for (uint32_t l = 0; l < model_->n_layers(); ++l) m = std::max(m, num_tokens(l));
+  return m;
+}
+
+Status HybridSequence::CheckUsable() const { return released_ ? ReleasedError() : Status::Ok(); }
+
+Status HybridSequence::CheckAttention(uint32_t layer) const {
+  KV_RETURN_IF_ERROR(CheckUsable());
+  if (layer >= model_->n_layers()) {
+    return Status::OutOfRange(fmt::format("hybrid: layer {} of {}", layer, model_->n_layers()));
+  }
+  if (linear_[layer]) {
+    return Status::InvalidArgument(fmt::format("hybrid: layer {} is linear (no K/V)", layer));
+  }
+  return Status::Ok();
+}
+
+std::vector<uint8_t> HybridSequence::AliveMask(uint32_t layer) const {
+  const auto& ps = model_->head_policies(layer);
+  if (std::none_of(ps.begin(), ps.end(), [](const EvictionPolicy& p) { return p.dead(); })) {
+    return {};
+  }
+  std::vector<uint8_t> alive(ps.size());
+  for (size_t h = 0; h < ps.size(); ++h) alive[h] = ps[h].dead() ? 0 : 1;
+  return alive;
+}
+
+// --- appends ---------------------------------------------------------------------------
+
+Status HybridSequence::AppendLayer(uint32_t layer, const HybridLayerInputs& in,
+                                   std::span<float> out) {
+  KV_RETURN_IF_ERROR(CheckUsable());
+  if (layer >= model_->n_layers()) {
+    return Status::OutOfRange(fmt::format("hybrid: layer {} of {}", layer, model_->n_layers()));
+  }
+  if (linear_[layer]) {
+    return linear_[layer]->Append({.k = in.k, .v = in.v, .gate = in.gate, .q = in.q}, out);
+  }
+  if (!in.gate.empty() || !in.q.empty() || !out.empty()) {
+    return Status::InvalidArgument(
+        fmt::format("hybrid: layer {} is an attention layer: no gate, q or out", layer));
+  }
+  const std::vector<uint8_t> alive = AliveMask(layer);
+  KV_RETURN_IF_ERROR(cache_of(layer).AppendLayer(model_->group_layer(layer), in.k, in.v,
+                                                 AppendOptions{.alive = alive}));
+  if (!in_draft_) return EnforceWindows(layer);
+  return Status::Ok();
+}
+
+Status HybridSequence::Append(std::span<const float> k, std::span<const float> v) {
+  KV_RETURN_IF_ERROR(CheckUsable());
+  const size_t L = model_->n_layers();
+  if (k.size() != v.size() || k.size() % L != 0) {
+    return Status::InvalidArgument(fmt::format(
+        "hybrid: Append wants k and v of equal size n_layers ({}) * n_tokens * kv_dim, got {} "
+        "and {}",
+        L, k.size(), v.size()));
+  }
+  const size_t per_layer = k.size() / L;
+  if (per_layer == 0 || per_layer % model_->geometry().kv_dim() != 0) {
+    return Status::InvalidArgument("hybrid: Append: per-layer size is not n_tokens * kv_dim");
+  }
+  for (uint32_t l = 0; l < L; ++l) {
+    const Status s = AppendLayer(
+        l, {.k = k.subspan(l * per_layer, per_layer), .v = v.subspan(l * per_layer, per_layer)});
+    if (!s.ok()) {
+      return Status(s.code(), fmt::format("hybrid: layer {} (layers before it were appended): {}",
+                                          l, s.message()));
+    }
+  }
+  return Status::Ok();
+}
+
+// --- window enforcement -------------------------------------------------------------------
+
+Status HybridSequence::EnforceWindows(uint32_t layer) {
+  if (linear_[layer]) return Status::Ok();
+  const auto& ps = model_->head_policies(layer);
+  SequenceCache& c = cache_of(layer);
+  const uint32_t gl = model_->group_layer(layer);
+  const uint32_t n = c.num_tokens(gl);
+  for (uint32_t h = 0; h < ps.size(); ++h) {
+    if (ps[h].kind != EvictionKind::kWindow) continue;
+    const uint32_t lo = WindowLow(*model_, layer, ps[h], n);
+    if (lo == 0) continue;
+    // Rows are ascending by position: sinks first, then the recent run. The
+    // head is compact iff its first non-sink row is at lo or later.
+    KV_ASSIGN_OR_RETURN(const LayerKvView view, c.View(gl));
+    const uint32_t len = view.rows(h);
+    uint32_t first = 0;
+    while (first < len && view.position(h, first) < ps[h].sink_tokens) ++first;
+    if (first == len || view.position(h, first) >= lo) continue;
+    std::vector<uint32_t> keep(first);
+    std::iota(keep.begin(), keep.end(), 0u);
+    for (uint32_t r = first; r < len; ++r) {
+      if (view.position(h, r) >= lo) keep.push_back(r);
+    }
+    KV_RETURN_IF_ERROR(c.KeepRows(gl, h, keep));
+  }
+  return Status::Ok();
+}
+
+Status HybridSequence::EnforceAllWindows() {
+  for (uint32_t l = 0; l < model_->n_layers(); ++l) KV_RETURN_IF_ERROR(EnforceWindows(l));
+  return Status::Ok();
+}
+
+// --- speculative decoding ------------------------------------------------------------------
+
+Status HybridSequence::BeginDraft() {
+  KV_RETURN_IF_ERROR(CheckUsable());
+  if (in_draft_) return Status::FailedPrecondition("hybrid: a draft is already open (no nesting)");
+  const uint32_t n = num_tokens(0);
+  for (uint32_t l = 1; l < model_->n_layers(); ++l) {
+    if (num_tokens(l) != n) {
+      return Status::FailedPrecondition(fmt::format(
+          "hybrid: BeginDraft needs every layer at the same length (layer 0 has {}, layer {} "
+          "has {})",
+          n, l, num_tokens(l)));
+    }
+  }
+  if (n == 0) {
+    return Status::FailedPrecondition(
+        "hybrid: BeginDraft needs a prefilled sequence (the first append calibrates formats)");
+  }
+  for (auto& lin : linear_) {
+    if (lin) {
+      const Status s = lin->BeginDraft();
+      assert(s.ok());
+      (void)s;
+    }
+  }
+  in_draft_ = true;
+  draft_base_ = n;
+  return Status::Ok();
+}
+
+Status HybridSequence::Commit(uint32_t num_accepted) {
+  KV_RETURN_IF_ERROR(CheckUsable());
+  if (!in_draft_) return Status::FailedPrecondition("hybrid: Commit without a draft");
+  for (uint32_t l = 0; l < model_->n_layers(); ++l) {
+    const uint32_t drafted = num_tokens(l) - draft_base_;
+    if (num_accepted > drafted) {
+      return Status::OutOfRange(fmt::format(
+          "hybrid: commit of {} tokens, layer {} drafted only {}", num_accepted, l, drafted));
+    }
+  }
+  for (auto& g : groups_) {
+    if (g) KV_RETURN_IF_ERROR(g->Truncate(draft_base_ + num_accepted));
+  }
+  for (auto& lin : linear_) {
+    if (lin) KV_RETURN_IF_ERROR(lin->Commit(num_accepted));
+  }
+  in_draft_ = false;
+  return EnforceAllWindows();
+}
+
+Status HybridSequence::Abort() {
+  KV_RETURN_IF_ERROR(CheckUsable());
+  if (!in_draft_) return Status::FailedPrecondition("hybrid: Abort without a draft");
+  for (auto& g : groups_) {
+    if (g) KV_RETURN_IF_ERROR(g->Truncate(draft_base_));
+  }
+  for (auto& lin : linear_) {
+    if (lin) KV_RETURN_IF_ERROR(lin->Abort());
+  }
+  in_draft_ = false;
+  return EnforceAllWindows();
+}
+
+Status HybridSequence::Truncate(uint32_t n) {
+  KV_RETURN_IF_ERROR(CheckUsable());
+  if (in_draft_) return DraftOpen("Truncate");
+  const uint32_t cur = num_tokens();
+  if (n > cur) {
+    return Status::OutOfRange(fmt::format("hybrid: truncate to {} tokens, only {} stored", n, cur));
+  }
+  if (n == cur) return Status::Ok();
+  for (uint32_t l = 0; l < model_->n_layers(); ++l) {
+    if (linear_[l]) {
+      return Status::FailedPrecondition(fmt::format(
+          "hybrid: layer {} is linear; its state cannot be truncated (use a draft)", l));
+    }
+    // A window head that already evicted positions the shorter length keeps
+    // would come out different from a sequence of that length.
+    const auto& ps = model_->head_policies(l);
+    const uint32_t len = num_tokens(l);
+    for (const EvictionPolicy& p : ps) {
+      if (p.kind != EvictionKind::kWindow) continue;
+      if (WindowLow(*model_, l, p, std::min(n, len)) != WindowLow(*model_, l, p, len)) {
+        return Status::FailedPrecondition(fmt::format(
+            "hybrid: layer {} evicted positions a length of {} would keep (window {})", l, n,
+            p.ToString()));
+      }
+    }
+  }
+  for (auto& g : groups_) {
+    if (g) KV_RETURN_IF_ERROR(g->Truncate(std::min(n, g->num_tokens())));
+  }
+  return Status::Ok();
+}
+
+// --- eviction ----------------------------------------------------------------------------
+
+Status HybridSequence::Evict() {
+  KV_RETURN_IF_ERROR(CheckUsable());
+  if (in_draft_) return DraftOpen("Evict");
+  for (uint32_t l = 0; l < model_->n_layers(); ++l) {
+    if (linear_[l]) continue;
+    const auto& ps = model_->head_policies(l);
+    SequenceCache& c = cache_of(l);
+    const uint32_t gl = model_->group_layer(l);
+    for (uint32_t h = 0; h < ps.size(); ++h) {
+      if (ps[h].kind != EvictionKind::kHeavyHitter) continue;
+      const uint32_t n = c.head_len(gl, h);
+      if (n <= ps[h].budget()) continue;
+      KV_ASSIGN_OR_RETURN(std::vector<uint32_t> keep,
+                          SelectRows(ps[h], n, c.HeadImportance(gl, h)));
+      KV_RETURN_IF_ERROR(c.KeepRows(gl, h, keep));
+    }
+  }
+  return Status::Ok();
+}
+
+Status HybridSequence::EvictLayer(uint32_t layer, const PolicyTable& table) {
+  KV_RETURN_IF_ERROR(CheckAttention(layer));
+  if (in_draft_) return DraftOpen("EvictLayer");
+  const uint32_t H = model_->geometry().n_kv_heads();
+  if (table.n_kv_heads() != H) {
+    return Status::InvalidArgument(
+        fmt::format("hybrid: policy table for {} heads, layer has {}", table.n_kv_heads(), H));
+  }
+  SequenceCache& c = cache_of(layer);
+  const uint32_t gl = model_->group_layer(layer);
+  // Select for every head first, so bad input changes nothing.
+  std::vector<std::vector<uint32_t>> keep(H);
+  for (uint32_t h = 0; h < H; ++h) {
+    const std::vector<float> imp =
+        table.head(h).needs_importance() ? c.HeadImportance(gl, h) : std::vector<float>{};
+    KV_ASSIGN_OR_RETURN(keep[h], SelectRows(table.head(h), c.head_len(gl, h), imp));
+  }
+  for (uint32_t h = 0; h < H; ++h) KV_RETURN_IF_ERROR(c.KeepRows(gl, h, keep[h]));
+  return Status::Ok();
+}
+
+// --- reads --------------------------------------------------------------------------------
+
+Result<LayerKvView> HybridSequence::View(uint32_t layer) const {
+  KV_RETURN_IF_ERROR(CheckAttention(layer));
+  return cache_of(layer).View(model_->group_layer(layer));
+}
+Result<std::vector<float>> HybridSequence::HeadKeys(uint32_t layer, uint32_t head) const {
+  KV_RETURN_IF_ERROR(CheckAttention(layer));
+  return cache_of(layer).HeadKeys(model_->group_layer(layer), head);
+}
+Result<std::vector<float>> HybridSequence::HeadValues(uint32_t layer, uint32_t head) const {
+  KV_RETURN_IF_ERROR(CheckAttention(layer));
+  return cache_of(layer).HeadValues(model_->group_layer(layer), head);
+}
+std::vector<uint32_t> HybridSequence::HeadPositions(uint32_t layer, uint32_t head) const {
+  if (!CheckAttention(layer).ok()) return {};
+  return cache_of(layer).HeadPositions(model_->group_layer(layer), head);
+}
+uint32_t HybridSequence::head_len(uint32_t layer, uint32_t head) const {
+  if (!CheckAttention(layer).ok()) return 0;
+  return cache_of(layer).head_len(model_->group_layer(layer), head);
+}
+Status HybridSequence::AccumulateImportance(uint32_t layer, uint32_t head,
+                                            std::span<const float> probs) {
+  KV_RETURN_IF_ERROR(CheckAttention(layer));
+  if (in_draft_) return DraftOpen("AccumulateImportance");
+  return cache_of(layer).AccumulateImportance(model_->group_layer(layer), head, probs);
+}
+std::vector<float> HybridSequence::HeadImportance(uint32_t layer, uint32_t head) const {
+  if (!CheckAttention(layer).ok()) return {};
+  return cache_of(layer).HeadImportance(model_->group_layer(layer), head);
+}
+
+Result<const LinearState*> HybridSequence::Linear(uint32_t layer) const {
+  KV_RETURN_IF_ERROR(CheckUsable());
+  if (layer >= model_->n_layers() || !linear_[layer]) {
+    return Status::InvalidArgument(fmt::format("hybrid: layer {} is not a linear layer", layer));
+  }
+  return static_cast<const LinearState*>(linear_[layer].get());
+}
+
+Status HybridSequence::LinearRead(uint32_t layer, std::span<const float> q,
+                                  std::span<float> out) const {
+  KV_ASSIGN_OR_RETURN(const LinearState* st, Linear(layer));
+  return st->Read(q, out);
+}
+
+namespace {
+
+// The window a head's policy asks attention for at length n (none when it
+// covers everything; attention.h wants window <= num_tokens).
+void WindowFor(const EvictionPolicy& p, uint32_t n, AttentionOptions* o) {
+  const bool win = p.kind == EvictionKind::kWindow && p.window_tokens < n;
+  o->window = win ? p.window_tokens : 0;
+  o->n_sink = win ? p.sink_tokens : 0;
+}
+
+// A view of kv head h of `v` alone.
+LayerKvView OneHead(const LayerKvView& v, uint32_t h) {
+  LayerKvView s = v;
+  s.n_kv_heads = 1;
+  if (v.head_len) s.head_len = v.head_len + h;
+  if (v.positions) s.positions = v.positions + h;
+  for (KvSideView* side : {&s.k, &s.v}) {
+    if (side->head_base) {
+      side->head_base += h;
+    } else {
+      side->base += static_cast<size_t>(h) * side->head_stride;
+    }
+    if (side->transforms) side->transforms += h;
+  }
+  return s;
+}
+
+}  // namespace
+
+Status HybridSequence::Attend(uint32_t layer, uint32_t n_queries, std::span<const float> q,
+                              AttentionOptions options, const AttentionOutput& output) const {
+  KV_RETURN_IF_ERROR(CheckAttention(layer));
+  KV_ASSIGN_OR_RETURN(const LayerKvView view, View(layer));
+  auto run = [&](const LayerKvView& v, std::span<const float> qq, const AttentionOptions& o,
+                 const AttentionOutput& out) {
+    return n_queries == 1 ? AttendDecode(v, qq, o, out) : AttendMulti(v, n_queries, qq, o, out);
+  };
+  const auto& ps = model_->head_policies(layer);
+  const uint32_t n = view.num_tokens, H = view.n_kv_heads, D = view.head_dim;
+  // The earliest query (position n - n_queries) must still find its whole
+  // window: compaction may only have dropped positions it cannot see.
+  if (n_queries > 1 && n_queries <= n) {
+    for (const EvictionPolicy& p : ps) {
+      if (p.kind != EvictionKind::kWindow) continue;
+      // Inside a draft, compaction stopped at the draft's start.
+      const uint32_t lo = WindowLow(*model_, layer, p, in_draft_ ? draft_base_ : n);
+      const uint32_t p0 = n - n_queries;
+      const uint32_t needed_from = p0 + 1 > p.window_tokens ? p0 + 1 - p.window_tokens : 0;
+      if (lo > std::max(needed_from, p.sink_tokens)) {
+        return Status::FailedPrecondition(fmt::format(
+            "hybrid attend: layer {} window {} evicted positions < {} that query {} needs; "
+            "set HybridModelOptions::window_lookback_tokens >= {} or verify inside a draft",
+            layer, p.ToString(), lo, p0, n_queries - 1));
+      }
+    }
+  }
+  AttentionOptions first = options;
+  WindowFor(ps[0], n, &first);
+  bool uniform = true;
+  for (uint32_t h = 1; h < H; ++h) {
+    AttentionOptions o = options;
+    WindowFor(ps[h], n, &o);
+    uniform &= o.window == first.window && o.n_sink == first.n_sink;
+  }
+  if (uniform) return run(view, q, first, output);
+
+  // Per kv head: gather its q heads, attend over a one-head view, scatter.
+  const uint32_t nq = options.n_q_heads;
+  if (nq == 0 || nq % H != 0) {
+    return Status::InvalidArgument(
+        fmt::format("hybrid attend: n_q_heads {} is not a positive multiple of {}", nq, H));
+  }
+  const size_t T = n_queries, G = nq / H;
+  if (T == 0 || T > n) {
+    return Status::InvalidArgument(fmt::format("hybrid attend: {} queries over {} positions", T, n));
+  }
+  auto want = [&](std::span<float> x, size_t size, const char* name) -> Status {
+    if (!x.empty() && x.size() != size) {
+      return Status::InvalidArgument(
+          fmt::format("hybrid attend: {} has {} values, want {}", name, x.size(), size));
+    }
+    return Status::Ok();
+  };
+  if (q.size() != T * nq * D || output.out.size() != T * nq * D) {
+    return Status::InvalidArgument(fmt::format(
+        "hybrid attend: q and out want {} values, got {} and {}", T * nq * D, q.size(),
+        output.out.size()));
+  }
+  KV_RETURN_IF_ERROR(want(output.lse, T * nq, "lse"));
+  KV_RETURN_IF_ERROR(want(output.probs, T * nq * n, "probs"));
+  KV_RETURN_IF_ERROR(want(output.kv_probs, size_t{H} * n, "kv_probs"));
+  std::vector<float> qh(T * G * D), oh(T * G * D), lse(output.lse.empty() ? 0 : T * G),
+      probs(output.probs.empty() ? 0 : T * G * n), kvp(output.kv_probs.empty() ? 0 : n);
+  for (uint32_t h = 0; h < H; ++h) {
+    for (size_t t = 0; t < T; ++t) {
+      std::copy_n(q.data() + (t * nq + h * G) * D, G * D, qh.data() + t * G * D);
+    }
+    AttentionOptions o = options;
+    o.n_q_heads = static_cast<uint32_t>(G);
+    WindowFor(ps[h], n, &o);
+    KV_RETURN_IF_ERROR(run(OneHead(view, h), qh, o,
+                           {.out = oh, .lse = lse, .probs = probs, .kv_probs = kvp}));
+    for (size_t t = 0; t < T; ++t) {
+      std::copy_n(oh.data() + t * G * D, G * D, output.out.data() + (t * nq + h * G) * D);
+      if (!lse.empty()) std::copy_n(lse.data() + t * G, G, output.lse.data() + t * nq + h * G);
+      if (!probs.empty()) {
+        std::copy_n(probs.data() + t * G * n, G * n, output.probs.data() + (t * nq + h * G) * n);
+      }
+    }
+    if (!kvp.empty()) std::copy_n(kvp.data(), n, output.kv_probs.data() + size_t{h} * n);
+  }
+  return Status::Ok();
+}
+
+AttentionOptions HybridSequence::AttentionOptionsFor(uint32_t layer,
+                                                     AttentionOptions base) const {
+  if (layer < model_->n_layers() && model_->kind(layer) == LayerKind::kWindow) {
+    const LayerSpec& s = model_->spec(layer);
+    const uint32_t n = num_tokens(layer);
+    // attention.h: window <= num_tokens; a window covering everything is none.
+    base.window = s.window_tokens >= n ? 0 : s.window_tokens;
+    base.n_sink = base.window == 0 ? 0 : s.sink_tokens;
+  }
+  return base;
+}
+
+// --- copies ----------------------------------------------------------------------------------
+
+Result<HybridSequence> HybridSequence::Fork() {
+  KV_RETURN_IF_ERROR(CheckUsable());
+  if (in_draft_) return DraftOpen("Fork");
+  HybridSequence child;
+  child.model_ = model_;
+  child.layout_ = layout_;
+  for (int g = 0; g < 2; ++g) {
+    if (!groups_[g]) continue;
+    KV_ASSIGN_OR_RETURN(SequenceCache c, groups_[g]->Fork());
+    child.groups_[g] = std::make_unique<SequenceCache>(std::move(c));
+  }
+  child.linear_.resize(linear_.size());
+  for (size_t l = 0; l < linear_.size(); ++l) {
+    if (linear_[l]) child.linear_[l] = std::make_unique<LinearState>(linear_[l]->Copy());
+  }
+  return child;
+}
+
+Result<HybridSequence> HybridSequence::Clone(const CloneOptions& options) const {
+  KV_RETURN_IF_ERROR(CheckUsable());
+  if (in_draft_) return DraftOpen("Clone");
+  HybridSequence copy;
+  copy.model_ = model_;
+  copy.layout_ = options.layout == CloneLayout::kSame ? layout_ : CacheLayout::kContiguous;
+  for (int g = 0; g < 2; ++g) {
+    if (!groups_[g]) continue;
+    KV_ASSIGN_OR_RETURN(SequenceCache c, groups_[g]->Clone(options));
+    copy.groups_[g] = std::make_unique<SequenceCache>(std::move(c));
+  }
+  copy.linear_.resize(linear_.size());
+  for (size_t l = 0; l < linear_.size(); ++l) {
+    if (linear_[l]) copy.linear_[l] = std::make_unique<LinearState>(linear_[l]->Copy());
+  }
+  return copy;
+}
+
+// --- accounting and checks -------------------------------------------------------------------
+
+const SequenceCache* HybridSequence::group_cache(int group) const {
+  return group >= 0 && group < 2 ? groups_[group].get() : nullptr;
+}
+
+size_t HybridSequence::allocated_bytes() const {
+  size_t total = 0;
+  for (const auto& g : groups_) total += g ? g->allocated_bytes() : 0;
+  for (const auto& l : linear_) total += l ? l->memory_bytes() : 0;
+  return total;
+}
+
+size_t HybridSequence::used_bytes() const {
+  size_t total = 0;
+  for (const auto& g : groups_) total += g ? g->used_bytes() : 0;
+  for (const auto& l : linear_) total += l ? l->state().size() * sizeof(double) : 0;
+  return total;
+}
+
+Status HybridSequence::CheckInvariants() const {
+  for (const auto& g : groups_) {
+    if (g) KV_RETURN_IF_ERROR(g->CheckInvariants());
+  }
+  if (released_) return Status::Ok();
+  for (uint32_t l = 0; l < model_->n_layers(); ++l) {
+    if (linear_[l]) {
+      if (linear_[l]->in_draft() != in_draft_) {
+        return Status::Internal(fmt::format("hybrid: layer {} draft state disagrees", l));
+      }
+      continue;
+    }
+    const auto& ps = model_->head_policies(l);
+    const uint32_t n = num_tokens(l);
+    for (uint32_t h = 0; h < ps.size(); ++h) {
+      const uint32_t len = head_len(l, h);
+      if (ps[h].dead() && len != 0) {
+        return Status::Internal(fmt::format("hybrid: dead head {} of layer {} stores rows", h, l));
+      }
+      if (ps[h].kind != EvictionKind::kWindow || in_draft_) continue;
+      const uint32_t lo = WindowLow(*model_, l, ps[h], n);
+      const uint32_t want = lo == 0 ? n : std::min(n, ps[h].sink_tokens) + (n - lo);
+      if (len != want) {
+        return Status::Internal(fmt::format(
+            "hybrid: window head {} of layer {} stores {} rows, want {} at length {}", h, l, len,
+            want, n));
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace kvcache
