@@ -41,6 +41,7 @@ struct BenchOptions {
   uint32_t batch_seqs = 64;
   uint32_t batch_context = 2048;
   size_t bandwidth_mib = 256;
+  bool small_pages = false;  // storage without the transparent-huge-page advice
 };
 
 constexpr uint32_t kQHeads = 32, kKvHeads = 8, kHeadDim = 128;
@@ -138,6 +139,7 @@ int RunBench(const BenchOptions& o) {
       so.head_dim = kHeadDim;
       so.num_tokens = o.context;
       so.paged = paged;
+      so.huge_pages = !o.small_pages;
       auto kv = SyntheticKv::Create(so);
       if (!kv.ok()) {
         fmt::print(stderr, "kvcache bench attention: {}: {}\n", FormatPairName(fp),
@@ -202,6 +204,7 @@ int RunBench(const BenchOptions& o) {
       double batch_bytes = 0;
       for (uint32_t s = 0; s < o.batch_seqs; ++s) {
         so.num_tokens = o.batch_context;
+        so.huge_pages = !o.small_pages;
         so.seed = 100 + s;
         auto sk = SyntheticKv::Create(so);
         if (!sk.ok()) {
@@ -259,6 +262,8 @@ const bool kRegistered = RegisterCommand(
     [](CLI::App* app) -> Runner {
       auto o = std::make_shared<BenchOptions>();
       app->add_flag("--json", o->json, "One JSON object per case");
+      app->add_flag("--small-pages", o->small_pages,
+                    "K/V storage without the transparent huge page advice (4 KiB pages)");
       app->add_option("--context", o->context, "Context tokens of the single sequence")
           ->capture_default_str();
       app->add_option("--threads", o->threads, "Threads (kernel and bandwidth probe)")

@@ -8,9 +8,29 @@
 #include <numeric>
 #include <random>
 
+#include <sys/mman.h>
 #include <time.h>
 
 namespace kvcache::attention_internal {
+
+PoolBytes::~PoolBytes() {
+  if (map_ != nullptr) munmap(map_, map_bytes_);
+}
+
+Status PoolBytes::Allocate(size_t bytes, bool huge_pages) {
+  constexpr size_t kHuge = size_t{2} << 20;
+  const size_t n = std::max<size_t>(bytes, 1) + kHuge;
+  void* m = mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (m == MAP_FAILED) return Status::PoolExhausted("synthetic kv: mmap failed");
+  if (map_ != nullptr) munmap(map_, map_bytes_);
+  map_ = m;
+  map_bytes_ = n;
+  const uintptr_t a = (reinterpret_cast<uintptr_t>(m) + kHuge - 1) & ~(kHuge - 1);
+  data_ = reinterpret_cast<uint8_t*>(a);
+  // Advice before the first touch, so that faults allocate huge pages.
+  if (huge_pages) madvise(data_, (bytes + kHuge - 1) & ~(kHuge - 1), MADV_HUGEPAGE);
+  return Status::Ok();
+}
 
 Result<std::unique_ptr<SyntheticKv>> SyntheticKv::Create(const SyntheticKvOptions& o) {
   auto s = std::unique_ptr<SyntheticKv>(new SyntheticKv());
@@ -43,14 +63,14 @@ Result<std::unique_ptr<SyntheticKv>> SyntheticKv::Create(const SyntheticKvOption
   if (o.paged) std::shuffle(s->table_.begin(), s->table_.end(), rng);
   v.block_table = s->table_.data();
   auto fill = [&](KvSideView& side, const RowCodec& c, const std::vector<uint8_t>& enc,
-                  std::vector<uint8_t>& store) {
+                  PoolBytes& store) -> Status {
     const size_t rb = c.row_bytes();
     side.format = c.format();
     side.row_bytes = static_cast<uint32_t>(rb);
     side.codec = &c;
     side.head_stride = size_t{bs} * rb;
     side.block_stride = size_t{nkv} * side.head_stride;
-    store.resize(size_t{blocks} * side.block_stride);
+    KV_RETURN_IF_ERROR(store.Allocate(size_t{blocks} * side.block_stride, o.huge_pages));
     side.base = store.data();
     for (uint32_t h = 0; h < nkv; ++h) {
       for (uint32_t r = 0; r < n; ++r) {
@@ -59,9 +79,10 @@ Result<std::unique_ptr<SyntheticKv>> SyntheticKv::Create(const SyntheticKvOption
         std::memcpy(dst, enc.data() + size_t{(r + 7 * h) % distinct} * rb, rb);
       }
     }
+    return Status::Ok();
   };
-  fill(v.k, *s->k_codec_, k_rows, s->k_);
-  fill(v.v, *s->v_codec_, v_rows, s->v_);
+  KV_RETURN_IF_ERROR(fill(v.k, *s->k_codec_, k_rows, s->k_));
+  KV_RETURN_IF_ERROR(fill(v.v, *s->v_codec_, v_rows, s->v_));
   s->kv_bytes_ = size_t{n} * nkv * (kc.row_bytes() + vc.row_bytes());
   return s;
 }

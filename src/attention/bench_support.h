@@ -28,6 +28,26 @@ struct SyntheticKvOptions {
   uint32_t block_size = 16;
   uint32_t distinct_rows = 512;  // rows actually encoded; storage repeats them
   uint64_t seed = 1;
+  // Advise transparent huge pages for the storage (as a block pool should
+  // be allocated): a paged walk then costs no TLB miss per block.
+  bool huge_pages = true;
+};
+
+// Zero-filled anonymous memory, optionally advised to use transparent huge
+// pages (2 MiB aligned). Move-only.
+class PoolBytes {
+ public:
+  PoolBytes() = default;
+  ~PoolBytes();
+  PoolBytes(const PoolBytes&) = delete;
+  PoolBytes& operator=(const PoolBytes&) = delete;
+  Status Allocate(size_t bytes, bool huge_pages);
+  uint8_t* data() const { return data_; }
+
+ private:
+  void* map_ = nullptr;
+  size_t map_bytes_ = 0;
+  uint8_t* data_ = nullptr;
 };
 
 // Owns K/V storage for one sequence of one layer, filled with encoded
@@ -44,7 +64,7 @@ class SyntheticKv {
   LayerKvView view_;
   std::unique_ptr<RowCodec> k_codec_, v_codec_;
   std::vector<uint32_t> table_;
-  std::vector<uint8_t> k_, v_;  // [pool blocks][heads][block][row] or [heads][tokens][row]
+  PoolBytes k_, v_;  // [pool blocks][heads][block][row] or [heads][tokens][row]
   size_t kv_bytes_ = 0;
 };
 

@@ -14,6 +14,12 @@
 // separate multiplies and adds in the order of reference.h, so it equals
 // AttendReference bit for bit; every other path uses fused multiply-adds.
 //
+// Rows are walked as runs inside one block (HeadRows: one block-table read
+// per block, not per row) with a software prefetch stream kPrefetchBytes
+// ahead (Prefetcher: one prefetch per new cache line). When no row can be
+// masked (no stored positions, no window, queries at or past the last row:
+// plain decode) the passes skip every per-row visibility check.
+//
 // Parallelism: jobs run on the plan's pool. When there are fewer jobs than
 // twice the threads, each job's rows are split into chunks of whole segments
 // (flash-decoding): K pass per chunk, a barrier, exp + V pass per chunk into
@@ -490,46 +496,64 @@ HWY_INLINE VF ExpV(VF x) {
 // ---------------------------------------------------------------------------
 // Walking the stored rows of one head on one side.
 
-// Rows ahead of the current one to prefetch: paged blocks are scattered,
-// so the hardware prefetcher loses the stream at every block boundary.
-constexpr uint32_t kPrefetchRows = 24;
-
-struct RowCursor {
+// Software prefetch distance in bytes of one head's row stream: paged
+// blocks are scattered, so the hardware prefetcher loses the stream at every
+// block boundary.
+constexpr uint32_t kPrefetchBytes = 6144;
+// The stored rows of one head on one side, handed out as runs of consecutive
+// rows inside one block (the whole range for per-head contiguous storage),
+// so the block table is read once per block, not once per row.
+struct HeadRows {
   const uint8_t* head_base;
   const uint32_t* table;
   size_t block_stride;
   uint32_t block_size, row_bytes;
-  uint32_t r, r_end;
   const uint8_t* contiguous;  // per-head contiguous storage (side.head_base)
-  int block_shift;            // log2(block_size) when a power of two, else -1
-  RowCursor(const LayerKvView& v, const KvSideView& s, uint32_t head, uint32_t r0, uint32_t r1)
+  HeadRows(const LayerKvView& v, const KvSideView& s, uint32_t head)
       : head_base(s.base + static_cast<size_t>(head) * s.head_stride),
         table(v.block_table),
         block_stride(s.block_stride),
         block_size(v.block_size),
         row_bytes(s.row_bytes),
-        r(r0),
-        r_end(r1),
-        contiguous(s.head_base ? s.head_base[head] : nullptr),
-        block_shift((v.block_size & (v.block_size - 1)) == 0 ? std::countr_zero(v.block_size) : -1) {
-    for (uint32_t i = r0; i < std::min(r1, r0 + kPrefetchRows); ++i) Prefetch(At(i));
-  }
-  HWY_INLINE const uint8_t* At(uint32_t row) const {
-    if (contiguous != nullptr) return contiguous + static_cast<size_t>(row) * row_bytes;
-    if (block_shift >= 0) {
-      return head_base + static_cast<size_t>(table[row >> block_shift]) * block_stride +
-             static_cast<size_t>(row & (block_size - 1)) * row_bytes;
+        contiguous(s.head_base ? s.head_base[head] : nullptr) {}
+  // Row r (< r_end) and the number of rows of its run: *n in [1, r_end - r].
+  HWY_INLINE const uint8_t* Run(uint32_t r, uint32_t r_end, uint32_t* n) const {
+    if (contiguous != nullptr) {
+      *n = r_end - r;
+      return contiguous + static_cast<size_t>(r) * row_bytes;
     }
-    return head_base + static_cast<size_t>(table[row / block_size]) * block_stride +
-           static_cast<size_t>(row % block_size) * row_bytes;
+    const uint32_t b = r / block_size, off = r - b * block_size;
+    *n = std::min(block_size - off, r_end - r);
+    return head_base + static_cast<size_t>(table[b]) * block_stride +
+           static_cast<size_t>(off) * row_bytes;
   }
-  HWY_INLINE void Prefetch(const uint8_t* p) const {
-    for (uint32_t off = 0; off < row_bytes; off += 64) __builtin_prefetch(p + off, 0, 3);
-    __builtin_prefetch(p + row_bytes - 1, 0, 3);
+};
+
+// Prefetches the row stream kPrefetchBytes ahead of the consumer: Step()
+// once per consumed row issues one prefetch per new cache line.
+struct Prefetcher {
+  const HeadRows* rows;
+  uint32_t r, r_end, left;
+  const uint8_t* p;      // next row to prefetch
+  uintptr_t next_line;   // first line not yet prefetched in this run
+  Prefetcher(const HeadRows& h, uint32_t r0, uint32_t r1)
+      : rows(&h), r(r0), r_end(r1), left(0), p(nullptr), next_line(0) {
+    const uint32_t ahead = std::max<uint32_t>(1, kPrefetchBytes / h.row_bytes);
+    for (uint32_t i = 0; i < ahead && r < r_end; ++i) Step();
   }
-  HWY_INLINE const uint8_t* Next() {
-    if (r + kPrefetchRows < r_end) Prefetch(At(r + kPrefetchRows));
-    return At(r++);
+  HWY_INLINE void Step() {
+    if (left == 0) {
+      if (r >= r_end) return;
+      p = rows->Run(r, r_end, &left);
+      next_line = reinterpret_cast<uintptr_t>(p) & ~uintptr_t{63};
+    }
+    const uintptr_t end = reinterpret_cast<uintptr_t>(p) + rows->row_bytes;
+    for (; next_line < end; next_line += 64) {
+      __builtin_prefetch(reinterpret_cast<const void*>(next_line), 0, 3);
+    }
+    p += rows->row_bytes;
+    ++r;
+    --left;
   }
 };
 
@@ -559,77 +583,119 @@ struct KArgs {
   float* maxes;   // [nq] running maxima (the job's)
 };
 
+// The kQB dot products of one stored row with queries q[0..kQB).
+template <Format F, bool kExact, int kQB>
+HWY_INLINE void RowDots(const Decoder<F>& dec, const uint8_t* p, uint32_t d,
+                        const float* const* q, float* dots) {
+  const uint32_t full_blocks = d / kDotLanes;
+  const uint32_t n_blocks = full_blocks + ((d % kDotLanes) != 0 ? 1 : 0);
+  const RowRef row = dec.Prepare(p, d);
+  VF acc[kQB][kVecs];
+  for (int j = 0; j < kQB; ++j) {
+    for (size_t v = 0; v < kVecs; ++v) acc[j][v] = hn::Zero(DF());
+  }
+  VF kv[kVecs];
+  for (uint32_t b = 0; b < n_blocks; ++b) {
+    if constexpr (Decoder<F>::kTail) {
+      if (b == full_blocks) {
+        TailBlock(dec, row, b, d, kv);
+      } else {
+        dec.Block(row, b, kv);
+      }
+    } else {
+      dec.Block(row, b, kv);
+    }
+    for (int j = 0; j < kQB; ++j) {
+      for (size_t v = 0; v < kVecs; ++v) {
+        const VF qq = hn::LoadU(DF(), q[j] + b * kDotLanes + v * kN);
+        acc[j][v] = MulAcc<kExact>(qq, kv[v], acc[j][v]);
+      }
+    }
+  }
+  if constexpr (!kExact && kQB == 4) {
+    for (int j = 0; j < kQB; ++j) {
+      for (size_t v = 1; v < kVecs; ++v) acc[j][0] = hn::Add(acc[j][0], acc[j][v]);
+    }
+    Reduce4(acc[0][0], acc[1][0], acc[2][0], acc[3][0], dots);
+  } else {
+    for (int j = 0; j < kQB; ++j) dots[j] = Reduce16(acc[j]);
+  }
+}
+
+// True when every row in [r0, r1) is visible to every query of the job
+// (no stored positions, no window, queries at or after row r1 - 1): the
+// common decode case, which skips all per-row visibility checks.
+HWY_INLINE bool AllVisible(const Visibility& vis, const QueryVec* qv, int nq, uint32_t r1) {
+  if (vis.positions != nullptr || vis.window != 0) return false;
+  for (int j = 0; j < nq; ++j) {
+    if (qv[j].qpos + 1 < r1) return false;
+  }
+  return true;
+}
+
 template <Format F, bool kExact, int kQB>
 void KPass(const KArgs& a) {
   const Plan& plan = *a.plan;
   const HeadJob& job = *a.job;
   const LayerKvView& view = *job.view;
   const uint32_t d = plan.head_dim;
-  const uint32_t full_blocks = d / kDotLanes;
-  const bool tail = (d % kDotLanes) != 0;
   const Decoder<F> dec = MakeDecoder<F>(d);
   const Visibility vis = MakeVisibility(plan, job);
   const QueryVec* qv = plan.queries.data() + job.first_query + a.qi0;
   const float* q[kQB];
   float* s[kQB];
   float m[kQB];
+  float bias[kQB];
   for (int j = 0; j < kQB; ++j) {
     q[j] = qv[j].q;
     s[j] = a.scores + static_cast<size_t>(a.qi0 + j) * job.rows;
     m[j] = a.maxes[a.qi0 + j];
+    bias[j] = qv[j].bias;
   }
   const float scale = plan.scale;
-  RowCursor cur(view, view.k, job.head, a.r0, a.r1);
-  for (uint32_t r = a.r0; r < a.r1; ++r) {
-    const uint8_t* p = cur.Next();
-    const uint32_t pos = vis.Pos(r);
-    uint32_t mask = 0;
-    for (int j = 0; j < kQB; ++j) mask |= vis.Visible(pos, qv[j].qpos) ? (1u << j) : 0u;
-    if (mask == 0) {
-      for (int j = 0; j < kQB; ++j) s[j][r] = kNegInf;
+  const bool has_bias = job.has_bias;
+  const bool all_visible = AllVisible(vis, qv, kQB, a.r1);
+  const HeadRows rows(view, view.k, job.head);
+  Prefetcher pf(rows, a.r0, a.r1);
+  for (uint32_t r = a.r0; r < a.r1;) {
+    uint32_t n;
+    const uint8_t* p = rows.Run(r, a.r1, &n);
+    const uint32_t run_end = r + n;
+    if (all_visible) {
+      for (; r < run_end; ++r, p += rows.row_bytes) {
+        pf.Step();
+        float dots[4];
+        RowDots<F, kExact, kQB>(dec, p, d, q, dots);
+        for (int j = 0; j < kQB; ++j) {
+          float x = dots[j] * scale;
+          if (has_bias) x = x + bias[j];
+          s[j][r] = x;
+          m[j] = std::max(m[j], x);
+        }
+      }
       continue;
     }
-    const RowRef row = dec.Prepare(p, d);
-    VF acc[kQB][kVecs];
-    for (int j = 0; j < kQB; ++j) {
-      for (size_t v = 0; v < kVecs; ++v) acc[j][v] = hn::Zero(DF());
-    }
-    VF kv[kVecs];
-    for (uint32_t b = 0; b < full_blocks + (tail ? 1 : 0); ++b) {
-      if constexpr (Decoder<F>::kTail) {
-        if (b == full_blocks) {
-          TailBlock(dec, row, b, d, kv);
-        } else {
-          dec.Block(row, b, kv);
-        }
-      } else {
-        dec.Block(row, b, kv);
-      }
-      for (int j = 0; j < kQB; ++j) {
-        for (size_t v = 0; v < kVecs; ++v) {
-          const VF qq = hn::LoadU(DF(), q[j] + b * kDotLanes + v * kN);
-          acc[j][v] = MulAcc<kExact>(qq, kv[v], acc[j][v]);
-        }
-      }
-    }
-    float dots[4];
-    if constexpr (!kExact && kQB == 4) {
-      for (int j = 0; j < kQB; ++j) {
-        for (size_t v = 1; v < kVecs; ++v) acc[j][0] = hn::Add(acc[j][0], acc[j][v]);
-      }
-      Reduce4(acc[0][0], acc[1][0], acc[2][0], acc[3][0], dots);
-    } else {
-      for (int j = 0; j < kQB; ++j) dots[j] = Reduce16(acc[j]);
-    }
-    for (int j = 0; j < kQB; ++j) {
-      if (!(mask & (1u << j))) {
-        s[j][r] = kNegInf;
+    for (; r < run_end; ++r, p += rows.row_bytes) {
+      pf.Step();
+      const uint32_t pos = vis.Pos(r);
+      uint32_t mask = 0;
+      for (int j = 0; j < kQB; ++j) mask |= vis.Visible(pos, qv[j].qpos) ? (1u << j) : 0u;
+      if (mask == 0) {
+        for (int j = 0; j < kQB; ++j) s[j][r] = kNegInf;
         continue;
       }
-      float x = dots[j] * scale;
-      if (job.has_bias) x = x + qv[j].bias;
-      s[j][r] = x;
-      m[j] = std::max(m[j], x);
+      float dots[4];
+      RowDots<F, kExact, kQB>(dec, p, d, q, dots);
+      for (int j = 0; j < kQB; ++j) {
+        if (!(mask & (1u << j))) {
+          s[j][r] = kNegInf;
+          continue;
+        }
+        float x = dots[j] * scale;
+        if (has_bias) x = x + bias[j];
+        s[j][r] = x;
+        m[j] = std::max(m[j], x);
+      }
     }
   }
   for (int j = 0; j < kQB; ++j) a.maxes[a.qi0 + j] = m[j];
@@ -667,30 +733,46 @@ void VPass(const VArgs& a) {
     e[j] = a.e + static_cast<size_t>(a.qi0 + j) * job.rows;
     o[j] = a.o + static_cast<size_t>(a.qi0 + j) * pd;
   }
-  RowCursor cur(view, view.v, job.head, a.r0, a.r1);
+  const bool all_visible = AllVisible(vis, qv, kQB, a.r1);
+  const HeadRows hrows(view, view.v, job.head);
+  // Prefetch runs on past the segment, so the next segment's rows are in
+  // flight when this call ends.
+  Prefetcher pf(hrows, a.r0, job.rows);
   RowRef rows[kTileRows];
   uint32_t masks[kTileRows];
   uint32_t ridx[kTileRows];
+  const uint8_t* run_p = nullptr;
+  uint32_t run_left = 0;
   for (uint32_t t0 = a.r0; t0 < a.r1;) {
     uint32_t n = 0;
     bool all = true;
     for (; n < kTileRows && t0 < a.r1; ++t0) {
-      const uint8_t* p = cur.Next();
-      const uint32_t pos = vis.Pos(t0);
-      uint32_t mask = 0;
-      for (int j = 0; j < kQB; ++j) mask |= vis.Visible(pos, qv[j].qpos) ? (1u << j) : 0u;
-      if (mask == 0) continue;
-      all = all && mask == (1u << kQB) - 1;
+      if (run_left == 0) run_p = hrows.Run(t0, a.r1, &run_left);
+      const uint8_t* p = run_p;
+      run_p += hrows.row_bytes;
+      --run_left;
+      pf.Step();
+      uint32_t mask = (1u << kQB) - 1;
+      if (!all_visible) {
+        const uint32_t pos = vis.Pos(t0);
+        mask = 0;
+        for (int j = 0; j < kQB; ++j) mask |= vis.Visible(pos, qv[j].qpos) ? (1u << j) : 0u;
+        if (mask == 0) continue;
+        all = all && mask == (1u << kQB) - 1;
+      }
       rows[n] = dec.Prepare(p, d);
       masks[n] = mask;
       ridx[n] = t0;
       ++n;
     }
     if (n == 0) continue;
+    // The tile's weights, [kQB][n] (masked entries are never read).
+    float et[kQB][kTileRows];
     for (int j = 0; j < kQB; ++j) {
       float l = a.l[a.qi0 + j];
       for (uint32_t i = 0; i < n; ++i) {
-        if (masks[i] & (1u << j)) l = l + e[j][ridx[i]];
+        et[j][i] = e[j][ridx[i]];
+        if (masks[i] & (1u << j)) l = l + et[j][i];
       }
       a.l[a.qi0 + j] = l;
     }
@@ -710,10 +792,17 @@ void VPass(const VArgs& a) {
         } else {
           dec.Block(rows[i], b, vv);
         }
-        for (int j = 0; j < kQB; ++j) {
-          if (!all && !(masks[i] & (1u << j))) continue;
-          const VF ew = hn::Set(DF(), e[j][ridx[i]]);
-          for (size_t v = 0; v < kVecs; ++v) acc[j][v] = MulAcc<kExact>(ew, vv[v], acc[j][v]);
+        if (all) {
+          for (int j = 0; j < kQB; ++j) {
+            const VF ew = hn::Set(DF(), et[j][i]);
+            for (size_t v = 0; v < kVecs; ++v) acc[j][v] = MulAcc<kExact>(ew, vv[v], acc[j][v]);
+          }
+        } else {
+          for (int j = 0; j < kQB; ++j) {
+            if (!(masks[i] & (1u << j))) continue;
+            const VF ew = hn::Set(DF(), et[j][i]);
+            for (size_t v = 0; v < kVecs; ++v) acc[j][v] = MulAcc<kExact>(ew, vv[v], acc[j][v]);
+          }
         }
       }
       for (int j = 0; j < kQB; ++j) {
