@@ -46,4 +46,15 @@ std::string_view CacheLayoutName(CacheLayout layout) {
   return layout == CacheLayout::kContiguous ? "contiguous" : "paged";
 }
 
+Result<KvBackendOptions> ParseKvBackendOptions(std::string_view kv_format,
+                                               std::string_view layout,
+                                               std::string_view backend, uint32_t block_size) {
+  KvBackendOptions options;
+  KV_ASSIGN_OR_RETURN(options.formats, ParseFormatPair(kv_format));
+  KV_ASSIGN_OR_RETURN(options.layout, ParseCacheLayout(layout));
+  KV_ASSIGN_OR_RETURN(options.kind, ParseBackendKind(backend));
+  options.block_size = block_size;
+  return options;
+}
+
 }  // namespace kvcache::model

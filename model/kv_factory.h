@@ -38,5 +38,9 @@ std::string_view BackendKindName(BackendKind kind);
 // "contiguous" | "paged".
 Result<CacheLayout> ParseCacheLayout(std::string_view name);
 std::string_view CacheLayoutName(CacheLayout layout);
+// Backend options from their command-line spellings ("k:v", "paged", "cache").
+Result<KvBackendOptions> ParseKvBackendOptions(std::string_view kv_format,
+                                               std::string_view layout,
+                                               std::string_view backend, uint32_t block_size);
 
 }  // namespace kvcache::model

@@ -45,17 +45,9 @@ int RunPerplexity(const PerplexityCliOptions& o) {
   }
   auto files = model::LoadModelFiles(o.model_path, o.tokenizer_path);
   if (!files.ok()) return Fail(files.status());
-  model::KvBackendOptions kv_options;
-  auto formats = ParseFormatPair(o.kv_format);
-  if (!formats.ok()) return Fail(formats.status());
-  kv_options.formats = *formats;
-  auto layout = model::ParseCacheLayout(o.layout);
-  if (!layout.ok()) return Fail(layout.status());
-  kv_options.layout = *layout;
-  auto kind = model::ParseBackendKind(o.backend);
-  if (!kind.ok()) return Fail(kind.status());
-  kv_options.kind = *kind;
-  kv_options.block_size = o.block_size;
+  auto parsed = model::ParseKvBackendOptions(o.kv_format, o.layout, o.backend, o.block_size);
+  if (!parsed.ok()) return Fail(parsed.status());
+  const model::KvBackendOptions& kv_options = *parsed;
 
   model::Decoder decoder((*files)->model);
   std::vector<int32_t> tokens = (*files)->tokenizer.Encode(text);
