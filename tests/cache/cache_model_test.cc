@@ -368,7 +368,9 @@ TEST_P(CacheModelTest, RandomOperationsMatchModel) {
       AppendOptions opts{alive};
       Status got = one_layer ? real.AppendLayer(l0, k, v, opts) : real.Append(k, v, opts);
       ASSERT_EQ(got.code(), want) << where << ": " << got.ToString();
-      if (must_fit) ASSERT_NE(got.code(), StatusCode::kPoolExhausted) << where;
+      if (must_fit) {
+        ASSERT_NE(got.code(), StatusCode::kPoolExhausted) << where;
+      }
       exhausted += got.IsPoolExhausted();
       ++counts[0];
     } else if (op < 36) {  // advance_len

@@ -98,7 +98,9 @@ TEST(PoolStressTest, ManyThreadsShareOnePool) {
   for (auto& th : threads) th.join();
   for (auto& s : shared) {
     const uint32_t b = s.exchange(UINT32_MAX);
-    if (b != UINT32_MAX) ASSERT_TRUE(pool->Release({&b, 1}).ok());
+    if (b != UINT32_MAX) {
+      ASSERT_TRUE(pool->Release({&b, 1}).ok());
+    }
   }
   EXPECT_EQ(failures.load(), 0);
   EXPECT_TRUE(pool->CheckInvariants().ok()) << pool->CheckInvariants().ToString();
