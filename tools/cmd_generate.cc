@@ -13,6 +13,7 @@
 #include "model/kv_factory.h"
 #include "model/model_files.h"
 #include "tools/command.h"
+#include "tools/kv_flags.h"
 
 namespace kvcache::tools {
 namespace {
@@ -139,13 +140,7 @@ const bool kRegistered = RegisterCommand(
       app->add_option("--temperature", o->temperature, "Sampling temperature (0 = greedy)")
           ->capture_default_str();
       app->add_option("--seed", o->seed, "Sampling seed")->capture_default_str();
-      app->add_option("--kv-format", o->kv_format, "K:V cache format (or one name for both)")
-          ->capture_default_str();
-      app->add_option("--layout", o->layout, "contiguous | paged")->capture_default_str();
-      app->add_option("--block-size", o->block_size, "Paged block size in tokens")
-          ->capture_default_str();
-      app->add_option("--backend", o->backend, "cache (kvcache) | naive (reference)")
-          ->capture_default_str();
+      AddKvBackendFlags(app, o->kv_format, o->layout, o->block_size, o->backend);
       app->add_option("--draft", o->draft, "Speculative decoding: tokens drafted per pass")
           ->capture_default_str();
       app->add_option("--draft-kind", o->draft_kind,

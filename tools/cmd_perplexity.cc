@@ -14,6 +14,7 @@
 #include "model/model_files.h"
 #include "model/perplexity.h"
 #include "tools/command.h"
+#include "tools/kv_flags.h"
 
 namespace kvcache::tools {
 namespace {
@@ -113,13 +114,7 @@ const bool kRegistered = RegisterCommand(
       auto* prompt = app->add_option("--prompt", o->prompt, "Text to score");
       file->excludes(prompt);
       prompt->excludes(file);
-      app->add_option("--kv-format", o->kv_format, "K:V cache format (or one name for both)")
-          ->capture_default_str();
-      app->add_option("--layout", o->layout, "contiguous | paged")->capture_default_str();
-      app->add_option("--block-size", o->block_size, "Paged block size in tokens")
-          ->capture_default_str();
-      app->add_option("--backend", o->backend, "cache (kvcache) | naive (reference)")
-          ->capture_default_str();
+      AddKvBackendFlags(app, o->kv_format, o->layout, o->block_size, o->backend);
       app->add_option("--chunk", o->chunk, "Tokens per forward pass (1 = decode steps)")
           ->capture_default_str();
       app->add_option("--prefill", o->prefill,

@@ -1,0 +1,23 @@
+// The K/V backend flags that `generate` and `perplexity` share:
+// --kv-format, --layout, --block-size, --backend (parsed by
+// model::ParseKvBackendOptions).
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <cstdint>
+#include <string>
+
+namespace kvcache::tools {
+
+inline void AddKvBackendFlags(CLI::App* app, std::string& kv_format, std::string& layout,
+                              uint32_t& block_size, std::string& backend) {
+  app->add_option("--kv-format", kv_format, "K:V cache format (or one name for both)")
+      ->capture_default_str();
+  app->add_option("--layout", layout, "contiguous | paged")->capture_default_str();
+  app->add_option("--block-size", block_size, "Paged block size in tokens")->capture_default_str();
+  app->add_option("--backend", backend, "cache (kvcache) | naive (reference)")
+      ->capture_default_str();
+}
+
+}  // namespace kvcache::tools
