@@ -594,22 +594,25 @@ HWY_INLINE void RowDots(const Decoder<F>& dec, const uint8_t* p, uint32_t d,
   for (int j = 0; j < kQB; ++j) {
     for (size_t v = 0; v < kVecs; ++v) acc[j][v] = hn::Zero(DF());
   }
-  VF kv[kVecs];
-  for (uint32_t b = 0; b < n_blocks; ++b) {
-    if constexpr (Decoder<F>::kTail) {
-      if (b == full_blocks) {
-        TailBlock(dec, row, b, d, kv);
-      } else {
-        dec.Block(row, b, kv);
-      }
-    } else {
-      dec.Block(row, b, kv);
-    }
+  // Full blocks, then the zero-padded tail block (no per-block test).
+  auto accumulate = [&](uint32_t b, const VF* kv) HWY_ATTR {
     for (int j = 0; j < kQB; ++j) {
       for (size_t v = 0; v < kVecs; ++v) {
         const VF qq = hn::LoadU(DF(), q[j] + b * kDotLanes + v * kN);
         acc[j][v] = MulAcc<kExact>(qq, kv[v], acc[j][v]);
       }
+    }
+  };
+  for (uint32_t b = 0; b < full_blocks; ++b) {
+    VF kv[kVecs];
+    dec.Block(row, b, kv);
+    accumulate(b, kv);
+  }
+  if constexpr (Decoder<F>::kTail) {
+    if (n_blocks != full_blocks) {
+      VF kv[kVecs];
+      TailBlock(dec, row, full_blocks, d, kv);
+      accumulate(full_blocks, kv);
     }
   }
   if constexpr (!kExact && kQB == 4) {
@@ -776,28 +779,27 @@ void VPass(const VArgs& a) {
       }
       a.l[a.qi0 + j] = l;
     }
-    for (uint32_t b = 0; b < n_blocks; ++b) {
+    // Per 16-value block b: o[., b] += sum over the tile's rows of e * v,
+    // rows in order. The tail block and the masked case are separate loops
+    // so the common one tests nothing per row.
+    auto block = [&](uint32_t b, auto decode) HWY_ATTR {
       VF acc[kQB][kVecs];
       for (int j = 0; j < kQB; ++j) {
         for (size_t v = 0; v < kVecs; ++v) acc[j][v] = hn::LoadU(DF(), o[j] + b * kDotLanes + v * kN);
       }
-      VF vv[kVecs];
-      for (uint32_t i = 0; i < n; ++i) {
-        if constexpr (Decoder<F>::kTail) {
-          if (b == full_blocks) {
-            TailBlock(dec, rows[i], b, d, vv);
-          } else {
-            dec.Block(rows[i], b, vv);
-          }
-        } else {
-          dec.Block(rows[i], b, vv);
-        }
-        if (all) {
+      if (all) {
+        for (uint32_t i = 0; i < n; ++i) {
+          VF vv[kVecs];
+          decode(rows[i], vv);
           for (int j = 0; j < kQB; ++j) {
             const VF ew = hn::Set(DF(), et[j][i]);
             for (size_t v = 0; v < kVecs; ++v) acc[j][v] = MulAcc<kExact>(ew, vv[v], acc[j][v]);
           }
-        } else {
+        }
+      } else {
+        for (uint32_t i = 0; i < n; ++i) {
+          VF vv[kVecs];
+          decode(rows[i], vv);
           for (int j = 0; j < kQB; ++j) {
             if (!(masks[i] & (1u << j))) continue;
             const VF ew = hn::Set(DF(), et[j][i]);
@@ -807,6 +809,16 @@ void VPass(const VArgs& a) {
       }
       for (int j = 0; j < kQB; ++j) {
         for (size_t v = 0; v < kVecs; ++v) hn::StoreU(acc[j][v], DF(), o[j] + b * kDotLanes + v * kN);
+      }
+    };
+    for (uint32_t b = 0; b < full_blocks; ++b) {
+      block(b, [&](const RowRef& row, VF* vv) HWY_ATTR { dec.Block(row, b, vv); });
+    }
+    if constexpr (Decoder<F>::kTail) {
+      if (n_blocks != full_blocks) {
+        block(full_blocks, [&](const RowRef& row, VF* vv) HWY_ATTR {
+          TailBlock(dec, row, full_blocks, d, vv);
+        });
       }
     }
   }
