@@ -6,6 +6,14 @@
 // Batched: --batch-seqs sequences of --batch-context tokens, one call.
 // Each timed step is preceded by a cache flush (a 64 MiB read) so that K/V
 // come from memory, as they do in a real model with many layers.
+//
+// Two floors are measured beside each case, to show what limits it:
+//   pattern_read: the same K/V bytes read in the kernels' order and split
+//     (block-table pieces per head), with no arithmetic: the memory floor of
+//     the layout (ReadLikeAttention).
+//   compute: the kernel on a cache-resident context of kWarmContext tokens
+//     (no flush), per stored row, times the case's rows: the arithmetic
+//     floor with memory out of the way.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -26,6 +34,7 @@ namespace kvcache::tools {
 namespace {
 
 using attention_internal::ReadBandwidthProbe;
+using attention_internal::ReadLikeAttention;
 using attention_internal::SyntheticKv;
 using attention_internal::SyntheticKvOptions;
 
@@ -42,10 +51,12 @@ struct BenchOptions {
   uint32_t batch_context = 2048;
   size_t bandwidth_mib = 256;
   bool small_pages = false;  // storage without the transparent-huge-page advice
+  uint32_t block_size = 16;  // paged layout: tokens per pool block
 };
 
 constexpr uint32_t kQHeads = 32, kKvHeads = 8, kHeadDim = 128;
 constexpr size_t kFlushBytes = size_t{64} << 20;
+constexpr uint32_t kWarmContext = 1024;
 
 double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -84,8 +95,10 @@ int RunBench(const BenchOptions& o) {
     fmt::print(stderr, "kvcache bench attention: --layout must be contiguous, paged or both\n");
     return 2;
   }
-  if (o.repeats == 0 || o.threads == 0 || o.context == 0) {
-    fmt::print(stderr, "kvcache bench attention: --repeats, --threads and --context must be > 0\n");
+  if (o.repeats == 0 || o.threads == 0 || o.context == 0 || o.block_size == 0) {
+    fmt::print(stderr,
+               "kvcache bench attention: --repeats, --threads, --context and --block-size must be "
+               "> 0\n");
     return 2;
   }
   ThreadPool pool(o.threads);
@@ -110,7 +123,7 @@ int RunBench(const BenchOptions& o) {
     if (o.json) {
       fmt::print("{}\n", j.dump());
     } else {
-      fmt::print("{:<20} {:<10} {:>6} {:>5} {:>3} {:>10.1f} {:>9.1f} {:>8.2f} {:>8.2f} {:>6.3f} {:>10.1f} {:>8.2f} {:>8.3f}\n",
+      fmt::print("{:<20} {:<10} {:>6} {:>5} {:>3} {:>10.1f} {:>9.1f} {:>8.2f} {:>8.2f} {:>6.3f} {:>10.1f} {:>8.2f} {:>8.3f} {:>10.1f} {:>10.1f} {:>6.3f}\n",
                  j["k_format"].get<std::string>() + ":" + j["v_format"].get<std::string>(),
                  j["layout"].get<std::string>(), j["context_tokens"].get<uint32_t>(),
                  j["sequences"].get<uint32_t>(), j["threads"].get<uint32_t>(),
@@ -118,17 +131,50 @@ int RunBench(const BenchOptions& o) {
                  j["effective_gb_per_s"].get<double>(), j["read_bandwidth_gb_per_s"].get<double>(),
                  j["bandwidth_fraction"].get<double>(), j["step_cpu_us"].get<double>(),
                  j["read_bandwidth_cpu_gb_per_s"].get<double>(),
-                 j["bandwidth_fraction_cpu"].get<double>());
+                 j["bandwidth_fraction_cpu"].get<double>(), j["pattern_read_cpu_us"].get<double>(),
+                 j["compute_cpu_us"].get<double>(), j["pattern_fraction_cpu"].get<double>());
     }
     std::fflush(stdout);
   };
   if (!o.json) {
     fmt::print("SIMD target {}, {} threads, {} q heads / {} kv heads / head_dim {}\n", simd,
                o.threads, kQHeads, kKvHeads, kHeadDim);
-    fmt::print("{:<20} {:<10} {:>6} {:>5} {:>3} {:>10} {:>9} {:>8} {:>8} {:>6} {:>10} {:>8} {:>8}\n",
+    fmt::print("{:<20} {:<10} {:>6} {:>5} {:>3} {:>10} {:>9} {:>8} {:>8} {:>6} {:>10} {:>8} {:>8} {:>10} {:>10} {:>6}\n",
                "k:v", "layout", "ctx", "seqs", "thr", "step_us", "kv_MiB", "eff_GB/s", "read_GB/s",
-               "frac", "cpu_us", "cpuGB/s", "cpu_frac");
+               "frac", "cpu_us", "cpuGB/s", "cpu_frac", "pat_cpu_us", "cmp_cpu_us", "pat_fr");
   }
+
+  // The pattern-read floor: medians over repeats, each after a flush.
+  auto pattern_read = [&](const std::vector<LayerKvView>& views, double* cpu_us) {
+    std::vector<double> wall, cpu;
+    for (uint32_t r = 0; r < o.repeats; ++r) {
+      probe.Flush(kFlushBytes);
+      double c = 0;
+      wall.push_back(ReadLikeAttention(views, &pool, &c));
+      cpu.push_back(c);
+    }
+    *cpu_us = Median(cpu) * 1e6;
+    return Median(wall) * 1e6;
+  };
+  // The compute floor per stored row (all kv heads), CPU seconds / threads,
+  // from repeated steps over a cache-resident kWarmContext-token sequence.
+  auto compute_per_row = [&](SyntheticKvOptions so, const AttentionOptions& ao) -> double {
+    so.num_tokens = kWarmContext;
+    so.seed = 7;
+    auto kv = SyntheticKv::Create(so);
+    if (!kv.ok()) return 0.0;
+    std::vector<float> q(kQHeads * kHeadDim), out(q.size());
+    for (size_t i = 0; i < q.size(); ++i) q[i] = 0.01f * static_cast<float>(i % 97) - 0.4f;
+    AttentionOutput outs;
+    outs.out = out;
+    std::vector<double> cpu;
+    for (uint32_t r = 0; r < 4 * o.repeats + 3; ++r) {
+      const double c0 = ProcessCpuSeconds();
+      if (!AttendDecode((*kv)->view(), q, ao, outs).ok()) return 0.0;
+      if (r >= 3) cpu.push_back((ProcessCpuSeconds() - c0) / o.threads);
+    }
+    return Median(cpu) / kWarmContext;
+  };
 
   for (FormatPair fp : pairs) {
     for (bool paged : layouts) {
@@ -139,6 +185,7 @@ int RunBench(const BenchOptions& o) {
       so.head_dim = kHeadDim;
       so.num_tokens = o.context;
       so.paged = paged;
+      so.block_size = o.block_size;
       so.huge_pages = !o.small_pages;
       auto kv = SyntheticKv::Create(so);
       if (!kv.ok()) {
@@ -180,6 +227,7 @@ int RunBench(const BenchOptions& o) {
       j["k_format"] = FormatName(fp.k);
       j["v_format"] = FormatName(fp.v);
       j["layout"] = paged ? "paged" : "contiguous";
+      j["block_size"] = paged ? o.block_size : 0;  // 0: contiguous
       j["context_tokens"] = o.context;
       j["sequences"] = 1;
       j["threads"] = o.threads;
@@ -194,6 +242,12 @@ int RunBench(const BenchOptions& o) {
       j["step_cpu_us"] = cpu_step * 1e6;
       j["read_bandwidth_cpu_gb_per_s"] = cpu_bw;
       j["bandwidth_fraction_cpu"] = bytes / cpu_step / 1e9 / cpu_bw;
+      double pat_cpu_us = 0;
+      j["pattern_read_us"] = pattern_read({(*kv)->view()}, &pat_cpu_us);
+      j["pattern_read_cpu_us"] = pat_cpu_us;
+      j["pattern_fraction_cpu"] = pat_cpu_us / (cpu_step * 1e6);
+      const double per_row = compute_per_row(so, ao);
+      j["compute_cpu_us"] = per_row * o.context * 1e6;
       emit(j);
       kv = Status::Internal("released");  // free before the batch case
 
@@ -250,6 +304,11 @@ int RunBench(const BenchOptions& o) {
       j["step_cpu_us"] = bcpu_step * 1e6;
       j["read_bandwidth_cpu_gb_per_s"] = bcpu_bw;
       j["bandwidth_fraction_cpu"] = batch_bytes / bcpu_step / 1e9 / bcpu_bw;
+      double bpat_cpu_us = 0;
+      j["pattern_read_us"] = pattern_read(views, &bpat_cpu_us);
+      j["pattern_read_cpu_us"] = bpat_cpu_us;
+      j["pattern_fraction_cpu"] = bpat_cpu_us / (bcpu_step * 1e6);
+      j["compute_cpu_us"] = per_row * o.batch_context * o.batch_seqs * 1e6;
       emit(j);
     }
   }
@@ -271,6 +330,8 @@ const bool kRegistered = RegisterCommand(
       app->add_option("--formats", o->formats, "Comma-separated K:V format pairs")
           ->capture_default_str();
       app->add_option("--layout", o->layout, "contiguous, paged or both")->capture_default_str();
+      app->add_option("--block-size", o->block_size, "Tokens per pool block (paged layout)")
+          ->capture_default_str();
       app->add_option("--repeats", o->repeats, "Timed steps per case (median)")
           ->capture_default_str();
       app->add_option("--batch-seqs", o->batch_seqs, "Sequences in the batched case (0: skip)")

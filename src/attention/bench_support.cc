@@ -135,6 +135,83 @@ double ReadBandwidthProbe::MeasureOnce(ThreadPool* pool, double* cpu_gb_per_s) {
   return static_cast<double>(n * sizeof(uint64_t)) / s / 1e9;
 }
 
+namespace {
+// Sums n bytes at p as 8-byte words (any alignment), four independent sums.
+uint64_t ReadBytes(const uint8_t* p, size_t n) {
+  uint64_t a = 0, b = 0, c = 0, d = 0;
+  size_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    uint64_t w[4];
+    std::memcpy(w, p + i, sizeof(w));
+    a += w[0];
+    b ^= w[1];
+    c += w[2];
+    d ^= w[3];
+  }
+  for (; i < n; ++i) a += p[i];
+  return a + b + c + d;
+}
+
+// One head's rows on one side, piece by piece (as the kernels walk them),
+// with a software prefetch stream about as far ahead as the kernels'
+// (kPrefetchAhead bytes, whole pieces): without it a walk over small
+// scattered pieces measures memory latency, not the pattern's bandwidth.
+constexpr size_t kPrefetchAhead = 6144;
+uint64_t ReadHeadSide(const LayerKvView& v, const KvSideView& s, uint32_t head, uint32_t rows) {
+  if (s.head_base != nullptr) return ReadBytes(s.head_base[head], size_t{rows} * s.row_bytes);
+  const uint32_t bs = v.block_size;
+  const uint32_t n_pieces = (rows + bs - 1) / bs;
+  auto piece = [&](uint32_t b) {
+    return s.base + static_cast<size_t>(v.block_table[b]) * s.block_stride +
+           static_cast<size_t>(head) * s.head_stride;
+  };
+  auto prefetch = [&](uint32_t b) {
+    const uint8_t* p = piece(b);
+    const size_t bytes = size_t{std::min(bs, rows - b * bs)} * s.row_bytes;
+    for (size_t i = 0; i < bytes; i += 64) __builtin_prefetch(p + i, 0, 3);
+  };
+  const size_t piece_bytes = size_t{bs} * s.row_bytes;
+  const uint32_t ahead =
+      static_cast<uint32_t>(std::max<size_t>(1, (kPrefetchAhead + piece_bytes - 1) / piece_bytes));
+  for (uint32_t b = 0; b < std::min(ahead, n_pieces); ++b) prefetch(b);
+  uint64_t sum = 0;
+  for (uint32_t b = 0; b < n_pieces; ++b) {
+    if (b + ahead < n_pieces) prefetch(b + ahead);
+    sum += ReadBytes(piece(b), size_t{std::min(bs, rows - b * bs)} * s.row_bytes);
+  }
+  return sum;
+}
+}  // namespace
+
+double ReadLikeAttention(const std::vector<LayerKvView>& views, ThreadPool* pool,
+                         double* cpu_seconds) {
+  struct Job {
+    uint32_t view, head;
+  };
+  std::vector<Job> jobs;
+  for (uint32_t i = 0; i < views.size(); ++i) {
+    for (uint32_t h = 0; h < views[i].n_kv_heads; ++h) jobs.push_back({i, h});
+  }
+  const uint32_t threads = pool ? pool->num_threads() : 1;
+  const double c0 = ProcessCpuSeconds();
+  const auto t0 = std::chrono::steady_clock::now();
+  auto body = [&](uint32_t j, uint32_t) {
+    const LayerKvView& v = views[jobs[j].view];
+    const uint32_t h = jobs[j].head;
+    const uint32_t rows = v.head_len ? v.head_len[h] : v.num_tokens;
+    g_sink.fetch_add(ReadHeadSide(v, v.k, h, rows) + ReadHeadSide(v, v.v, h, rows),
+                     std::memory_order_relaxed);
+  };
+  if (pool) {
+    pool->ParallelFor(static_cast<uint32_t>(jobs.size()), body);
+  } else {
+    for (uint32_t j = 0; j < jobs.size(); ++j) body(j, 0);
+  }
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (cpu_seconds) *cpu_seconds = (ProcessCpuSeconds() - c0) / threads;
+  return s;
+}
+
 void ReadBandwidthProbe::Flush(size_t bytes) {
   const size_t n = std::min(data_.size(), bytes / sizeof(uint64_t));
   g_sink.fetch_add(ReadRange(data_.data(), n), std::memory_order_relaxed);
