@@ -5,6 +5,8 @@
 #   ./run.sh kvcache ARGS...   run the CLI from the release build
 #   ./run.sh bench [ARGS...]   run the Google Benchmark suite (short by default)
 #   ./run.sh sanitize [asan|tsan]  build with a sanitizer and run the tests
+#                              (asan: address+undefined, whole suite; tsan:
+#                              the layers with concurrent tests)
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 cd "$ROOT"
@@ -46,14 +48,28 @@ case "$cmd" in
   sanitize)
     setup
     preset="${1:-asan}"; shift || true
-    build "$preset"
-    ctest --test-dir "build/$preset" -j "$JOBS" --output-on-failure -LE slow "$@"
+    case "$preset" in
+      asan)  # address + undefined behaviour: the whole suite
+        build asan
+        ctest --test-dir build/asan -j "$JOBS" --output-on-failure -LE slow "$@"
+        ;;
+      tsan)  # threads: the layers whose tests run concurrent work
+        build tsan kvcache_core_tests kvcache_pool_tests kvcache_cache_tests \
+          kvcache_serving_tests kvcache_attention_tests
+        ctest --test-dir build/tsan -j "$JOBS" --output-on-failure \
+          -L '^(core|pool|cache|serving|attention)$' "$@"
+        ;;
+      *)
+        echo "run.sh sanitize: asan or tsan" >&2
+        exit 2
+        ;;
+    esac
     ;;
   build)
     setup
     build "${1:-release}"
     ;;
   *)
-    sed -n '2,8p' "$0"
+    sed -n '2,9p' "$0"
     ;;
 esac
