@@ -67,6 +67,12 @@ struct BlockPoolOptions {
   // Rotation seed of the pool's codecs (turbo formats); every sequence on
   // this pool encodes with the same codecs.
   uint64_t rotation_seed = RowCodec::kDefaultRotationSeed;
+  // Back each storage arena of 2 MiB or more with transparent huge pages
+  // (2 MiB-aligned, madvise(MADV_HUGEPAGE); a hint the kernel may ignore).
+  // Attention walks blocks scattered over the arena, and with 4 KiB pages
+  // nearly every block costs a TLB miss (docs/attention.md). Memory is then
+  // committed 2 MiB at a time as blocks are first written, not 4 KiB.
+  bool huge_pages = true;
 };
 
 enum class BlockState : uint8_t { kFree, kInUse, kCached };

@@ -37,21 +37,36 @@ struct Meta {
 };
 
 // Zero-filled anonymous mapping: pages cost nothing until first touched.
+// With huge pages, the usable range starts on a 2 MiB boundary and is
+// advised MADV_HUGEPAGE before any touch (the advice is best effort).
 struct Arena {
-  uint8_t* data = nullptr;
-  size_t bytes = 0;
+  static constexpr size_t kHuge = size_t{2} << 20;
+  uint8_t* data = nullptr;  // usable start
+  void* map = nullptr;      // the whole mapping
+  size_t map_bytes = 0;
   Arena() = default;
   Arena(const Arena&) = delete;
   Arena& operator=(const Arena&) = delete;
-  Arena(Arena&& o) noexcept : data(o.data), bytes(o.bytes) { o.data = nullptr, o.bytes = 0; }
-  ~Arena() {
-    if (data) munmap(data, bytes);
+  Arena(Arena&& o) noexcept : data(o.data), map(o.map), map_bytes(o.map_bytes) {
+    o.data = nullptr, o.map = nullptr, o.map_bytes = 0;
   }
-  bool Map(size_t n) {
-    void* p = mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  ~Arena() {
+    if (map) munmap(map, map_bytes);
+  }
+  bool Map(size_t n, bool huge_pages) {
+    const bool huge = huge_pages && n >= kHuge;
+    const size_t total = huge ? n + kHuge : n;
+    void* p = mmap(nullptr, total, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (p == MAP_FAILED) return false;
-    data = static_cast<uint8_t*>(p);
-    bytes = n;
+    map = p;
+    map_bytes = total;
+    uintptr_t start = reinterpret_cast<uintptr_t>(p);
+    if (huge) {
+      start = (start + kHuge - 1) & ~(kHuge - 1);
+      madvise(reinterpret_cast<void*>(start), (n + kHuge - 1) & ~(kHuge - 1), MADV_HUGEPAGE);
+    }
+    data = reinterpret_cast<uint8_t*>(start);
     return true;
   }
 };
@@ -176,7 +191,7 @@ Result<std::shared_ptr<BlockPool>> BlockPool::Create(const Geometry& geometry, F
   im.arenas.resize(size_t{geometry.n_layers()} * 2);
   for (uint32_t l = 0; l < geometry.n_layers(); ++l) {
     for (int s = 0; s < 2; ++s) {
-      if (!im.arenas[l * 2 + s].Map(im.block_stride[s] * n)) {
+      if (!im.arenas[l * 2 + s].Map(im.block_stride[s] * n, options.huge_pages)) {
         return Status::InvalidArgument(fmt::format(
             "pool: cannot map {} bytes for {} blocks", BlockBytes(geometry, formats) * size_t{n}, n));
       }

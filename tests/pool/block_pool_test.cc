@@ -79,6 +79,41 @@ TEST(BlockPoolTest, StorageShape) {
   }
 }
 
+// Arenas of 2 MiB or more start on a 2 MiB boundary when huge pages are on
+// (the default); every byte of every block stays addressable and zeroed
+// either way, and a small pool works with the option too.
+TEST(BlockPoolTest, HugePageArenas) {
+  // 1 layer, 8 kv heads, head_dim 128, block 16, f32: 64 KiB per block side.
+  auto geo = Geometry::Create({1, 8, 128, 16});
+  ASSERT_TRUE(geo.ok());
+  constexpr size_t kHuge = size_t{2} << 20;
+  for (bool huge : {true, false}) {
+    auto pool = BlockPool::Create(*geo, {Format::kF32, Format::kF32},
+                                  {.num_blocks = 40, .huge_pages = huge});
+    ASSERT_TRUE(pool.ok()) << pool.status().ToString();
+    for (Side side : {Side::kKey, Side::kValue}) {
+      const uintptr_t base = reinterpret_cast<uintptr_t>((*pool)->arena(0, side));
+      if (huge) {
+        EXPECT_EQ(base % kHuge, 0u);
+      }
+      for (uint32_t b : {0u, 39u}) {
+        uint8_t* p = (*pool)->block_data(0, side, b);
+        const size_t n = (*pool)->block_stride(side);
+        EXPECT_EQ(p[0], 0);
+        EXPECT_EQ(p[n - 1], 0);
+        p[0] = 0xA5;
+        p[n - 1] = 0x5A;
+        EXPECT_EQ((*pool)->block_data(0, side, b)[0], 0xA5);
+        EXPECT_EQ((*pool)->block_data(0, side, b)[n - 1], 0x5A);
+      }
+    }
+  }
+  auto small = BlockPool::Create(*geo, {Format::kF32, Format::kF32}, {.num_blocks = 2});
+  ASSERT_TRUE(small.ok());
+  (*small)->block_data(0, Side::kKey, 1)[0] = 1;
+  EXPECT_EQ((*small)->block_data(0, Side::kKey, 1)[0], 1);
+}
+
 TEST(BlockPoolTest, AllocateIsAllOrNothing) {
   auto pool = MakePool(4);
   std::vector<uint32_t> a(3);
