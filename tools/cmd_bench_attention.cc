@@ -64,6 +64,15 @@ double Median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
+// Bytes of stored K and V rows a decode step over v reads.
+size_t KvBytes(const LayerKvView& v) {
+  size_t n = 0;
+  for (uint32_t h = 0; h < v.n_kv_heads; ++h) {
+    n += size_t{v.rows(h)} * (v.k.row_bytes + v.v.row_bytes);
+  }
+  return n;
+}
+
 std::vector<std::string> Split(const std::string& s, char sep) {
   std::vector<std::string> out;
   std::stringstream ss(s);
@@ -200,65 +209,74 @@ int RunBench(const BenchOptions& o) {
       ao.pool = &pool;
       AttentionOutput outs;
       outs.out = out;
-      std::vector<double> steps, cpu_steps;
-      for (uint32_t r = 0; r < o.repeats + 1; ++r) {
-        probe.Flush(kFlushBytes);
-        const double c0 = ProcessCpuSeconds();
-        const auto t0 = std::chrono::steady_clock::now();
-        const Status st = AttendDecode((*kv)->view(), q, ao, outs);
-        const auto t1 = std::chrono::steady_clock::now();
-        const double c1 = ProcessCpuSeconds();
-        if (!st.ok()) {
-          fmt::print(stderr, "kvcache bench attention: {}\n", st.ToString());
-          return 1;
-        }
-        if (r > 0) {
-          steps.push_back(std::chrono::duration<double>(t1 - t0).count());
-          cpu_steps.push_back((c1 - c0) / o.threads);
-        }
-      }
-      double cpu_bw = 0;
-      const double bw = bandwidth(&cpu_bw);
-      const double step = Median(steps);
-      const double cpu_step = Median(cpu_steps);
-      const double bytes = static_cast<double>((*kv)->kv_bytes());
       nlohmann::json j;
-      j["case"] = "single";
       j["k_format"] = FormatName(fp.k);
       j["v_format"] = FormatName(fp.v);
       j["layout"] = paged ? "paged" : "contiguous";
       j["block_size"] = paged ? o.block_size : 0;  // 0: contiguous
-      j["context_tokens"] = o.context;
-      j["sequences"] = 1;
       j["threads"] = o.threads;
-      j["step_us"] = step * 1e6;
-      j["kv_bytes"] = bytes;
-      j["effective_gb_per_s"] = bytes / step / 1e9;
-      j["read_bandwidth_gb_per_s"] = bw;
-      j["bandwidth_fraction"] = bytes / step / 1e9 / bw;
       j["simd_target"] = simd;
-      // The same from CPU time (process CPU seconds / threads): steadier when
-      // other jobs share the cores.
-      j["step_cpu_us"] = cpu_step * 1e6;
-      j["read_bandwidth_cpu_gb_per_s"] = cpu_bw;
-      j["bandwidth_fraction_cpu"] = bytes / cpu_step / 1e9 / cpu_bw;
-      double pat_cpu_us = 0;
-      j["pattern_read_us"] = pattern_read({(*kv)->view()}, &pat_cpu_us);
-      j["pattern_read_cpu_us"] = pat_cpu_us;
-      j["pattern_fraction_cpu"] = pat_cpu_us / (cpu_step * 1e6);
+      // Times `step` (after a flush each), then fills the case's figures
+      // into j: wall and CPU time (process CPU seconds / threads, steadier
+      // when other jobs share the cores) against the read bandwidth, and
+      // the pattern-read and compute floors. False if a step failed.
+      auto measure = [&](const char* name, uint32_t context, uint32_t sequences,
+                         const std::vector<LayerKvView>& views, double per_row,
+                         auto&& step_fn) -> bool {
+        std::vector<double> steps, cpu_steps;
+        for (uint32_t r = 0; r < o.repeats + 1; ++r) {
+          probe.Flush(kFlushBytes);
+          const double c0 = ProcessCpuSeconds();
+          const auto t0 = std::chrono::steady_clock::now();
+          const Status st = step_fn();
+          const auto t1 = std::chrono::steady_clock::now();
+          const double c1 = ProcessCpuSeconds();
+          if (!st.ok()) {
+            fmt::print(stderr, "kvcache bench attention: {}\n", st.ToString());
+            return false;
+          }
+          if (r > 0) {
+            steps.push_back(std::chrono::duration<double>(t1 - t0).count());
+            cpu_steps.push_back((c1 - c0) / o.threads);
+          }
+        }
+        double cpu_bw = 0;
+        const double bw = bandwidth(&cpu_bw);
+        const double step = Median(steps), cpu_step = Median(cpu_steps);
+        double bytes = 0;
+        for (const LayerKvView& v : views) bytes += static_cast<double>(KvBytes(v));
+        j["case"] = name;
+        j["context_tokens"] = context;
+        j["sequences"] = sequences;
+        j["step_us"] = step * 1e6;
+        j["kv_bytes"] = bytes;
+        j["effective_gb_per_s"] = bytes / step / 1e9;
+        j["read_bandwidth_gb_per_s"] = bw;
+        j["bandwidth_fraction"] = bytes / step / 1e9 / bw;
+        j["step_cpu_us"] = cpu_step * 1e6;
+        j["read_bandwidth_cpu_gb_per_s"] = cpu_bw;
+        j["bandwidth_fraction_cpu"] = bytes / cpu_step / 1e9 / cpu_bw;
+        double pat_cpu_us = 0;
+        j["pattern_read_us"] = pattern_read(views, &pat_cpu_us);
+        j["pattern_read_cpu_us"] = pat_cpu_us;
+        j["pattern_fraction_cpu"] = pat_cpu_us / (cpu_step * 1e6);
+        j["compute_cpu_us"] = per_row * context * sequences * 1e6;
+        emit(j);
+        return true;
+      };
       const double per_row = compute_per_row(so, ao);
-      j["compute_cpu_us"] = per_row * o.context * 1e6;
-      emit(j);
+      if (!measure("single", o.context, 1, {(*kv)->view()}, per_row,
+                   [&] { return AttendDecode((*kv)->view(), q, ao, outs); })) {
+        return 1;
+      }
       kv = Status::Internal("released");  // free before the batch case
 
       if (o.batch_seqs == 0) continue;
       // Batched decode.
       std::vector<std::unique_ptr<SyntheticKv>> seqs;
       std::vector<LayerKvView> views;
-      double batch_bytes = 0;
       for (uint32_t s = 0; s < o.batch_seqs; ++s) {
         so.num_tokens = o.batch_context;
-        so.huge_pages = !o.small_pages;
         so.seed = 100 + s;
         auto sk = SyntheticKv::Create(so);
         if (!sk.ok()) {
@@ -266,50 +284,14 @@ int RunBench(const BenchOptions& o) {
           return 1;
         }
         views.push_back((*sk)->view());
-        batch_bytes += static_cast<double>((*sk)->kv_bytes());
         seqs.push_back(std::move(*sk));
       }
       std::vector<float> bq(size_t{o.batch_seqs} * kQHeads * kHeadDim), bout(bq.size());
       for (size_t i = 0; i < bq.size(); ++i) bq[i] = 0.01f * static_cast<float>(i % 89) - 0.4f;
-      steps.clear();
-      cpu_steps.clear();
-      for (uint32_t r = 0; r < o.repeats + 1; ++r) {
-        probe.Flush(kFlushBytes);
-        const double c0 = ProcessCpuSeconds();
-        const auto t0 = std::chrono::steady_clock::now();
-        const Status st = AttendDecodeBatch(views, bq, ao, bout);
-        const auto t1 = std::chrono::steady_clock::now();
-        const double c1 = ProcessCpuSeconds();
-        if (!st.ok()) {
-          fmt::print(stderr, "kvcache bench attention: {}\n", st.ToString());
-          return 1;
-        }
-        if (r > 0) {
-          steps.push_back(std::chrono::duration<double>(t1 - t0).count());
-          cpu_steps.push_back((c1 - c0) / o.threads);
-        }
+      if (!measure("batched", o.batch_context, o.batch_seqs, views, per_row,
+                   [&] { return AttendDecodeBatch(views, bq, ao, bout); })) {
+        return 1;
       }
-      const double bstep = Median(steps);
-      const double bcpu_step = Median(cpu_steps);
-      double bcpu_bw = 0;
-      const double bbw = bandwidth(&bcpu_bw);
-      j["case"] = "batched";
-      j["context_tokens"] = o.batch_context;
-      j["sequences"] = o.batch_seqs;
-      j["step_us"] = bstep * 1e6;
-      j["kv_bytes"] = batch_bytes;
-      j["effective_gb_per_s"] = batch_bytes / bstep / 1e9;
-      j["read_bandwidth_gb_per_s"] = bbw;
-      j["bandwidth_fraction"] = batch_bytes / bstep / 1e9 / bbw;
-      j["step_cpu_us"] = bcpu_step * 1e6;
-      j["read_bandwidth_cpu_gb_per_s"] = bcpu_bw;
-      j["bandwidth_fraction_cpu"] = batch_bytes / bcpu_step / 1e9 / bcpu_bw;
-      double bpat_cpu_us = 0;
-      j["pattern_read_us"] = pattern_read(views, &bpat_cpu_us);
-      j["pattern_read_cpu_us"] = bpat_cpu_us;
-      j["pattern_fraction_cpu"] = bpat_cpu_us / (bcpu_step * 1e6);
-      j["compute_cpu_us"] = per_row * o.batch_context * o.batch_seqs * 1e6;
-      emit(j);
     }
   }
   return 0;

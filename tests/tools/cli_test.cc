@@ -258,4 +258,45 @@ TEST(CliEval, UnknownFormatAndDataFailCleanly) {
 }
 
 }  // namespace
+// `bench attention --json` (tiny sizes): one object per case with every field
+// the issue names, the floors, and figures that are consistent with each other.
+TEST(CliBenchAttention, JsonShapeAndConsistency) {
+  const CliResult r = RunCli(
+      "bench attention --json --formats bf16:bf16,q8:q8 --layout both --context 256 "
+      "--batch-seqs 2 --batch-context 64 --repeats 1 --bandwidth-mib 64 --threads 2 "
+      "--block-size 8");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto rows = JsonLines(r.out);
+  ASSERT_EQ(rows.size(), 8u);  // 2 pairs x 2 layouts x (single, batched)
+  for (const auto& j : rows) {
+    for (const char* key :
+         {"k_format", "v_format", "layout", "block_size", "context_tokens", "threads", "step_us",
+          "kv_bytes", "effective_gb_per_s", "read_bandwidth_gb_per_s", "bandwidth_fraction",
+          "simd_target", "case", "sequences", "step_cpu_us", "read_bandwidth_cpu_gb_per_s",
+          "bandwidth_fraction_cpu", "pattern_read_us", "pattern_read_cpu_us",
+          "pattern_fraction_cpu", "compute_cpu_us"}) {
+      EXPECT_TRUE(j.contains(key)) << key << " in " << j.dump();
+    }
+    const bool batched = j["case"] == "batched";
+    const double tokens = batched ? 2.0 * 64 : 256.0;
+    const double row_bytes = j["k_format"] == "bf16" ? 2 * 256.0 : 2 * 132.0;  // K + V
+    EXPECT_DOUBLE_EQ(j["kv_bytes"].get<double>(), tokens * 8 * row_bytes);
+    EXPECT_EQ(j["block_size"].get<uint32_t>(), j["layout"] == "paged" ? 8u : 0u);
+    EXPECT_GT(j["step_us"].get<double>(), 0.0);
+    EXPECT_GT(j["pattern_read_us"].get<double>(), 0.0);
+    EXPECT_GT(j["compute_cpu_us"].get<double>(), 0.0);
+    EXPECT_NEAR(j["effective_gb_per_s"].get<double>(),
+                j["kv_bytes"].get<double>() / j["step_us"].get<double>() / 1e3, 1e-6);
+  }
+}
+
+TEST(CliBenchAttention, BadOptionsFailCleanly) {
+  for (const char* args : {"--layout diagonal", "--formats bf16:nope", "--block-size 0",
+                           "--repeats 0"}) {
+    const CliResult r = RunCli(std::string("bench attention --batch-seqs 0 --context 64 ") + args);
+    EXPECT_EQ(r.exit_code, 2) << args;
+    EXPECT_NE(r.err.find("bench attention"), std::string::npos) << args << ": " << r.err;
+  }
+}
+
 }  // namespace kvcache
