@@ -92,19 +92,23 @@ ReadBandwidthProbe::ReadBandwidthProbe(size_t bytes) : data_(bytes / sizeof(uint
 }
 
 namespace {
-uint64_t ReadRange(const uint64_t* p, size_t n) {
-  // Four independent sums so the loop is load-bound, not add-latency bound.
+// Sums n bytes at p as 8-byte words (any alignment), four independent sums
+// so the loop is load-bound, not add-latency bound.
+uint64_t ReadBytes(const uint8_t* p, size_t n) {
   uint64_t a = 0, b = 0, c = 0, d = 0;
   size_t i = 0;
-  for (; i + 4 <= n; i += 4) {
-    a += p[i];
-    b ^= p[i + 1];
-    c += p[i + 2];
-    d ^= p[i + 3];
+  for (; i + 32 <= n; i += 32) {
+    uint64_t w[4];
+    std::memcpy(w, p + i, sizeof(w));
+    a += w[0];
+    b ^= w[1];
+    c += w[2];
+    d ^= w[3];
   }
   for (; i < n; ++i) a += p[i];
   return a + b + c + d;
 }
+
 std::atomic<uint64_t> g_sink{0};
 }  // namespace
 
@@ -122,7 +126,7 @@ double ReadBandwidthProbe::MeasureOnce(ThreadPool* pool, double* cpu_gb_per_s) {
   const auto t0 = std::chrono::steady_clock::now();
   auto body = [&](uint32_t t, uint32_t) {
     const size_t lo = n * t / tasks, hi = n * (t + 1) / tasks;
-    g_sink.fetch_add(ReadRange(data_.data() + lo, hi - lo), std::memory_order_relaxed);
+    g_sink.fetch_add(ReadBytes(reinterpret_cast<const uint8_t*>(data_.data() + lo), (hi - lo) * sizeof(uint64_t)), std::memory_order_relaxed);
   };
   if (pool) {
     pool->ParallelFor(tasks, body);
@@ -136,22 +140,6 @@ double ReadBandwidthProbe::MeasureOnce(ThreadPool* pool, double* cpu_gb_per_s) {
 }
 
 namespace {
-// Sums n bytes at p as 8-byte words (any alignment), four independent sums.
-uint64_t ReadBytes(const uint8_t* p, size_t n) {
-  uint64_t a = 0, b = 0, c = 0, d = 0;
-  size_t i = 0;
-  for (; i + 32 <= n; i += 32) {
-    uint64_t w[4];
-    std::memcpy(w, p + i, sizeof(w));
-    a += w[0];
-    b ^= w[1];
-    c += w[2];
-    d ^= w[3];
-  }
-  for (; i < n; ++i) a += p[i];
-  return a + b + c + d;
-}
-
 // One head's rows on one side, piece by piece (as the kernels walk them),
 // with a software prefetch stream about as far ahead as the kernels'
 // (kPrefetchAhead bytes, whole pieces): without it a walk over small
@@ -214,7 +202,7 @@ double ReadLikeAttention(const std::vector<LayerKvView>& views, ThreadPool* pool
 
 void ReadBandwidthProbe::Flush(size_t bytes) {
   const size_t n = std::min(data_.size(), bytes / sizeof(uint64_t));
-  g_sink.fetch_add(ReadRange(data_.data(), n), std::memory_order_relaxed);
+  g_sink.fetch_add(ReadBytes(reinterpret_cast<const uint8_t*>(data_.data()), n * sizeof(uint64_t)), std::memory_order_relaxed);
 }
 
 }  // namespace kvcache::attention_internal

@@ -20,6 +20,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "kvcache/cache.h"
@@ -120,5 +121,25 @@ struct SequenceCache::State {
     }
   }
 };
+
+// Shared by sequence_cache.cc and keep_rows.cc (defined in sequence_cache.cc).
+//
+// Blocks that appending until every head holds `target` rows could allocate:
+// new blocks past the table plus copies of possibly shared blocks written
+// (every block from min_rows on counted as shared if assume_all_shared).
+uint32_t BlocksNeeded(const SequenceCache::State& s, uint32_t target, bool assume_all_shared);
+// Gives back reserved blocks the reservation target no longer needs.
+void TrimReservation(SequenceCache::State& s);
+// Releases `dropped` and tops the reservation up to the current need: first
+// with the released blocks (atomically), then best effort from the pool.
+Status ReleaseKeepingReservation(SequenceCache::State& s, std::vector<uint32_t> dropped);
+// Allocates fresh.size() blocks all or nothing, drawing on the reservation
+// first; *from_reserved gets how many came from it.
+Status AllocateDrawingReservation(SequenceCache::State& s, std::span<uint32_t> fresh,
+                                  uint32_t* from_reserved);
+// Copy-on-write: table[cow_idx[j]] is copied into fresh[j], which replaces
+// it; the replaced ids are appended to *cow_old (still referenced).
+void SwapInCopies(SequenceCache::State& s, std::span<const uint32_t> cow_idx,
+                  std::span<const uint32_t> fresh, std::vector<uint32_t>* cow_old);
 
 }  // namespace kvcache

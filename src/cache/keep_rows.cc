@@ -35,16 +35,6 @@ uint8_t* MutableRow(SequenceCache::State& s, uint32_t l, int side, uint32_t h, u
          size_t{h} * s.pool->head_stride(kSides[side]) + size_t{row % s.bs()} * rb;
 }
 
-// Same as sequence_cache.cc's BlocksNeeded(s, target, false): blocks appends
-// up to `target` rows per head could still allocate.
-uint32_t BlocksStillNeeded(const SequenceCache::State& s, uint32_t target) {
-  const uint32_t tb = CeilDiv(target, s.bs());
-  const uint32_t have = static_cast<uint32_t>(s.table.size());
-  uint32_t need = tb > have ? tb - have : 0;
-  for (uint32_t i = s.min_rows() / s.bs(); i < std::min(have, tb); ++i) need += s.maybe_shared[i];
-  return need;
-}
-
 }  // namespace
 
 Status SequenceCache::KeepRows(uint32_t layer, uint32_t head, std::span<const uint32_t> rows) {
@@ -84,16 +74,9 @@ Status SequenceCache::KeepRows(uint32_t layer, uint32_t head, std::span<const ui
     }
     if (!cow_idx.empty()) {
       fresh.resize(cow_idx.size());
-      const uint32_t from_reserved = std::min<uint32_t>(fresh.size(), s.reserved);
-      KV_RETURN_IF_ERROR(s.pool->Allocate(fresh, from_reserved));
-      s.reserved -= from_reserved;
-      for (size_t j = 0; j < cow_idx.size(); ++j) {
-        const uint32_t b = cow_idx[j];
-        cow_old.push_back(s.table[b]);
-        s.pool->CopyBlock(s.table[b], fresh[j]);
-        s.table[b] = fresh[j];
-        s.maybe_shared[b] = 0;
-      }
+      uint32_t from_reserved = 0;
+      KV_RETURN_IF_ERROR(AllocateDrawingReservation(s, fresh, &from_reserved));
+      SwapInCopies(s, cow_idx, fresh, &cow_old);
       Status st = s.pool->Release(cow_old);
       assert(st.ok());
       (void)st;
@@ -150,14 +133,10 @@ Status SequenceCache::KeepRows(uint32_t layer, uint32_t head, std::span<const ui
     std::vector<uint32_t> dropped(s.table.rbegin(), s.table.rend() - keep);
     s.table.resize(keep);
     s.maybe_shared.resize(keep);
-    const uint32_t need = BlocksStillNeeded(s, s.reserve_target);
-    if (!dropped.empty()) {
-      const uint32_t shortfall = need > s.reserved ? need - s.reserved : 0;
-      Result<uint32_t> got = s.pool->ReleaseAndReserve(dropped, shortfall);
-      assert(got.ok());
-      s.reserved += got.ok() ? *got : 0;
-    }
-    if (need > s.reserved && s.pool->Reserve(need - s.reserved).ok()) s.reserved = need;
+    // Releasing blocks this sequence holds cannot fail.
+    Status st = ReleaseKeepingReservation(s, std::move(dropped));
+    assert(st.ok());
+    (void)st;
   }
   s.Touch();
   return Status::Ok();

@@ -211,9 +211,6 @@ bool SequenceCache::is_within_planned_capacity() const {
 
 // --- reservations ------------------------------------------------------------
 
-namespace {
-// Blocks that appending until every head holds `target` rows could allocate:
-// new blocks past the table plus copies of possibly shared blocks written.
 uint32_t BlocksNeeded(const SequenceCache::State& s, uint32_t target, bool assume_all_shared) {
   if (s.layout != CacheLayout::kPaged) return 0;
   const uint32_t tb = CeilDiv(target, s.bs());
@@ -225,7 +222,34 @@ uint32_t BlocksNeeded(const SequenceCache::State& s, uint32_t target, bool assum
   }
   return need;
 }
-}  // namespace
+
+void TrimReservation(SequenceCache::State& s) {
+  if (s.reserved == 0) return;
+  const uint32_t need = BlocksNeeded(s, s.reserve_target, false);
+  if (s.reserved > need) {
+    s.pool->Unreserve(s.reserved - need);
+    s.reserved = need;
+  }
+}
+
+Status AllocateDrawingReservation(SequenceCache::State& s, std::span<uint32_t> fresh,
+                                  uint32_t* from_reserved) {
+  *from_reserved = std::min<uint32_t>(static_cast<uint32_t>(fresh.size()), s.reserved);
+  KV_RETURN_IF_ERROR(s.pool->Allocate(fresh, *from_reserved));
+  s.reserved -= *from_reserved;
+  return Status::Ok();
+}
+
+void SwapInCopies(SequenceCache::State& s, std::span<const uint32_t> cow_idx,
+                  std::span<const uint32_t> fresh, std::vector<uint32_t>* cow_old) {
+  for (size_t j = 0; j < cow_idx.size(); ++j) {
+    const uint32_t i = cow_idx[j];
+    cow_old->push_back(s.table[i]);
+    s.pool->CopyBlock(s.table[i], fresh[j]);
+    s.table[i] = fresh[j];
+    s.maybe_shared[i] = 0;
+  }
+}
 
 Status SequenceCache::Reserve(uint32_t max_tokens) {
   State& s = *s_;
@@ -252,9 +276,6 @@ bool SequenceCache::is_fully_reserved() const {
   return s.reserved >= BlocksNeeded(s, s.reserve_target, false);
 }
 
-// Tops the reservation up to the current need: first with blocks being
-// released (atomically), then best effort from the pool.
-namespace {
 Status ReleaseKeepingReservation(SequenceCache::State& s, std::vector<uint32_t> dropped) {
   const uint32_t need = BlocksNeeded(s, s.reserve_target, false);
   const uint32_t shortfall = need > s.reserved ? need - s.reserved : 0;
@@ -265,7 +286,6 @@ Status ReleaseKeepingReservation(SequenceCache::State& s, std::vector<uint32_t> 
   if (need > s.reserved && s.pool->Reserve(need - s.reserved).ok()) s.reserved = need;
   return Status::Ok();
 }
-}  // namespace
 
 // --- appends -------------------------------------------------------------------
 
@@ -359,16 +379,8 @@ static Status AppendRows(SequenceCache::State& s, uint32_t l0, uint32_t nl, cons
     const uint32_t n_new = want_blocks > old_table ? want_blocks - old_table : 0;
     fresh.resize(n_new + cow_idx.size());
     if (!fresh.empty()) {
-      from_reserved = std::min<uint32_t>(fresh.size(), s.reserved);
-      KV_RETURN_IF_ERROR(s.pool->Allocate(fresh, from_reserved));
-      s.reserved -= from_reserved;
-      for (size_t j = 0; j < cow_idx.size(); ++j) {
-        const uint32_t i = cow_idx[j];
-        cow_old.push_back(s.table[i]);
-        s.pool->CopyBlock(s.table[i], fresh[j]);
-        s.table[i] = fresh[j];
-        s.maybe_shared[i] = 0;
-      }
+      KV_RETURN_IF_ERROR(AllocateDrawingReservation(s, fresh, &from_reserved));
+      SwapInCopies(s, cow_idx, std::span<const uint32_t>(fresh).first(cow_idx.size()), &cow_old);
       for (size_t j = cow_idx.size(); j < fresh.size(); ++j) {
         s.table.push_back(fresh[j]);
         s.maybe_shared.push_back(0);
@@ -491,13 +503,7 @@ static Status AppendRows(SequenceCache::State& s, uint32_t l0, uint32_t nl, cons
     for (int side = 0; side < kSides; ++side) lm.transforms[side] = layer_tf[li * kSides + side];
   }
   // Appends past the reservation target leave nothing to keep reserved.
-  if (s.reserved > 0) {
-    const uint32_t need = BlocksNeeded(s, s.reserve_target, false);
-    if (s.reserved > need) {
-      s.pool->Unreserve(s.reserved - need);
-      s.reserved = need;
-    }
-  }
+  TrimReservation(s);
   s.Touch();
   return Status::Ok();
 }
@@ -804,13 +810,7 @@ Status SequenceCache::AdoptPrefix(std::span<const uint32_t> blocks,
     }
   }
   // A shorter need now; return what the reservation no longer covers.
-  if (s.reserved > 0) {
-    const uint32_t need = BlocksNeeded(s, s.reserve_target, false);
-    if (s.reserved > need) {
-      s.pool->Unreserve(s.reserved - need);
-      s.reserved = need;
-    }
-  }
+  TrimReservation(s);
   s.Touch();
   return Status::Ok();
 }
