@@ -137,6 +137,32 @@ HWY_INLINE VF E4M3Bits(hn::Vec<DU> u) {
   return hn::BitCast(DF(), hn::Or(mag, sign));
 }
 
+// The values of 16 E4M3 codes at p. With F16C (AVX2 and up) each code
+// becomes an f16 by moving its bits (sign stays at bit 15, exponent and
+// mantissa shift right by one: the f16 is the value times 2^-8, subnormals
+// included), one conversion per 8 values, then times 2^8 (exact). Without
+// F16C, E4M3Bits: the value times 2^-120, then times 2^120.
+HWY_INLINE void E4M3Block(const uint8_t* p, VF* out) {
+#if HWY_TARGET <= HWY_AVX2
+  const hn::FixedTag<uint8_t, 16> d8;
+  const hn::FixedTag<int16_t, 16> d16;
+  const hn::FixedTag<hwy::float16_t, 16> dh;
+  const auto w = hn::BitCast(d16, hn::ShiftLeft<8>(hn::PromoteTo(hn::RebindToUnsigned<decltype(d16)>(), hn::LoadU(d8, p))));
+  const auto h = hn::BitCast(dh, hn::And(hn::ShiftRight<1>(w), hn::Set(d16, static_cast<int16_t>(0xBFFF))));
+  const VF m = hn::Set(DF(), 256.0f);
+#if HWY_TARGET == HWY_AVX2
+  const hn::FixedTag<hwy::float16_t, 8> dh8;
+  out[0] = hn::Mul(hn::PromoteTo(DF(), hn::LowerHalf(dh8, h)), m);
+  out[1] = hn::Mul(hn::PromoteTo(DF(), hn::UpperHalf(dh8, h)), m);
+#else
+  out[0] = hn::Mul(hn::PromoteTo(DF(), h), m);
+#endif
+#else
+  const VF m = hn::Set(DF(), kTwo120);
+  for (size_t v = 0; v < kVecs; ++v) out[v] = hn::Mul(E4M3Bits(LoadBytesU32(p + v * kN)), m);
+#endif
+}
+
 HWY_INLINE uint32_t LoadU32(const uint8_t* p) {
   uint32_t w;
   std::memcpy(&w, p, 4);
@@ -196,10 +222,7 @@ struct Decoder<Format::kFp8E4M3> {
   static constexpr bool kTail = true;
   HWY_INLINE RowRef Prepare(const uint8_t* p, uint32_t) const { return {p, 1.0f}; }
   HWY_INLINE void Block(const RowRef& r, uint32_t b, VF* out) const {
-    const VF k = hn::Set(DF(), kTwo120);
-    for (size_t v = 0; v < kVecs; ++v) {
-      out[v] = hn::Mul(E4M3Bits(LoadBytesU32(r.p + b * kDotLanes + v * kN)), k);
-    }
+    E4M3Block(r.p + b * kDotLanes, out);
   }
   HWY_INLINE float Value(const RowRef& r, uint32_t i) const { return fi::E4M3ToFloat(r.p[i]); }
 };
@@ -229,12 +252,9 @@ struct Decoder<Format::kTurbo8> {
   explicit Decoder(uint32_t d) : scales_offset(d) {}
   HWY_INLINE RowRef Prepare(const uint8_t* p, uint32_t) const { return {p, 1.0f}; }
   HWY_INLINE void Block(const RowRef& r, uint32_t b, VF* out) const {
-    const float s = fi::BF16ToFloat(fi::LoadU16(r.p + scales_offset + 2 * b));
-    const VF k = hn::Set(DF(), kTwo120);
-    const VF sv = hn::Set(DF(), s);
-    for (size_t v = 0; v < kVecs; ++v) {
-      out[v] = hn::Mul(hn::Mul(E4M3Bits(LoadBytesU32(r.p + b * kDotLanes + v * kN)), k), sv);
-    }
+    const VF s = hn::Set(DF(), fi::BF16ToFloat(fi::LoadU16(r.p + scales_offset + 2 * b)));
+    E4M3Block(r.p + b * kDotLanes, out);
+    for (size_t v = 0; v < kVecs; ++v) out[v] = hn::Mul(out[v], s);
   }
   HWY_INLINE float Value(const RowRef&, uint32_t) const { return 0.0f; }
 };
@@ -1102,6 +1122,15 @@ void ExpBuffer(float* x, size_t n) {
   for (; i < n; ++i) x[i] = Exp(x[i]);
 }
 
+// Exposed for tests: the kernels' E4M3 decode, 16 codes at a time.
+void E4M3Decode(const uint8_t* codes, size_t n, float* out) {
+  for (size_t i = 0; i + kDotLanes <= n; i += kDotLanes) {
+    VF v[kVecs];
+    E4M3Block(codes + i, v);
+    for (size_t j = 0; j < kVecs; ++j) hn::StoreU(v[j], DF(), out + i + j * kN);
+  }
+}
+
 }  // namespace HWY_NAMESPACE
 }  // namespace attention_internal
 }  // namespace kvcache
@@ -1112,9 +1141,13 @@ namespace kvcache {
 namespace attention_internal {
 HWY_EXPORT(RunPlanImpl);
 HWY_EXPORT(ExpBuffer);
+HWY_EXPORT(E4M3Decode);
 
 void RunPlan(const Plan& plan) { HWY_DYNAMIC_DISPATCH(RunPlanImpl)(plan); }
 void ExpBufferForTest(float* x, size_t n) { HWY_DYNAMIC_DISPATCH(ExpBuffer)(x, n); }
+void E4M3DecodeForTest(const uint8_t* codes, size_t n, float* out) {
+  HWY_DYNAMIC_DISPATCH(E4M3Decode)(codes, n, out);
+}
 }  // namespace attention_internal
 }  // namespace kvcache
 #endif

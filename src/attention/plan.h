@@ -83,4 +83,8 @@ void RunPlan(const Plan& plan);
 // The SIMD Exp of reference.h applied to x[n] in place (for tests).
 void ExpBufferForTest(float* x, size_t n);
 
+// The kernels' decode of E4M3 codes (fp8_e4m3, turbo8) into out[n], for
+// tests; n a multiple of 16.
+void E4M3DecodeForTest(const uint8_t* codes, size_t n, float* out);
+
 }  // namespace kvcache::attention_internal

@@ -7,6 +7,7 @@
 #include <hwy/targets.h>
 
 #include <atomic>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -16,6 +17,7 @@
 #include "attention/plan.h"
 #include "attention/reference.h"
 #include "attention/test_views.h"
+#include "format/format_internal.h"
 #include "kvcache/thread_pool.h"
 
 namespace kvcache {
@@ -95,6 +97,25 @@ TEST(AttentionExp, VectorMatchesScalarBitForBit) {
       EXPECT_NEAR(want[i], e, e * 4e-7) << x[i];
     }
   }
+}
+
+TEST(AttentionFp8, KernelDecodeEqualsFormatOnEveryCode) {
+  // Every E4M3 code (subnormals, both zeros, the largest normals) decodes to
+  // the format's value bit for bit on every target. 0x7F and 0xFF are NaN in
+  // the format and never written by the encoder; the kernels may give any
+  // value there.
+  std::vector<uint8_t> codes(256);
+  for (size_t i = 0; i < codes.size(); ++i) codes[i] = static_cast<uint8_t>(i);
+  ForEachTarget([&] {
+    std::vector<float> got(codes.size(), -1.0f);
+    attention_internal::E4M3DecodeForTest(codes.data(), codes.size(), got.data());
+    for (size_t i = 0; i < codes.size(); ++i) {
+      if ((i & 0x7F) == 0x7F) continue;
+      const float want = format_internal::E4M3ToFloat(codes[i]);
+      EXPECT_EQ(std::bit_cast<uint32_t>(got[i]), std::bit_cast<uint32_t>(want))
+          << "code " << i << ": " << got[i] << " vs " << want;
+    }
+  });
 }
 
 struct Case {
