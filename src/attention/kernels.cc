@@ -163,6 +163,18 @@ HWY_INLINE void E4M3Block(const uint8_t* p, VF* out) {
 #endif
 }
 
+// The f16 at p in every lane: one vcvtph2ps with F16C (AVX2 and up), the
+// scalar decode elsewhere. Both are exact.
+HWY_INLINE VF BroadcastF16(const uint8_t* p) {
+#if HWY_TARGET <= HWY_AVX2
+  const hn::Rebind<uint16_t, DF> d16;
+  const hn::Rebind<hwy::float16_t, DF> dh;
+  return hn::PromoteTo(DF(), hn::BitCast(dh, hn::Set(d16, fi::LoadU16(p))));
+#else
+  return hn::Set(DF(), fi::F16ToFloat(fi::LoadU16(p)));
+#endif
+}
+
 HWY_INLINE uint32_t LoadU32(const uint8_t* p) {
   uint32_t w;
   std::memcpy(&w, p, 4);
@@ -364,7 +376,7 @@ struct Decoder<Format::kQ8_0> {
   HWY_INLINE void Block(const RowRef& r, uint32_t b, VF* out) const {
     const hn::Rebind<int8_t, DF> di8;
     const uint8_t* blk = r.p + 34 * (b / 2);
-    const VF d = hn::Set(DF(), fi::F16ToFloat(fi::LoadU16(blk)));
+    const VF d = BroadcastF16(blk);
     const int8_t* c = reinterpret_cast<const int8_t*>(blk + 2 + 16 * (b % 2));
     for (size_t v = 0; v < kVecs; ++v) {
       out[v] = hn::Mul(d, hn::ConvertTo(DF(), hn::PromoteTo(DI(), hn::LoadU(di8, c + v * kN))));
@@ -380,7 +392,7 @@ struct Decoder<Format::kQ4_0> {
   HWY_INLINE void Block(const RowRef& r, uint32_t b, VF* out) const {
     const DU du;
     const uint8_t* blk = r.p + 18 * (b / 2);
-    const VF d = hn::Set(DF(), fi::F16ToFloat(fi::LoadU16(blk)));
+    const VF d = BroadcastF16(blk);
     const auto eight = hn::Set(DI(), 8);
     for (size_t v = 0; v < kVecs; ++v) {
       auto u = LoadBytesU32(blk + 2 + v * kN);
