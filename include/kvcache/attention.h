@@ -25,8 +25,11 @@
 // in src/attention/reference.h (fixed 16-lane dot products, fixed 512-row
 // segments for sums over rows, no fused multiply-add, one exp implementation).
 // Every other format pair matches AttendReference over its own decoded rows
-// (RowCodec::Decode) within the tolerances in docs/attention.md (float
-// rounding only: the quantization error itself is the format's, not ours).
+// (RowCodec::Decode) within the tolerances in docs/attention.md: float
+// rounding, plus, for int8 keys (q8, q8_0) on SIMD targets, the query's
+// rounding to int16 (a score moves by at most
+// scale * max|q'| / 65534 * sum |k'|). The quantization error itself is the
+// format's, not ours.
 //
 // Dequantization is fused into the q.k products and the V accumulation; no
 // K or V row is expanded to an f32 buffer. SIMD kernels are chosen once per

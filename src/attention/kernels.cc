@@ -657,6 +657,114 @@ HWY_INLINE void RowDots(const Decoder<F>& dec, const uint8_t* p, uint32_t d,
   }
 }
 
+// ---------------------------------------------------------------------------
+// Integer K path for int8 keys (q8, q8_0): each query vector is quantized
+// once per K pass to int16 (q ~= qscale * q16, |q16| <= 32767, round to
+// nearest), and a row's dot product is int8 x int16 multiply-adds into int32
+// lanes (ReorderWidenMulAccumulate: vpmaddwd on x86, 2x the multiply-adds
+// of an f32 FMA and no float conversion of the codes). The query's rounding
+// moves a score by at most scale * qscale / 2 * sum_i |k_i| (documented in
+// docs/attention.md). Used when head_dim is a multiple of 32 and at most
+// kIntMaxDim, so that no int32 lane can overflow (a lane adds d / 16 pairs
+// of at most 2 * 128 * 32767).
+
+constexpr uint32_t kIntMaxDim = 1024;
+
+// (Not on the scalar target, whose 1-lane vectors have no int16 pairs.)
+template <Format F>
+constexpr bool kIntKeys = HWY_TARGET != HWY_SCALAR && (F == Format::kQ8 || F == Format::kQ8_0);
+
+HWY_INLINE bool IntPathFits(uint32_t d) { return d % 32 == 0 && d <= kIntMaxDim; }
+
+// q16[d] and its scale from q[d] (d a multiple of 32).
+HWY_INLINE float QuantizeQuery(const float* q, uint32_t d, int16_t* q16) {
+#if HWY_TARGET == HWY_SCALAR
+  (void)q;
+  (void)d;
+  (void)q16;
+  return 0.0f;  // the integer path is off on this target
+#else
+  const DF df;
+  VF vmax = hn::Zero(df);
+  for (uint32_t i = 0; i < d; i += kN) vmax = hn::Max(vmax, hn::Abs(hn::LoadU(df, q + i)));
+  const float amax = hn::GetLane(hn::MaxOfLanes(df, vmax));
+  if (!(amax > 0.0f) || !std::isfinite(amax)) {
+    // Zero: every dot is 0. inf or NaN: the scale is NaN, so every dot is
+    // NaN, as in the float path.
+    std::fill(q16, q16 + d, int16_t{0});
+    return amax == 0.0f ? 0.0f : std::numeric_limits<float>::quiet_NaN();
+  }
+  // Round to nearest; |q * inv| <= 32767 up to rounding, and the demotion
+  // saturates.
+  const VF inv = hn::Set(df, 32767.0f / amax);
+  const hn::Rebind<int16_t, DI> d16;
+  for (uint32_t i = 0; i < d; i += kN) {
+    hn::StoreU(hn::DemoteTo(d16, hn::NearestInt(hn::Mul(hn::LoadU(df, q + i), inv))), d16, q16 + i);
+  }
+  return amax / 32767.0f;
+#endif
+}
+
+#if HWY_TARGET != HWY_SCALAR
+using DI32 = hn::ScalableTag<int32_t>;
+using DI16 = hn::Repartition<int16_t, DI32>;
+constexpr size_t kN16 = hn::MaxLanes(DI16());
+static_assert(32 % kN16 == 0, "int16 lanes must divide a q8_0 block");
+
+// The int16 x int8 products of values [i, i + kN16) of q16 and codes, added
+// into (s0, s1).
+HWY_INLINE void MulAddCodes(const int8_t* codes, const int16_t* q16, hn::Vec<DI32>& s0,
+                            hn::Vec<DI32>& s1) {
+  const DI16 d16;
+  const hn::Rebind<int8_t, DI16> d8;
+  const auto c = hn::PromoteTo(d16, hn::LoadU(d8, codes));
+  s0 = hn::ReorderWidenMulAccumulate(DI32(), c, hn::LoadU(d16, q16), s0, s1);
+}
+
+// dots[j] ~= <q_j, k> for the int8 row at p (scales applied), kQB queries.
+template <Format F, int kQB>
+HWY_INLINE void RowDotsInt(const uint8_t* p, uint32_t d, const int16_t* const* q16,
+                           const float* qscale, float* dots) {
+  const DI32 di;
+  VF tot[kQB];
+  if constexpr (F == Format::kQ8) {
+    hn::Vec<DI32> s0[kQB], s1[kQB];
+    for (int j = 0; j < kQB; ++j) s0[j] = s1[j] = hn::Zero(di);
+    const int8_t* c = reinterpret_cast<const int8_t*>(p);
+    for (uint32_t i = 0; i < d; i += kN16) {
+      for (int j = 0; j < kQB; ++j) MulAddCodes(c + i, q16[j] + i, s0[j], s1[j]);
+    }
+    for (int j = 0; j < kQB; ++j) tot[j] = hn::ConvertTo(DF(), hn::Add(s0[j], s1[j]));
+  } else {
+    for (int j = 0; j < kQB; ++j) tot[j] = hn::Zero(DF());
+    for (uint32_t blk = 0; blk < d / 32; ++blk) {
+      const uint8_t* b = p + 34 * blk;
+      const VF scale = BroadcastF16(b);
+      const int8_t* c = reinterpret_cast<const int8_t*>(b + 2);
+      hn::Vec<DI32> s0[kQB], s1[kQB];
+      for (int j = 0; j < kQB; ++j) s0[j] = s1[j] = hn::Zero(di);
+      for (uint32_t i = 0; i < 32; i += kN16) {
+        for (int j = 0; j < kQB; ++j) MulAddCodes(c + i, q16[j] + 32 * blk + i, s0[j], s1[j]);
+      }
+      for (int j = 0; j < kQB; ++j) {
+        tot[j] = hn::MulAdd(hn::ConvertTo(DF(), hn::Add(s0[j], s1[j])), scale, tot[j]);
+      }
+    }
+  }
+  const float row_scale = F == Format::kQ8 ? fi::Q8RowScale(p, d) : 1.0f;
+  if constexpr (kQB == 4) {
+    Reduce4(tot[0], tot[1], tot[2], tot[3], dots);
+  } else {
+    for (int j = 0; j < kQB; ++j) dots[j] = hn::GetLane(hn::SumOfLanes(DF(), tot[j]));
+  }
+  for (int j = 0; j < kQB; ++j) dots[j] = dots[j] * (qscale[j] * row_scale);
+}
+#else
+template <Format F, int kQB>
+void RowDotsInt(const uint8_t* p, uint32_t d, const int16_t* const* q16, const float* qscale,
+                float* dots);  // never instantiated on this target
+#endif
+
 // True when every row in [r0, r1) is visible to every query of the job
 // (no stored positions, no window, queries at or after row r1 - 1): the
 // common decode case, which skips all per-row visibility checks.
@@ -668,8 +776,10 @@ HWY_INLINE bool AllVisible(const Visibility& vis, const QueryVec* qv, int nq, ui
   return true;
 }
 
-template <Format F, bool kExact, int kQB>
-void KPass(const KArgs& a) {
+// The K pass proper; kInt: int8 keys through RowDotsInt with the queries
+// already quantized (q16, qscale).
+template <Format F, bool kExact, int kQB, bool kInt>
+void KPassRows(const KArgs& a, const int16_t* const* q16, const float* qscale) {
   const Plan& plan = *a.plan;
   const HeadJob& job = *a.job;
   const LayerKvView& view = *job.view;
@@ -691,6 +801,15 @@ void KPass(const KArgs& a) {
   const bool has_bias = job.has_bias;
   const bool all_visible = AllVisible(vis, qv, kQB, a.r1);
   const HeadRows rows(view, view.k, job.head);
+  auto row_dots = [&](const uint8_t* p, float* dots) HWY_ATTR {
+    if constexpr (kInt) {
+      RowDotsInt<F, kQB>(p, d, q16, qscale, dots);
+    } else {
+      (void)q16;
+      (void)qscale;
+      RowDots<F, kExact, kQB>(dec, p, d, q, dots);
+    }
+  };
   Prefetcher pf(rows, a.r0, a.r1);
   for (uint32_t r = a.r0; r < a.r1;) {
     uint32_t n;
@@ -700,7 +819,7 @@ void KPass(const KArgs& a) {
       for (; r < run_end; ++r, p += rows.row_bytes) {
         pf.Step();
         float dots[4];
-        RowDots<F, kExact, kQB>(dec, p, d, q, dots);
+        row_dots(p, dots);
         for (int j = 0; j < kQB; ++j) {
           float x = dots[j] * scale;
           if (has_bias) x = x + bias[j];
@@ -720,7 +839,7 @@ void KPass(const KArgs& a) {
         continue;
       }
       float dots[4];
-      RowDots<F, kExact, kQB>(dec, p, d, q, dots);
+      row_dots(p, dots);
       for (int j = 0; j < kQB; ++j) {
         if (!(mask & (1u << j))) {
           s[j][r] = kNegInf;
@@ -734,6 +853,26 @@ void KPass(const KArgs& a) {
     }
   }
   for (int j = 0; j < kQB; ++j) a.maxes[a.qi0 + j] = m[j];
+}
+
+template <Format F, bool kExact, int kQB>
+void KPass(const KArgs& a) {
+  if constexpr (kIntKeys<F> && !kExact) {
+    const uint32_t d = a.plan->head_dim;
+    if (IntPathFits(d)) {
+      // int8 keys: the integer path, the queries quantized once per call.
+      alignas(64) int16_t q16_buf[kQB * kIntMaxDim];
+      const int16_t* q16[kQB];
+      float qscale[kQB];
+      const QueryVec* qv = a.plan->queries.data() + a.job->first_query + a.qi0;
+      for (int j = 0; j < kQB; ++j) {
+        qscale[j] = QuantizeQuery(qv[j].q, d, q16_buf + j * kIntMaxDim);
+        q16[j] = q16_buf + j * kIntMaxDim;
+      }
+      return KPassRows<F, kExact, kQB, true>(a, q16, qscale);
+    }
+  }
+  KPassRows<F, kExact, kQB, false>(a, nullptr, nullptr);
 }
 
 // ---------------------------------------------------------------------------
