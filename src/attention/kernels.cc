@@ -918,6 +918,7 @@ void VPass(const VArgs& a) {
   const uint8_t* run_p = nullptr;
   uint32_t run_left = 0;
   for (uint32_t t0 = a.r0; t0 < a.r1;) {
+    const uint32_t tile_r0 = t0;
     uint32_t n = 0;
     bool all = true;
     for (; n < kTileRows && t0 < a.r1; ++t0) {
@@ -940,13 +941,22 @@ void VPass(const VArgs& a) {
       ++n;
     }
     if (n == 0) continue;
-    // The tile's weights, [kQB][n] (masked entries are never read).
+    // The tile's weights w[j][i] (masked entries are never read): straight
+    // from e when every row is visible (the tile is rows tile_r0 + i), else
+    // gathered. l adds them in row order either way.
     float et[kQB][kTileRows];
+    const float* w[kQB];
     for (int j = 0; j < kQB; ++j) {
       float l = a.l[a.qi0 + j];
-      for (uint32_t i = 0; i < n; ++i) {
-        et[j][i] = e[j][ridx[i]];
-        if (masks[i] & (1u << j)) l = l + et[j][i];
+      if (all_visible) {
+        w[j] = e[j] + tile_r0;
+        for (uint32_t i = 0; i < n; ++i) l = l + w[j][i];
+      } else {
+        for (uint32_t i = 0; i < n; ++i) {
+          et[j][i] = e[j][ridx[i]];
+          if (masks[i] & (1u << j)) l = l + et[j][i];
+        }
+        w[j] = et[j];
       }
       a.l[a.qi0 + j] = l;
     }
@@ -963,7 +973,7 @@ void VPass(const VArgs& a) {
           VF vv[kVecs];
           decode(rows[i], vv);
           for (int j = 0; j < kQB; ++j) {
-            const VF ew = hn::Set(DF(), et[j][i]);
+            const VF ew = hn::Set(DF(), w[j][i]);
             for (size_t v = 0; v < kVecs; ++v) acc[j][v] = MulAcc<kExact>(ew, vv[v], acc[j][v]);
           }
         }
@@ -973,7 +983,7 @@ void VPass(const VArgs& a) {
           decode(rows[i], vv);
           for (int j = 0; j < kQB; ++j) {
             if (!(masks[i] & (1u << j))) continue;
-            const VF ew = hn::Set(DF(), et[j][i]);
+            const VF ew = hn::Set(DF(), w[j][i]);
             for (size_t v = 0; v < kVecs; ++v) acc[j][v] = MulAcc<kExact>(ew, vv[v], acc[j][v]);
           }
         }
