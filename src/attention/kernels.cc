@@ -665,8 +665,8 @@ HWY_INLINE void RowDots(const Decoder<F>& dec, const uint8_t* p, uint32_t d,
 // of an f32 FMA and no float conversion of the codes). The query's rounding
 // moves a score by at most scale * qscale / 2 * sum_i |k_i| (documented in
 // docs/attention.md). Used when head_dim is a multiple of 32 and at most
-// kIntMaxDim, so that no int32 lane can overflow (a lane adds d / 16 pairs
-// of at most 2 * 128 * 32767).
+// kIntMaxDim, so that no int32 lane can overflow (a lane adds at most d / 8
+// pairs, on SSE4, of at most 2 * 128 * 32767 each: < 2^30 for d = 1024).
 
 constexpr uint32_t kIntMaxDim = 1024;
 
@@ -686,8 +686,15 @@ HWY_INLINE float QuantizeQuery(const float* q, uint32_t d, int16_t* q16) {
 #else
   const DF df;
   VF vmax = hn::Zero(df);
-  for (uint32_t i = 0; i < d; i += kN) vmax = hn::Max(vmax, hn::Abs(hn::LoadU(df, q + i)));
-  const float amax = hn::GetLane(hn::MaxOfLanes(df, vmax));
+  VF vbad = hn::Zero(df);  // x * 0 is NaN exactly for x inf or NaN
+  for (uint32_t i = 0; i < d; i += kN) {
+    const VF x = hn::LoadU(df, q + i);
+    vmax = hn::Max(vmax, hn::Abs(x));
+    vbad = hn::Add(vbad, hn::Mul(x, hn::Zero(df)));
+  }
+  const float amax = std::isnan(hn::GetLane(hn::SumOfLanes(df, vbad)))
+                         ? std::numeric_limits<float>::infinity()
+                         : hn::GetLane(hn::MaxOfLanes(df, vmax));
   if (!(amax > 0.0f) || !std::isfinite(amax)) {
     // Zero: every dot is 0. inf or NaN: the scale is NaN, so every dot is
     // NaN, as in the float path.

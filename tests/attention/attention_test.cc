@@ -314,6 +314,45 @@ void RunLossyCase(FormatPair fp, const ViewSpec& base, uint32_t n_q_heads, uint3
   });
 }
 
+TEST(AttentionLossy, NanQueryOnIntKeysActsAsOnFloatKeys) {
+  // A NaN in a query makes every score of its head NaN on the float path
+  // (what the scalar target runs). The int8-key path rounds the query to
+  // int16 first; it must give that head the same result, not finite
+  // garbage from a rounded NaN, and leave the other heads finite.
+  for (Format k : {Format::kQ8, Format::kQ8_0}) {
+    ViewSpec s;
+    s.n_kv_heads = 2;
+    s.head_dim = 64;
+    s.num_tokens = 40;
+    s.formats = {k, Format::kF32};
+    auto tv = TestView::Make(s);
+    ASSERT_TRUE(tv.ok()) << tv.status().ToString();
+    auto q = RandomVector(4 * 64, 3);
+    q[5] = std::numeric_limits<float>::quiet_NaN();  // q head 0 (kv head 0)
+    AttentionOptions o;
+    o.n_q_heads = 4;
+    auto run = [&]() {
+      std::vector<float> out(q.size());
+      AttentionOutput ao;
+      ao.out = out;
+      EXPECT_TRUE(AttendDecode((*tv)->view(), q, o, ao).ok());
+      return out;
+    };
+    hwy::SetSupportedTargetsForTest(HWY_SCALAR);
+    const std::vector<float> want = run();
+    ForEachTarget([&] {
+      const std::vector<float> got = run();
+      for (size_t i = 0; i < 64; ++i) {
+        ASSERT_EQ(std::bit_cast<uint32_t>(got[i]), std::bit_cast<uint32_t>(want[i]))
+            << FormatName(k) << " at " << i;
+      }
+      for (size_t i = 2 * 64; i < got.size(); ++i) {
+        ASSERT_TRUE(std::isfinite(got[i])) << FormatName(k) << " at " << i;
+      }
+    });
+  }
+}
+
 TEST(AttentionLossy, EveryFormatPairMatchesDecodedReference) {
   ViewSpec s;
   s.n_kv_heads = 2;
