@@ -5,6 +5,7 @@
 #include <benchmark/benchmark.h>
 
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "attention/bench_support.h"
@@ -75,6 +76,44 @@ void DecodeArgs(benchmark::internal::Benchmark* b) {
   b->Args({static_cast<int>(Format::kBF16), static_cast<int>(Format::kBF16), 8192, 1, 1, 4});
 }
 BENCHMARK(BM_Attend)->Apply(DecodeArgs)->Unit(benchmark::kMicrosecond)->UseRealTime();
+
+// The arithmetic cost per stored row with memory out of the way: one kv
+// head, 4 q heads (one GQA group), head_dim 128, 512 rows (L2-resident),
+// one thread, repeated steps on the same data. Args: format (both sides).
+// Reports ns_per_row (docs/attention.md, "Where the arithmetic goes").
+void BM_AttendInCache(benchmark::State& state) {
+  const Format f = static_cast<Format>(state.range(0));
+  constexpr uint32_t kRows = 512, kGroup = 4;
+  SyntheticKvOptions so;
+  so.formats = {f, f};
+  so.n_kv_heads = 1;
+  so.head_dim = kHeadDim;
+  so.num_tokens = kRows;
+  so.paged = false;
+  auto kv = SyntheticKv::Create(so);
+  if (!kv.ok()) {
+    state.SkipWithError("cannot build the view");
+    return;
+  }
+  std::vector<float> q(kGroup * kHeadDim), out(q.size());
+  for (size_t i = 0; i < q.size(); ++i) q[i] = 0.01f * static_cast<float>(i % 13) - 0.06f;
+  AttentionOptions o;
+  o.n_q_heads = kGroup;
+  AttentionOutput ao;
+  ao.out = out;
+  for (auto _ : state) {
+    const Status st = AttendDecode((*kv)->view(), q, o, ao);
+    benchmark::DoNotOptimize(out.data());
+    if (!st.ok()) state.SkipWithError(st.ToString().c_str());
+  }
+  state.counters["ns_per_row"] = benchmark::Counter(
+      static_cast<double>(state.iterations()) * kRows,
+      benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
+  state.SetLabel(std::string(FormatName(f)) + " " + SimdTarget());
+}
+BENCHMARK(BM_AttendInCache)
+    ->DenseRange(0, static_cast<int>(Format::kQ4_0))
+    ->Unit(benchmark::kMicrosecond);
 
 // Args: format (both sides), sequences, context, threads.
 void BM_AttendBatch(benchmark::State& state) {
