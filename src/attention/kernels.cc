@@ -78,8 +78,11 @@ struct Table {
   VF lo, hi;
   float raw[8] = {};
   explicit Table(const float* t) {
+    // Entries repeat with period kSize, so a lookup that reads only the low
+    // 3 bits of an index (Permute8) sees the right value for any index whose
+    // low log2(kSize) bits are the code.
     alignas(64) float buf[2 * kDotLanes] = {};
-    for (size_t i = 0; i < kSize; ++i) buf[i] = raw[i] = t[i];
+    for (size_t i = 0; i < 8; ++i) buf[i] = raw[i] = t[i % kSize];
     const DF df;
     if constexpr (kN < 4) {
       lo = hi = hn::Zero(df);
@@ -112,6 +115,19 @@ struct Table {
     }
   }
 };
+
+// table[idx & 7] per lane, for tables of at most 8 entries: on AVX2 one
+// vpermps, which reads only the low 3 bits of each index, so callers skip
+// masking the code out of its packed word; elsewhere Table::Lookup on the
+// masked index.
+template <size_t kSize>
+HWY_INLINE VF Permute8(const Table<kSize>& t, hn::Vec<DU> idx) {
+#if HWY_TARGET == HWY_AVX2
+  return VF{_mm256_permutevar8x32_ps(t.lo.raw, idx.raw)};
+#else
+  return t.Lookup(hn::And(idx, hn::Set(DU(), static_cast<uint32_t>(kSize - 1))));
+#endif
+}
 
 // ---------------------------------------------------------------------------
 // Decoders: Block(row, b, out) writes values [16b, 16b + 16) of a stored row,
@@ -291,9 +307,21 @@ struct Decoder<Format::kTurbo4> {
       : scales_offset(d / 2), neg(fi::kTurbo4Levels.data()), pos(fi::kTurbo4Levels.data() + 8) {}
   HWY_INLINE RowRef Prepare(const uint8_t* p, uint32_t) const { return {p, 1.0f}; }
   HWY_INLINE void Block(const RowRef& r, uint32_t b, VF* out) const {
-    const DU du;
     const uint8_t* c = r.p + 8 * b;
     const VF sv = hn::Set(DF(), fi::E4M3ToFloat(r.p[scales_offset + b]));
+#if HWY_TARGET == HWY_AVX2
+    // Low nibbles, then high nibbles, of the 8 code bytes: two vpermps on
+    // the code's low 3 bits, its bit 3 moved to the sign bit picks the half.
+    const auto u = LoadBytesU32(c);
+    const auto h = hn::ShiftRight<4>(u);
+    out[0] = hn::Mul(hn::IfNegativeThenElse(hn::BitCast(DF(), hn::ShiftLeft<28>(u)), Permute8(pos, u),
+                                            Permute8(neg, u)),
+                     sv);
+    out[1] = hn::Mul(hn::IfNegativeThenElse(hn::BitCast(DF(), hn::ShiftLeft<24>(u)), Permute8(pos, h),
+                                            Permute8(neg, h)),
+                     sv);
+#else
+    const DU du;
     for (size_t v = 0; v < kVecs; ++v) {
       hn::Vec<DU> idx;
       if constexpr (kN <= 8) {
@@ -313,6 +341,7 @@ struct Decoder<Format::kTurbo4> {
       const auto upper = hn::RebindMask(DF(), hn::TestBit(idx, hn::Set(du, 8u)));
       out[v] = hn::Mul(hn::IfThenElse(upper, bb, a), sv);
     }
+#endif
   }
   HWY_INLINE float Value(const RowRef&, uint32_t) const { return 0.0f; }
 };
@@ -340,8 +369,7 @@ struct Decoder<Format::kTurbo3> {
       } else {
         w = hn::IfThenElse(hn::FirstN(du, 8), hn::Set(du, LoadU32(c)), hn::Set(du, LoadU32(c + 3)));
       }
-      const auto idx = hn::And((w >> shifts[v]), hn::Set(du, 7u));
-      out[v] = hn::Mul(levels.Lookup(idx), sv);
+      out[v] = hn::Mul(Permute8(levels, w >> shifts[v]), sv);
     }
   }
   HWY_INLINE float Value(const RowRef&, uint32_t) const { return 0.0f; }
@@ -362,8 +390,7 @@ struct Decoder<Format::kTurbo2> {
     const auto w = hn::Set(du, LoadU32(r.p + 4 * b));
     const VF sv = hn::Set(DF(), fi::E4M3ToFloat(r.p[scales_offset + b]));
     for (size_t v = 0; v < kVecs; ++v) {
-      const auto idx = hn::And((w >> shifts[v]), hn::Set(du, 3u));
-      out[v] = hn::Mul(levels.Lookup(idx), sv);
+      out[v] = hn::Mul(Permute8(levels, w >> shifts[v]), sv);
     }
   }
   HWY_INLINE float Value(const RowRef&, uint32_t) const { return 0.0f; }
