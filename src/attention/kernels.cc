@@ -233,11 +233,27 @@ template <>
 struct Decoder<Format::kBF16> {
   static constexpr bool kTail = true;
   HWY_INLINE RowRef Prepare(const uint8_t* p, uint32_t) const { return {p, 1.0f}; }
+  // Kernel order (plan.h): the even values of the group, then the odd ones.
+  // A 32-bit word holds value 2w in its low half and 2w + 1 in its high
+  // half, so the word shifted left by 16 is the even value as an f32 and the
+  // word with its low half cleared is the odd one: one op per 8 values.
   HWY_INLINE void Block(const RowRef& r, uint32_t b, VF* out) const {
-    const hn::Rebind<uint16_t, DF> du16;
-    const uint16_t* h = reinterpret_cast<const uint16_t*>(r.p) + b * kDotLanes;
-    for (size_t v = 0; v < kVecs; ++v) {
-      out[v] = hn::BitCast(DF(), hn::ShiftLeft<16>(hn::PromoteTo(DU(), hn::LoadU(du16, h + v * kN))));
+    const DU du;
+    const uint8_t* g = r.p + b * 2 * kDotLanes;
+    if constexpr (kVecs >= 2) {
+      for (size_t v = 0; v < kVecs / 2; ++v) {
+        const auto w = hn::LoadU(du, reinterpret_cast<const uint32_t*>(g) + v * kN);
+        out[v] = hn::BitCast(DF(), hn::ShiftLeft<16>(w));
+        out[kVecs / 2 + v] = hn::BitCast(DF(), hn::And(w, hn::Set(du, 0xFFFF0000u)));
+      }
+    } else {
+      alignas(64) uint32_t buf[kDotLanes];
+      for (size_t i = 0; i < kDotLanes / 2; ++i) {
+        const uint32_t w = LoadU32(g + 4 * i);
+        buf[i] = w << 16;
+        buf[kDotLanes / 2 + i] = w & 0xFFFF0000u;
+      }
+      out[0] = hn::BitCast(DF(), hn::Load(du, buf));
     }
   }
   HWY_INLINE float Value(const RowRef& r, uint32_t i) const {

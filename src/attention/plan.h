@@ -51,11 +51,14 @@ struct Plan {
   std::vector<float> prepared_q;  // [queries.size()][padded_dim]
 };
 
-// Kernel value order. turbo4 rows are consumed as "low nibbles, then high
-// nibbles" of each 16-value group (values 0,2,..,14 then 1,3,..,15), which
-// saves a shuffle per vector; queries are permuted into that order before
-// the kernels run and outputs back after. Other formats use natural order.
-inline bool UsesNibbleOrder(Format f) { return f == Format::kTurbo4; }
+// Kernel value order. turbo4 and bf16 rows are consumed as "even values,
+// then odd values" of each 16-value group (values 0,2,..,14 then 1,3,..,15:
+// turbo4's low nibbles then high nibbles, bf16's low halves then high halves
+// of 32-bit words), which saves a shuffle per vector; queries are permuted
+// into that order before the kernels run and outputs back after (a tail
+// group shorter than 16 stays in natural order). Other formats use natural
+// order.
+inline bool UsesNibbleOrder(Format f) { return f == Format::kTurbo4 || f == Format::kBF16; }
 inline void ToNibbleOrder(float* x, uint32_t head_dim) {
   float t[16];
   for (uint32_t g = 0; g + 16 <= head_dim; g += 16) {
