@@ -66,7 +66,7 @@ constexpr size_t kVecs = kDotLanes / kN;  // vectors per 16-value block
 static_assert(kN <= kDotLanes && kDotLanes % kN == 0, "lane count must divide 16");
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-constexpr float kTwo120 = 1.329227995784915872903807060280344576e36f;  // 2^120
+constexpr float kTwo112 = 5.192296858534827628530496329220096e33f;  // 2^112
 
 // ---------------------------------------------------------------------------
 // Table lookups on small float tables (idx in u32 lanes, already < size).
@@ -153,11 +153,12 @@ HWY_INLINE VF E4M3Bits(hn::Vec<DU> u) {
   return hn::BitCast(DF(), hn::Or(mag, sign));
 }
 
-// The values of 16 E4M3 codes at p. With F16C (AVX2 and up) each code
-// becomes an f16 by moving its bits (sign stays at bit 15, exponent and
-// mantissa shift right by one: the f16 is the value times 2^-8, subnormals
-// included), one conversion per 8 values, then times 2^8 (exact). Without
-// F16C, E4M3Bits: the value times 2^-120, then times 2^120.
+// The values of 16 E4M3 codes at p times 2^-8 (exact: the 2^8 goes into a
+// scale the caller applies anyway, see kValueMul). With F16C (AVX2 and up)
+// each code becomes an f16 by moving its bits (sign stays at bit 15,
+// exponent and mantissa shift right by one: the f16 is the value times
+// 2^-8, subnormals included), one conversion per 8 values. Without F16C,
+// E4M3Bits: the value times 2^-120, then times 2^112.
 HWY_INLINE void E4M3Block(const uint8_t* p, VF* out) {
 #if HWY_TARGET <= HWY_AVX2
   const hn::FixedTag<uint8_t, 16> d8;
@@ -165,16 +166,15 @@ HWY_INLINE void E4M3Block(const uint8_t* p, VF* out) {
   const hn::FixedTag<hwy::float16_t, 16> dh;
   const auto w = hn::BitCast(d16, hn::ShiftLeft<8>(hn::PromoteTo(hn::RebindToUnsigned<decltype(d16)>(), hn::LoadU(d8, p))));
   const auto h = hn::BitCast(dh, hn::And(hn::ShiftRight<1>(w), hn::Set(d16, static_cast<int16_t>(0xBFFF))));
-  const VF m = hn::Set(DF(), 256.0f);
 #if HWY_TARGET == HWY_AVX2
   const hn::FixedTag<hwy::float16_t, 8> dh8;
-  out[0] = hn::Mul(hn::PromoteTo(DF(), hn::LowerHalf(dh8, h)), m);
-  out[1] = hn::Mul(hn::PromoteTo(DF(), hn::UpperHalf(dh8, h)), m);
+  out[0] = hn::PromoteTo(DF(), hn::LowerHalf(dh8, h));
+  out[1] = hn::PromoteTo(DF(), hn::UpperHalf(dh8, h));
 #else
-  out[0] = hn::Mul(hn::PromoteTo(DF(), h), m);
+  out[0] = hn::PromoteTo(DF(), h);
 #endif
 #else
-  const VF m = hn::Set(DF(), kTwo120);
+  const VF m = hn::Set(DF(), kTwo112);
   for (size_t v = 0; v < kVecs; ++v) out[v] = hn::Mul(E4M3Bits(LoadBytesU32(p + v * kN)), m);
 #endif
 }
@@ -261,6 +261,9 @@ struct Decoder<Format::kBF16> {
   }
 };
 
+// fp8 values come out times 2^-8 (E4M3Block); kValueMul puts the 2^8 back
+// once per score (K) and once per output (Finalize), which is exact and
+// saves a multiply per 8 values.
 template <>
 struct Decoder<Format::kFp8E4M3> {
   static constexpr bool kTail = true;
@@ -268,8 +271,16 @@ struct Decoder<Format::kFp8E4M3> {
   HWY_INLINE void Block(const RowRef& r, uint32_t b, VF* out) const {
     E4M3Block(r.p + b * kDotLanes, out);
   }
-  HWY_INLINE float Value(const RowRef& r, uint32_t i) const { return fi::E4M3ToFloat(r.p[i]); }
+  HWY_INLINE float Value(const RowRef& r, uint32_t i) const {
+    return fi::E4M3ToFloat(r.p[i]) * (1.0f / 256.0f);
+  }
 };
+
+// What a format's decoded values must be multiplied by to be the stored
+// values (a power of two).
+template <Format F>
+constexpr float kValueMul = F == Format::kFp8E4M3 ? 256.0f : 1.0f;
+inline float ValueMul(Format f) { return f == Format::kFp8E4M3 ? 256.0f : 1.0f; }
 
 template <>
 struct Decoder<Format::kQ8> {
@@ -296,7 +307,8 @@ struct Decoder<Format::kTurbo8> {
   explicit Decoder(uint32_t d) : scales_offset(d) {}
   HWY_INLINE RowRef Prepare(const uint8_t* p, uint32_t) const { return {p, 1.0f}; }
   HWY_INLINE void Block(const RowRef& r, uint32_t b, VF* out) const {
-    const VF s = hn::Set(DF(), fi::BF16ToFloat(fi::LoadU16(r.p + scales_offset + 2 * b)));
+    // The codes come out times 2^-8, so the group scale goes in times 2^8.
+    const VF s = hn::Set(DF(), 256.0f * fi::BF16ToFloat(fi::LoadU16(r.p + scales_offset + 2 * b)));
     E4M3Block(r.p + b * kDotLanes, out);
     for (size_t v = 0; v < kVecs; ++v) out[v] = hn::Mul(out[v], s);
   }
@@ -847,7 +859,7 @@ void KPassRows(const KArgs& a, const int16_t* const* q16, const float* qscale) {
     m[j] = a.maxes[a.qi0 + j];
     bias[j] = qv[j].bias;
   }
-  const float scale = plan.scale;
+  const float scale = plan.scale * kValueMul<F>;
   const bool has_bias = job.has_bias;
   const bool all_visible = AllVisible(vis, qv, kQB, a.r1);
   const HeadRows rows(view, view.k, job.head);
@@ -1154,6 +1166,7 @@ void Finalize(const Plan& plan, const HeadJob& job, const float* e, const float*
   const uint32_t d = plan.head_dim, pd = plan.padded_dim;
   const RowTransform* vt = view.v.transforms ? &view.v.transforms[job.head] : nullptr;
   const bool rotated = IsRotated(view.v.format);
+  const float vmul = ValueMul(view.v.format);
   if (job.kv_probs) std::fill(job.kv_probs, job.kv_probs + view.num_tokens, 0.0f);
   for (uint32_t qi = 0; qi < job.nq; ++qi) {
     const QueryVec& q = plan.queries[job.first_query + qi];
@@ -1165,7 +1178,7 @@ void Finalize(const Plan& plan, const HeadJob& job, const float* e, const float*
     }
     const float lsum = l[qi];
     const float* oq = o + static_cast<size_t>(qi) * pd;
-    for (uint32_t i = 0; i < d; ++i) tmp[i] = oq[i] / lsum;
+    for (uint32_t i = 0; i < d; ++i) tmp[i] = (oq[i] * vmul) / lsum;
     if (UsesNibbleOrder(view.v.format)) FromNibbleOrder(tmp, d);
     if (rotated) view.v.codec->InverseRotate(tmp);
     if (vt != nullptr && !vt->col_scale.empty()) {
@@ -1338,7 +1351,8 @@ void E4M3Decode(const uint8_t* codes, size_t n, float* out) {
   for (size_t i = 0; i + kDotLanes <= n; i += kDotLanes) {
     VF v[kVecs];
     E4M3Block(codes + i, v);
-    for (size_t j = 0; j < kVecs; ++j) hn::StoreU(v[j], DF(), out + i + j * kN);
+    const VF m = hn::Set(DF(), 256.0f);
+    for (size_t j = 0; j < kVecs; ++j) hn::StoreU(hn::Mul(v[j], m), DF(), out + i + j * kN);
   }
 }
 
