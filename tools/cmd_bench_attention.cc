@@ -7,6 +7,13 @@
 // Each timed step is preceded by a cache flush (a 64 MiB read) so that K/V
 // come from memory, as they do in a real model with many layers.
 //
+// Every case is built first and then timed in interleaved rounds (one step
+// of each case per round, each followed by a bandwidth sample and a pattern
+// read), so that the ratios between cases (paged vs contiguous, turbo vs
+// bf16, block 16 vs 64) come from the same stretch of time: on a shared
+// machine whose speed moves by 10-30% over a minute, timing one case after
+// another would put that drift into the ratios.
+//
 // Two floors are measured beside each case, to show what limits it:
 //   pattern_read: the same K/V bytes read in the kernels' order and split
 //     (block-table pieces per head), with no arithmetic: the memory floor of
@@ -51,7 +58,7 @@ struct BenchOptions {
   uint32_t batch_context = 2048;
   size_t bandwidth_mib = 256;
   bool small_pages = false;  // storage without the transparent-huge-page advice
-  uint32_t block_size = 16;  // paged layout: tokens per pool block
+  std::vector<uint32_t> block_sizes = {16};  // paged layout: tokens per pool block
 };
 
 constexpr uint32_t kQHeads = 32, kKvHeads = 8, kHeadDim = 128;
@@ -93,18 +100,19 @@ int RunBench(const BenchOptions& o) {
     }
     pairs.push_back(*p);
   }
-  std::vector<bool> layouts;  // paged?
-  if (o.layout == "paged") {
-    layouts = {true};
-  } else if (o.layout == "contiguous") {
-    layouts = {false};
-  } else if (o.layout == "both") {
-    layouts = {false, true};
-  } else {
+  // Layouts as block sizes, 0 = contiguous.
+  std::vector<uint32_t> layouts;
+  const bool want_contiguous = o.layout == "contiguous" || o.layout == "both";
+  const bool want_paged = o.layout == "paged" || o.layout == "both";
+  if (want_contiguous) layouts.push_back(0);
+  if (want_paged) layouts.insert(layouts.end(), o.block_sizes.begin(), o.block_sizes.end());
+  if (!want_contiguous && !want_paged) {
     fmt::print(stderr, "kvcache bench attention: --layout must be contiguous, paged or both\n");
     return 2;
   }
-  if (o.repeats == 0 || o.threads == 0 || o.context == 0 || o.block_size == 0) {
+  const bool bad_block = o.block_sizes.empty() ||
+                         std::find(o.block_sizes.begin(), o.block_sizes.end(), 0u) != o.block_sizes.end();
+  if (o.repeats == 0 || o.threads == 0 || o.context == 0 || bad_block) {
     fmt::print(stderr,
                "kvcache bench attention: --repeats, --threads, --context and --block-size must be "
                "> 0\n");
@@ -113,17 +121,6 @@ int RunBench(const BenchOptions& o) {
   ThreadPool pool(o.threads);
   ReadBandwidthProbe probe(std::max(o.bandwidth_mib, size_t{64}) << 20);
   probe.MeasureOnce(&pool);  // warm up (page faults)
-  // Medians of wall-clock and CPU-time bandwidth.
-  auto bandwidth = [&](double* cpu_bw) {
-    std::vector<double> bw, cbw;
-    for (uint32_t i = 0; i < std::max(3u, o.repeats); ++i) {
-      double c = 0;
-      bw.push_back(probe.MeasureOnce(&pool, &c));
-      cbw.push_back(c);
-    }
-    *cpu_bw = Median(cbw);
-    return Median(bw);
-  };
   using attention_internal::ProcessCpuSeconds;
   const std::string simd = SimdTarget();
   nlohmann::json results = nlohmann::json::array();
@@ -134,7 +131,11 @@ int RunBench(const BenchOptions& o) {
     } else {
       fmt::print("{:<20} {:<10} {:>6} {:>5} {:>3} {:>10.1f} {:>9.1f} {:>8.2f} {:>8.2f} {:>6.3f} {:>10.1f} {:>8.2f} {:>8.3f} {:>10.1f} {:>10.1f} {:>6.3f}\n",
                  j["k_format"].get<std::string>() + ":" + j["v_format"].get<std::string>(),
-                 j["layout"].get<std::string>(), j["context_tokens"].get<uint32_t>(),
+                 j["layout"].get<std::string>() +
+                     (j["block_size"].get<uint32_t>() != 0
+                          ? fmt::format("/{}", j["block_size"].get<uint32_t>())
+                          : std::string()),
+                 j["context_tokens"].get<uint32_t>(),
                  j["sequences"].get<uint32_t>(), j["threads"].get<uint32_t>(),
                  j["step_us"].get<double>(), j["kv_bytes"].get<double>() / 1048576.0,
                  j["effective_gb_per_s"].get<double>(), j["read_bandwidth_gb_per_s"].get<double>(),
@@ -149,22 +150,10 @@ int RunBench(const BenchOptions& o) {
     fmt::print("SIMD target {}, {} threads, {} q heads / {} kv heads / head_dim {}\n", simd,
                o.threads, kQHeads, kKvHeads, kHeadDim);
     fmt::print("{:<20} {:<10} {:>6} {:>5} {:>3} {:>10} {:>9} {:>8} {:>8} {:>6} {:>10} {:>8} {:>8} {:>10} {:>10} {:>6}\n",
-               "k:v", "layout", "ctx", "seqs", "thr", "step_us", "kv_MiB", "eff_GB/s", "read_GB/s",
+               "k:v", "layout/bs", "ctx", "seqs", "thr", "step_us", "kv_MiB", "eff_GB/s", "read_GB/s",
                "frac", "cpu_us", "cpuGB/s", "cpu_frac", "pat_cpu_us", "cmp_cpu_us", "pat_fr");
   }
 
-  // The pattern-read floor: medians over repeats, each after a flush.
-  auto pattern_read = [&](const std::vector<LayerKvView>& views, double* cpu_us) {
-    std::vector<double> wall, cpu;
-    for (uint32_t r = 0; r < o.repeats; ++r) {
-      probe.Flush(kFlushBytes);
-      double c = 0;
-      wall.push_back(ReadLikeAttention(views, &pool, &c));
-      cpu.push_back(c);
-    }
-    *cpu_us = Median(cpu) * 1e6;
-    return Median(wall) * 1e6;
-  };
   // The compute floor per stored row (all kv heads), CPU seconds / threads,
   // from repeated steps over a cache-resident kWarmContext-token sequence.
   auto compute_per_row = [&](SyntheticKvOptions so, const AttentionOptions& ao) -> double {
@@ -185,114 +174,117 @@ int RunBench(const BenchOptions& o) {
     return Median(cpu) / kWarmContext;
   };
 
+  // The cases, all built before any is timed.
+  struct Case {
+    const char* name;  // "single" or "batched"
+    FormatPair fp;
+    uint32_t block_size;  // 0: contiguous
+    uint32_t context, sequences;
+    double per_row;  // compute floor per stored row
+    std::vector<std::unique_ptr<SyntheticKv>> kvs;
+    std::vector<LayerKvView> views;
+    std::vector<float> q, out;
+    std::vector<double> steps, cpu_steps, bw, cpu_bw, pat, pat_cpu;
+  };
+  AttentionOptions ao;
+  ao.n_q_heads = kQHeads;
+  ao.pool = &pool;
+  std::vector<Case> cases;
   for (FormatPair fp : pairs) {
-    for (bool paged : layouts) {
-      // One sequence.
+    for (uint32_t bs : layouts) {
       SyntheticKvOptions so;
       so.formats = fp;
       so.n_kv_heads = kKvHeads;
       so.head_dim = kHeadDim;
-      so.num_tokens = o.context;
-      so.paged = paged;
-      so.block_size = o.block_size;
+      so.paged = bs != 0;
+      so.block_size = bs != 0 ? bs : 16;
       so.huge_pages = !o.small_pages;
-      auto kv = SyntheticKv::Create(so);
-      if (!kv.ok()) {
-        fmt::print(stderr, "kvcache bench attention: {}: {}\n", FormatPairName(fp),
-                   kv.status().ToString());
-        return 1;
-      }
-      std::vector<float> q(kQHeads * kHeadDim, 0.01f), out(q.size());
-      for (size_t i = 0; i < q.size(); ++i) q[i] = 0.01f * static_cast<float>(i % 97) - 0.4f;
-      AttentionOptions ao;
-      ao.n_q_heads = kQHeads;
-      ao.pool = &pool;
-      AttentionOutput outs;
-      outs.out = out;
-      nlohmann::json j;
-      j["k_format"] = FormatName(fp.k);
-      j["v_format"] = FormatName(fp.v);
-      j["layout"] = paged ? "paged" : "contiguous";
-      j["block_size"] = paged ? o.block_size : 0;  // 0: contiguous
-      j["threads"] = o.threads;
-      j["simd_target"] = simd;
-      // Times `step` (after a flush each), then fills the case's figures
-      // into j: wall and CPU time (process CPU seconds / threads, steadier
-      // when other jobs share the cores) against the read bandwidth, and
-      // the pattern-read and compute floors. False if a step failed.
-      auto measure = [&](const char* name, uint32_t context, uint32_t sequences,
-                         const std::vector<LayerKvView>& views, double per_row,
-                         auto&& step_fn) -> bool {
-        std::vector<double> steps, cpu_steps;
-        for (uint32_t r = 0; r < o.repeats + 1; ++r) {
-          probe.Flush(kFlushBytes);
-          const double c0 = ProcessCpuSeconds();
-          const auto t0 = std::chrono::steady_clock::now();
-          const Status st = step_fn();
-          const auto t1 = std::chrono::steady_clock::now();
-          const double c1 = ProcessCpuSeconds();
-          if (!st.ok()) {
-            fmt::print(stderr, "kvcache bench attention: {}\n", st.ToString());
-            return false;
-          }
-          if (r > 0) {
-            steps.push_back(std::chrono::duration<double>(t1 - t0).count());
-            cpu_steps.push_back((c1 - c0) / o.threads);
-          }
-        }
-        double cpu_bw = 0;
-        const double bw = bandwidth(&cpu_bw);
-        const double step = Median(steps), cpu_step = Median(cpu_steps);
-        double bytes = 0;
-        for (const LayerKvView& v : views) bytes += static_cast<double>(KvBytes(v));
-        j["case"] = name;
-        j["context_tokens"] = context;
-        j["sequences"] = sequences;
-        j["step_us"] = step * 1e6;
-        j["kv_bytes"] = bytes;
-        j["effective_gb_per_s"] = bytes / step / 1e9;
-        j["read_bandwidth_gb_per_s"] = bw;
-        j["bandwidth_fraction"] = bytes / step / 1e9 / bw;
-        j["step_cpu_us"] = cpu_step * 1e6;
-        j["read_bandwidth_cpu_gb_per_s"] = cpu_bw;
-        j["bandwidth_fraction_cpu"] = bytes / cpu_step / 1e9 / cpu_bw;
-        double pat_cpu_us = 0;
-        j["pattern_read_us"] = pattern_read(views, &pat_cpu_us);
-        j["pattern_read_cpu_us"] = pat_cpu_us;
-        j["pattern_fraction_cpu"] = pat_cpu_us / (cpu_step * 1e6);
-        j["compute_cpu_us"] = per_row * context * sequences * 1e6;
-        emit(j);
-        return true;
-      };
       const double per_row = compute_per_row(so, ao);
-      if (!measure("single", o.context, 1, {(*kv)->view()}, per_row,
-                   [&] { return AttendDecode((*kv)->view(), q, ao, outs); })) {
-        return 1;
-      }
-      kv = Status::Internal("released");  // free before the batch case
-
-      if (o.batch_seqs == 0) continue;
-      // Batched decode.
-      std::vector<std::unique_ptr<SyntheticKv>> seqs;
-      std::vector<LayerKvView> views;
-      for (uint32_t s = 0; s < o.batch_seqs; ++s) {
-        so.num_tokens = o.batch_context;
-        so.seed = 100 + s;
-        auto sk = SyntheticKv::Create(so);
-        if (!sk.ok()) {
-          fmt::print(stderr, "kvcache bench attention: {}\n", sk.status().ToString());
-          return 1;
+      for (int batched = 0; batched < (o.batch_seqs > 0 ? 2 : 1); ++batched) {
+        Case c{batched ? "batched" : "single", fp, bs, batched ? o.batch_context : o.context,
+               batched ? o.batch_seqs : 1u, per_row, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}};
+        for (uint32_t s = 0; s < c.sequences; ++s) {
+          so.num_tokens = c.context;
+          so.seed = batched ? 100 + s : 1;
+          auto kv = SyntheticKv::Create(so);
+          if (!kv.ok()) {
+            fmt::print(stderr, "kvcache bench attention: {}: {}\n", FormatPairName(fp),
+                       kv.status().ToString());
+            return 1;
+          }
+          c.views.push_back((*kv)->view());
+          c.kvs.push_back(std::move(*kv));
         }
-        views.push_back((*sk)->view());
-        seqs.push_back(std::move(*sk));
-      }
-      std::vector<float> bq(size_t{o.batch_seqs} * kQHeads * kHeadDim), bout(bq.size());
-      for (size_t i = 0; i < bq.size(); ++i) bq[i] = 0.01f * static_cast<float>(i % 89) - 0.4f;
-      if (!measure("batched", o.batch_context, o.batch_seqs, views, per_row,
-                   [&] { return AttendDecodeBatch(views, bq, ao, bout); })) {
-        return 1;
+        c.q.resize(size_t{c.sequences} * kQHeads * kHeadDim);
+        c.out.resize(c.q.size());
+        for (size_t i = 0; i < c.q.size(); ++i) {
+          c.q[i] = 0.01f * static_cast<float>(i % (batched ? 89 : 97)) - 0.4f;
+        }
+        cases.push_back(std::move(c));
       }
     }
+  }
+  // Rounds: round 0 warms up (page faults, first touches) and is not kept.
+  for (uint32_t r = 0; r < o.repeats + 1; ++r) {
+    for (Case& c : cases) {
+      probe.Flush(kFlushBytes);
+      const double c0 = ProcessCpuSeconds();
+      const auto t0 = std::chrono::steady_clock::now();
+      Status st;
+      if (c.sequences == 1) {
+        AttentionOutput outs;
+        outs.out = c.out;
+        st = AttendDecode(c.views[0], c.q, ao, outs);
+      } else {
+        st = AttendDecodeBatch(c.views, c.q, ao, c.out);
+      }
+      const auto t1 = std::chrono::steady_clock::now();
+      const double c1 = ProcessCpuSeconds();
+      if (!st.ok()) {
+        fmt::print(stderr, "kvcache bench attention: {}\n", st.ToString());
+        return 1;
+      }
+      if (r == 0) continue;
+      c.steps.push_back(std::chrono::duration<double>(t1 - t0).count());
+      c.cpu_steps.push_back((c1 - c0) / o.threads);
+      double cbw = 0;
+      c.bw.push_back(probe.MeasureOnce(&pool, &cbw));
+      c.cpu_bw.push_back(cbw);
+      probe.Flush(kFlushBytes);
+      double pc = 0;
+      c.pat.push_back(ReadLikeAttention(c.views, &pool, &pc));
+      c.pat_cpu.push_back(pc);
+    }
+  }
+  for (const Case& c : cases) {
+    const double step = Median(c.steps), cpu_step = Median(c.cpu_steps);
+    const double bw = Median(c.bw), cpu_bw = Median(c.cpu_bw);
+    const double pat_cpu_us = Median(c.pat_cpu) * 1e6;
+    double bytes = 0;
+    for (const LayerKvView& v : c.views) bytes += static_cast<double>(KvBytes(v));
+    nlohmann::json j;
+    j["k_format"] = FormatName(c.fp.k);
+    j["v_format"] = FormatName(c.fp.v);
+    j["layout"] = c.block_size != 0 ? "paged" : "contiguous";
+    j["block_size"] = c.block_size;
+    j["threads"] = o.threads;
+    j["simd_target"] = simd;
+    j["case"] = c.name;
+    j["context_tokens"] = c.context;
+    j["sequences"] = c.sequences;
+    j["step_us"] = step * 1e6;
+    j["kv_bytes"] = bytes;
+    j["effective_gb_per_s"] = bytes / step / 1e9;
+    j["read_bandwidth_gb_per_s"] = bw;
+    j["bandwidth_fraction"] = bytes / step / 1e9 / bw;
+    j["step_cpu_us"] = cpu_step * 1e6;
+    j["read_bandwidth_cpu_gb_per_s"] = cpu_bw;
+    j["bandwidth_fraction_cpu"] = bytes / cpu_step / 1e9 / cpu_bw;
+    j["pattern_read_us"] = Median(c.pat) * 1e6;
+    j["pattern_read_cpu_us"] = pat_cpu_us;
+    j["pattern_fraction_cpu"] = pat_cpu_us / (cpu_step * 1e6);
+    j["compute_cpu_us"] = c.per_row * c.context * c.sequences * 1e6;
+    emit(j);
   }
   return 0;
 }
@@ -312,9 +304,13 @@ const bool kRegistered = RegisterCommand(
       app->add_option("--formats", o->formats, "Comma-separated K:V format pairs")
           ->capture_default_str();
       app->add_option("--layout", o->layout, "contiguous, paged or both")->capture_default_str();
-      app->add_option("--block-size", o->block_size, "Tokens per pool block (paged layout)")
+      app->add_option("--block-size", o->block_sizes,
+                      "Tokens per pool block (paged layout); several, comma-separated, give one "
+                      "paged case each")
+          ->delimiter(',')
           ->capture_default_str();
-      app->add_option("--repeats", o->repeats, "Timed steps per case (median)")
+      app->add_option("--repeats", o->repeats,
+                      "Rounds: timed steps per case, interleaved across cases (median)")
           ->capture_default_str();
       app->add_option("--batch-seqs", o->batch_seqs, "Sequences in the batched case (0: skip)")
           ->capture_default_str();

@@ -290,9 +290,30 @@ TEST(CliBenchAttention, JsonShapeAndConsistency) {
   }
 }
 
+// Several block sizes: one paged case each, beside the contiguous one, all
+// timed in the same interleaved rounds.
+TEST(CliBenchAttention, SeveralBlockSizesGiveOnePagedCaseEach) {
+  const CliResult r = RunCli(
+      "bench attention --json --formats q8:q8 --layout both --context 256 --batch-seqs 0 "
+      "--repeats 2 --bandwidth-mib 64 --threads 2 --block-size 8,32");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto rows = JsonLines(r.out);
+  ASSERT_EQ(rows.size(), 3u);
+  EXPECT_EQ(rows[0]["layout"], "contiguous");
+  EXPECT_EQ(rows[0]["block_size"].get<uint32_t>(), 0u);
+  EXPECT_EQ(rows[1]["layout"], "paged");
+  EXPECT_EQ(rows[1]["block_size"].get<uint32_t>(), 8u);
+  EXPECT_EQ(rows[2]["layout"], "paged");
+  EXPECT_EQ(rows[2]["block_size"].get<uint32_t>(), 32u);
+  for (const auto& j : rows) {
+    EXPECT_DOUBLE_EQ(j["kv_bytes"].get<double>(), 256.0 * 8 * 2 * 132.0);
+    EXPECT_GT(j["step_cpu_us"].get<double>(), 0.0);
+  }
+}
+
 TEST(CliBenchAttention, BadOptionsFailCleanly) {
   for (const char* args : {"--layout diagonal", "--formats bf16:nope", "--block-size 0",
-                           "--repeats 0"}) {
+                           "--block-size 16,0", "--repeats 0"}) {
     const CliResult r = RunCli(std::string("bench attention --batch-seqs 0 --context 64 ") + args);
     EXPECT_EQ(r.exit_code, 2) << args;
     EXPECT_NE(r.err.find("bench attention"), std::string::npos) << args << ": " << r.err;
