@@ -154,7 +154,7 @@ HWY_INLINE VF E4M3Bits(hn::Vec<DU> u) {
 }
 
 // The values of 16 E4M3 codes at p times 2^-8 (exact: the 2^8 goes into a
-// scale the caller applies anyway, see kValueMul). With F16C (AVX2 and up)
+// scale the caller applies anyway, see ValueMul). With F16C (AVX2 and up)
 // each code becomes an f16 by moving its bits (sign stays at bit 15,
 // exponent and mantissa shift right by one: the f16 is the value times
 // 2^-8, subnormals included), one conversion per 8 values. Without F16C,
@@ -261,7 +261,7 @@ struct Decoder<Format::kBF16> {
   }
 };
 
-// fp8 values come out times 2^-8 (E4M3Block); kValueMul puts the 2^8 back
+// fp8 values come out times 2^-8 (E4M3Block); ValueMul puts the 2^8 back
 // once per score (K) and once per output (Finalize), which is exact and
 // saves a multiply per 8 values.
 template <>
@@ -278,9 +278,7 @@ struct Decoder<Format::kFp8E4M3> {
 
 // What a format's decoded values must be multiplied by to be the stored
 // values (a power of two).
-template <Format F>
-constexpr float kValueMul = F == Format::kFp8E4M3 ? 256.0f : 1.0f;
-inline float ValueMul(Format f) { return f == Format::kFp8E4M3 ? 256.0f : 1.0f; }
+constexpr float ValueMul(Format f) { return f == Format::kFp8E4M3 ? 256.0f : 1.0f; }
 
 template <>
 struct Decoder<Format::kQ8> {
@@ -859,7 +857,7 @@ void KPassRows(const KArgs& a, const int16_t* const* q16, const float* qscale) {
     m[j] = a.maxes[a.qi0 + j];
     bias[j] = qv[j].bias;
   }
-  const float scale = plan.scale * kValueMul<F>;
+  const float scale = plan.scale * ValueMul(F);
   const bool has_bias = job.has_bias;
   const bool all_visible = AllVisible(vis, qv, kQB, a.r1);
   const HeadRows rows(view, view.k, job.head);
