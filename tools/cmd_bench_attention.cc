@@ -123,7 +123,6 @@ int RunBench(const BenchOptions& o) {
   probe.MeasureOnce(&pool);  // warm up (page faults)
   using attention_internal::ProcessCpuSeconds;
   const std::string simd = SimdTarget();
-  nlohmann::json results = nlohmann::json::array();
 
   auto emit = [&](nlohmann::json j) {
     if (o.json) {

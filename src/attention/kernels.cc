@@ -153,6 +153,9 @@ HWY_INLINE VF E4M3Bits(hn::Vec<DU> u) {
   return hn::BitCast(DF(), hn::Or(mag, sign));
 }
 
+// What E4M3Block's values must be multiplied by to be the code values.
+constexpr float kE4M3BlockMul = 256.0f;
+
 // The values of 16 E4M3 codes at p times 2^-8 (exact: the 2^8 goes into a
 // scale the caller applies anyway, see ValueMul). With F16C (AVX2 and up)
 // each code becomes an f16 by moving its bits (sign stays at bit 15,
@@ -272,13 +275,13 @@ struct Decoder<Format::kFp8E4M3> {
     E4M3Block(r.p + b * kDotLanes, out);
   }
   HWY_INLINE float Value(const RowRef& r, uint32_t i) const {
-    return fi::E4M3ToFloat(r.p[i]) * (1.0f / 256.0f);
+    return fi::E4M3ToFloat(r.p[i]) * (1.0f / kE4M3BlockMul);
   }
 };
 
 // What a format's decoded values must be multiplied by to be the stored
 // values (a power of two).
-constexpr float ValueMul(Format f) { return f == Format::kFp8E4M3 ? 256.0f : 1.0f; }
+constexpr float ValueMul(Format f) { return f == Format::kFp8E4M3 ? kE4M3BlockMul : 1.0f; }
 
 template <>
 struct Decoder<Format::kQ8> {
@@ -306,7 +309,8 @@ struct Decoder<Format::kTurbo8> {
   HWY_INLINE RowRef Prepare(const uint8_t* p, uint32_t) const { return {p, 1.0f}; }
   HWY_INLINE void Block(const RowRef& r, uint32_t b, VF* out) const {
     // The codes come out times 2^-8, so the group scale goes in times 2^8.
-    const VF s = hn::Set(DF(), 256.0f * fi::BF16ToFloat(fi::LoadU16(r.p + scales_offset + 2 * b)));
+    const VF s =
+        hn::Set(DF(), kE4M3BlockMul * fi::BF16ToFloat(fi::LoadU16(r.p + scales_offset + 2 * b)));
     E4M3Block(r.p + b * kDotLanes, out);
     for (size_t v = 0; v < kVecs; ++v) out[v] = hn::Mul(out[v], s);
   }
@@ -987,17 +991,17 @@ void VPass(const VArgs& a) {
       run_p += hrows.row_bytes;
       --run_left;
       pf.Step();
-      uint32_t mask = (1u << kQB) - 1;
       if (!all_visible) {
+        // masks and ridx are read only here (masked tiles, gathered weights).
         const uint32_t pos = vis.Pos(t0);
-        mask = 0;
+        uint32_t mask = 0;
         for (int j = 0; j < kQB; ++j) mask |= vis.Visible(pos, qv[j].qpos) ? (1u << j) : 0u;
         if (mask == 0) continue;
         all = all && mask == (1u << kQB) - 1;
+        masks[n] = mask;
+        ridx[n] = t0;
       }
       rows[n] = dec.Prepare(p, d);
-      masks[n] = mask;
-      ridx[n] = t0;
       ++n;
     }
     if (n == 0) continue;
@@ -1346,10 +1350,10 @@ void ExpBuffer(float* x, size_t n) {
 
 // Exposed for tests: the kernels' E4M3 decode, 16 codes at a time.
 void E4M3Decode(const uint8_t* codes, size_t n, float* out) {
+  const VF m = hn::Set(DF(), kE4M3BlockMul);
   for (size_t i = 0; i + kDotLanes <= n; i += kDotLanes) {
     VF v[kVecs];
     E4M3Block(codes + i, v);
-    const VF m = hn::Set(DF(), 256.0f);
     for (size_t j = 0; j < kVecs; ++j) hn::StoreU(hn::Mul(v[j], m), DF(), out + i + j * kN);
   }
 }
