@@ -974,7 +974,11 @@ void VPass(const VArgs& a) {
   const bool all_visible = AllVisible(vis, qv, kQB, a.r1);
   const HeadRows hrows(view, view.v, job.head);
   // Prefetch runs on past the segment, so the next segment's rows are in
-  // flight when this call ends.
+  // flight when this call ends. A tile's prefetch steps are spread over its
+  // value blocks, not issued as the tile is gathered: a burst of 16 rows'
+  // lines (64 for bf16) at once made the V pass on a 32k context 1.7-1.8x
+  // slower than the K pass over the same bytes, spread ~1.0x (see
+  // docs/attention.md).
   Prefetcher pf(hrows, a.r0, job.rows);
   RowRef rows[kTileRows];
   uint32_t masks[kTileRows];
@@ -990,7 +994,6 @@ void VPass(const VArgs& a) {
       const uint8_t* p = run_p;
       run_p += hrows.row_bytes;
       --run_left;
-      pf.Step();
       if (!all_visible) {
         // masks and ridx are read only here (masked tiles, gathered weights).
         const uint32_t pos = vis.Pos(t0);
@@ -1004,7 +1007,17 @@ void VPass(const VArgs& a) {
       rows[n] = dec.Prepare(p, d);
       ++n;
     }
-    if (n == 0) continue;
+    // One prefetch step per row taken from the stream (masked ones too),
+    // `per` (+1 for the first `extra` blocks) before each value block.
+    const uint32_t steps = t0 - tile_r0;
+    const uint32_t per = steps / n_blocks, extra = steps % n_blocks;
+    auto prefetch_part = [&](uint32_t b) {
+      for (uint32_t k = per + (b < extra ? 1 : 0); k > 0; --k) pf.Step();
+    };
+    if (n == 0) {
+      for (uint32_t k = 0; k < steps; ++k) pf.Step();
+      continue;
+    }
     // The tile's weights w[j][i] (masked entries are never read): straight
     // from e when every row is visible (the tile is rows tile_r0 + i), else
     // gathered. l adds them in row order either way.
@@ -1057,10 +1070,12 @@ void VPass(const VArgs& a) {
       }
     };
     for (uint32_t b = 0; b < full_blocks; ++b) {
+      prefetch_part(b);
       block(b, [&](const RowRef& row, VF* vv) HWY_ATTR { dec.Block(row, b, vv); });
     }
     if constexpr (Decoder<F>::kTail) {
       if (n_blocks != full_blocks) {
+        prefetch_part(full_blocks);
         block(full_blocks, [&](const RowRef& row, VF* vv) HWY_ATTR {
           TailBlock(dec, row, full_blocks, d, vv);
         });
