@@ -11,6 +11,8 @@
 #include <sys/mman.h>
 #include <time.h>
 
+#include "attention/plan.h"
+
 namespace kvcache::attention_internal {
 
 PoolBytes::~PoolBytes() {
@@ -147,32 +149,52 @@ double ReadBandwidthProbe::MeasureOnce(ThreadPool* pool, double* cpu_gb_per_s) {
 }
 
 namespace {
-// One head's rows on one side, piece by piece (as the kernels walk them),
-// with a software prefetch stream about as far ahead as the kernels'
-// (kPrefetchAhead bytes, whole pieces): without it a walk over small
-// scattered pieces measures memory latency, not the pattern's bandwidth.
-constexpr size_t kPrefetchAhead = 6144;
-uint64_t ReadHeadSide(const LayerKvView& v, const KvSideView& s, uint32_t head, uint32_t rows) {
-  if (s.head_base != nullptr) return ReadBytes(s.head_base[head], size_t{rows} * s.row_bytes);
+struct Piece {
+  const uint8_t* p;
+  size_t bytes;
+};
+
+// Rows [r0, r1) of one head on one side, appended in the kernels' order as
+// pieces of at most kMaxPiece bytes (runs of consecutive rows inside one
+// block, or inside a head's own buffer, cut so the prefetch stream below
+// stays about kPrefetchAhead ahead).
+constexpr size_t kMaxPiece = 4096;
+void AddRun(const uint8_t* p, size_t bytes, std::vector<Piece>* out) {
+  for (size_t at = 0; at < bytes; at += kMaxPiece) out->push_back({p + at, std::min(kMaxPiece, bytes - at)});
+}
+void AddPieces(const LayerKvView& v, const KvSideView& s, uint32_t head, uint32_t r0, uint32_t r1,
+               std::vector<Piece>* out) {
+  if (r0 >= r1) return;
+  if (s.head_base != nullptr) {
+    AddRun(s.head_base[head] + size_t{r0} * s.row_bytes, size_t{r1 - r0} * s.row_bytes, out);
+    return;
+  }
   const uint32_t bs = v.block_size;
-  const uint32_t n_pieces = (rows + bs - 1) / bs;
-  auto piece = [&](uint32_t b) {
-    return s.base + static_cast<size_t>(v.block_table[b]) * s.block_stride +
-           static_cast<size_t>(head) * s.head_stride;
-  };
-  auto prefetch = [&](uint32_t b) {
-    const uint8_t* p = piece(b);
-    const size_t bytes = size_t{std::min(bs, rows - b * bs)} * s.row_bytes;
-    for (size_t i = 0; i < bytes; i += 64) __builtin_prefetch(p + i, 0, 3);
-  };
-  const size_t piece_bytes = size_t{bs} * s.row_bytes;
-  const uint32_t ahead =
-      static_cast<uint32_t>(std::max<size_t>(1, (kPrefetchAhead + piece_bytes - 1) / piece_bytes));
-  for (uint32_t b = 0; b < std::min(ahead, n_pieces); ++b) prefetch(b);
+  for (uint32_t r = r0; r < r1;) {
+    const uint32_t b = r / bs, off = r - b * bs, n = std::min(bs - off, r1 - r);
+    AddRun(s.base + static_cast<size_t>(v.block_table[b]) * s.block_stride +
+               static_cast<size_t>(head) * s.head_stride + size_t{off} * s.row_bytes,
+           size_t{n} * s.row_bytes, out);
+    r += n;
+  }
+}
+
+// Reads the pieces in order with a software prefetch stream about as far
+// ahead as the kernels' (kPrefetchAhead bytes, whole pieces): without it a
+// walk over small scattered pieces measures memory latency, not the
+// pattern's bandwidth.
+constexpr size_t kPrefetchAhead = 6144;
+uint64_t ReadPieces(const std::vector<Piece>& pieces) {
+  size_t next = 0, ahead_bytes = 0;
   uint64_t sum = 0;
-  for (uint32_t b = 0; b < n_pieces; ++b) {
-    if (b + ahead < n_pieces) prefetch(b + ahead);
-    sum += ReadBytes(piece(b), size_t{std::min(bs, rows - b * bs)} * s.row_bytes);
+  for (const Piece& pc : pieces) {
+    while (next < pieces.size() && ahead_bytes < kPrefetchAhead + pc.bytes) {
+      for (size_t i = 0; i < pieces[next].bytes; i += 64) __builtin_prefetch(pieces[next].p + i, 0, 3);
+      ahead_bytes += pieces[next].bytes;
+      ++next;
+    }
+    sum += ReadBytes(pc.p, pc.bytes);
+    ahead_bytes -= pc.bytes;
   }
   return sum;
 }
@@ -180,27 +202,47 @@ uint64_t ReadHeadSide(const LayerKvView& v, const KvSideView& s, uint32_t head, 
 
 double ReadLikeAttention(const std::vector<LayerKvView>& views, ThreadPool* pool,
                          double* cpu_seconds) {
-  struct Job {
-    uint32_t view, head;
+  // The kernels' thread split (kernels.cc RunPlanImpl, whole jobs): one job
+  // per (sequence, kv head), or a group of consecutive kv heads of one
+  // sequence walked kGroupChunkRows rows at a time (plan.h).
+  struct Group {
+    uint32_t view, head, n;
   };
-  std::vector<Job> jobs;
-  for (uint32_t i = 0; i < views.size(); ++i) {
-    for (uint32_t h = 0; h < views[i].n_kv_heads; ++h) jobs.push_back({i, h});
-  }
+  size_t n_jobs = 0;
+  for (const LayerKvView& v : views) n_jobs += v.n_kv_heads;
   const uint32_t threads = pool ? pool->num_threads() : 1;
+  const uint32_t group = GroupHeads(n_jobs, threads);
+  std::vector<Group> groups;
+  for (uint32_t i = 0; i < views.size(); ++i) {
+    const uint32_t g = WalkHeadsGrouped(views[i]) ? group : 1;
+    for (uint32_t h = 0; h < views[i].n_kv_heads; h += g) {
+      groups.push_back({i, h, std::min(g, views[i].n_kv_heads - h)});
+    }
+  }
   const double c0 = ProcessCpuSeconds();
   const auto t0 = std::chrono::steady_clock::now();
   auto body = [&](uint32_t j, uint32_t) {
-    const LayerKvView& v = views[jobs[j].view];
-    const uint32_t h = jobs[j].head;
-    const uint32_t rows = v.head_len ? v.head_len[h] : v.num_tokens;
-    g_sink.fetch_add(ReadHeadSide(v, v.k, h, rows) + ReadHeadSide(v, v.v, h, rows),
-                     std::memory_order_relaxed);
+    const Group& gr = groups[j];
+    const LayerKvView& v = views[gr.view];
+    auto rows = [&](uint32_t h) { return v.head_len ? v.head_len[h] : v.num_tokens; };
+    const uint32_t chunk = gr.n == 1 ? v.num_tokens : kGroupChunkRows;
+    uint64_t sum = 0;
+    std::vector<Piece> pieces;
+    for (const KvSideView* side : {&v.k, &v.v}) {
+      pieces.clear();
+      for (uint32_t c = 0; c < v.num_tokens; c += chunk) {
+        for (uint32_t h = gr.head; h < gr.head + gr.n; ++h) {
+          AddPieces(v, *side, h, c, std::min(rows(h), c + chunk), &pieces);
+        }
+      }
+      sum += ReadPieces(pieces);
+    }
+    g_sink.fetch_add(sum, std::memory_order_relaxed);
   };
   if (pool) {
-    pool->ParallelFor(static_cast<uint32_t>(jobs.size()), body);
+    pool->ParallelFor(static_cast<uint32_t>(groups.size()), body);
   } else {
-    for (uint32_t j = 0; j < jobs.size(); ++j) body(j, 0);
+    for (uint32_t j = 0; j < groups.size(); ++j) body(j, 0);
   }
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (cpu_seconds) *cpu_seconds = (ProcessCpuSeconds() - c0) / threads;

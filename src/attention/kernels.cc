@@ -20,7 +20,9 @@
 // masked (no stored positions, no window, queries at or past the last row:
 // plain decode) the passes skip every per-row visibility check.
 //
-// Parallelism: jobs run on the plan's pool. When there are fewer jobs than
+// Parallelism: jobs run on the plan's pool, a job per task, or on paged
+// f16/bf16/f32 views a group of up to 4 consecutive kv heads per task walked
+// together 128 rows at a time (RunWhole, plan.h). When there are fewer jobs than
 // twice the threads, each job's rows are split into chunks of whole segments
 // (flash-decoding): K pass per chunk, a barrier, exp + V pass per chunk into
 // per-segment partials, a barrier, then the in-order segment fold per job.
@@ -44,6 +46,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <vector>
 
 #include "attention/plan.h"
@@ -598,6 +601,7 @@ struct HeadRows {
   size_t block_stride;
   uint32_t block_size, row_bytes;
   const uint8_t* contiguous;  // per-head contiguous storage (side.head_base)
+  HeadRows() = default;
   HeadRows(const LayerKvView& v, const KvSideView& s, uint32_t head)
       : head_base(s.base + static_cast<size_t>(head) * s.head_stride),
         table(v.block_table),
@@ -618,29 +622,52 @@ struct HeadRows {
   }
 };
 
-// Prefetches the row stream kPrefetchBytes ahead of the consumer: Step()
-// once per consumed row issues one prefetch per new cache line.
+// Prefetches a row stream kPrefetchBytes ahead of its consumer: Step() once
+// per consumed row issues one prefetch per new cache line. The stream is
+// rows [r0, ends[g]) of n heads taken chunk by chunk: rows [c, c + chunk) of
+// head 0, then of head 1, ..., then the next chunk; with one head and
+// chunk = kWholeRun, that head's rows in order.
+constexpr uint32_t kWholeRun = 0xFFFFFFFFu;
 struct Prefetcher {
-  const HeadRows* rows;
-  uint32_t r, r_end, left;
-  const uint8_t* p;      // next row to prefetch
-  uintptr_t next_line;   // first line not yet prefetched in this run
-  Prefetcher(const HeadRows& h, uint32_t r0, uint32_t r1)
-      : rows(&h), r(r0), r_end(r1), left(0), p(nullptr), next_line(0) {
-    const uint32_t ahead = std::max<uint32_t>(1, kPrefetchBytes / h.row_bytes);
-    for (uint32_t i = 0; i < ahead && r < r_end; ++i) Step();
+  const HeadRows* heads;
+  const uint32_t* ends;
+  uint32_t n, chunk, max_end = 0;
+  uint64_t c0;        // first row of the current chunk
+  uint32_t g = 0;     // current head
+  uint32_t r, seg_end, left = 0;
+  bool done = false;
+  const uint8_t* p = nullptr;  // next row to prefetch
+  uintptr_t next_line = 0;     // first line not yet prefetched in this run
+  Prefetcher(const HeadRows* h, const uint32_t* e, uint32_t n_heads, uint32_t r0, uint32_t chunk_rows)
+      : heads(h), ends(e), n(n_heads), chunk(chunk_rows), c0(r0), r(r0) {
+    for (uint32_t i = 0; i < n; ++i) max_end = std::max(max_end, ends[i]);
+    seg_end = static_cast<uint32_t>(std::min<uint64_t>(c0 + chunk, ends[0]));
+    const uint32_t ahead = std::max<uint32_t>(1, kPrefetchBytes / h[0].row_bytes);
+    for (uint32_t i = 0; i < ahead && !done; ++i) Step();
   }
   HWY_INLINE void Step() {
     if (left == 0) {
-      if (r >= r_end) return;
-      p = rows->Run(r, r_end, &left);
+      if (done) return;
+      while (r >= seg_end) {  // the next head's part of this chunk, or the next chunk
+        if (++g == n) {
+          g = 0;
+          c0 += chunk;
+        }
+        if (c0 >= max_end) {
+          done = true;
+          return;
+        }
+        r = static_cast<uint32_t>(c0);
+        seg_end = static_cast<uint32_t>(std::min<uint64_t>(c0 + chunk, ends[g]));
+      }
+      p = heads[g].Run(r, seg_end, &left);
       next_line = reinterpret_cast<uintptr_t>(p) & ~uintptr_t{63};
     }
-    const uintptr_t end = reinterpret_cast<uintptr_t>(p) + rows->row_bytes;
+    const uintptr_t end = reinterpret_cast<uintptr_t>(p) + heads[g].row_bytes;
     for (; next_line < end; next_line += 64) {
       __builtin_prefetch(reinterpret_cast<const void*>(next_line), 0, 3);
     }
-    p += rows->row_bytes;
+    p += heads[g].row_bytes;
     ++r;
     --left;
   }
@@ -670,6 +697,7 @@ struct KArgs {
   uint32_t qi0, r0, r1;
   float* scores;  // [nq][job.rows] (the job's whole buffer)
   float* maxes;   // [nq] running maxima (the job's)
+  Prefetcher* pf;  // the walk's stream, or nullptr: one of the call's own
 };
 
 // The kQB dot products of one stored row with queries q[0..kQB).
@@ -874,7 +902,9 @@ void KPassRows(const KArgs& a, const int16_t* const* q16, const float* qscale) {
       RowDots<F, kExact, kQB>(dec, p, d, q, dots);
     }
   };
-  Prefetcher pf(rows, a.r0, a.r1);
+  std::optional<Prefetcher> own_pf;
+  if (a.pf == nullptr) own_pf.emplace(&rows, &a.r1, 1, a.r0, kWholeRun);
+  Prefetcher& pf = a.pf ? *a.pf : *own_pf;
   for (uint32_t r = a.r0; r < a.r1;) {
     uint32_t n;
     const uint8_t* p = rows.Run(r, a.r1, &n);
@@ -950,6 +980,7 @@ struct VArgs {
   const float* e;  // [nq][job.rows]
   float* l;        // [nq]
   float* o;        // [nq][padded_dim]
+  Prefetcher* pf;  // the walk's stream, or nullptr: one of the call's own
 };
 
 constexpr uint32_t kTileRows = 16;
@@ -979,7 +1010,9 @@ void VPass(const VArgs& a) {
   // lines (64 for bf16) at once made the V pass on a 32k context 1.7-1.8x
   // slower than the K pass over the same bytes, spread ~1.0x (see
   // docs/attention.md).
-  Prefetcher pf(hrows, a.r0, job.rows);
+  std::optional<Prefetcher> own_pf;
+  if (a.pf == nullptr) own_pf.emplace(&hrows, &job.rows, 1, a.r0, kWholeRun);
+  Prefetcher& pf = a.pf ? *a.pf : *own_pf;
   RowRef rows[kTileRows];
   uint32_t masks[kTileRows];
   uint32_t ridx[kTileRows];
@@ -1137,10 +1170,12 @@ HWY_INLINE void ForQueryBlocks(uint32_t nq, const Fn& fn) {
 // ---------------------------------------------------------------------------
 // Job-level steps.
 
+// pf (optional) is the walk's prefetch stream, stepped by the first query
+// block only: the others read rows the first has just brought in.
 void RunK(const Plan& plan, const HeadJob& job, uint32_t r0, uint32_t r1, float* scores,
-          float* maxes) {
+          float* maxes, Prefetcher* pf = nullptr) {
   ForQueryBlocks(job.nq, [&](uint32_t qi0, int qb) {
-    SelectK(job, qb)(KArgs{&plan, &job, qi0, r0, r1, scores, maxes});
+    SelectK(job, qb)(KArgs{&plan, &job, qi0, r0, r1, scores, maxes, qi0 == 0 ? pf : nullptr});
   });
 }
 
@@ -1157,13 +1192,19 @@ void RunExp(const HeadJob& job, uint32_t r0, uint32_t r1, float* scores, const f
 }
 
 // Segment [r0, r1): partial sums into l[nq] (zeroed here) and o[nq][pd].
+// Rows [r0, r1) added into l[nq] and o[nq][pd]; pf as for RunK.
+void RunV(const Plan& plan, const HeadJob& job, uint32_t r0, uint32_t r1, const float* e,
+          float* l, float* o, Prefetcher* pf = nullptr) {
+  ForQueryBlocks(job.nq, [&](uint32_t qi0, int qb) {
+    SelectV(job, qb)(VArgs{&plan, &job, qi0, r0, r1, e, l, o, qi0 == 0 ? pf : nullptr});
+  });
+}
+
 void RunVSegment(const Plan& plan, const HeadJob& job, uint32_t r0, uint32_t r1,
                  const float* e, float* l, float* o) {
   std::fill(l, l + job.nq, 0.0f);
   std::fill(o, o + static_cast<size_t>(job.nq) * plan.padded_dim, 0.0f);
-  ForQueryBlocks(job.nq, [&](uint32_t qi0, int qb) {
-    SelectV(job, qb)(VArgs{&plan, &job, qi0, r0, r1, e, l, o});
-  });
+  RunV(plan, job, r0, r1, e, l, o);
 }
 
 // total += part, elementwise (the segment fold).
@@ -1221,27 +1262,86 @@ struct Scratch {
   std::vector<float> scores, m, l, o, l_seg, o_seg, tmp;
 };
 thread_local Scratch tls_scratch;
+struct GroupScratch {
+  Scratch heads[kGroupHeads];
+  std::vector<float> tmp;
+};
+thread_local GroupScratch tls_group_scratch;
 
-// A whole job on one thread.
-void RunJobWhole(const Plan& plan, const HeadJob& job) {
-  Scratch& s = tls_scratch;
-  const size_t nq = job.nq, pd = plan.padded_dim;
-  s.scores.resize(std::max<size_t>(1, nq * job.rows));
-  s.m.assign(nq, kNegInf);
-  s.l.assign(nq, 0.0f);
-  s.o.assign(nq * pd, 0.0f);
-  s.l_seg.resize(nq);
-  s.o_seg.resize(nq * pd);
-  s.tmp.resize(pd);
-  RunK(plan, job, 0, job.rows, s.scores.data(), s.m.data());
-  RunExp(job, 0, job.rows, s.scores.data(), s.m.data());
-  for (uint32_t r0 = 0; r0 < job.rows; r0 += kSegmentRows) {
-    const uint32_t r1 = std::min(job.rows, r0 + kSegmentRows);
-    RunVSegment(plan, job, r0, r1, s.scores.data(), s.l_seg.data(), s.o_seg.data());
-    AddInto(s.l.data(), s.l_seg.data(), nq);
-    AddInto(s.o.data(), s.o_seg.data(), nq * pd);
+// Whole jobs on one thread: one job, or n <= kGroupHeads jobs of
+// consecutive kv heads of one sequence walked together (plan.h
+// WalkHeadsGrouped): kGroupChunkRows rows at a time, head after head inside
+// a chunk, one prefetch stream over that order per pass. At block 16 a
+// head's piece of a block is 4 KiB (bf16, d = 128); walked one head after
+// another, the pieces of a block are read far apart in time. Grouped, the
+// bf16/f16 paged step took 0.81-0.88x the time (docs/attention.md). The
+// results do not depend on the grouping, bit for bit: a chunk is whole V
+// tiles inside one segment, and every sum still runs over the rows in
+// order.
+void RunWhole(const Plan& plan, const HeadJob* jobs, uint32_t n) {
+  GroupScratch& s = tls_group_scratch;
+  const size_t pd = plan.padded_dim;
+  uint32_t ends[kGroupHeads];
+  uint32_t max_rows = 0;
+  for (uint32_t g = 0; g < n; ++g) {
+    const HeadJob& job = jobs[g];
+    Scratch& h = s.heads[g];
+    const size_t nq = job.nq;
+    h.scores.resize(std::max<size_t>(1, nq * job.rows));
+    h.m.assign(nq, kNegInf);
+    h.l.assign(nq, 0.0f);
+    h.o.assign(nq * pd, 0.0f);
+    h.l_seg.resize(nq);
+    h.o_seg.resize(nq * pd);
+    ends[g] = job.rows;
+    max_rows = std::max(max_rows, job.rows);
   }
-  Finalize(plan, job, s.scores.data(), s.m.data(), s.l.data(), s.o.data(), s.tmp.data());
+  s.tmp.resize(pd);
+  const uint32_t chunk = n == 1 ? kSegmentRows : kGroupChunkRows;
+  {
+    HeadRows hr[kGroupHeads];
+    for (uint32_t g = 0; g < n; ++g) hr[g] = HeadRows(*jobs[g].view, jobs[g].view->k, jobs[g].head);
+    Prefetcher pf(hr, ends, n, 0, chunk);
+    for (uint32_t c = 0; c < max_rows; c += chunk) {
+      for (uint32_t g = 0; g < n; ++g) {
+        if (c >= ends[g]) continue;
+        RunK(plan, jobs[g], c, std::min(ends[g], c + chunk), s.heads[g].scores.data(),
+             s.heads[g].m.data(), &pf);
+      }
+    }
+  }
+  for (uint32_t g = 0; g < n; ++g) {
+    RunExp(jobs[g], 0, jobs[g].rows, s.heads[g].scores.data(), s.heads[g].m.data());
+  }
+  HeadRows hr[kGroupHeads];
+  for (uint32_t g = 0; g < n; ++g) hr[g] = HeadRows(*jobs[g].view, jobs[g].view->v, jobs[g].head);
+  Prefetcher pf(hr, ends, n, 0, chunk);
+  for (uint32_t r0 = 0; r0 < max_rows; r0 += kSegmentRows) {
+    const uint32_t r1 = std::min(max_rows, r0 + kSegmentRows);
+    for (uint32_t g = 0; g < n; ++g) {
+      Scratch& h = s.heads[g];
+      std::fill(h.l_seg.begin(), h.l_seg.end(), 0.0f);
+      std::fill(h.o_seg.begin(), h.o_seg.end(), 0.0f);
+    }
+    for (uint32_t c = r0; c < r1; c += chunk) {
+      for (uint32_t g = 0; g < n; ++g) {
+        if (c >= ends[g]) continue;
+        Scratch& h = s.heads[g];
+        RunV(plan, jobs[g], c, std::min(ends[g], c + chunk), h.scores.data(), h.l_seg.data(),
+             h.o_seg.data(), &pf);
+      }
+    }
+    for (uint32_t g = 0; g < n; ++g) {
+      if (r0 >= ends[g]) continue;
+      Scratch& h = s.heads[g];
+      AddInto(h.l.data(), h.l_seg.data(), jobs[g].nq);
+      AddInto(h.o.data(), h.o_seg.data(), jobs[g].nq * pd);
+    }
+  }
+  for (uint32_t g = 0; g < n; ++g) {
+    Scratch& h = s.heads[g];
+    Finalize(plan, jobs[g], h.scores.data(), h.m.data(), h.l.data(), h.o.data(), s.tmp.data());
+  }
 }
 
 void ParallelFor(ThreadPool* pool, uint32_t n, const ThreadPool::Task& fn) {
@@ -1349,7 +1449,26 @@ void RunPlanImpl(const Plan& plan) {
   const uint32_t threads = plan.pool ? plan.pool->num_threads() : 1;
   const uint32_t n_jobs = static_cast<uint32_t>(plan.jobs.size());
   if (threads == 1 || n_jobs >= 2 * threads) {
-    ParallelFor(plan.pool, n_jobs, [&](uint32_t j, uint32_t) { RunJobWhole(plan, plan.jobs[j]); });
+    // Groups (plan.h): runs of up to GroupHeads jobs of consecutive kv heads
+    // of one grouped-walk view; a job alone otherwise.
+    const uint32_t group = GroupHeads(n_jobs, threads);
+    std::vector<uint32_t> starts;
+    for (uint32_t j = 0; j < n_jobs;) {
+      starts.push_back(j);
+      const LayerKvView* v = plan.jobs[j].view;
+      uint32_t k = j + 1;
+      if (group > 1 && WalkHeadsGrouped(*v)) {
+        while (k < n_jobs && k - j < group && plan.jobs[k].view == v &&
+               plan.jobs[k].head == plan.jobs[k - 1].head + 1) {
+          ++k;
+        }
+      }
+      j = k;
+    }
+    starts.push_back(n_jobs);
+    ParallelFor(plan.pool, static_cast<uint32_t>(starts.size() - 1), [&](uint32_t i, uint32_t) {
+      RunWhole(plan, plan.jobs.data() + starts[i], starts[i + 1] - starts[i]);
+    });
     return;
   }
   RunSplit(plan, (2 * threads + n_jobs - 1) / n_jobs);

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "attention/reference.h"
 #include "kvcache/attention.h"
 #include "kvcache/kv_view.h"
 
@@ -78,6 +79,31 @@ inline void FromNibbleOrder(float* x, uint32_t head_dim) {
     }
     for (uint32_t i = 0; i < 16; ++i) x[g + i] = t[i];
   }
+}
+
+// Grouped walk (kernels.cc RunWhole): on a paged view whose K and V
+// values are 2 or 4 bytes (f16, bf16, f32: the formats whose passes are
+// bound by memory here), one thread takes up to kGroupHeads consecutive kv
+// heads of a sequence and walks them kGroupChunkRows rows at a time, head
+// after head inside a chunk, instead of one head after another. The heads'
+// pieces of a block are adjacent in the pool, so they are read close
+// together. Other formats are bound by arithmetic and gain nothing; a
+// contiguous view reads slower grouped (4 streams per thread).
+inline constexpr uint32_t kGroupHeads = 4;
+inline constexpr uint32_t kGroupChunkRows = 128;
+static_assert(kSegmentRows % kGroupChunkRows == 0 && kGroupChunkRows % 16 == 0,
+              "a chunk is whole V tiles inside one segment");
+inline bool WalkHeadsGrouped(const LayerKvView& v) {
+  auto wide = [](Format f) { return f == Format::kF32 || f == Format::kF16 || f == Format::kBF16; };
+  return v.k.head_base == nullptr && v.v.head_base == nullptr && v.block_size < v.num_tokens &&
+         wide(v.k.format) && wide(v.v.format);
+}
+// Heads per group for n_jobs whole jobs on `threads` threads: kGroupHeads,
+// halved while that would leave a thread without a group.
+inline uint32_t GroupHeads(size_t n_jobs, uint32_t threads) {
+  uint32_t g = kGroupHeads;
+  while (g > 1 && n_jobs / g < threads) g /= 2;
+  return g;
 }
 
 // Runs every job of the plan (one Highway dispatch).

@@ -460,6 +460,67 @@ TEST(AttentionHead, OneKvHeadEqualsItsSliceOfTheFullDecode) {
             StatusCode::kOutOfRange);
 }
 
+// A paged view of 2- or 4-byte formats is walked a group of kv heads at a
+// time (plan.h WalkHeadsGrouped); per-head buffers of the same rows are
+// walked head by head. Both give the same bits: uneven and empty heads,
+// evicted positions, windows and sinks, several query tokens, any pool.
+TEST(AttentionGrouped, GroupedWalkEqualsHeadByHead) {
+  const std::vector<uint32_t> rows = {700, 0, 300, 129, 700, 513, 1, 650};
+  struct Variant {
+    FormatPair formats;
+    uint32_t block_size, n_queries, window, n_sink, evict_every;
+  };
+  const Variant variants[] = {
+      {{Format::kBF16, Format::kBF16}, 16, 1, 0, 0, 0},
+      {{Format::kF16, Format::kBF16}, 7, 1, 0, 0, 9},
+      {{Format::kBF16, Format::kF16}, 16, 3, 0, 0, 0},
+      {{Format::kF32, Format::kF32}, 32, 2, 300, 3, 5},
+  };
+  ThreadPool two(2), three(3);
+  for (const Variant& var : variants) {
+    ViewSpec s;
+    s.n_kv_heads = 8;
+    s.head_dim = 64;
+    s.num_tokens = 700;
+    s.head_rows = rows;
+    s.formats = var.formats;
+    s.block_size = var.block_size;
+    s.evict_every = var.evict_every;
+    auto paged = TestView::Make(s);
+    ASSERT_TRUE(paged.ok()) << paged.status().ToString();
+    ASSERT_TRUE(attention_internal::WalkHeadsGrouped((*paged)->view()));
+    s.layout = Layout::kPerHead;
+    auto per_head = TestView::Make(s);
+    ASSERT_TRUE(per_head.ok()) << per_head.status().ToString();
+    ASSERT_FALSE(attention_internal::WalkHeadsGrouped((*per_head)->view()));
+    const uint32_t nq = 16;
+    const auto q = RandomVector(size_t{var.n_queries} * nq * s.head_dim, 11);
+    AttentionOptions o;
+    o.n_q_heads = nq;
+    o.window = var.window;
+    o.n_sink = var.n_sink;
+    auto run = [&](const LayerKvView& view, ThreadPool* pool) {
+      Outputs got = MakeOutputs(view, nq, var.n_queries, true);
+      o.pool = pool;
+      const Status st = var.n_queries == 1 ? AttendDecode(view, q, o, got.spans())
+                                           : AttendMulti(view, var.n_queries, q, o, got.spans());
+      EXPECT_TRUE(st.ok()) << st.ToString();
+      return got;
+    };
+    ForEachTarget([&] {
+      const Outputs want = run((*per_head)->view(), nullptr);
+      for (ThreadPool* pool : {static_cast<ThreadPool*>(nullptr), &two, &three}) {
+        const Outputs got = run((*paged)->view(), pool);
+        std::string where;
+        EXPECT_TRUE(BitsEqual(got.out, want.out, &where)) << "out " << where;
+        EXPECT_TRUE(BitsEqual(got.lse, want.lse, &where)) << "lse " << where;
+        EXPECT_TRUE(BitsEqual(got.probs, want.probs, &where)) << "probs " << where;
+        EXPECT_TRUE(BitsEqual(got.kv_probs, want.kv_probs, &where)) << "kv_probs " << where;
+      }
+    });
+  }
+}
+
 TEST(AttentionErrors, BadInputIsAClearStatus) {
   ViewSpec s;
   auto tv = TestView::Make(s);
