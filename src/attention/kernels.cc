@@ -1262,11 +1262,7 @@ struct Scratch {
   std::vector<float> scores, m, l, o, l_seg, o_seg, tmp;
 };
 thread_local Scratch tls_scratch;
-struct GroupScratch {
-  Scratch heads[kGroupHeads];
-  std::vector<float> tmp;
-};
-thread_local GroupScratch tls_group_scratch;
+thread_local Scratch tls_whole_scratch[kGroupHeads];  // RunWhole's, one per head
 
 // Whole jobs on one thread: one job, or n <= kGroupHeads jobs of
 // consecutive kv heads of one sequence walked together (plan.h
@@ -1279,68 +1275,67 @@ thread_local GroupScratch tls_group_scratch;
 // tiles inside one segment, and every sum still runs over the rows in
 // order.
 void RunWhole(const Plan& plan, const HeadJob* jobs, uint32_t n) {
-  GroupScratch& s = tls_group_scratch;
+  Scratch* s = tls_whole_scratch;
   const size_t pd = plan.padded_dim;
   uint32_t ends[kGroupHeads];
   uint32_t max_rows = 0;
   for (uint32_t g = 0; g < n; ++g) {
     const HeadJob& job = jobs[g];
-    Scratch& h = s.heads[g];
     const size_t nq = job.nq;
-    h.scores.resize(std::max<size_t>(1, nq * job.rows));
-    h.m.assign(nq, kNegInf);
-    h.l.assign(nq, 0.0f);
-    h.o.assign(nq * pd, 0.0f);
-    h.l_seg.resize(nq);
-    h.o_seg.resize(nq * pd);
+    s[g].scores.resize(std::max<size_t>(1, nq * job.rows));
+    s[g].m.assign(nq, kNegInf);
+    s[g].l.assign(nq, 0.0f);
+    s[g].o.assign(nq * pd, 0.0f);
+    s[g].l_seg.resize(nq);
+    s[g].o_seg.resize(nq * pd);
     ends[g] = job.rows;
     max_rows = std::max(max_rows, job.rows);
   }
-  s.tmp.resize(pd);
+  s[0].tmp.resize(pd);
   const uint32_t chunk = n == 1 ? kSegmentRows : kGroupChunkRows;
-  {
-    HeadRows hr[kGroupHeads];
-    for (uint32_t g = 0; g < n; ++g) hr[g] = HeadRows(*jobs[g].view, jobs[g].view->k, jobs[g].head);
-    Prefetcher pf(hr, ends, n, 0, chunk);
-    for (uint32_t c = 0; c < max_rows; c += chunk) {
+  // fn(g, a, b) for each head's rows [a, b) of every chunk in [c0, c1), in
+  // walk order; the prefetch stream over one side's rows in that order.
+  auto walk = [&](uint32_t c0, uint32_t c1, const auto& fn) {
+    for (uint32_t c = c0; c < c1; c += chunk) {
       for (uint32_t g = 0; g < n; ++g) {
-        if (c >= ends[g]) continue;
-        RunK(plan, jobs[g], c, std::min(ends[g], c + chunk), s.heads[g].scores.data(),
-             s.heads[g].m.data(), &pf);
+        if (c < ends[g]) fn(g, c, std::min(ends[g], c + chunk));
       }
     }
-  }
-  for (uint32_t g = 0; g < n; ++g) {
-    RunExp(jobs[g], 0, jobs[g].rows, s.heads[g].scores.data(), s.heads[g].m.data());
-  }
+  };
   HeadRows hr[kGroupHeads];
-  for (uint32_t g = 0; g < n; ++g) hr[g] = HeadRows(*jobs[g].view, jobs[g].view->v, jobs[g].head);
-  Prefetcher pf(hr, ends, n, 0, chunk);
+  auto stream = [&](bool keys) {
+    for (uint32_t g = 0; g < n; ++g) {
+      const LayerKvView& v = *jobs[g].view;
+      hr[g] = HeadRows(v, keys ? v.k : v.v, jobs[g].head);
+    }
+    return Prefetcher(hr, ends, n, 0, chunk);
+  };
+  {
+    Prefetcher pf = stream(true);
+    walk(0, max_rows, [&](uint32_t g, uint32_t a, uint32_t b) {
+      RunK(plan, jobs[g], a, b, s[g].scores.data(), s[g].m.data(), &pf);
+    });
+  }
+  for (uint32_t g = 0; g < n; ++g) RunExp(jobs[g], 0, jobs[g].rows, s[g].scores.data(), s[g].m.data());
+  Prefetcher pf = stream(false);
   for (uint32_t r0 = 0; r0 < max_rows; r0 += kSegmentRows) {
     const uint32_t r1 = std::min(max_rows, r0 + kSegmentRows);
     for (uint32_t g = 0; g < n; ++g) {
-      Scratch& h = s.heads[g];
-      std::fill(h.l_seg.begin(), h.l_seg.end(), 0.0f);
-      std::fill(h.o_seg.begin(), h.o_seg.end(), 0.0f);
+      std::fill(s[g].l_seg.begin(), s[g].l_seg.end(), 0.0f);
+      std::fill(s[g].o_seg.begin(), s[g].o_seg.end(), 0.0f);
     }
-    for (uint32_t c = r0; c < r1; c += chunk) {
-      for (uint32_t g = 0; g < n; ++g) {
-        if (c >= ends[g]) continue;
-        Scratch& h = s.heads[g];
-        RunV(plan, jobs[g], c, std::min(ends[g], c + chunk), h.scores.data(), h.l_seg.data(),
-             h.o_seg.data(), &pf);
-      }
-    }
+    walk(r0, r1, [&](uint32_t g, uint32_t a, uint32_t b) {
+      RunV(plan, jobs[g], a, b, s[g].scores.data(), s[g].l_seg.data(), s[g].o_seg.data(), &pf);
+    });
     for (uint32_t g = 0; g < n; ++g) {
       if (r0 >= ends[g]) continue;
-      Scratch& h = s.heads[g];
-      AddInto(h.l.data(), h.l_seg.data(), jobs[g].nq);
-      AddInto(h.o.data(), h.o_seg.data(), jobs[g].nq * pd);
+      AddInto(s[g].l.data(), s[g].l_seg.data(), jobs[g].nq);
+      AddInto(s[g].o.data(), s[g].o_seg.data(), jobs[g].nq * pd);
     }
   }
   for (uint32_t g = 0; g < n; ++g) {
-    Scratch& h = s.heads[g];
-    Finalize(plan, jobs[g], h.scores.data(), h.m.data(), h.l.data(), h.o.data(), s.tmp.data());
+    Finalize(plan, jobs[g], s[g].scores.data(), s[g].m.data(), s[g].l.data(), s[g].o.data(),
+             s[0].tmp.data());
   }
 }
 
