@@ -211,10 +211,9 @@ double ReadLikeAttention(const std::vector<LayerKvView>& views, ThreadPool* pool
   size_t n_jobs = 0;
   for (const LayerKvView& v : views) n_jobs += v.n_kv_heads;
   const uint32_t threads = pool ? pool->num_threads() : 1;
-  const uint32_t group = GroupHeads(n_jobs, threads);
   std::vector<Group> groups;
   for (uint32_t i = 0; i < views.size(); ++i) {
-    const uint32_t g = WalkHeadsGrouped(views[i]) ? group : 1;
+    const uint32_t g = HeadsPerTask(views[i], n_jobs, threads);
     for (uint32_t h = 0; h < views[i].n_kv_heads; h += g) {
       groups.push_back({i, h, std::min(g, views[i].n_kv_heads - h)});
     }

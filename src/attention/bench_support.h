@@ -74,12 +74,12 @@ class SyntheticKv {
 double ProcessCpuSeconds();
 
 // Reads exactly the K and V rows that decode attention over `views` reads,
-// in the kernels' order (per job, a (sequence, kv head) or a group of
-// consecutive kv heads walked chunk by chunk (plan.h): its K rows, then its
-// V rows, one block-table piece after another), with the jobs split over
-// the pool the way the kernels split whole jobs, and no arithmetic: the
-// memory floor of that access pattern. Returns wall seconds; *cpu_seconds (if non-null)
-// gets process CPU seconds / threads.
+// in the kernels' order (per task, one (sequence, kv head) job or a group
+// of consecutive kv heads walked chunk by chunk, plan.h HeadsPerTask: its K
+// rows, then its V rows, one block-table piece after another), with the
+// tasks split over the pool the way the kernels split whole jobs, and no
+// arithmetic: the memory floor of that access pattern. Returns wall
+// seconds; *cpu_seconds (if non-null) gets process CPU seconds / threads.
 double ReadLikeAttention(const std::vector<LayerKvView>& views, ThreadPool* pool,
                          double* cpu_seconds = nullptr);
 

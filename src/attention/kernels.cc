@@ -631,7 +631,7 @@ constexpr uint32_t kWholeRun = 0xFFFFFFFFu;
 struct Prefetcher {
   const HeadRows* heads;
   const uint32_t* ends;
-  uint32_t n, chunk, max_end = 0;
+  uint32_t n, chunk, row_bytes, max_end = 0;  // row_bytes: the same for every head of a view
   uint64_t c0;        // first row of the current chunk
   uint32_t g = 0;     // current head
   uint32_t r, seg_end, left = 0;
@@ -639,10 +639,10 @@ struct Prefetcher {
   const uint8_t* p = nullptr;  // next row to prefetch
   uintptr_t next_line = 0;     // first line not yet prefetched in this run
   Prefetcher(const HeadRows* h, const uint32_t* e, uint32_t n_heads, uint32_t r0, uint32_t chunk_rows)
-      : heads(h), ends(e), n(n_heads), chunk(chunk_rows), c0(r0), r(r0) {
+      : heads(h), ends(e), n(n_heads), chunk(chunk_rows), row_bytes(h[0].row_bytes), c0(r0), r(r0) {
     for (uint32_t i = 0; i < n; ++i) max_end = std::max(max_end, ends[i]);
     seg_end = static_cast<uint32_t>(std::min<uint64_t>(c0 + chunk, ends[0]));
-    const uint32_t ahead = std::max<uint32_t>(1, kPrefetchBytes / h[0].row_bytes);
+    const uint32_t ahead = std::max<uint32_t>(1, kPrefetchBytes / row_bytes);
     for (uint32_t i = 0; i < ahead && !done; ++i) Step();
   }
   HWY_INLINE void Step() {
@@ -663,11 +663,11 @@ struct Prefetcher {
       p = heads[g].Run(r, seg_end, &left);
       next_line = reinterpret_cast<uintptr_t>(p) & ~uintptr_t{63};
     }
-    const uintptr_t end = reinterpret_cast<uintptr_t>(p) + heads[g].row_bytes;
+    const uintptr_t end = reinterpret_cast<uintptr_t>(p) + row_bytes;
     for (; next_line < end; next_line += 64) {
       __builtin_prefetch(reinterpret_cast<const void*>(next_line), 0, 3);
     }
-    p += heads[g].row_bytes;
+    p += row_bytes;
     ++r;
     --left;
   }
@@ -1191,7 +1191,6 @@ void RunExp(const HeadJob& job, uint32_t r0, uint32_t r1, float* scores, const f
   }
 }
 
-// Segment [r0, r1): partial sums into l[nq] (zeroed here) and o[nq][pd].
 // Rows [r0, r1) added into l[nq] and o[nq][pd]; pf as for RunK.
 void RunV(const Plan& plan, const HeadJob& job, uint32_t r0, uint32_t r1, const float* e,
           float* l, float* o, Prefetcher* pf = nullptr) {
@@ -1200,6 +1199,7 @@ void RunV(const Plan& plan, const HeadJob& job, uint32_t r0, uint32_t r1, const 
   });
 }
 
+// Segment [r0, r1): partial sums into l[nq] (zeroed here) and o[nq][pd].
 void RunVSegment(const Plan& plan, const HeadJob& job, uint32_t r0, uint32_t r1,
                  const float* e, float* l, float* o) {
   std::fill(l, l + job.nq, 0.0f);
@@ -1444,19 +1444,17 @@ void RunPlanImpl(const Plan& plan) {
   const uint32_t threads = plan.pool ? plan.pool->num_threads() : 1;
   const uint32_t n_jobs = static_cast<uint32_t>(plan.jobs.size());
   if (threads == 1 || n_jobs >= 2 * threads) {
-    // Groups (plan.h): runs of up to GroupHeads jobs of consecutive kv heads
-    // of one grouped-walk view; a job alone otherwise.
-    const uint32_t group = GroupHeads(n_jobs, threads);
+    // Tasks: runs of up to HeadsPerTask (plan.h) jobs of consecutive kv
+    // heads of one view; a job alone where the view is not grouped.
     std::vector<uint32_t> starts;
     for (uint32_t j = 0; j < n_jobs;) {
       starts.push_back(j);
       const LayerKvView* v = plan.jobs[j].view;
+      const uint32_t group = HeadsPerTask(*v, n_jobs, threads);
       uint32_t k = j + 1;
-      if (group > 1 && WalkHeadsGrouped(*v)) {
-        while (k < n_jobs && k - j < group && plan.jobs[k].view == v &&
-               plan.jobs[k].head == plan.jobs[k - 1].head + 1) {
-          ++k;
-        }
+      while (k < n_jobs && k - j < group && plan.jobs[k].view == v &&
+             plan.jobs[k].head == plan.jobs[k - 1].head + 1) {
+        ++k;
       }
       j = k;
     }

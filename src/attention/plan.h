@@ -98,9 +98,12 @@ inline bool WalkHeadsGrouped(const LayerKvView& v) {
   return v.k.head_base == nullptr && v.v.head_base == nullptr && v.block_size < v.num_tokens &&
          wide(v.k.format) && wide(v.v.format);
 }
-// Heads per group for n_jobs whole jobs on `threads` threads: kGroupHeads,
-// halved while that would leave a thread without a group.
-inline uint32_t GroupHeads(size_t n_jobs, uint32_t threads) {
+// Consecutive kv heads of view v per task when n_jobs whole jobs run on
+// `threads` threads: 1 unless WalkHeadsGrouped(v), else kGroupHeads, halved
+// while that would leave a thread without a task. The kernels and the
+// bench's pattern read (bench_support.cc) split the work by this.
+inline uint32_t HeadsPerTask(const LayerKvView& v, size_t n_jobs, uint32_t threads) {
+  if (!WalkHeadsGrouped(v)) return 1;
   uint32_t g = kGroupHeads;
   while (g > 1 && n_jobs / g < threads) g /= 2;
   return g;
