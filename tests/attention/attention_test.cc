@@ -267,7 +267,7 @@ double IntKeyScoreBound(const TestView& tv, std::span<const float> q, uint32_t n
 }
 
 void RunLossyCase(FormatPair fp, const ViewSpec& base, uint32_t n_q_heads, uint32_t n_queries,
-                  ThreadPool* pool, bool calibrate) {
+                  ThreadPool* pool, bool calibrate, uint32_t window = 0, uint32_t n_sink = 0) {
   ViewSpec s = base;
   s.formats = fp;
   s.calibrate = calibrate;
@@ -278,6 +278,8 @@ void RunLossyCase(FormatPair fp, const ViewSpec& base, uint32_t n_q_heads, uint3
   const auto q = RandomVector(size_t{n_queries} * n_q_heads * view.head_dim, 11);
   AttentionOptions o;
   o.n_q_heads = n_q_heads;
+  o.window = window;
+  o.n_sink = n_sink;
   Outputs want = MakeOutputs(view, n_q_heads, n_queries, true);
   ASSERT_TRUE(AttendReference((*tv)->reference_heads(), view.head_dim, view.num_tokens,
                               n_queries, q, o, want.spans())
@@ -380,6 +382,32 @@ TEST(AttentionLossy, TransformsMultiTokenAndThreads) {
   s.num_tokens = 90;
   for (Format f : {Format::kF16, Format::kBF16, Format::kFp8E4M3, Format::kQ8}) {
     RunLossyCase({f, f}, s, 2, 2, nullptr, true);
+  }
+}
+
+// The V pass takes a tile of up to 16 rows at a time, and for q8_0 values
+// puts each row's block scales into its weights: tiles cut short by a
+// block, a segment or the end, rows masked by a window, sinks, evicted
+// positions or the causal mask of a multi-token block, uneven and tiny
+// heads, one to three threads; the block-scaled formats and their
+// neighbours.
+TEST(AttentionLossy, ValuesOnMaskedAndShortTiles) {
+  ThreadPool two(2), three(3);
+  for (Format v : {Format::kQ8_0, Format::kQ8, Format::kQ4_0, Format::kTurbo3}) {
+    ViewSpec s;
+    s.n_kv_heads = 4;
+    s.head_dim = 64;
+    s.num_tokens = 1300;
+    s.head_rows = {1300, 17, 1025, 600};
+    s.block_size = 7;
+    s.evict_every = 9;
+    RunLossyCase({Format::kF16, v}, s, 8, 1, nullptr, false, 200, 5);
+    RunLossyCase({Format::kQ8, v}, s, 8, 3, &two, true, 0, 0);
+    s.block_size = 16;
+    s.evict_every = 0;
+    s.head_dim = 96;
+    RunLossyCase({Format::kBF16, v}, s, 12, 5, &three, false, 333, 0);
+    RunLossyCase({Format::kF32, v}, s, 4, 1, &two, true, 0, 0);
   }
 }
 
