@@ -62,6 +62,10 @@ struct AttentionOptions {
   ThreadPool* pool = nullptr;
 };
 
+// Every call returns InvalidArgument, writing nothing, for a query with a
+// NaN or infinite value (it would make that head's scores unorderable), as
+// for a buffer of the wrong size or out-of-range options.
+
 // Where results go. `out` is required; the others are optional (empty span
 // = not wanted) and, when given, must have exactly the documented size.
 struct AttentionOutput {

@@ -127,6 +127,19 @@ Status CheckSize(std::span<const float> s, size_t want, const char* name, bool o
   return Status::Ok();
 }
 
+// A NaN or infinite query value makes its head's scores NaN, which the
+// softmax cannot order: an error naming the value, not garbage out.
+// `unit` names what q is split into first (query token, or sequence).
+Status CheckQueryFinite(std::span<const float> q, uint32_t heads, uint32_t head_dim,
+                        const char* unit) {
+  const size_t i = attention_internal::FirstNonFinite(q.data(), q.size());
+  if (i == q.size()) return Status::Ok();
+  const size_t per_unit = static_cast<size_t>(heads) * head_dim;
+  return Status::InvalidArgument(
+      fmt::format("attention: query value {} is {} ({} {}, q head {}, dim {})", i, q[i], unit,
+                  i / per_unit, (i % per_unit) / head_dim, i % head_dim));
+}
+
 float EffectiveScale(const AttentionOptions& o, uint32_t head_dim) {
   return o.scale > 0.0f ? o.scale : 1.0f / std::sqrt(static_cast<float>(head_dim));
 }
@@ -226,6 +239,7 @@ Status AttendMulti(const LayerKvView& view, uint32_t n_queries, std::span<const 
   }
   const size_t qd = static_cast<size_t>(n_queries) * options.n_q_heads;
   KV_RETURN_IF_ERROR(CheckSize(q, qd * view.head_dim, "query", false));
+  KV_RETURN_IF_ERROR(CheckQueryFinite(q, options.n_q_heads, view.head_dim, "query token"));
   KV_RETURN_IF_ERROR(CheckSize(output.out, qd * view.head_dim, "out", false));
   KV_RETURN_IF_ERROR(CheckSize(output.lse, qd, "lse", true));
   KV_RETURN_IF_ERROR(CheckSize(output.probs, qd * view.num_tokens, "probs", true));
@@ -257,6 +271,7 @@ Status AttendDecodeHead(const LayerKvView& view, uint32_t kv_head, std::span<con
   }
   const size_t group = options.n_q_heads / view.n_kv_heads;
   KV_RETURN_IF_ERROR(CheckSize(q, group * view.head_dim, "query", false));
+  KV_RETURN_IF_ERROR(CheckQueryFinite(q, static_cast<uint32_t>(group), view.head_dim, "query token"));
   KV_RETURN_IF_ERROR(CheckSize(output.out, group * view.head_dim, "out", false));
   KV_RETURN_IF_ERROR(CheckSize(output.lse, group, "lse", true));
   KV_RETURN_IF_ERROR(CheckSize(output.probs, group * view.num_tokens, "probs", true));
@@ -290,6 +305,7 @@ Status AttendDecodeBatch(std::span<const LayerKvView> views, std::span<const flo
   }
   const size_t per_seq = static_cast<size_t>(options.n_q_heads) * d;
   KV_RETURN_IF_ERROR(CheckSize(q, views.size() * per_seq, "query", false));
+  KV_RETURN_IF_ERROR(CheckQueryFinite(q, options.n_q_heads, d, "sequence"));
   KV_RETURN_IF_ERROR(CheckSize(out, views.size() * per_seq, "out", false));
   KV_RETURN_IF_ERROR(CheckSize(lse, views.size() * options.n_q_heads, "lse", true));
   Plan plan = NewPlan(options, d);

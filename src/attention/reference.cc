@@ -43,6 +43,10 @@ Status AttendReference(std::span<const ReferenceHead> heads, uint32_t head_dim,
       (!output.kv_probs.empty() && output.kv_probs.size() != size_t{n_kv} * num_tokens)) {
     return Status::InvalidArgument("reference attention: a buffer has the wrong size");
   }
+  if (const size_t i = attention_internal::FirstNonFinite(q.data(), q.size()); i != q.size()) {
+    return Status::InvalidArgument(
+        fmt::format("reference attention: query value {} is not finite ({})", i, q[i]));
+  }
   for (const ReferenceHead& hd : heads) {
     const size_t rows = hd.keys.size() / head_dim;
     if (hd.keys.size() % head_dim != 0 || hd.values.size() != hd.keys.size() ||

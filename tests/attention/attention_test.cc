@@ -316,12 +316,11 @@ void RunLossyCase(FormatPair fp, const ViewSpec& base, uint32_t n_q_heads, uint3
   });
 }
 
-TEST(AttentionLossy, NanQueryOnIntKeysActsAsOnFloatKeys) {
-  // A NaN in a query makes every score of its head NaN on the float path
-  // (what the scalar target runs). The int8-key path rounds the query to
-  // int16 first; it must give that head the same result, not finite
-  // garbage from a rounded NaN, and leave the other heads finite.
-  for (Format k : {Format::kQ8, Format::kQ8_0}) {
+TEST(AttentionErrors, NonFiniteQueryIsAClearError) {
+  // A NaN or infinite query value would make its head's scores unorderable
+  // (and the int8-key path would round it to an integer): every call names
+  // it and writes nothing.
+  for (Format k : {Format::kF32, Format::kQ8, Format::kQ8_0, Format::kBF16}) {
     ViewSpec s;
     s.n_kv_heads = 2;
     s.head_dim = 64;
@@ -329,29 +328,45 @@ TEST(AttentionLossy, NanQueryOnIntKeysActsAsOnFloatKeys) {
     s.formats = {k, Format::kF32};
     auto tv = TestView::Make(s);
     ASSERT_TRUE(tv.ok()) << tv.status().ToString();
-    auto q = RandomVector(4 * 64, 3);
-    q[5] = std::numeric_limits<float>::quiet_NaN();  // q head 0 (kv head 0)
-    AttentionOptions o;
-    o.n_q_heads = 4;
-    auto run = [&]() {
-      std::vector<float> out(q.size());
+    const LayerKvView& view = (*tv)->view();
+    for (float bad : {std::numeric_limits<float>::quiet_NaN(),
+                      std::numeric_limits<float>::infinity(),
+                      -std::numeric_limits<float>::infinity()}) {
+      auto q = RandomVector(2 * 4 * 64, 3);  // two tokens (or sequences) x 4 q heads
+      const size_t at = 64 * 4 + 2 * 64 + 5;  // token 1, q head 2, dim 5
+      q[at] = bad;
+      AttentionOptions o;
+      o.n_q_heads = 4;
+      std::vector<float> out(q.size(), 7.0f), lse(8, 7.0f);
       AttentionOutput ao;
       ao.out = out;
-      EXPECT_TRUE(AttendDecode((*tv)->view(), q, o, ao).ok());
-      return out;
-    };
-    hwy::SetSupportedTargetsForTest(HWY_SCALAR);
-    const std::vector<float> want = run();
-    ForEachTarget([&] {
-      const std::vector<float> got = run();
-      for (size_t i = 0; i < 64; ++i) {
-        ASSERT_EQ(std::bit_cast<uint32_t>(got[i]), std::bit_cast<uint32_t>(want[i]))
-            << FormatName(k) << " at " << i;
-      }
-      for (size_t i = 2 * 64; i < got.size(); ++i) {
-        ASSERT_TRUE(std::isfinite(got[i])) << FormatName(k) << " at " << i;
-      }
-    });
+      ao.lse = lse;
+      auto expect_error = [&](const Status& st, const char* call) {
+        EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << call << ": " << st.ToString();
+        EXPECT_NE(st.message().find("query value"), std::string::npos) << call << ": " << st.message();
+        for (float x : out) ASSERT_EQ(x, 7.0f) << call << " wrote output";
+        for (float x : lse) ASSERT_EQ(x, 7.0f) << call << " wrote lse";
+      };
+      const Status multi = AttendMulti(view, 2, q, o, ao);
+      expect_error(multi, "AttendMulti");
+      EXPECT_NE(multi.message().find("query token 1, q head 2, dim 5"), std::string::npos)
+          << multi.message();
+      AttentionOutput ao1;
+      ao1.out = std::span<float>(out).first(4 * 64);
+      expect_error(AttendDecode(view, std::span<const float>(q).subspan(4 * 64), o, ao1),
+                   "AttendDecode");
+      AttentionOutput head_out;
+      head_out.out = std::span<float>(out).first(2 * 64);
+      // kv head 1 reads q heads 2 and 3.
+      expect_error(AttendDecodeHead(view, 1, std::span<const float>(q).subspan(6 * 64, 2 * 64),
+                                    o, head_out),
+                   "AttendDecodeHead");
+      const LayerKvView views[2] = {view, view};
+      expect_error(AttendDecodeBatch(views, q, o, out, lse), "AttendDecodeBatch");
+      expect_error(AttendReference((*tv)->reference_heads(), view.head_dim, view.num_tokens, 2, q,
+                                   o, ao),
+                   "AttendReference");
+    }
   }
 }
 
