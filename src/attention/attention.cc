@@ -271,7 +271,8 @@ Status AttendDecodeHead(const LayerKvView& view, uint32_t kv_head, std::span<con
   }
   const size_t group = options.n_q_heads / view.n_kv_heads;
   KV_RETURN_IF_ERROR(CheckSize(q, group * view.head_dim, "query", false));
-  KV_RETURN_IF_ERROR(CheckQueryFinite(q, static_cast<uint32_t>(group), view.head_dim, "query token"));
+  KV_RETURN_IF_ERROR(
+      CheckQueryFinite(q, static_cast<uint32_t>(group), view.head_dim, "query token"));
   KV_RETURN_IF_ERROR(CheckSize(output.out, group * view.head_dim, "out", false));
   KV_RETURN_IF_ERROR(CheckSize(output.lse, group, "lse", true));
   KV_RETURN_IF_ERROR(CheckSize(output.probs, group * view.num_tokens, "probs", true));

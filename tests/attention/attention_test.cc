@@ -343,7 +343,8 @@ TEST(AttentionErrors, NonFiniteQueryIsAClearError) {
       ao.lse = lse;
       auto expect_error = [&](const Status& st, const char* call) {
         EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << call << ": " << st.ToString();
-        EXPECT_NE(st.message().find("query value"), std::string::npos) << call << ": " << st.message();
+        EXPECT_NE(st.message().find("query value"), std::string::npos)
+            << call << ": " << st.message();
         for (float x : out) ASSERT_EQ(x, 7.0f) << call << " wrote output";
         for (float x : lse) ASSERT_EQ(x, 7.0f) << call << " wrote lse";
       };
