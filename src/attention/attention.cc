@@ -13,6 +13,7 @@
 
 #include "attention/plan.h"
 #include "attention/reference.h"
+#include "format/format_internal.h"
 #include "kvcache/geometry.h"
 
 namespace kvcache {
@@ -132,7 +133,7 @@ Status CheckSize(std::span<const float> s, size_t want, const char* name, bool o
 // `unit` names what q is split into first (query token, or sequence).
 Status CheckQueryFinite(std::span<const float> q, uint32_t heads, uint32_t head_dim,
                         const char* unit) {
-  const size_t i = attention_internal::FirstNonFinite(q.data(), q.size());
+  const size_t i = format_internal::FirstNonFinite(q.data(), q.size());
   if (i == q.size()) return Status::Ok();
   const size_t per_unit = static_cast<size_t>(heads) * head_dim;
   return Status::InvalidArgument(

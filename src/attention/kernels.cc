@@ -787,9 +787,9 @@ HWY_INLINE float QuantizeQuery(const float* q, uint32_t d, int16_t* q16) {
                          ? std::numeric_limits<float>::infinity()
                          : hn::GetLane(hn::MaxOfLanes(df, vmax));
   if (!(amax > 0.0f) || !std::isfinite(amax)) {
-    // Zero: every dot is 0. inf or NaN (the public calls reject such a
-    // query before any kernel runs): the scale is NaN, so every dot is NaN,
-    // as in the float path.
+    // Zero: every dot is 0. inf or NaN (the calls reject a non-finite
+    // query, but a finite one can still overflow in the column scales or the
+    // rotation): the scale is NaN, so every dot is NaN, as in the float path.
     std::fill(q16, q16 + d, int16_t{0});
     return amax == 0.0f ? 0.0f : std::numeric_limits<float>::quiet_NaN();
   }

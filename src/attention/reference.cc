@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "attention/reference.h"
+#include "format/format_internal.h"
 #include "kvcache/attention.h"
 
 namespace kvcache {
@@ -43,7 +44,7 @@ Status AttendReference(std::span<const ReferenceHead> heads, uint32_t head_dim,
       (!output.kv_probs.empty() && output.kv_probs.size() != size_t{n_kv} * num_tokens)) {
     return Status::InvalidArgument("reference attention: a buffer has the wrong size");
   }
-  if (const size_t i = attention_internal::FirstNonFinite(q.data(), q.size()); i != q.size()) {
+  if (const size_t i = format_internal::FirstNonFinite(q.data(), q.size()); i != q.size()) {
     return Status::InvalidArgument(
         fmt::format("reference attention: query value {} is not finite ({})", i, q[i]));
   }

@@ -27,7 +27,6 @@
 #pragma once
 
 #include <bit>
-#include <cstddef>
 #include <cstdint>
 #include <cstring>
 
@@ -35,19 +34,6 @@ namespace kvcache::attention_internal {
 
 inline constexpr uint32_t kDotLanes = 16;
 inline constexpr uint32_t kSegmentRows = 512;
-
-// Index of the first NaN or infinite value of x[n], n if none (an integer
-// test on the exponent bits, which the compiler vectorizes).
-inline size_t FirstNonFinite(const float* x, size_t n) {
-  uint32_t any = 0;
-  for (size_t i = 0; i < n; ++i) {
-    any |= (std::bit_cast<uint32_t>(x[i]) & 0x7F800000u) == 0x7F800000u ? 1u : 0u;
-  }
-  if (any == 0) return n;
-  size_t i = 0;
-  while ((std::bit_cast<uint32_t>(x[i]) & 0x7F800000u) != 0x7F800000u) ++i;
-  return i;
-}
 
 inline constexpr uint32_t PaddedDim(uint32_t head_dim) {
   return (head_dim + kDotLanes - 1) / kDotLanes * kDotLanes;
