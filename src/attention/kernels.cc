@@ -433,19 +433,13 @@ template <>
 struct Decoder<Format::kQ8_0> {
   static constexpr bool kTail = false;
   HWY_INLINE RowRef Prepare(const uint8_t* p, uint32_t) const { return {p, 1.0f}; }
-  // Block b's f16 scale (one per 32 values) is at ScaleOffset(b).
-  static HWY_INLINE uint32_t ScaleOffset(uint32_t b) { return 34 * (b / 2); }
   HWY_INLINE void Block(const RowRef& r, uint32_t b, VF* out) const {
-    BlockCodes(r, b, out);
-    const VF d = BroadcastF16(r.p + ScaleOffset(b));
-    for (size_t v = 0; v < kVecs; ++v) out[v] = hn::Mul(d, out[v]);
-  }
-  // Block b's codes as floats, without the scale.
-  HWY_INLINE void BlockCodes(const RowRef& r, uint32_t b, VF* out) const {
     const hn::Rebind<int8_t, DF> di8;
-    const int8_t* c = reinterpret_cast<const int8_t*>(r.p + ScaleOffset(b) + 2 + 16 * (b % 2));
+    const uint8_t* blk = r.p + 34 * (b / 2);
+    const VF d = BroadcastF16(blk);
+    const int8_t* c = reinterpret_cast<const int8_t*>(blk + 2 + 16 * (b % 2));
     for (size_t v = 0; v < kVecs; ++v) {
-      out[v] = hn::ConvertTo(DF(), hn::PromoteTo(DI(), hn::LoadU(di8, c + v * kN)));
+      out[v] = hn::Mul(d, hn::ConvertTo(DF(), hn::PromoteTo(DI(), hn::LoadU(di8, c + v * kN))));
     }
   }
   HWY_INLINE float Value(const RowRef&, uint32_t) const { return 0.0f; }
@@ -1109,39 +1103,9 @@ void VPass(const VArgs& a) {
         for (size_t v = 0; v < kVecs; ++v) hn::StoreU(acc[j][v], DF(), o[j] + b * kDotLanes + v * kN);
       }
     };
-    if constexpr (F == Format::kQ8_0) {
-      // The block scales go into the weights, (w * scale) * code, once per
-      // 32 values, row and query vector, instead of a broadcast, an f16
-      // conversion and a multiply per decoded vector: in cache the step
-      // took 0.86x the time (docs/attention.md; q4_0 and the turbo formats,
-      // the same way, took 1.02-1.17x, q8's row scale ~0.99x). The product
-      // is rounded once more; the lossy formats' tolerance covers it.
-      alignas(64) uint16_t bits[kTileRows] = {};
-      alignas(64) float sct[kTileRows];
-      float ws[kQB][kTileRows];
-      const float* w_row[kQB];
-      for (int j = 0; j < kQB; ++j) w_row[j] = w[j];
-      const hn::Rebind<hwy::float16_t, DF> dh;
-      const auto* h = reinterpret_cast<const hwy::float16_t*>(bits);
-      for (uint32_t b = 0; b < full_blocks; ++b) {
-        prefetch_part(b);
-        if (b % 2 == 0) {
-          for (uint32_t i = 0; i < n; ++i) bits[i] = fi::LoadU16(rows[i].p + dec.ScaleOffset(b));
-          for (size_t v = 0; v < kTileRows / kN; ++v) {
-            hn::Store(hn::PromoteTo(DF(), hn::Load(dh, h + v * kN)), DF(), sct + v * kN);
-          }
-          for (int j = 0; j < kQB; ++j) {
-            for (uint32_t i = 0; i < n; ++i) ws[j][i] = w_row[j][i] * sct[i];
-            w[j] = ws[j];
-          }
-        }
-        block(b, [&](const RowRef& row, VF* vv) HWY_ATTR { dec.BlockCodes(row, b, vv); });
-      }
-    } else {
-      for (uint32_t b = 0; b < full_blocks; ++b) {
-        prefetch_part(b);
-        block(b, [&](const RowRef& row, VF* vv) HWY_ATTR { dec.Block(row, b, vv); });
-      }
+    for (uint32_t b = 0; b < full_blocks; ++b) {
+      prefetch_part(b);
+      block(b, [&](const RowRef& row, VF* vv) HWY_ATTR { dec.Block(row, b, vv); });
     }
     if constexpr (Decoder<F>::kTail) {
       if (n_blocks != full_blocks) {
