@@ -401,12 +401,11 @@ TEST(AttentionLossy, TransformsMultiTokenAndThreads) {
   }
 }
 
-// The V pass takes a tile of up to 16 rows at a time, and for q8_0 values
-// puts each row's block scales into its weights: tiles cut short by a
+// The V pass takes a tile of up to 16 rows at a time: tiles cut short by a
 // block, a segment or the end, rows masked by a window, sinks, evicted
 // positions or the causal mask of a multi-token block, uneven and tiny
-// heads, one to three threads; the block-scaled formats and their
-// neighbours.
+// heads, one to three threads, for the scaled value formats (row scale,
+// block scales, group scales).
 TEST(AttentionLossy, ValuesOnMaskedAndShortTiles) {
   ThreadPool two(2), three(3);
   for (Format v : {Format::kQ8_0, Format::kQ8, Format::kQ4_0, Format::kTurbo3}) {
