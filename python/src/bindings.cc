@@ -41,108 +41,13 @@
 #include "kvcache/simd.h"
 #include "kvcache/status.h"
 #include "kvcache/thread_pool.h"
+#include "common.h"
 
 namespace nb = nanobind;
 using namespace nb::literals;
 
-namespace kvcache {
+namespace kvcache::py {
 namespace {
-
-// ---- errors ---------------------------------------------------------------
-
-// Exception class per StatusCode, created at module init. [code] -> type.
-PyObject* g_error_types[static_cast<int>(StatusCode::kInternal) + 1] = {};
-
-[[noreturn]] void Throw(const Status& status) {
-  PyObject* type = g_error_types[static_cast<int>(status.code())];
-  if (type == nullptr) type = g_error_types[static_cast<int>(StatusCode::kInternal)];
-  PyErr_SetString(type, status.message().c_str());
-  throw nb::python_error();
-}
-[[noreturn]] void ThrowInvalid(const std::string& message) {
-  Throw(Status::InvalidArgument(message));
-}
-void Check(const Status& status) {
-  if (!status.ok()) Throw(status);
-}
-template <typename T>
-T Unwrap(Result<T> result) {
-  if (!result.ok()) Throw(result.status());
-  return std::move(result).value();
-}
-
-// ---- arrays -----------------------------------------------------------------
-
-using InF32 = nb::ndarray<const float, nb::c_contig, nb::device::cpu>;
-using InU8 = nb::ndarray<const uint8_t, nb::c_contig, nb::device::cpu>;
-using InU32 = nb::ndarray<const uint32_t, nb::c_contig, nb::device::cpu>;
-
-template <typename T>
-using OutArray = nb::ndarray<nb::numpy, T>;
-
-// A new numpy array that owns `values` (moved to the heap), shaped `shape`.
-template <typename T>
-OutArray<T> ToArray(std::vector<T> values, std::vector<size_t> shape) {
-  auto* heap = new std::vector<T>(std::move(values));
-  nb::capsule owner(heap, [](void* p) noexcept { delete static_cast<std::vector<T>*>(p); });
-  return OutArray<T>(heap->data(), shape.size(), shape.data(), owner);
-}
-
-template <typename A>
-std::string ShapeString(const A& a) {
-  std::string s = "(";
-  for (size_t i = 0; i < a.ndim(); ++i) {
-    if (i) s += ", ";
-    s += std::to_string(a.shape(i));
-  }
-  if (a.ndim() == 1) s += ",";
-  return s + ")";
-}
-
-template <typename A>
-std::span<const typename std::remove_const_t<std::remove_pointer_t<decltype(std::declval<A>().data())>>>
-Span(const A& a) {
-  return {a.data(), a.size()};
-}
-
-// ---- formats ------------------------------------------------------------------
-
-FormatPair ParsePair(const std::string& text) { return Unwrap(ParseFormatPair(text)); }
-
-// ---- caches -------------------------------------------------------------------
-
-// A SequenceCache plus the count of attention calls reading it right now.
-struct PyCache {
-  explicit PyCache(SequenceCache c) : cache(std::move(c)) {}
-  SequenceCache cache;
-  std::atomic<int> readers{0};
-
-  // The cache, for a mutating call. Raises if attention is reading it.
-  SequenceCache& Mut() {
-    if (readers.load(std::memory_order_acquire) != 0) {
-      Throw(Status::FailedPrecondition(
-          "the cache is being read by an attention call in another thread; mutate it after "
-          "that call returns"));
-    }
-    return cache;
-  }
-};
-
-// Marks caches busy for the duration of an attention call.
-class ReadGuard {
- public:
-  explicit ReadGuard(std::vector<PyCache*> caches) : caches_(std::move(caches)) {
-    for (PyCache* c : caches_) c->readers.fetch_add(1, std::memory_order_acq_rel);
-  }
-  ~ReadGuard() {
-    for (PyCache* c : caches_) c->readers.fetch_sub(1, std::memory_order_acq_rel);
-  }
-  ReadGuard(const ReadGuard&) = delete;
-  ReadGuard& operator=(const ReadGuard&) = delete;
-
- private:
-  std::vector<PyCache*> caches_;
-};
 
 uint32_t CheckLayer(const SequenceCache& c, uint32_t layer) {
   if (layer >= c.n_layers()) {
@@ -227,7 +132,7 @@ AttentionOptions MakeOptions(uint32_t n_q_heads, const AttnArgs& a) {
 // or a tuple (out, lse[, probs]) / (out, probs).
 nb::object Attend(PyCache& pc, uint32_t layer, const InF32& q, bool multi, bool return_lse,
                   bool return_probs, const AttnArgs& args) {
-  const SequenceCache& c = pc.cache;
+  const SequenceCache& c = pc.obj;
   CheckLayer(c, layer);
   const size_t D = c.head_dim();
   const size_t want_ndim = multi ? 3 : 2;
@@ -247,7 +152,7 @@ nb::object Attend(PyCache& pc, uint32_t layer, const InF32& q, bool multi, bool 
   const AttentionOptions options = MakeOptions(n_q_heads, args);
   Status status;
   {
-    ReadGuard guard({&pc});
+    ReadGuard guard(std::vector<PyCache*>{&pc});
     nb::gil_scoped_release release;
     status = multi ? AttendMulti(view, n_queries, Span(q), options, output)
                    : AttendDecode(view, Span(q), options, output);
@@ -270,9 +175,13 @@ nb::object Attend(PyCache& pc, uint32_t layer, const InF32& q, bool multi, bool 
 }
 
 }  // namespace
-}  // namespace kvcache
+
+void BindServing(nb::module_& m);
+
+}  // namespace kvcache::py
 
 using namespace kvcache;
+using namespace kvcache::py;
 
 NB_MODULE(_kvcache, m) {
   m.doc() =
@@ -495,35 +404,35 @@ NB_MODULE(_kvcache, m) {
           "pool"_a, nb::kw_only(), "reserve_tokens"_a = 0,
           "A paged cache on pool; reserve_tokens > 0 reserves up front (PoolExhausted if not).")
       // shape
-      .def_prop_ro("geometry", [](const PyCache& c) { return c.cache.geometry(); })
-      .def_prop_ro("formats", [](const PyCache& c) { return FormatPairName(c.cache.formats()); })
+      .def_prop_ro("geometry", [](const PyCache& c) { return c.obj.geometry(); })
+      .def_prop_ro("formats", [](const PyCache& c) { return FormatPairName(c.obj.formats()); })
       .def_prop_ro("layout", [](const PyCache& c) {
-        return c.cache.layout() == CacheLayout::kPaged ? "paged" : "contiguous";
+        return c.obj.layout() == CacheLayout::kPaged ? "paged" : "contiguous";
       })
-      .def_prop_ro("n_layers", [](const PyCache& c) { return c.cache.n_layers(); })
-      .def_prop_ro("n_kv_heads", [](const PyCache& c) { return c.cache.n_kv_heads(); })
-      .def_prop_ro("head_dim", [](const PyCache& c) { return c.cache.head_dim(); })
-      .def_prop_ro("block_size", [](const PyCache& c) { return c.cache.block_size(); })
-      .def_prop_ro("pool", [](const PyCache& c) { return c.cache.pool(); })
+      .def_prop_ro("n_layers", [](const PyCache& c) { return c.obj.n_layers(); })
+      .def_prop_ro("n_kv_heads", [](const PyCache& c) { return c.obj.n_kv_heads(); })
+      .def_prop_ro("head_dim", [](const PyCache& c) { return c.obj.head_dim(); })
+      .def_prop_ro("block_size", [](const PyCache& c) { return c.obj.block_size(); })
+      .def_prop_ro("pool", [](const PyCache& c) { return c.obj.pool(); })
       // lengths and memory
-      .def_prop_ro("num_tokens", [](const PyCache& c) { return c.cache.num_tokens(); })
+      .def_prop_ro("num_tokens", [](const PyCache& c) { return c.obj.num_tokens(); })
       .def(
-          "layer_tokens", [](const PyCache& c, uint32_t layer) { return c.cache.num_tokens(layer); },
+          "layer_tokens", [](const PyCache& c, uint32_t layer) { return c.obj.num_tokens(layer); },
           "layer"_a, "Positions appended to one layer.")
       .def(
           "head_len",
           [](const PyCache& c, uint32_t layer, uint32_t head) {
-            CheckHead(c.cache, head);
-            return c.cache.head_len(CheckLayer(c.cache, layer), head);
+            CheckHead(c.obj, head);
+            return c.obj.head_len(CheckLayer(c.obj, layer), head);
           },
           "layer"_a, "head"_a, "Rows stored for one kv head of one layer.")
-      .def_prop_ro("capacity_tokens", [](const PyCache& c) { return c.cache.capacity_tokens(); })
-      .def_prop_ro("allocated_bytes", [](const PyCache& c) { return c.cache.allocated_bytes(); })
-      .def_prop_ro("used_bytes", [](const PyCache& c) { return c.cache.used_bytes(); })
+      .def_prop_ro("capacity_tokens", [](const PyCache& c) { return c.obj.capacity_tokens(); })
+      .def_prop_ro("allocated_bytes", [](const PyCache& c) { return c.obj.allocated_bytes(); })
+      .def_prop_ro("used_bytes", [](const PyCache& c) { return c.obj.used_bytes(); })
       .def_prop_ro("is_within_planned_capacity",
-                   [](const PyCache& c) { return c.cache.is_within_planned_capacity(); })
-      .def_prop_ro("released", [](const PyCache& c) { return c.cache.released(); })
-      .def("__len__", [](const PyCache& c) { return c.cache.num_tokens(); })
+                   [](const PyCache& c) { return c.obj.is_within_planned_capacity(); })
+      .def_prop_ro("released", [](const PyCache& c) { return c.obj.released(); })
+      .def("__len__", [](const PyCache& c) { return c.obj.num_tokens(); })
       // appends
       .def(
           "append",
@@ -570,7 +479,7 @@ NB_MODULE(_kvcache, m) {
           [](const PyCache& c, bool same_layout) {
             CloneOptions o;
             o.layout = same_layout ? CloneLayout::kSame : CloneLayout::kContiguous;
-            return std::make_unique<PyCache>(Unwrap(c.cache.Clone(o)));
+            return std::make_unique<PyCache>(Unwrap(c.obj.Clone(o)));
           },
           nb::kw_only(), "same_layout"_a = false,
           "Detached deep copy: contiguous by default; same_layout=True keeps a paged clone "
@@ -578,13 +487,13 @@ NB_MODULE(_kvcache, m) {
       .def(
           "reserve", [](PyCache& c, uint32_t n) { Check(c.Mut().Reserve(n)); }, "max_tokens"_a,
           "Paged: promises every block appending up to max_tokens rows could need.")
-      .def_prop_ro("reserved_blocks", [](const PyCache& c) { return c.cache.reserved_blocks(); })
-      .def_prop_ro("is_fully_reserved", [](const PyCache& c) { return c.cache.is_fully_reserved(); })
+      .def_prop_ro("reserved_blocks", [](const PyCache& c) { return c.obj.reserved_blocks(); })
+      .def_prop_ro("is_fully_reserved", [](const PyCache& c) { return c.obj.is_fully_reserved(); })
       // exports
       .def_prop_ro(
           "block_table",
           [](const PyCache& c) {
-            auto t = c.cache.block_table();
+            auto t = c.obj.block_table();
             return ToArray(std::vector<uint32_t>(t.begin(), t.end()), {t.size()});
           },
           nb::rv_policy::move,
@@ -592,32 +501,32 @@ NB_MODULE(_kvcache, m) {
       .def_prop_ro(
           "context_lens",
           [](const PyCache& c) {
-            auto t = c.cache.context_lens();
+            auto t = c.obj.context_lens();
             return ToArray(std::vector<uint32_t>(t.begin(), t.end()), {t.size()});
           },
           nb::rv_policy::move, "uint32 [1]: the sequence length (a copy; empty if contiguous).")
       .def(
           "head_keys",
           [](const PyCache& c, uint32_t layer, uint32_t head) {
-            CheckLayer(c.cache, layer);
-            CheckHead(c.cache, head);
-            return HeadRowsArray(Unwrap(c.cache.HeadKeys(layer, head)), c.cache.head_dim());
+            CheckLayer(c.obj, layer);
+            CheckHead(c.obj, head);
+            return HeadRowsArray(Unwrap(c.obj.HeadKeys(layer, head)), c.obj.head_dim());
           },
           "layer"_a, "head"_a, "Decoded keys of one head: float32 [head_len, head_dim] (a copy).")
       .def(
           "head_values",
           [](const PyCache& c, uint32_t layer, uint32_t head) {
-            CheckLayer(c.cache, layer);
-            CheckHead(c.cache, head);
-            return HeadRowsArray(Unwrap(c.cache.HeadValues(layer, head)), c.cache.head_dim());
+            CheckLayer(c.obj, layer);
+            CheckHead(c.obj, head);
+            return HeadRowsArray(Unwrap(c.obj.HeadValues(layer, head)), c.obj.head_dim());
           },
           "layer"_a, "head"_a, "Decoded values of one head: float32 [head_len, head_dim] (a copy).")
       .def(
           "head_positions",
           [](const PyCache& c, uint32_t layer, uint32_t head) {
-            CheckLayer(c.cache, layer);
-            CheckHead(c.cache, head);
-            auto p = c.cache.HeadPositions(layer, head);
+            CheckLayer(c.obj, layer);
+            CheckHead(c.obj, head);
+            auto p = c.obj.HeadPositions(layer, head);
             const size_t n = p.size();
             return ToArray(std::move(p), {n});
           },
@@ -636,9 +545,9 @@ NB_MODULE(_kvcache, m) {
       .def(
           "head_importance",
           [](const PyCache& c, uint32_t layer, uint32_t head) {
-            CheckLayer(c.cache, layer);
-            CheckHead(c.cache, head);
-            auto v = c.cache.HeadImportance(layer, head);
+            CheckLayer(c.obj, layer);
+            CheckHead(c.obj, head);
+            auto v = c.obj.HeadImportance(layer, head);
             const size_t n = v.size();
             return ToArray(std::move(v), {n});
           },
@@ -646,8 +555,8 @@ NB_MODULE(_kvcache, m) {
       .def(
           "importance",
           [](const PyCache& c, uint32_t layer) {
-            CheckLayer(c.cache, layer);
-            auto v = c.cache.Importance(layer);
+            CheckLayer(c.obj, layer);
+            auto v = c.obj.Importance(layer);
             const size_t n = v.size();
             return ToArray(std::move(v), {n});
           },
@@ -663,7 +572,7 @@ NB_MODULE(_kvcache, m) {
           },
           "layer"_a, "head"_a, "rows"_a,
           "Eviction: keeps only stored rows `rows` (strictly ascending) of one head.")
-      .def("check_invariants", [](const PyCache& c) { Check(c.cache.CheckInvariants()); })
+      .def("check_invariants", [](const PyCache& c) { Check(c.obj.CheckInvariants()); })
       .def("__enter__", [](nb::handle self) { return self; }, nb::rv_policy::reference)
       .def(
           "__exit__",
@@ -674,10 +583,10 @@ NB_MODULE(_kvcache, m) {
           "exc_type"_a.none(), "exc"_a.none(), "tb"_a.none())
       .def("__repr__", [](const PyCache& c) {
         return std::string("SequenceCache(") +
-               (c.cache.layout() == CacheLayout::kPaged ? "paged" : "contiguous") + ", " +
-               c.cache.geometry().ToString() + ", formats='" + FormatPairName(c.cache.formats()) +
-               "', num_tokens=" + std::to_string(c.cache.num_tokens()) +
-               (c.cache.released() ? ", released" : "") + ")";
+               (c.obj.layout() == CacheLayout::kPaged ? "paged" : "contiguous") + ", " +
+               c.obj.geometry().ToString() + ", formats='" + FormatPairName(c.obj.formats()) +
+               "', num_tokens=" + std::to_string(c.obj.num_tokens()) +
+               (c.obj.released() ? ", released" : "") + ")";
       });
 
   // --- attention ------------------------------------------------------------------------------
@@ -717,10 +626,10 @@ NB_MODULE(_kvcache, m) {
         std::vector<LayerKvView> views;
         for (PyCache* c : caches) {
           if (c == nullptr) ThrowInvalid("attend_decode_batch: a cache is None");
-          CheckLayer(c->cache, layer);
-          views.push_back(Unwrap(c->cache.View(layer)));
+          CheckLayer(c->obj, layer);
+          views.push_back(Unwrap(c->obj.View(layer)));
         }
-        const size_t D = caches[0]->cache.head_dim();
+        const size_t D = caches[0]->obj.head_dim();
         if (q.ndim() != 3 || q.shape(0) != caches.size() || q.shape(1) == 0 || q.shape(2) != D) {
           ThrowInvalid("q must have shape [n_seqs, n_q_heads, head_dim] with n_seqs=" +
                        std::to_string(caches.size()) + ", head_dim=" + std::to_string(D) +
@@ -747,4 +656,6 @@ NB_MODULE(_kvcache, m) {
       "Decode for many sequences of one layer at once. q: float32 [n_seqs, n_q_heads,\n"
       "head_dim]; returns out [n_seqs, n_q_heads, head_dim] (and lse [n_seqs, n_q_heads]).\n"
       "Releases the GIL.");
+
+  BindServing(m);
 }

@@ -1,0 +1,140 @@
+"""Hybrid sequences (drafts), eviction policies, prefix cache, simulate and eval
+from Python."""
+import numpy as np
+import pytest
+
+import kvcache
+from conftest import reference_attention
+
+
+def rows(rng, layers, tokens, heads, dim):
+    return rng.standard_normal((layers, tokens, heads, dim)).astype(np.float32)
+
+
+def test_policies_and_select_rows():
+    w = kvcache.EvictionPolicy.window(2, 3)
+    assert w.kind == "window" and (w.sink_tokens, w.window_tokens) == (2, 3)
+    np.testing.assert_array_equal(kvcache.select_rows(w, 10), np.array([0, 1, 7, 8, 9], np.uint32))
+    h = kvcache.EvictionPolicy.heavy_hitter(2, 1)
+    imp = np.array([5, 0, 9, 1, 0, 0], np.float32)
+    np.testing.assert_array_equal(kvcache.select_rows(h, 6, imp), np.array([0, 2, 5], np.uint32))
+    with pytest.raises(kvcache.InvalidArgument):
+        kvcache.EvictionPolicy.window(0, 0).validate()
+    assert kvcache.EvictionPolicy.keep_all() == kvcache.EvictionPolicy.keep_all()
+
+
+def test_speculative_commit_and_abort_are_exact(rng):
+    g = kvcache.Geometry(3, 2, 16, 4)
+    model = kvcache.HybridModel(g, "f32", [kvcache.LayerSpec.full(), kvcache.LayerSpec.window(1, 4),
+                                           kvcache.LayerSpec.full()])
+    pools = model.create_pools([16, 16])
+    seq = kvcache.HybridSequence.paged(model, pools)
+    base = rows(rng, 3, 6, 2, 16)
+    seq.append(base, base)
+    q = rng.standard_normal((4, 16)).astype(np.float32)
+    before = seq.attend(0, q)
+    keys_before = seq.head_keys(2, 1)
+
+    seq.begin_draft()
+    assert seq.in_draft and seq.draft_base == 6
+    draft = rows(rng, 3, 3, 2, 16)
+    seq.append(draft, draft)
+    assert seq.num_tokens == 9
+    seq.abort()
+    assert seq.num_tokens == 6 and not seq.in_draft
+    np.testing.assert_array_equal(seq.head_keys(2, 1), keys_before)
+    np.testing.assert_array_equal(seq.attend(0, q), before)
+
+    seq.begin_draft()
+    seq.append(draft, draft)
+    seq.commit(2)
+    assert seq.num_tokens == 8
+    np.testing.assert_array_equal(seq.head_keys(0, 0),
+                                  np.concatenate([base[0, :, 0], draft[0, :2, 0]]))
+    # the window layer keeps its sink and the last rows it needs
+    assert seq.head_positions(1, 0)[0] == 0
+    with pytest.raises(kvcache.FailedPrecondition):
+        seq.commit(1)  # no draft open
+    seq.check_invariants()
+    seq.release()
+    for p in pools:
+        assert p is None or p.free_blocks == p.num_blocks
+
+
+def test_hybrid_eviction_h2o(rng):
+    g = kvcache.Geometry(1, 2, 16, 4)
+    policy = kvcache.EvictionPolicy.heavy_hitter(2, 2)
+    model = kvcache.HybridModel(g, "f32", [kvcache.LayerSpec.full([policy, kvcache.EvictionPolicy.keep_all()])])
+    seq = kvcache.HybridSequence.contiguous(model)
+    k = rows(rng, 1, 8, 2, 16)
+    seq.append(k, k)
+    imp = np.zeros(8, np.float32)
+    imp[[1, 4]] = 1.0
+    seq.accumulate_importance(0, 0, imp)
+    seq.evict()
+    np.testing.assert_array_equal(seq.head_positions(0, 0), np.array([1, 4, 6, 7], np.uint32))
+    assert len(seq.head_positions(0, 1)) == 8
+    with pytest.raises(kvcache.InvalidArgument):
+        seq.accumulate_importance(0, 0, np.zeros(3, np.float32))
+
+
+def test_hybrid_attention_matches_reference(rng):
+    g = kvcache.Geometry(1, 2, 16, 4)
+    model = kvcache.HybridModel(g, "f32", [kvcache.LayerSpec.window(2, 5)])
+    seq = kvcache.HybridSequence.contiguous(model)
+    k, v = rows(rng, 1, 20, 2, 16), rows(rng, 1, 20, 2, 16)
+    seq.append(k, v)
+    q = rng.standard_normal((2, 16)).astype(np.float32)
+    out = seq.attend(0, q)
+    for h in range(2):
+        want, _, _ = reference_attention(k[0, :, h], v[0, :, h], q[h:h + 1], window=5, n_sink=2)
+        np.testing.assert_allclose(out[h:h + 1], want, rtol=1e-5, atol=1e-5)
+
+
+def test_prefix_cache_reuses_blocks(rng):
+    g = kvcache.Geometry(2, 2, 16, 4)
+    pool = kvcache.BlockPool(g, "f32", num_blocks=16)
+    pc = kvcache.PrefixCache(pool)
+    tokens = np.arange(10, dtype=np.uint32)
+    a = kvcache.SequenceCache.paged(pool)
+    k = rows(rng, 2, 10, 2, 16)
+    a.append(k, k)
+    assert pc.publish_sequence(a, tokens) == 2
+    assert pc.peek(tokens) == 8 and pc.peek(tokens, salt="other") == 0
+    b = kvcache.SequenceCache.paged(pool)
+    assert pc.adopt_into(b, tokens) == 8
+    np.testing.assert_array_equal(b.block_table, a.block_table[:2])
+    np.testing.assert_array_equal(b.head_keys(1, 1), k[1, :8, 1])
+    s = pc.stats()
+    assert s["lookups"] == 1 and s["hit_tokens"] == 8 and s["hit_rate"] == pytest.approx(0.8)
+    assert sum(s["miss_tokens"].values()) == 2
+    a.release()
+    b.release()
+    assert pool.cached_blocks == 2  # parked for reuse, not freed
+    pc.check_invariants()
+    c = kvcache.SequenceCache.paged(pool)
+    assert pc.adopt_into(c, tokens) == 8
+
+
+def test_simulate_and_eval(rng):
+    r = kvcache.simulate("turbo4", workload="shared-prefix", num_requests=40,
+                         pool_bytes=256 << 20)
+    assert r["kv_format"] == "turbo4:turbo4" and r["requests"] == 40
+    assert 0 < r["prefix_hit_rate"] <= 1 and r["num_blocks"] > 0
+    bf = kvcache.simulate("bf16", workload="shared-prefix", num_requests=40, pool_bytes=256 << 20)
+    assert r["num_blocks"] > 3 * bf["num_blocks"]
+    with pytest.raises(kvcache.InvalidArgument):
+        kvcache.simulate("bf16", model="nope")
+
+    keys = rng.standard_normal((256, 2, 64)).astype(np.float32)
+    values = rng.standard_normal((256, 2, 64)).astype(np.float32)
+    queries = rng.standard_normal((8, 4, 64)).astype(np.float32)
+    res = kvcache.eval(keys, values, queries, ["f32", "bf16", "turbo4", "q4_0"])
+    by = {x["kv_format"]: x for x in res}
+    assert by["f32:f32"]["k_nmse"] == 0 and by["f32:f32"]["attn_kl"] == 0
+    assert by["bf16:bf16"]["k_nmse"] < 1e-4 < by["turbo4:turbo4"]["k_nmse"]
+    assert by["turbo4:turbo4"]["k_bits"] == pytest.approx(4.5)
+    with pytest.raises(kvcache.InvalidArgument):
+        kvcache.eval(keys, values[:10], queries, ["f32"])
+    with pytest.raises(kvcache.InvalidArgument):
+        kvcache.eval(keys[:, :, :8], values[:, :, :8], queries[:, :, :8], ["turbo4"])
