@@ -1,0 +1,272 @@
+"""Charts of kvcache's measurements: ``python -m kvcache.plot FILE.json ... --out DIR``.
+
+Reads the JSON that the CLI prints and writes one PNG (or SVG) chart per idea:
+
+- ``kvcache bench attention --json``: step time and bandwidth fraction per format
+  pair, layout and SIMD target (``attention_step.png``, ``attention_bandwidth.png``);
+- ``kvcache bench encode --json``: encode throughput per format and target
+  (``encode.png``);
+- ``kvcache eval --json`` and ``kvcache perplexity --formats ... --json``: quality
+  against bits per value, one point per format pair, with the Pareto front
+  (``quality_eval.png``, ``quality_perplexity.png``);
+- ``kvcache simulate --json``: concurrent requests and prefix hit rate per format
+  (``simulate.png``).
+
+Each input is recognised by its fields, so files can be given in any order; a file
+may hold one JSON document or one object per line. Titles name the machine's CPU
+and the SIMD target the rows were measured on.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import platform
+import sys
+from collections import defaultdict
+
+
+def load_rows(path):
+    """Every JSON object in a file: a document (object or list) or JSON lines."""
+    text = pathlib.Path(path).read_text()
+    try:
+        doc = json.loads(text)
+        docs = doc if isinstance(doc, list) else [doc]
+    except json.JSONDecodeError:
+        docs = [json.loads(line) for line in text.splitlines() if line.strip()]
+    rows = []
+    for d in docs:
+        if isinstance(d, dict) and isinstance(d.get("results"), list):
+            rows.extend(d["results"])  # simulate
+        elif isinstance(d, dict) and isinstance(d.get("formats"), list) and \
+                all(isinstance(x, dict) for x in d["formats"]):
+            rows.extend(d["formats"])  # perplexity over several formats
+        elif isinstance(d, dict):
+            rows.append(d)
+    return rows
+
+
+def kind_of(row):
+    if "step_us" in row and "bandwidth_fraction_cpu" in row:
+        return "attention"
+    if "encode_gb_per_s" in row:
+        return "encode"
+    if "softmax_kl" in row and "k_bits" in row:
+        return "eval"
+    if "kl_vs_f32" in row and "k_bits_per_value" in row:
+        return "perplexity"
+    if "mean_concurrent" in row and "kv_format" in row:
+        return "simulate"
+    return None
+
+
+def cpu_name():
+    try:
+        for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def pair_name(row):
+    if "kv_format" in row:
+        return row["kv_format"]
+    return f"{row.get('k_format', '?')}:{row.get('v_format', '?')}"
+
+
+def targets_of(rows):
+    ts = sorted({r.get("simd_target") for r in rows if r.get("simd_target")})
+    return ", ".join(ts) if ts else None
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _title(what, rows, machine):
+    t = targets_of(rows)
+    return f"{what}\n{machine}" + (f", SIMD {t}" if t else "")
+
+
+def _grouped_bars(ax, labels, series, ylabel):
+    """series: {name: [value per label]}."""
+    n = max(1, len(series))
+    width = 0.8 / n
+    for i, (name, values) in enumerate(series.items()):
+        xs = [j + (i - (n - 1) / 2) * width for j in range(len(labels))]
+        ax.bar(xs, values, width, label=name)
+    ax.set_xticks(range(len(labels)))
+    ax.set_xticklabels(labels, rotation=30, ha="right")
+    ax.set_ylabel(ylabel)
+    if len(series) > 1:
+        ax.legend(fontsize=8)
+
+
+def plot_attention(rows, out, ext, machine):
+    plt = _plt()
+    rows = [r for r in rows if r.get("case", "single") == "single"]
+    if not rows:
+        return []
+    labels = list(dict.fromkeys(pair_name(r) for r in rows))
+    keys = list(dict.fromkeys(
+        f"{r['layout']}{'/' + str(r['block_size']) if r['layout'] == 'paged' else ''}"
+        f" {r.get('simd_target', '')}".strip() for r in rows))
+    files = []
+    for field, ylabel, name, what in [
+        ("step_cpu_us", "step time per layer (ms, CPU)", "attention_step", "Decode attention step"),
+        ("bandwidth_fraction_cpu", "fraction of measured read bandwidth", "attention_bandwidth",
+         "Decode attention: bytes read / (step x read bandwidth)")]:
+        table = defaultdict(dict)
+        for r in rows:
+            key = (f"{r['layout']}{'/' + str(r['block_size']) if r['layout'] == 'paged' else ''}"
+                   f" {r.get('simd_target', '')}").strip()
+            v = r[field] / 1000.0 if field.endswith("_us") else r[field]
+            table[key][pair_name(r)] = v
+        series = {k: [table[k].get(lbl, 0.0) for lbl in labels] for k in keys}
+        fig, ax = plt.subplots(figsize=(7, 4))
+        _grouped_bars(ax, labels, series, ylabel)
+        ctx = rows[0].get("context_tokens")
+        ax.set_xlabel(f"K:V format ({ctx} tokens of context, {rows[0].get('threads', '?')} threads)")
+        ax.set_title(_title(what, rows, machine), fontsize=10)
+        fig.tight_layout()
+        path = out / f"{name}.{ext}"
+        fig.savefig(path)
+        plt.close(fig)
+        files.append(path)
+    return files
+
+
+def plot_encode(rows, out, ext, machine):
+    plt = _plt()
+    labels = list(dict.fromkeys(r["format"] for r in rows))
+    targets = list(dict.fromkeys(r.get("simd_target", "") for r in rows))
+    series = {t: [next((r["encode_gb_per_s"] for r in rows
+                        if r["format"] == f and r.get("simd_target", "") == t), 0.0)
+                  for f in labels] for t in targets}
+    fig, ax = plt.subplots(figsize=(7, 4))
+    _grouped_bars(ax, labels, series, "encode throughput (GB/s of f32 input, 1 thread)")
+    ax.set_xlabel("format")
+    ax.set_title(_title("Encoding rows into each format", rows, machine), fontsize=10)
+    fig.tight_layout()
+    path = out / f"encode.{ext}"
+    fig.savefig(path)
+    plt.close(fig)
+    return [path]
+
+
+def pareto(points):
+    """Points (bits, err, label) on the lower-left front, by increasing bits."""
+    front, best = [], float("inf")
+    for p in sorted(points, key=lambda p: (p[0], p[1])):
+        if p[1] < best:
+            front.append(p)
+            best = p[1]
+    return front
+
+
+def plot_quality(rows, out, ext, machine, kind):
+    plt = _plt()
+    if kind == "eval":
+        pts = [((r["k_bits"] + r["v_bits"]) / 2, r["softmax_kl"], pair_name(r)) for r in rows]
+        ylabel, what = "softmax KL vs f32 (nats, mean over queries)", "Attention quality vs bits"
+    else:
+        pts = [((r["k_bits_per_value"] + r["v_bits_per_value"]) / 2, r["kl_vs_f32"], pair_name(r))
+               for r in rows]
+        ylabel, what = "next-token KL vs f32 cache (nats)", "Model quality vs bits"
+    pts = [p for p in pts if p[1] is not None]
+    floor = min([p[1] for p in pts if p[1] > 0] or [1e-12]) / 10
+    shown = [(b, max(e, floor), name) for b, e, name in pts]
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    ax.scatter([p[0] for p in shown], [p[1] for p in shown], s=18)
+    for b, e, name in shown:
+        ax.annotate(name, (b, e), fontsize=7, xytext=(3, 2), textcoords="offset points")
+    front = pareto(shown)
+    ax.plot([p[0] for p in front], [p[1] for p in front], "--", lw=1, label="Pareto front")
+    ax.set_yscale("log")
+    ax.set_xlabel("bits per value (mean of K and V, scales included)")
+    ax.set_ylabel(ylabel + (f"; 0 drawn at {floor:.0e}" if any(p[1] == 0 for p in pts) else ""))
+    ax.legend(fontsize=8)
+    src = rows[0].get("model") or rows[0].get("data") or ""
+    ax.set_title(_title(f"{what}" + (f" ({pathlib.Path(str(src)).name})" if src else ""), rows,
+                        machine), fontsize=10)
+    fig.tight_layout()
+    path = out / f"quality_{kind}.{ext}"
+    fig.savefig(path)
+    plt.close(fig)
+    return [path]
+
+
+def plot_simulate(rows, out, ext, machine):
+    plt = _plt()
+    labels = [pair_name(r) for r in rows]
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(9, 4))
+    _grouped_bars(a1, labels, {"mean": [r["mean_concurrent"] for r in rows],
+                               "peak": [r["peak_concurrent"] for r in rows]},
+                  "requests decoding at once")
+    a1.set_xlabel("K:V format")
+    _grouped_bars(a2, labels, {"prefix hit rate": [r["prefix_hit_rate"] for r in rows]},
+                  "prompt tokens served from cache (fraction)")
+    a2.set_ylim(0, 1)
+    a2.set_xlabel("K:V format")
+    fig.suptitle("Serving simulation: one pool, each format\n" + machine, fontsize=10)
+    fig.tight_layout()
+    path = out / f"simulate.{ext}"
+    fig.savefig(path)
+    plt.close(fig)
+    return [path]
+
+
+def plot_files(paths, out_dir, ext="png", machine=None):
+    """Charts for every recognised row in `paths`; returns the files written."""
+    out = pathlib.Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    machine = machine or cpu_name()
+    by_kind = defaultdict(list)
+    for p in paths:
+        for r in load_rows(p):
+            k = kind_of(r)
+            if k:
+                by_kind[k].append(r)
+    if not by_kind:
+        raise ValueError("no kvcache bench/eval/perplexity/simulate rows in " + ", ".join(map(str, paths)))
+    files = []
+    if by_kind["attention"]:
+        files += plot_attention(by_kind["attention"], out, ext, machine)
+    if by_kind["encode"]:
+        files += plot_encode(by_kind["encode"], out, ext, machine)
+    for k in ("eval", "perplexity"):
+        if by_kind[k]:
+            files += plot_quality(by_kind[k], out, ext, machine, k)
+    if by_kind["simulate"]:
+        files += plot_simulate(by_kind["simulate"], out, ext, machine)
+    return files
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="python -m kvcache.plot", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("inputs", nargs="+", help="JSON files printed by the kvcache CLI")
+    ap.add_argument("--out", default="docs/img", help="folder for the charts (default docs/img)")
+    ap.add_argument("--format", choices=["png", "svg"], default="png")
+    ap.add_argument("--machine", help="machine name for the titles (default: this CPU)")
+    args = ap.parse_args(argv)
+    try:
+        files = plot_files(args.inputs, args.out, args.format, args.machine)
+    except (OSError, ValueError) as e:
+        print(f"kvcache.plot: {e}", file=sys.stderr)
+        return 2
+    for f in files:
+        print(os.fspath(f))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,64 @@
+"""kvcache.plot turns the CLI's JSON into charts: each input kind is recognised and
+gives its PNG/SVG files; unknown input is an error message, not a traceback."""
+import json
+
+import pytest
+
+pytest.importorskip("matplotlib")
+from kvcache import plot  # noqa: E402
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def attention_rows():
+    rows = []
+    for fmt, step, frac in [("bf16", 480.0, 0.8), ("turbo4", 900.0, 0.1)]:
+        for layout in ["contiguous", "paged"]:
+            rows.append({"case": "single", "k_format": fmt, "v_format": fmt, "layout": layout,
+                         "block_size": 16, "step_us": step, "step_cpu_us": step,
+                         "bandwidth_fraction_cpu": frac, "simd_target": "AVX2",
+                         "context_tokens": 1024, "threads": 1})
+    return rows
+
+
+def test_every_kind(tmp_path):
+    att = tmp_path / "att.jsonl"
+    att.write_text("\n".join(json.dumps(r) for r in attention_rows()))
+    enc = tmp_path / "enc.json"
+    enc.write_text(json.dumps([{"format": f, "simd_target": t, "encode_gb_per_s": g,
+                                "decode_gb_per_s": 2 * g, "append_token_us": 10.0}
+                               for f, g in [("bf16", 15.0), ("q8_0", 4.2)] for t in ["AVX2", "SSE4"]]))
+    ev = tmp_path / "eval.jsonl"
+    ev.write_text("\n".join(json.dumps({"k_format": f, "v_format": f, "k_bits": b, "v_bits": b,
+                                        "softmax_kl": kl, "data": "gaussian"})
+                            for f, b, kl in [("f32", 32, 0.0), ("bf16", 16, 8e-7), ("turbo4", 4.5, 1e-3)]))
+    ppl = tmp_path / "ppl.json"
+    ppl.write_text(json.dumps([{"kv_format": f"{f}:{f}", "kl_vs_f32": kl, "k_bits_per_value": b,
+                                "v_bits_per_value": b, "perplexity": 3.0}
+                               for f, b, kl in [("f32", 32, 0.0), ("q8_0", 8.5, 1e-4)]]))
+    sim = tmp_path / "sim.json"
+    sim.write_text(json.dumps({"results": [{"kv_format": f, "mean_concurrent": m, "peak_concurrent": 2 * m,
+                                            "prefix_hit_rate": 0.5} for f, m in [("bf16", 8.0), ("turbo4", 28.0)]]}))
+    out = tmp_path / "img"
+    files = plot.plot_files([att, enc, ev, ppl, sim], out)
+    names = sorted(f.name for f in files)
+    assert names == ["attention_bandwidth.png", "attention_step.png", "encode.png",
+                     "quality_eval.png", "quality_perplexity.png", "simulate.png"]
+    for f in files:
+        assert f.read_bytes()[:8] == PNG and f.stat().st_size > 5000
+    svg = plot.plot_files([sim], out, ext="svg")
+    assert svg[0].read_text().lstrip().startswith("<?xml")
+
+
+def test_pareto_front():
+    pts = [(32, 0.0, "f32"), (16, 1e-6, "bf16"), (8, 1e-3, "fp8"), (8.5, 1e-4, "q8_0"), (4.5, 1e-2, "t4"),
+           (4.5, 5e-2, "q4_0")]
+    assert [p[2] for p in plot.pareto(pts)] == ["t4", "fp8", "q8_0", "bf16", "f32"]
+
+
+def test_bad_input(tmp_path, capsys):
+    bad = tmp_path / "x.json"
+    bad.write_text('{"nothing": 1}')
+    assert plot.main([str(bad), "--out", str(tmp_path)]) == 2
+    assert "no kvcache" in capsys.readouterr().err
+    assert plot.main([str(tmp_path / "missing.json")]) == 2
