@@ -25,7 +25,9 @@
 
 #include <Python.h>
 
+#include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <limits>
 #include <memory>
@@ -656,6 +658,52 @@ NB_MODULE(_kvcache, m) {
       "Decode for many sequences of one layer at once. q: float32 [n_seqs, n_q_heads,\n"
       "head_dim]; returns out [n_seqs, n_q_heads, head_dim] (and lse [n_seqs, n_q_heads]).\n"
       "Releases the GIL.");
+
+  // --- the C++ side of python/bench/overhead.py ---------------------------------------------
+  // The same calls as the Python API makes, looped in C++ over the same objects, so the
+  // benchmark measures only what the bindings add. Microseconds per call. They keep the
+  // GIL (errors raise directly); not part of the public API.
+  m.def(
+      "_bench_append_cpp",
+      [](PyCache& pc, const InF32& k, const InF32& v, uint32_t calls) {
+        SequenceCache& c = pc.Mut();
+        CheckKvShape(c, k, "k", false);
+        CheckKvShape(c, v, "v", false);
+        if (calls == 0) ThrowInvalid("calls must be >= 1");
+        const auto t0 = std::chrono::steady_clock::now();
+        uint32_t n = 0;
+        for (uint32_t i = 0; i < calls; ++i) {
+          if (++n == 256) {
+            Check(c.Clear());
+            n = 0;
+          }
+          Check(c.Append(Span(k), Span(v)));
+        }
+        return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0)
+                   .count() / calls;
+      },
+      "cache"_a, "k"_a, "v"_a, "calls"_a);
+  m.def(
+      "_bench_attend_decode_cpp",
+      [](PyCache& pc, uint32_t layer, const InF32& q, uint32_t calls) {
+        const SequenceCache& c = pc.obj;
+        CheckLayer(c, layer);
+        const uint32_t n_q_heads = static_cast<uint32_t>(q.size() / c.head_dim());
+        if (calls == 0) ThrowInvalid("calls must be >= 1");
+        std::vector<double> t;
+        for (uint32_t i = 0; i < calls; ++i) {
+          const auto t0 = std::chrono::steady_clock::now();
+          // What the binding does per call: view, output buffer, the kernel.
+          LayerKvView view = Unwrap(c.View(layer));
+          std::vector<float> out(q.size());
+          Check(AttendDecode(view, Span(q), MakeOptions(n_q_heads, {}), {out, {}, {}, {}}));
+          t.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() -
+                                                                t0).count());
+        }
+        std::nth_element(t.begin(), t.begin() + t.size() / 2, t.end());
+        return t[t.size() / 2];
+      },
+      "cache"_a, "layer"_a, "q"_a, "calls"_a);
 
   BindServing(m);
 }
