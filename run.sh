@@ -4,6 +4,7 @@
 #   ./run.sh test              install, build, run every test (what CI runs)
 #   ./run.sh kvcache ARGS...   run the CLI from the release build
 #   ./run.sh bench [ARGS...]   run the Google Benchmark suite (short by default)
+#   ./run.sh report [--full]   measure here, draw the charts under docs/img/
 #   ./run.sh sanitize [asan|tsan]  build with a sanitizer and run the tests
 #                              (asan: address+undefined, whole suite; tsan:
 #                              the layers with concurrent tests)
@@ -12,7 +13,13 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 cd "$ROOT"
 JOBS="${KVCACHE_JOBS:-$(nproc)}"
 
-setup() { "$ROOT/scripts/setup.sh"; }
+# The project's Python environment (scripts/setup.sh makes it): first on PATH,
+# so CMake builds the extension for it and the tests run in it.
+export KVCACHE_VENV="${KVCACHE_VENV:-$ROOT/build/venv}"
+setup() {
+  "$ROOT/scripts/setup.sh"
+  export VIRTUAL_ENV="$KVCACHE_VENV" PATH="$KVCACHE_VENV/bin:$PATH"
+}
 
 # build PRESET [TARGET...]
 build() {
@@ -68,11 +75,16 @@ case "$cmd" in
         ;;
     esac
     ;;
+  report)  # measure here and draw docs/img/*.png (scripts/report.sh; --full for 32k context)
+    setup
+    build release kvcache_cli kvcache_python_package >/dev/null
+    exec "$ROOT/scripts/report.sh" "$@"
+    ;;
   build)
     setup
     build "${1:-release}"
     ;;
   *)
-    sed -n '2,9p' "$0"
+    sed -n '2,10p' "$0"
     ;;
 esac

@@ -7,6 +7,7 @@ PACKAGES=(
   cmake ninja-build g++ pkg-config
   libhwy-dev libgtest-dev libgmock-dev libbenchmark-dev
   libcli11-dev nlohmann-json3-dev libfmt-dev libxxhash-dev
+  python3 python3-dev python3-venv
 )
 
 missing=()
@@ -16,13 +17,31 @@ for p in "${PACKAGES[@]}"; do
   fi
 done
 
-if [ ${#missing[@]} -eq 0 ]; then
-  exit 0
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing ${missing[*]}" >&2
+  SUDO=""
+  if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
-echo "setup: installing ${missing[*]}" >&2
-SUDO=""
-if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
-export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get update -qq
-$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+# The Python side (the package's build and tests, the plots): a virtual
+# environment of the project's own, so nothing is installed into the system's
+# Python (Debian 12 refuses that, PEP 668). run.sh puts it first on PATH.
+VENV="${KVCACHE_VENV:-$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/build/venv}"
+PY_PACKAGES=(nanobind scikit-build-core numpy pytest hypothesis matplotlib)
+if [ ! -x "$VENV/bin/python" ]; then
+  echo "setup: creating the Python environment $VENV" >&2
+  python3 -m venv "$VENV"
+fi
+if ! "$VENV/bin/python" -c "import nanobind, scikit_build_core, numpy, pytest, hypothesis, matplotlib" 2>/dev/null; then
+  echo "setup: installing Python packages ${PY_PACKAGES[*]} into $VENV" >&2
+  for attempt in 1 2 3; do
+    if "$VENV/bin/python" -m pip install -q --disable-pip-version-check "${PY_PACKAGES[@]}"; then
+      break
+    fi
+    [ "$attempt" -eq 3 ] && { echo "setup: pip install failed 3 times" >&2; exit 1; }
+    sleep $((attempt * 5))
+  done
+fi

@@ -415,8 +415,8 @@ void BindServing(nb::module_& m) {
       "admission"_a = "prompt", "prefix_caching"_a = true, "draft_tokens"_a = 0,
       "draft_accept"_a = 0.7, "max_running"_a = 256, "mean_interarrival_steps"_a = 1.0,
       "Replays a workload ('chat', 'shared-prefix', 'parallel-sampling' or a JSONL file) on a\n"
-      "pool of pool_bytes for a model geometry ('llama3-8b' or 'L,KVH,D'); returns the report\n"
-      "as a dict (the same fields as `kvcache simulate --json`). Releases the GIL.");
+      "pool of pool_bytes for a model geometry ('llama3-8b' or 'L,KVH,D'); returns the\n"
+      "SimulateReport's fields as a dict (prefix-cache counters under 'prefix'). Releases the GIL.");
 
   // --- eval ----------------------------------------------------------------------------------------
   m.def(

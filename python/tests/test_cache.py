@@ -212,3 +212,26 @@ def test_lossy_formats_store_close_values(rng):
         seq.append(k, k)
         err = np.abs(seq.head_keys(0, 1) - k[0, :, 1]).max() / np.abs(k).max()
         assert err < tol, (fmt, err)
+
+
+class DlpackOnly:
+    """An array known only through the DLPack protocol (as a torch CPU tensor is)."""
+
+    def __init__(self, a):
+        self._a = a
+
+    def __dlpack__(self, *args, **kwargs):
+        return self._a.__dlpack__(*args, **kwargs)
+
+    def __dlpack_device__(self):
+        return self._a.__dlpack_device__()
+
+
+def test_dlpack_in_and_out(rng, geometry):
+    seq = kvcache.SequenceCache.contiguous(geometry)
+    k, v = kv(rng, geometry, 3)
+    seq.append(DlpackOnly(k), DlpackOnly(v))
+    keys = seq.head_keys(1, 1)
+    np.testing.assert_array_equal(keys, k[1, :, 1])
+    back = np.from_dlpack(keys)  # what torch.from_dlpack does with an output
+    np.testing.assert_array_equal(back, k[1, :, 1])

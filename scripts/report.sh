@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# ./run.sh report [--full]: measures on this machine and draws the charts.
+#
+# Runs the CLI's benchmarks and evaluations (short by default; --full for the
+# README's 32k-context settings), keeps their JSON under docs/img/data/, and
+# turns it into charts under docs/img/ with `python -m kvcache.plot`.
+# REQUIRES: the release build (run.sh builds it) and the project's Python
+# environment on PATH (run.sh sets it).
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+K=build/release/tools/kvcache
+DATA=docs/img/data
+mkdir -p "$DATA"
+full=0
+[ "${1:-}" = "--full" ] && full=1
+if [ $full -eq 1 ]; then ctx=32768; repeats=7; else ctx=8192; repeats=3; fi
+formats=bf16:bf16,f16:f16,fp8_e4m3:fp8_e4m3,q8:q8,q8_0:q8_0,q4_0:q4_0,turbo4:turbo4,turbo3:turbo3,turbo2:turbo2
+
+echo "report: bench attention (context $ctx, $repeats rounds)" >&2
+"$K" bench attention --json --context "$ctx" --threads 2 --layout both --batch-seqs 0 \
+  --repeats "$repeats" --formats "$formats" > "$DATA/bench_attention.jsonl"
+if "$K" bench --help 2>/dev/null | grep -qw encode; then
+  echo "report: bench encode" >&2
+  "$K" bench encode --json > "$DATA/bench_encode.jsonl"
+fi
+echo "report: eval (synthetic gaussian rows)" >&2
+"$K" eval --json > "$DATA/eval.jsonl"
+echo "report: simulate (chat, 1 GiB pool, Llama-3-8B geometry)" >&2
+"$K" simulate --json --kv-format bf16 --kv-format fp8_e4m3 --kv-format q8_0 \
+  --kv-format turbo4 --kv-format turbo3 --kv-format turbo2 > "$DATA/simulate.json"
+PYTHONPATH="$ROOT/build/release/python${PYTHONPATH:+:$PYTHONPATH}" python -m kvcache.plot "$DATA"/*.json* --out docs/img
