@@ -4,9 +4,12 @@
 #include <gtest/gtest.h>
 #include <hwy/targets.h>
 
+#include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "format/format_internal.h"
@@ -15,16 +18,53 @@
 namespace kvcache::format_internal {
 namespace {
 
-// Runs `body` once per supported target, with dispatch forced to it.
+// Runs `body` once per supported target, with dispatch forced to it through
+// the public UseSimdTarget; restores the best target afterwards.
 template <class Body>
 void ForEachTarget(Body body) {
-  for (int64_t target : hwy::SupportedAndGeneratedTargets()) {
-    hwy::SetSupportedTargetsForTest(target);
-    SCOPED_TRACE(hwy::TargetName(target));
-    ASSERT_EQ(SimdTarget(), hwy::TargetName(target));
+  const std::vector<std::string> targets = SupportedSimdTargets();
+  ASSERT_FALSE(targets.empty());
+  for (const std::string& target : targets) {
+    SCOPED_TRACE(target);
+    ASSERT_TRUE(UseSimdTarget(target).ok());
+    ASSERT_EQ(SimdTarget(), target);
     body();
   }
-  hwy::SetSupportedTargetsForTest(0);
+  ASSERT_TRUE(UseSimdTarget(targets.front()).ok());
+}
+
+TEST(SimdTargets, SupportedListMatchesHighwayBestFirst) {
+  std::vector<std::string> want;
+  for (int64_t t : hwy::SupportedAndGeneratedTargets()) want.emplace_back(hwy::TargetName(t));
+  EXPECT_EQ(SupportedSimdTargets(), want);
+  EXPECT_EQ(SimdTarget(), want.front());
+}
+
+TEST(SimdTargets, UseSimdTargetRejectsUnknownAndUnsupportedNames) {
+  const std::vector<std::string> targets = SupportedSimdTargets();
+  ASSERT_TRUE(UseSimdTarget(targets.back()).ok());  // the worst, so a change would show
+  const std::string before = SimdTarget();
+  ASSERT_EQ(before, targets.back());
+  // Not a target at all, empty, and real Highway targets that are either not
+  // compiled in (SSSE3, AVX3_DL are disabled in every build) or not on this CPU.
+  for (const char* bad : {"AVX9", "", "SSSE3", "AVX3_DL", "NEON", "avx2 "}) {
+    SCOPED_TRACE(bad);
+    const Status s = UseSimdTarget(bad);
+    ASSERT_EQ(s.code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(s.message().find(std::string("'") + bad + "'"), std::string::npos) << s.message();
+    for (const std::string& t : targets) EXPECT_NE(s.message().find(t), std::string::npos) << s.message();
+    EXPECT_EQ(SimdTarget(), before);
+  }
+  if (std::find(targets.begin(), targets.end(), "AVX3") == targets.end()) {
+    EXPECT_EQ(UseSimdTarget("AVX3").code(), StatusCode::kInvalidArgument);
+    EXPECT_EQ(SimdTarget(), before);
+  }
+  // Case does not matter; the best target restores the default.
+  std::string lower = targets.front();
+  for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  ASSERT_TRUE(UseSimdTarget(lower).ok());
+  EXPECT_EQ(SimdTarget(), targets.front());
+  EXPECT_EQ(SupportedSimdTargets(), targets);  // the list does not shrink with a restriction
 }
 
 // Rows mixing magnitudes, exact zeros, all-zero groups, and (for the plain

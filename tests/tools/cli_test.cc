@@ -82,6 +82,31 @@ TEST(CliInfo, JsonListsEveryFormat) {
   }
 }
 
+// simd_targets lists what this CPU runs, best first; the global --simd-target
+// (before or after the command words) moves simd_target; a bad name fails.
+TEST(CliInfo, SimdTargetsAndTheGlobalSimdTargetOption) {
+  CliResult r = RunCli("info --json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  const auto targets = j["simd_targets"].get<std::vector<std::string>>();
+  ASSERT_FALSE(targets.empty());
+  EXPECT_EQ(j["simd_target"].get<std::string>(), targets.front());
+  EXPECT_EQ(j["supported_simd_targets"], j["simd_targets"]);
+  for (size_t i = 0; i < targets.size(); ++i) {
+    const std::string& t = targets[i];
+    r = RunCli(i % 2 ? "--simd-target " + t + " info --json" : "info --json --simd-target " + t);
+    ASSERT_EQ(r.exit_code, 0) << t << ": " << r.err;
+    const auto jt = nlohmann::json::parse(r.out);
+    EXPECT_EQ(jt["simd_target"].get<std::string>(), t);
+    EXPECT_EQ(jt["simd_targets"].get<std::vector<std::string>>(), targets);
+  }
+  r = RunCli("info --json --simd-target NOPE");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_TRUE(r.out.empty()) << r.out;
+  EXPECT_NE(r.err.find("'NOPE'"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find(targets.front()), std::string::npos) << r.err;
+}
+
 TEST(CliInfo, UnsupportedHeadDimIsReportedPerFormat) {
   const CliResult r = RunCli("info --json --head-dim 40");
   ASSERT_EQ(r.exit_code, 0) << r.err;
@@ -311,9 +336,28 @@ TEST(CliBenchAttention, SeveralBlockSizesGiveOnePagedCaseEach) {
   }
 }
 
+// --simd-targets: every case once per target, in the order given, same K/V.
+TEST(CliBenchAttention, SimdTargetsGiveOneRowPerTarget) {
+  CliResult r = RunCli("info --json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto targets = nlohmann::json::parse(r.out)["simd_targets"].get<std::vector<std::string>>();
+  std::string list;
+  for (auto it = targets.rbegin(); it != targets.rend(); ++it) list += (list.empty() ? "" : ",") + *it;
+  r = RunCli("bench attention --json --formats q8_0:q8_0 --layout both --context 128 --batch-seqs 0 "
+             "--repeats 1 --bandwidth-mib 64 --threads 1 --simd-targets " + list);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto rows = JsonLines(r.out);
+  ASSERT_EQ(rows.size(), 2 * targets.size());  // 2 layouts x targets
+  for (size_t i = 0; i < rows.size(); ++i) {
+    EXPECT_EQ(rows[i]["simd_target"].get<std::string>(), targets[targets.size() - 1 - i % targets.size()]);
+    EXPECT_EQ(rows[i]["layout"], i < targets.size() ? "contiguous" : "paged");
+    EXPECT_DOUBLE_EQ(rows[i]["kv_bytes"].get<double>(), 128.0 * 8 * 2 * 136.0);
+  }
+}
+
 TEST(CliBenchAttention, BadOptionsFailCleanly) {
   for (const char* args : {"--layout diagonal", "--formats bf16:nope", "--block-size 0",
-                           "--block-size 16,0", "--repeats 0"}) {
+                           "--block-size 16,0", "--repeats 0", "--simd-targets AVX2,NOPE"}) {
     const CliResult r = RunCli(std::string("bench attention --batch-seqs 0 --context 64 ") + args);
     EXPECT_EQ(r.exit_code, 2) << args;
     EXPECT_NE(r.err.find("bench attention"), std::string::npos) << args << ": " << r.err;
