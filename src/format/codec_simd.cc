@@ -623,6 +623,11 @@ void EncodeRowsT(Format f, uint32_t d, size_t n, const float* HWY_RESTRICT x,
   }
 }
 
+void EncodeRowsScatteredT(Format f, uint32_t d, size_t n, const float* HWY_RESTRICT x,
+                          uint8_t* const* HWY_RESTRICT dst) {
+  for (size_t r = 0; r < n; ++r) EncodeRowsT(f, d, 1, x + r * d, dst[r]);
+}
+
 void DecodeRowsT(Format f, uint32_t d, size_t n, const uint8_t* HWY_RESTRICT in,
                  float* HWY_RESTRICT x) {
   const DF df;
@@ -739,6 +744,7 @@ namespace kvcache {
 namespace format_internal {
 
 HWY_EXPORT(EncodeRowsT);
+HWY_EXPORT(EncodeRowsScatteredT);
 HWY_EXPORT(DecodeRowsT);
 HWY_EXPORT(FirstNonFiniteT);
 
@@ -746,6 +752,9 @@ size_t FirstNonFinite(const float* x, size_t n) { return HWY_DYNAMIC_DISPATCH(Fi
 
 void EncodeRows(Format f, uint32_t d, size_t n, const float* x, uint8_t* out) {
   HWY_DYNAMIC_DISPATCH(EncodeRowsT)(f, d, n, x, out);
+}
+void EncodeRowsScattered(Format f, uint32_t d, size_t n, const float* x, uint8_t* const* dst) {
+  HWY_DYNAMIC_DISPATCH(EncodeRowsScatteredT)(f, d, n, x, dst);
 }
 void DecodeRows(Format f, uint32_t d, size_t n, const uint8_t* in, float* x) {
   HWY_DYNAMIC_DISPATCH(DecodeRowsT)(f, d, n, in, x);
