@@ -323,27 +323,37 @@ HWY_INLINE void QuantizeTurboBatch(const LevelTable<L>& t, const VT* v, const VT
                                    VTI* scale_code, VTI* codes) {
   const DT d;
   const DTI di;
+  constexpr int kC = 2 * kTurboScaleSearch + 1;  // candidates c0-2 .. c0+2
   const VTI c0 = EncodeE4M3T(d, amax);
-  VTI best_c = hn::Max(hn::Sub(c0, hn::Set(di, kTurboScaleSearch)), hn::Set(di, 1));
-  VT best_err = hn::Set(d, std::numeric_limits<float>::infinity());
-  for (int dc = -kTurboScaleSearch; dc <= kTurboScaleSearch; ++dc) {
-    const VTI c = hn::Add(c0, hn::Set(di, dc));
-    const auto valid = hn::And(c > hn::Zero(di), hn::Set(di, 0x7F) > c);
-    const VTI cc = hn::Min(hn::Max(c, hn::Set(di, 1)), hn::Set(di, 0x7E));
-    const VT s = DecodeE4M3T(d, cc);
-    VT err = hn::Zero(d);
-    for (int i = 0; i < 16; ++i) {
-      const VT dd = hn::Sub(a[i], hn::Mul(s, AbsLevel(t, hn::Div(a[i], s))));
-      err = hn::Add(err, hn::Mul(dd, dd));
+  VTI cc[kC];
+  VT s[kC], err[kC];
+  for (int k = 0; k < kC; ++k) {
+    const VTI c = hn::Add(c0, hn::Set(di, k - kTurboScaleSearch));
+    cc[k] = hn::Min(hn::Max(c, hn::Set(di, 1)), hn::Set(di, 0x7E));
+    s[k] = DecodeE4M3T(d, cc[k]);
+    err[k] = hn::Zero(d);
+  }
+  // The candidates' error sums run side by side (each in the scalar order
+  // over i): five independent add chains instead of one after another.
+  for (int i = 0; i < 16; ++i) {
+    for (int k = 0; k < kC; ++k) {
+      const VT dd = hn::Sub(a[i], hn::Mul(s[k], AbsLevel(t, hn::Div(a[i], s[k]))));
+      err[k] = hn::Add(err[k], hn::Mul(dd, dd));
     }
-    const auto better = hn::And(valid, hn::RebindMask(di, err < best_err));
-    best_c = hn::IfThenElse(better, cc, best_c);
-    best_err = hn::IfThenElse(hn::RebindMask(d, better), err, best_err);
+  }
+  VTI best_c = cc[0];
+  VT best_err = hn::Set(d, std::numeric_limits<float>::infinity());
+  for (int k = 0; k < kC; ++k) {
+    const VTI c = hn::Add(c0, hn::Set(di, k - kTurboScaleSearch));
+    const auto valid = hn::And(c > hn::Zero(di), hn::Set(di, 0x7F) > c);
+    const auto better = hn::And(valid, hn::RebindMask(di, err[k] < best_err));
+    best_c = hn::IfThenElse(better, cc[k], best_c);
+    best_err = hn::IfThenElse(hn::RebindMask(d, better), err[k], best_err);
   }
   const auto zero = hn::RebindMask(di, amax == hn::Zero(d));
-  const VT s = DecodeE4M3T(d, best_c);
+  const VT sb = DecodeE4M3T(d, best_c);
   *scale_code = hn::IfThenZeroElse(zero, best_c);
-  for (int i = 0; i < 16; ++i) codes[i] = hn::IfThenZeroElse(zero, CodesOf(t, hn::Div(v[i], s)));
+  for (int i = 0; i < 16; ++i) codes[i] = hn::IfThenZeroElse(zero, CodesOf(t, hn::Div(v[i], sb)));
 }
 
 // Packs the 16 codes of each lane into its group's code bytes, as little-endian
