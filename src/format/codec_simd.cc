@@ -502,14 +502,16 @@ void EncodeTurbo8Rows(uint32_t d, size_t n, const float* x, uint8_t* out) {
 
 // ---- q8_0 / q4_0 (llama.cpp's reference arithmetic, 32-value blocks) ----
 
-// std::round (half away from zero), exact: v - Trunc(v) is exact for every
-// float, and so is Trunc(v) +- 1 where it is taken (|v| < 2^23).
+// std::round (half away from zero), exactly: Trunc(v + copysign(h, v)) with
+// h = 0.5 - 2^-25, the float below 0.5. For v >= 0 with fraction f: f >= 0.5
+// puts v + h within half a spacing of (or above) floor(v) + 1, which it then
+// rounds to (1 - 2^-25 is the tie between 1 - 2^-24 and 1, and goes to 1);
+// f < 0.5 means f <= 0.5 - ulp(v), so v + h <= floor(v) + 1 - ulp(v) - 2^-25,
+// at or below the float under floor(v) + 1. v >= 2^23 is an integer and
+// v + h rounds back to it. Negative v mirror this; NaN stays NaN.
 HWY_INLINE VF RoundHalfAway(VF v) {
   const DF df;
-  const VF t = hn::Trunc(v);
-  const VF frac = hn::Abs(hn::Sub(v, t));
-  const VF step = hn::CopySign(hn::Set(df, 1.0f), v);
-  return hn::IfThenElse(frac >= hn::Set(df, 0.5f), hn::Add(t, step), t);
+  return hn::Trunc(hn::Add(v, hn::CopySign(hn::Set(df, 0.49999997f), v)));
 }
 
 HWY_INLINE float BlockMaxAbs(const float* xb) {

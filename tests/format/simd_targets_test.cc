@@ -149,6 +149,8 @@ std::vector<float> EdgeRows(uint32_t d, size_t n, uint64_t seed) {
           row[i] = (i % 32 == rng() % 32) ? ((rng() & 1) ? 127.0f : -127.0f)
                                            : static_cast<float>(static_cast<int>(rng() % 254) - 127) + 0.5f;
           if (row[i] > 127.0f) row[i] = 126.5f;
+          // The float just inside a tie (k + 0.5 toward zero) must not round away.
+          if (i % 4 == 1) row[i] = std::nextafter(row[i], 0.0f);
         }
         break;
       case 3:  // q4_0: -8 and +8 in one block (first one wins), halves elsewhere
