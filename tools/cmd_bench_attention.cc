@@ -7,6 +7,11 @@
 // Each timed step is preceded by a cache flush (a 64 MiB read) so that K/V
 // come from memory, as they do in a real model with many layers.
 //
+// --simd-targets A,B,... times every case once per target (kvcache::
+// UseSimdTarget before each step; the cases share their K/V), in the same
+// rounds; every row names its simd_target. Default: the target dispatch
+// chooses (or the global --simd-target).
+//
 // Every case is built first and then timed in interleaved rounds (one step
 // of each case per round, each followed by a bandwidth sample and a pattern
 // read), so that the ratios between cases (paged vs contiguous, turbo vs
@@ -22,6 +27,7 @@
 //     (no flush), per stored row, times the case's rows: the arithmetic
 //     floor with memory out of the way.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <chrono>
@@ -59,6 +65,7 @@ struct BenchOptions {
   size_t bandwidth_mib = 256;
   bool small_pages = false;  // storage without the transparent-huge-page advice
   std::vector<uint32_t> block_sizes = {16};  // paged layout: tokens per pool block
+  std::vector<std::string> simd_targets;      // empty: the current one
 };
 
 constexpr uint32_t kQHeads = 32, kKvHeads = 8, kHeadDim = 128;
@@ -118,11 +125,27 @@ int RunBench(const BenchOptions& o) {
                "> 0\n");
     return 2;
   }
+  const std::string start_target = SimdTarget();
+  std::vector<std::string> targets = o.simd_targets;
+  if (targets.empty()) targets.push_back(start_target);
+  for (std::string& t : targets) {
+    if (const Status st = UseSimdTarget(t); !st.ok()) {
+      fmt::print(stderr, "kvcache bench attention: --simd-targets: {}\n", st.ToString());
+      (void)UseSimdTarget(start_target);
+      return 2;
+    }
+    t = SimdTarget();  // canonical spelling
+  }
+  (void)UseSimdTarget(start_target);
+  // Leaves dispatch as it found it, on every return below.
+  struct RestoreTarget {
+    std::string name;
+    ~RestoreTarget() { (void)UseSimdTarget(name); }
+  } restore{start_target};
   ThreadPool pool(o.threads);
   ReadBandwidthProbe probe(std::max(o.bandwidth_mib, size_t{64}) << 20);
   probe.MeasureOnce(&pool);  // warm up (page faults)
   using attention_internal::ProcessCpuSeconds;
-  const std::string simd = SimdTarget();
 
   auto emit = [&](nlohmann::json j) {
     if (o.json) {
@@ -146,7 +169,8 @@ int RunBench(const BenchOptions& o) {
     std::fflush(stdout);
   };
   if (!o.json) {
-    fmt::print("SIMD target {}, {} threads, {} q heads / {} kv heads / head_dim {}\n", simd,
+    fmt::print("SIMD targets {}, {} threads, {} q heads / {} kv heads / head_dim {}\n",
+               fmt::join(targets, ","),
                o.threads, kQHeads, kKvHeads, kHeadDim);
     fmt::print("{:<20} {:<10} {:>6} {:>5} {:>3} {:>10} {:>9} {:>8} {:>8} {:>6} {:>10} {:>8} {:>8} {:>10} {:>10} {:>6}\n",
                "k:v", "layout/bs", "ctx", "seqs", "thr", "step_us", "kv_MiB", "eff_GB/s", "read_GB/s",
@@ -176,11 +200,12 @@ int RunBench(const BenchOptions& o) {
   // The cases, all built before any is timed.
   struct Case {
     const char* name;  // "single" or "batched"
+    std::string target;
     FormatPair fp;
     uint32_t block_size;  // 0: contiguous
     uint32_t context, sequences;
     double per_row;  // compute floor per stored row
-    std::vector<std::unique_ptr<SyntheticKv>> kvs;
+    std::shared_ptr<std::vector<std::unique_ptr<SyntheticKv>>> kvs;  // shared across targets
     std::vector<LayerKvView> views;
     std::vector<float> q, out;
     std::vector<double> steps, cpu_steps, bw, cpu_bw, pat, pat_cpu;
@@ -198,10 +223,17 @@ int RunBench(const BenchOptions& o) {
       so.paged = bs != 0;
       so.block_size = bs != 0 ? bs : 16;
       so.huge_pages = !o.small_pages;
-      const double per_row = compute_per_row(so, ao);
+      std::vector<double> per_row(targets.size());
+      for (size_t ti = 0; ti < targets.size(); ++ti) {
+        (void)UseSimdTarget(targets[ti]);
+        per_row[ti] = compute_per_row(so, ao);
+      }
+      (void)UseSimdTarget(start_target);
       for (int batched = 0; batched < (o.batch_seqs > 0 ? 2 : 1); ++batched) {
-        Case c{batched ? "batched" : "single", fp, bs, batched ? o.batch_context : o.context,
-               batched ? o.batch_seqs : 1u, per_row, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}};
+        Case c{batched ? "batched" : "single", targets[0], fp, bs,
+               batched ? o.batch_context : o.context, batched ? o.batch_seqs : 1u, per_row[0],
+               std::make_shared<std::vector<std::unique_ptr<SyntheticKv>>>(),
+               {}, {}, {}, {}, {}, {}, {}, {}, {}};
         for (uint32_t s = 0; s < c.sequences; ++s) {
           so.num_tokens = c.context;
           so.seed = batched ? 100 + s : 1;
@@ -212,7 +244,7 @@ int RunBench(const BenchOptions& o) {
             return 1;
           }
           c.views.push_back((*kv)->view());
-          c.kvs.push_back(std::move(*kv));
+          c.kvs->push_back(std::move(*kv));
         }
         c.q.resize(size_t{c.sequences} * kQHeads * kHeadDim);
         c.out.resize(c.q.size());
@@ -220,12 +252,20 @@ int RunBench(const BenchOptions& o) {
           c.q[i] = 0.01f * static_cast<float>(i % (batched ? 89 : 97)) - 0.4f;
         }
         cases.push_back(std::move(c));
+        const size_t first = cases.size() - 1;
+        for (size_t ti = 1; ti < targets.size(); ++ti) {
+          Case other = cases[first];  // the same K/V, another target
+          other.target = targets[ti];
+          other.per_row = per_row[ti];
+          cases.push_back(std::move(other));
+        }
       }
     }
   }
   // Rounds: round 0 warms up (page faults, first touches) and is not kept.
   for (uint32_t r = 0; r < o.repeats + 1; ++r) {
     for (Case& c : cases) {
+      (void)UseSimdTarget(c.target);  // validated above
       probe.Flush(kFlushBytes);
       const double c0 = ProcessCpuSeconds();
       const auto t0 = std::chrono::steady_clock::now();
@@ -267,7 +307,7 @@ int RunBench(const BenchOptions& o) {
     j["layout"] = c.block_size != 0 ? "paged" : "contiguous";
     j["block_size"] = c.block_size;
     j["threads"] = o.threads;
-    j["simd_target"] = simd;
+    j["simd_target"] = c.target;
     j["case"] = c.name;
     j["context_tokens"] = c.context;
     j["sequences"] = c.sequences;
@@ -317,6 +357,10 @@ const bool kRegistered = RegisterCommand(
           ->capture_default_str();
       app->add_option("--bandwidth-mib", o->bandwidth_mib, "Bandwidth probe buffer (MiB)")
           ->capture_default_str();
+      app->add_option("--simd-targets", o->simd_targets,
+                      "SIMD targets to time each case on, comma-separated (default: the "
+                      "dispatched one; `kvcache info` lists them)")
+          ->delimiter(',');
       return [o] { return RunBench(*o); };
     });
 

@@ -1,6 +1,8 @@
 // `kvcache info`: formats, their sizes for a geometry, and the SIMD target.
 //
-// --json prints one object: simd_target, supported_simd_targets, geometry,
+// --json prints one object: simd_target (what kernels dispatch to now, after
+// any --simd-target), simd_targets (every compiled target this CPU runs, best
+// first; supported_simd_targets is the same list under its older name), geometry,
 // n_values, "formats" (per format: name, group_size, rotated, supported, and
 // when supported bits_per_value, row_bytes, bytes_for_n_values (or null when
 // n_values is not a multiple of head_dim), bytes_per_token_per_side (one side
@@ -8,6 +10,7 @@
 // this format); otherwise error) and "pairs" (per K:V pair: k_format,
 // v_format, bytes_per_token, bits_per_value averaged over K and V; or error).
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <nlohmann/json.hpp>
 
@@ -36,7 +39,8 @@ int RunInfo(const InfoOptions& o) {
   }
   nlohmann::json out;
   out["simd_target"] = SimdTarget();
-  out["supported_simd_targets"] = SupportedSimdTargets();
+  out["simd_targets"] = SupportedSimdTargets();
+  out["supported_simd_targets"] = out["simd_targets"];
   out["geometry"] = {{"n_layers", o.layers}, {"n_kv_heads", o.kv_heads}, {"head_dim", o.head_dim}};
   nlohmann::json formats = nlohmann::json::array();
   for (Format f : kAllFormats) {
@@ -94,8 +98,10 @@ int RunInfo(const InfoOptions& o) {
     fmt::print("{}\n", out.dump(2));
     return 0;
   }
-  fmt::print("SIMD target: {}\ngeometry: {} layers, {} kv heads, head_dim {}\n\n",
-             out["simd_target"].get<std::string>(), o.layers, o.kv_heads, o.head_dim);
+  fmt::print("SIMD target: {} (this CPU runs: {})\ngeometry: {} layers, {} kv heads, head_dim {}\n\n",
+             out["simd_target"].get<std::string>(),
+             fmt::join(out["simd_targets"].get<std::vector<std::string>>(), ", "), o.layers,
+             o.kv_heads, o.head_dim);
   fmt::print("{:<10} {:>10} {:>10} {:>22} {:>18}\n", "format", "bits/val", "row bytes", "bytes/token (K or V)",
              "bytes/token (K+V)");
   for (const auto& j : out["formats"]) {

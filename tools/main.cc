@@ -1,10 +1,15 @@
 // The kvcache command-line tool: builds the CLI11 tree from the registry,
 // parses, and runs the one selected command.
+//
+// Global options (accepted before or after the subcommand):
+//   --simd-target NAME  restrict kernel dispatch to one SIMD target
+//                       (kvcache::UseSimdTarget; `kvcache info` lists them).
 #include <fmt/format.h>
 
 #include <map>
 #include <sstream>
 
+#include "kvcache/simd.h"
 #include "tools/command.h"
 
 namespace kvcache::tools {
@@ -25,6 +30,10 @@ int main(int argc, char** argv) {
   using namespace kvcache::tools;
   CLI::App app{"kvcache: the key/value cache of LLM inference"};
   app.require_subcommand(1);
+  std::string simd_target;
+  app.add_option("--simd-target", simd_target,
+                 "Run every kernel on this SIMD target (one of `kvcache info`'s simd_targets)");
+  app.fallthrough();  // subcommands inherit it: the option may follow the command words
 
   std::map<std::string, CLI::App*> nodes;  // "bench" -> its App
   std::vector<std::pair<CLI::App*, Runner>> runners;
@@ -52,6 +61,12 @@ int main(int argc, char** argv) {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
+  }
+  if (!simd_target.empty()) {
+    if (const kvcache::Status s = kvcache::UseSimdTarget(simd_target); !s.ok()) {
+      fmt::print(stderr, "kvcache: --simd-target: {}\n", s.ToString());
+      return 2;
+    }
   }
   for (auto& [sub, runner] : runners) {
     if (sub->parsed()) return runner();

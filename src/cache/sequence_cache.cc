@@ -16,6 +16,7 @@
 #include <numeric>
 
 #include "cache/cache_state.h"
+#include "format/format_internal.h"
 
 namespace kvcache {
 namespace {
@@ -355,24 +356,34 @@ static Status AppendRows(SequenceCache::State& s, uint32_t l0, uint32_t nl, cons
   } else if (T > 0) {
     const uint32_t bs = s.bs();
     uint32_t new_max = s.max_rows();
-    std::vector<uint8_t> candidate(old_table, 0);
+    // Blocks the new rows land in that may be shared, marked in this thread's
+    // reusable buffer (all zero between calls); only [lo, hi) is scanned.
+    thread_local std::vector<uint8_t> candidate;
+    if (candidate.size() < old_table) candidate.resize(old_table, 0);
+    size_t lo = old_table, hi = 0;
     for (uint32_t li = 0; li < nl; ++li) {
       const LayerMeta& lm = s.layers[l0 + li];
       for (uint32_t h = 0; h < H; ++h) {
         if (!is_alive(li, h)) continue;
         const uint32_t a = lm.head_len[h], b = a + T;
         new_max = std::max(new_max, b);
-        for (uint32_t i = a / bs; i < std::min<size_t>(old_table, CeilDiv(b, bs)); ++i) {
-          if (s.maybe_shared[i]) candidate[i] = 1;
+        const size_t end = std::min<size_t>(old_table, CeilDiv(b, bs));
+        for (size_t i = a / bs; i < end; ++i) {
+          if (s.maybe_shared[i]) {
+            candidate[i] = 1;
+            lo = std::min(lo, i);
+            hi = std::max(hi, i + 1);
+          }
         }
       }
     }
-    for (uint32_t i = 0; i < old_table; ++i) {
+    for (size_t i = lo; i < hi; ++i) {
       if (!candidate[i]) continue;
+      candidate[i] = 0;
       if (s.pool->IsExclusive(s.table[i])) {
         s.maybe_shared[i] = 0;  // a cached fact, not state: safe to keep on failure
       } else {
-        cow_idx.push_back(i);
+        cow_idx.push_back(static_cast<uint32_t>(i));
       }
     }
     const uint32_t want_blocks = CeilDiv(new_max, bs);
@@ -403,65 +414,144 @@ static Status AppendRows(SequenceCache::State& s, uint32_t l0, uint32_t nl, cons
     }
   };
 
-  // 2. Encode every alive head's rows into place.
-  std::vector<std::shared_ptr<const std::vector<RowTransform>>> layer_tf(size_t{nl} * kSides);
-  for (uint32_t li = 0; li < nl && T > 0; ++li) {
-    const uint32_t l = l0 + li;
-    LayerMeta& lm = s.layers[l];
-    for (int side = 0; side < kSides; ++side) layer_tf[li * kSides + side] = lm.transforms[side];
-    for (uint32_t h = 0; h < H; ++h) {
-      if (!is_alive(li, h)) continue;
+  // 2. Encode every alive head's rows into place. Transforms this append
+  // makes (calibration of heads that start now) wait in made_tf until commit.
+  std::vector<std::pair<size_t, std::shared_ptr<const std::vector<RowTransform>>>> made_tf;
+  auto transforms_of = [&](uint32_t li, int side) -> const std::shared_ptr<const std::vector<RowTransform>>& {
+    const size_t key = size_t{li} * kSides + side;
+    for (const auto& [k, t] : made_tf) {
+      if (k == key) return t;
+    }
+    return s.layers[l0 + li].transforms[side];
+  };
+  auto calibrate = [&](uint32_t li, int side, uint32_t h, std::span<const float> rows) {
+    RowTransform t = s.codec[side]->Calibrate(rows);
+    if (t.empty()) return;
+    const size_t key = size_t{li} * kSides + side;
+    for (auto& [k, v] : made_tf) {
+      if (k == key) {
+        v = WithTransform(v, H, h, std::move(t));
+        return;
+      }
+    }
+    made_tf.emplace_back(key, WithTransform(s.layers[l0 + li].transforms[side], H, h, std::move(t)));
+  };
+  // Where row `r` of head h of layer l, side `side` goes.
+  auto row_dst = [&](uint32_t l, int side, uint32_t h, uint32_t r) -> uint8_t* {
+    const size_t rb = s.row_bytes[side];
+    if (paged) {
+      const uint32_t bs = s.bs();
+      return s.pool->block_data(l, kSideOf[side], s.table[r / bs]) +
+             size_t{h} * s.pool->head_stride(kSideOf[side]) + size_t{r % bs} * rb;
+    }
+    for (PendingBuffer& p : pending) {
+      if (p.layer == l && p.side == static_cast<uint32_t>(side) && p.head == h) {
+        return p.buf.data.get() + size_t{r} * rb;
+      }
+    }
+    return s.store[l].heads[side][h].data.get() + size_t{r} * rb;
+  };
+
+  if (T == 1 && k != nullptr && v != nullptr) {
+    // One token (decode): per layer and side, the alive heads' rows are
+    // checked once and encoded with one dispatch, each into its slot.
+    struct Scratch {
+      std::vector<uint32_t> heads;
+      std::vector<uint8_t*> dst;
+      std::vector<const RowTransform*> tf;
+      std::vector<float> rows;
+    };
+    thread_local Scratch sc;
+    sc.heads.resize(H);
+    sc.dst.resize(H);
+    sc.tf.resize(H);
+    for (uint32_t li = 0; li < nl; ++li) {
+      const uint32_t l = l0 + li;
+      const LayerMeta& lm = s.layers[l];
+      uint32_t n = 0;
+      for (uint32_t h = 0; h < H; ++h) {
+        if (is_alive(li, h)) sc.heads[n++] = h;
+      }
+      if (n == 0) continue;
       for (int side = 0; side < kSides; ++side) {
-        const float* src = side == 0 ? k : v;
+        const float* src = (side == 0 ? k : v) + size_t{li} * kv_dim;
         const RowCodec& codec = *s.codec[side];
-        const size_t rb = s.row_bytes[side];
-        // Rows of this head: [T][D].
-        std::span<const float> rows;
-        if (src != nullptr && T == 1) {
-          rows = {src + size_t{li} * kv_dim + size_t{h} * D, D};
-        } else {
-          s.scratch.resize(size_t{T} * D);
-          if (src == nullptr) {
-            std::fill(s.scratch.begin(), s.scratch.end(), 0.0f);
-          } else {
-            for (uint32_t t = 0; t < T; ++t) {
-              std::memcpy(s.scratch.data() + size_t{t} * D,
-                          src + (size_t{li} * T + t) * kv_dim + size_t{h} * D, D * sizeof(float));
-            }
+        const float* x = src;
+        if (n != H) {  // the alive heads' rows, packed
+          sc.rows.resize(size_t{n} * D);
+          for (uint32_t j = 0; j < n; ++j) {
+            std::memcpy(sc.rows.data() + size_t{j} * D, src + size_t{sc.heads[j]} * D, D * sizeof(float));
           }
-          rows = {s.scratch.data(), size_t{T} * D};
+          x = sc.rows.data();
         }
-        auto& tfv = layer_tf[li * kSides + side];
-        const uint32_t a = lm.head_len[h];
-        if (a == 0) {
-          RowTransform t = codec.Calibrate(rows);
-          if (!t.empty()) tfv = WithTransform(tfv, H, h, std::move(t));
+        if (const size_t i = format_internal::FirstNonFinite(x, size_t{n} * D); i != size_t{n} * D) {
+          undo();
+          return Status::InvalidArgument(fmt::format(
+              "encode {}: non-finite value at row 0, index {}", FormatName(codec.format()), i % D));
         }
-        const RowTransform* tf = (tfv && !(*tfv)[h].empty()) ? &(*tfv)[h] : nullptr;
-        Status st;
-        if (!paged) {
-          uint8_t* base = nullptr;
-          for (PendingBuffer& p : pending) {
-            if (p.layer == l && p.side == static_cast<uint32_t>(side) && p.head == h) {
-              base = p.buf.data.get();
-            }
-          }
-          if (!base) base = s.store[l].heads[side][h].data.get();
-          st = codec.Encode(rows, {base + size_t{a} * rb, size_t{T} * rb}, tf);
-        } else {
-          const uint32_t bs = s.bs();
-          for (uint32_t r = a; r < a + T && st.ok();) {
-            const uint32_t slot = r % bs, cnt = std::min(bs - slot, a + T - r);
-            uint8_t* dst = s.pool->block_data(l, kSideOf[side], s.table[r / bs]) +
-                           size_t{h} * s.pool->head_stride(kSideOf[side]) + size_t{slot} * rb;
-            st = codec.Encode(rows.subspan(size_t{r - a} * D, size_t{cnt} * D),
-                              {dst, size_t{cnt} * rb}, tf);
-            r += cnt;
-          }
+        for (uint32_t j = 0; j < n; ++j) {
+          if (lm.head_len[sc.heads[j]] == 0) calibrate(li, side, sc.heads[j], {x + size_t{j} * D, D});
         }
+        const auto& tfv = transforms_of(li, side);
+        for (uint32_t j = 0; j < n; ++j) {
+          const uint32_t h = sc.heads[j];
+          sc.dst[j] = row_dst(l, side, h, lm.head_len[h]);
+          sc.tf[j] = (tfv && !(*tfv)[h].empty()) ? &(*tfv)[h] : nullptr;
+        }
+        const Status st =
+            format_internal::EncodeHeadRows(codec, n, x, sc.dst.data(), tfv ? sc.tf.data() : nullptr);
         if (!st.ok()) {
           undo();
           return st;
+        }
+      }
+    }
+  } else {
+    for (uint32_t li = 0; li < nl && T > 0; ++li) {
+      const uint32_t l = l0 + li;
+      const LayerMeta& lm = s.layers[l];
+      for (uint32_t h = 0; h < H; ++h) {
+        if (!is_alive(li, h)) continue;
+        for (int side = 0; side < kSides; ++side) {
+          const float* src = side == 0 ? k : v;
+          const RowCodec& codec = *s.codec[side];
+          const size_t rb = s.row_bytes[side];
+          // Rows of this head: [T][D].
+          std::span<const float> rows;
+          if (src != nullptr && T == 1) {
+            rows = {src + size_t{li} * kv_dim + size_t{h} * D, D};
+          } else {
+            s.scratch.resize(size_t{T} * D);
+            if (src == nullptr) {
+              std::fill(s.scratch.begin(), s.scratch.end(), 0.0f);
+            } else {
+              for (uint32_t t = 0; t < T; ++t) {
+                std::memcpy(s.scratch.data() + size_t{t} * D,
+                            src + (size_t{li} * T + t) * kv_dim + size_t{h} * D, D * sizeof(float));
+              }
+            }
+            rows = {s.scratch.data(), size_t{T} * D};
+          }
+          const uint32_t a = lm.head_len[h];
+          if (a == 0) calibrate(li, side, h, rows);
+          const auto& tfv = transforms_of(li, side);
+          const RowTransform* tf = (tfv && !(*tfv)[h].empty()) ? &(*tfv)[h] : nullptr;
+          Status st;
+          if (!paged) {
+            st = codec.Encode(rows, {row_dst(l, side, h, a), size_t{T} * rb}, tf);
+          } else {
+            const uint32_t bs = s.bs();
+            for (uint32_t r = a; r < a + T && st.ok();) {
+              const uint32_t slot = r % bs, cnt = std::min(bs - slot, a + T - r);
+              st = codec.Encode(rows.subspan(size_t{r - a} * D, size_t{cnt} * D),
+                                {row_dst(l, side, h, r), size_t{cnt} * rb}, tf);
+              r += cnt;
+            }
+          }
+          if (!st.ok()) {
+            undo();
+            return st;
+          }
         }
       }
     }
@@ -500,8 +590,8 @@ static Status AppendRows(SequenceCache::State& s, uint32_t l0, uint32_t nl, cons
     }
     lm.num_tokens += T;
     if (lm.has_importance()) lm.pos_imp.resize(lm.num_tokens, 0.0f);
-    for (int side = 0; side < kSides; ++side) lm.transforms[side] = layer_tf[li * kSides + side];
   }
+  for (auto& [key, t] : made_tf) s.layers[l0 + key / kSides].transforms[key % kSides] = std::move(t);
   // Appends past the reservation target leave nothing to keep reserved.
   TrimReservation(s);
   s.Touch();

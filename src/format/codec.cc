@@ -123,6 +123,37 @@ Status CheckTransform(const RowTransform* t, uint32_t d) {
   return Status::Ok();
 }
 
+// This thread's buffer for prepared rows (grows, never shrinks): the encode
+// of one row per head on the append path allocates nothing.
+std::vector<float>& PrepScratch(size_t n) {
+  thread_local std::vector<float> scratch;
+  if (scratch.size() < n) scratch.resize(n);
+  return scratch;
+}
+
+// out[d] = (x - mean) / col_scale for the parts of t present (t may be
+// nullptr: a copy); InvalidArgument naming `row` if a value overflows.
+Status PrepareRow(Format f, size_t d, const float* x, const RowTransform* t, size_t row, float* out) {
+  if (t == nullptr) {
+    std::memcpy(out, x, d * sizeof(float));
+    return Status::Ok();
+  }
+  const float* mean = t->mean.empty() ? nullptr : t->mean.data();
+  const float* col = t->col_scale.empty() ? nullptr : t->col_scale.data();
+  for (size_t c = 0; c < d; ++c) {
+    float v = x[c];
+    if (mean) v -= mean[c];
+    if (col) v /= col[c];
+    if (!std::isfinite(v)) {
+      return Status::InvalidArgument(fmt::format(
+          "encode {}: value at row {}, index {} overflows after the transform", FormatName(f),
+          row, c));
+    }
+    out[c] = v;
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 Status RowCodec::Encode(std::span<const float> rows, std::span<uint8_t> out,
@@ -149,27 +180,36 @@ Status RowCodec::Encode(std::span<const float> rows, std::span<uint8_t> out,
     return Status::Ok();
   }
   // [n][d] prepared rows: (x - mean) / col_scale, then rotated.
-  std::vector<float> prep(rows.begin(), rows.end());
-  if (has_transform) {
-    const float* mean = transform->mean.empty() ? nullptr : transform->mean.data();
-    const float* col = transform->col_scale.empty() ? nullptr : transform->col_scale.data();
-    for (size_t r = 0; r < n; ++r) {
-      float* x = prep.data() + r * d;
-      for (size_t c = 0; c < d; ++c) {
-        float v = x[c];
-        if (mean) v -= mean[c];
-        if (col) v /= col[c];
-        if (!std::isfinite(v)) {
-          return Status::InvalidArgument(fmt::format(
-              "encode {}: value at row {}, index {} overflows after the transform",
-              FormatName(format_), r, c));
-        }
-        x[c] = v;
-      }
-    }
+  std::vector<float>& prep = PrepScratch(rows.size());
+  for (size_t r = 0; r < n; ++r) {
+    KV_RETURN_IF_ERROR(PrepareRow(format_, d, rows.data() + r * d, has_transform ? transform : nullptr,
+                                  r, prep.data() + r * d));
   }
   if (IsRotated(format_)) fi::RotateRows(signs_.data(), head_dim_, n, prep.data());
   fi::EncodeRows(format_, head_dim_, n, prep.data(), out.data());
+  return Status::Ok();
+}
+
+Status fi::EncodeHeadRows(const RowCodec& codec, size_t n, const float* x, uint8_t* const* dst,
+                          const RowTransform* const* tf) {
+  const Format f = codec.format();
+  const uint32_t d = codec.head_dim();
+  bool any_transform = false;
+  for (size_t r = 0; tf != nullptr && r < n && !any_transform; ++r) {
+    any_transform = tf[r] != nullptr && !tf[r]->empty();
+  }
+  if (!any_transform && !IsRotated(f)) {
+    fi::EncodeRowsScattered(f, d, n, x, dst);
+    return Status::Ok();
+  }
+  std::vector<float>& prep = PrepScratch(n * d);
+  for (size_t r = 0; r < n; ++r) {
+    const RowTransform* t = any_transform && tf[r] != nullptr && !tf[r]->empty() ? tf[r] : nullptr;
+    KV_RETURN_IF_ERROR(CheckTransform(t, d));
+    KV_RETURN_IF_ERROR(PrepareRow(f, d, x + r * d, t, r, prep.data() + r * d));
+  }
+  if (IsRotated(f)) fi::RotateRows(codec.rotation_signs().data(), d, n, prep.data());
+  fi::EncodeRowsScattered(f, d, n, prep.data(), dst);
   return Status::Ok();
 }
 

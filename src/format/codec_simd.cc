@@ -5,8 +5,14 @@
 // errors (turbo4/3/2 scale search) keep one group per SIMD lane so each lane
 // runs the scalar sequence of operations, and tails use the scalar code.
 // Contraction into FMA is disabled so "x - s * l" rounds identically.
-// q8_0/q4_0 encoding is scalar (llama.cpp's reference order); their decoding
-// is SIMD.
+//
+// Turbo4/3/2 encoding works on 8 (AVX2, AVX3) or 4 (SSE4, EMU128) groups at a
+// time (SCALAR: the reference): the groups' rows are transposed in registers
+// (group = lane), the scale search runs on |x| (QuantizeTurboBatch says why
+// that is exact), and the codes are packed into words in registers.
+// q8_0/q4_0 encoding follows llama.cpp's reference arithmetic per lane (the
+// block's amax reduced in a vector, round-half-away-from-zero done exactly
+// with Trunc).
 //
 // Dispatch happens once per EncodeRows/DecodeRows call.
 // Thread safety: pure functions. Requires a little-endian host.
@@ -57,26 +63,6 @@ inline void StoreU16(uint16_t v, uint8_t* p) {
   p[1] = static_cast<uint8_t>(v >> 8);
 }
 
-void PackCodes(Format f, const uint8_t* c, uint8_t* dst) {
-  switch (f) {
-    case Format::kTurbo4:
-      for (int j = 0; j < 8; ++j) dst[j] = static_cast<uint8_t>(c[2 * j] | (c[2 * j + 1] << 4));
-      break;
-    case Format::kTurbo3: {
-      uint64_t w = 0;
-      for (int i = 0; i < 16; ++i) w |= static_cast<uint64_t>(c[i]) << (3 * i);
-      for (int b = 0; b < 6; ++b) dst[b] = static_cast<uint8_t>(w >> (8 * b));
-      break;
-    }
-    default:
-      for (int b = 0; b < 4; ++b) {
-        dst[b] = static_cast<uint8_t>(c[4 * b] | (c[4 * b + 1] << 2) | (c[4 * b + 2] << 4) |
-                                      (c[4 * b + 3] << 6));
-      }
-      break;
-  }
-}
-
 void UnpackCodes(Format f, const uint8_t* src, int32_t* c) {
   switch (f) {
     case Format::kTurbo4:
@@ -115,40 +101,44 @@ using VI = hn::Vec<DI>;
 
 // ---- conversions (mirror FloatToE4M3 / E4M3ToFloat / FloatToF16 / ... exactly) ----
 
-HWY_INLINE VI EncodeE4M3(VF v) {
-  const DF df;
-  const DI di;
-  const VI u = hn::BitCast(di, v);
-  const VI sign = hn::And(hn::ShiftRight<24>(u), hn::Set(di, 0x80));
-  const VI a = hn::And(u, hn::Set(di, 0x7FFFFFFF));
+template <class DF_, class VF_ = hn::Vec<DF_>>
+HWY_INLINE hn::Vec<hn::RebindToSigned<DF_>> EncodeE4M3T(DF_ df, VF_ v) {
+  const hn::RebindToSigned<DF_> di;
+  using VI_ = hn::Vec<decltype(di)>;
+  const VI_ u = hn::BitCast(di, v);
+  const VI_ sign = hn::And(hn::ShiftRight<24>(u), hn::Set(di, 0x80));
+  const VI_ a = hn::And(u, hn::Set(di, 0x7FFFFFFF));
   const auto is_nan = a > hn::Set(di, 0x7F800000);
   const auto is_sat = a > hn::Set(di, 0x43DFFFFF);
   const auto is_sub = hn::Set(di, 0x3C800000) > a;
-  const VF fs = hn::Mul(hn::BitCast(df, a), hn::Set(df, 512.0f));
-  const VF r = hn::Sub(hn::Add(fs, hn::Set(df, 8388608.0f)), hn::Set(df, 8388608.0f));
-  const VI sub_code = hn::ConvertTo(di, r);
-  const VI rebased = hn::Sub(a, hn::Set(di, 120 << 23));
-  const VI round = hn::Add(hn::Set(di, 0x7FFFF), hn::And(hn::ShiftRight<20>(rebased), hn::Set(di, 1)));
-  const VI norm_code = hn::Min(hn::ShiftRight<20>(hn::Add(rebased, round)), hn::Set(di, 0x7E));
-  VI res = hn::IfThenElse(is_sub, sub_code, norm_code);
+  const VF_ fs = hn::Mul(hn::BitCast(df, a), hn::Set(df, 512.0f));
+  const VF_ r = hn::Sub(hn::Add(fs, hn::Set(df, 8388608.0f)), hn::Set(df, 8388608.0f));
+  const VI_ sub_code = hn::ConvertTo(di, r);
+  const VI_ rebased = hn::Sub(a, hn::Set(di, 120 << 23));
+  const VI_ round = hn::Add(hn::Set(di, 0x7FFFF), hn::And(hn::ShiftRight<20>(rebased), hn::Set(di, 1)));
+  const VI_ norm_code = hn::Min(hn::ShiftRight<20>(hn::Add(rebased, round)), hn::Set(di, 0x7E));
+  VI_ res = hn::IfThenElse(is_sub, sub_code, norm_code);
   res = hn::IfThenElse(is_sat, hn::Set(di, 0x7E), res);
   res = hn::IfThenElse(is_nan, hn::Set(di, 0x7F), res);
   return hn::Or(res, sign);
 }
+HWY_INLINE VI EncodeE4M3(VF v) { return EncodeE4M3T(DF(), v); }
 
 // codes in [0, 255] -> exact values (NaN codes -> 0x7FC00000 like the table).
-HWY_INLINE VF DecodeE4M3(VI c) {
-  const DF df;
-  const DI di;
-  const VI sign = hn::ShiftLeft<24>(hn::And(c, hn::Set(di, 0x80)));
-  const VI m7 = hn::And(c, hn::Set(di, 0x7F));
-  const VI normal = hn::Add(hn::ShiftLeft<20>(m7), hn::Set(di, 120 << 23));
-  const VF subf = hn::Mul(hn::ConvertTo(df, hn::And(c, hn::Set(di, 7))), hn::Set(df, 1.0f / 512.0f));
-  VI bits = hn::IfThenElse(hn::Set(di, 8) > m7, hn::BitCast(di, subf), normal);
+template <class DF_>
+HWY_INLINE hn::Vec<DF_> DecodeE4M3T(DF_ df, hn::Vec<hn::RebindToSigned<DF_>> c) {
+  const hn::RebindToSigned<DF_> di;
+  using VI_ = hn::Vec<decltype(di)>;
+  const VI_ sign = hn::ShiftLeft<24>(hn::And(c, hn::Set(di, 0x80)));
+  const VI_ m7 = hn::And(c, hn::Set(di, 0x7F));
+  const VI_ normal = hn::Add(hn::ShiftLeft<20>(m7), hn::Set(di, 120 << 23));
+  const auto subf = hn::Mul(hn::ConvertTo(df, hn::And(c, hn::Set(di, 7))), hn::Set(df, 1.0f / 512.0f));
+  VI_ bits = hn::IfThenElse(hn::Set(di, 8) > m7, hn::BitCast(di, subf), normal);
   bits = hn::Or(bits, sign);
   bits = hn::IfThenElse(m7 == hn::Set(di, 0x7F), hn::Set(di, 0x7FC00000), bits);
   return hn::BitCast(df, bits);
 }
+HWY_INLINE VF DecodeE4M3(VI c) { return DecodeE4M3T(DF(), c); }
 
 HWY_INLINE VI EncodeF16(VF v) {
   const DF df;
@@ -184,6 +174,19 @@ HWY_INLINE VF DecodeF16(VI h) {
   VI bits = hn::IfThenElse(e == hn::Set(di, 0x7C00), infnan, normal);
   bits = hn::IfThenElse(e == hn::Zero(di), sub, bits);
   return hn::BitCast(df, hn::Or(bits, sign));
+}
+
+template <class DF_>
+HWY_INLINE hn::Vec<hn::RebindToSigned<DF_>> EncodeBF16T(DF_, hn::Vec<DF_> v) {
+  const hn::RebindToSigned<DF_> di;
+  const hn::RebindToUnsigned<DF_> du;
+  const auto uu = hn::BitCast(du, v);
+  const auto a = hn::And(hn::BitCast(di, v), hn::Set(di, 0x7FFFFFFF));
+  const auto is_nan = a > hn::Set(di, 0x7F800000);
+  const auto nan_code = hn::Or(hn::ShiftRight<16>(uu), hn::Set(du, 0x40));
+  const auto round = hn::Add(hn::Set(du, 0x7FFF), hn::And(hn::ShiftRight<16>(uu), hn::Set(du, 1)));
+  const auto r = hn::ShiftRight<16>(hn::Add(uu, round));
+  return hn::BitCast(di, hn::IfThenElse(hn::RebindMask(du, is_nan), nan_code, r));
 }
 
 HWY_INLINE VI EncodeBF16(VF v) {
@@ -241,107 +244,340 @@ HWY_INLINE float MaxAbs(const float* x, size_t n) {
 }
 
 // ---- turbo4/3/2: one group per lane ----
+//
+// The SCALAR target (one lane) uses the scalar reference for these formats.
+#if HWY_TARGET != HWY_SCALAR
+//
+// DT: 8 lanes where the target has them (AVX2, AVX3), else 4 (SSE4, EMU128).
+using DT = hn::CappedTag<float, 8>;
+using DTI = hn::RebindToSigned<DT>;
+using DTU = hn::RebindToUnsigned<DT>;
+using VT = hn::Vec<DT>;
+using VTI = hn::Vec<DTI>;
+using VTU = hn::Vec<DTU>;
+constexpr size_t kTL = hn::MaxLanes(DT());
+static_assert(kTL == 4 || kTL == 8, "turbo encoder: 4 or 8 lanes");
 
-template <size_t L>
-HWY_INLINE VI NearestCodes(const LevelTable<L>& t, VF y) {
-  const DI di;
-  const DF df;
-  const VF a = hn::Abs(y);
-  VI c = hn::Zero(di);
-  for (size_t j = 0; j + 1 < L / 2; ++j) {
-    const auto gt = hn::RebindMask(di, a > hn::Set(df, t.threshold[j]));
-    c = hn::Sub(c, hn::VecFromMask(di, gt));  // mask lanes are -1
+// In-register transpose of kTL rows of kTL floats: out[c] lane r = rows[r][c].
+HWY_INLINE void Transpose(const VT* r, VT* out) {
+  const DT d;
+  const hn::Repartition<uint64_t, DT> d64;
+  auto lo64 = [&](VT a, VT b) {
+    return hn::BitCast(d, hn::InterleaveLower(d64, hn::BitCast(d64, a), hn::BitCast(d64, b)));
+  };
+  auto hi64 = [&](VT a, VT b) {
+    return hn::BitCast(d, hn::InterleaveUpper(d64, hn::BitCast(d64, a), hn::BitCast(d64, b)));
+  };
+  // 4x4 within each 128-bit block of rows [base, base + 4).
+  auto block4 = [&](size_t base, VT* c) {
+    const VT t0 = hn::InterleaveLower(d, r[base + 0], r[base + 1]);
+    const VT t1 = hn::InterleaveLower(d, r[base + 2], r[base + 3]);
+    const VT t2 = hn::InterleaveUpper(d, r[base + 0], r[base + 1]);
+    const VT t3 = hn::InterleaveUpper(d, r[base + 2], r[base + 3]);
+    c[0] = lo64(t0, t1);
+    c[1] = hi64(t0, t1);
+    c[2] = lo64(t2, t3);
+    c[3] = hi64(t2, t3);
+  };
+  if constexpr (kTL == 4) {
+    block4(0, out);
+  } else {
+    VT a[4], b[4];
+    block4(0, a);  // block 0: columns 0..3 of rows 0..3; block 1: columns 4..7
+    block4(4, b);
+    for (size_t c = 0; c < 4; ++c) {
+      out[c] = hn::ConcatLowerLower(d, b[c], a[c]);
+      out[c + 4] = hn::ConcatUpperUpper(d, b[c], a[c]);
+    }
   }
-  const auto pos = hn::RebindMask(di, y > hn::Zero(df));
+}
+
+// Level of the nearest code for |y| (a >= 0): a select chain over the
+// non-negative half of the codebook.
+template <size_t L>
+HWY_INLINE VT AbsLevel(const LevelTable<L>& t, VT a) {
+  const DT d;
+  VT lv = hn::Set(d, t.level[L / 2]);
+  for (size_t j = 0; j + 1 < L / 2; ++j) {
+    lv = hn::IfThenElse(a > hn::Set(d, t.threshold[j]), hn::Set(d, t.level[L / 2 + j + 1]), lv);
+  }
+  return lv;
+}
+
+// NearestCode of y, exactly as codec_scalar.cc (sign of y decides the half).
+template <size_t L>
+HWY_INLINE VTI CodesOf(const LevelTable<L>& t, VT y) {
+  const DT d;
+  const DTI di;
+  const VT a = hn::Abs(y);
+  VTI c = hn::Zero(di);
+  for (size_t j = 0; j + 1 < L / 2; ++j) {
+    c = hn::Sub(c, hn::VecFromMask(di, hn::RebindMask(di, a > hn::Set(d, t.threshold[j]))));
+  }
+  const auto pos = hn::RebindMask(di, y > hn::Zero(d));
   constexpr int32_t kHalf = static_cast<int32_t>(L / 2);
   return hn::IfThenElse(pos, hn::Add(hn::Set(di, kHalf), c), hn::Sub(hn::Set(di, kHalf - 1), c));
 }
 
-// The level NearestCodes(t, y) indexes, without a gather: a select chain over
-// the non-negative half, then the sign (levels are exactly symmetric).
+// One batch of kTL groups, v[i] lane g = value i of group g, a[i] = |v[i]|.
+// Picks each lane's scale code (as QuantizeTurboGroup) and the 16 codes.
+//
+// The candidates' errors use |x| / s and the non-negative level: the scalar
+// x - s * level(x / s) is the exact negation of that (division, products and
+// the subtraction are sign-symmetric, the codebook is symmetric), so the
+// squares are equal, except where the scalar code's sign choice differs: x > 0
+// whose quotient rounds to +0, which then takes the negative level. That needs
+// x <= s * 2^-150 <= 448 * 2^-150 < 2^-141, while s * level >= 2^-9 * 0.0507
+// (the smallest scale and level) has a half-ulp above 2^-39, so x + s * l and
+// x - s * l both round to +-(s * l): the squares are equal there too. The
+// final codes use the signed quotient, exactly the scalar expression.
 template <size_t L>
-HWY_INLINE VF NearestLevel(const LevelTable<L>& t, VF y) {
-  const DF df;
-  const VF a = hn::Abs(y);
-  VF lv = hn::Set(df, t.level[L / 2]);
-  for (size_t j = 0; j + 1 < L / 2; ++j) {
-    lv = hn::IfThenElse(a > hn::Set(df, t.threshold[j]), hn::Set(df, t.level[L / 2 + j + 1]), lv);
+HWY_INLINE void QuantizeTurboBatch(const LevelTable<L>& t, const VT* v, const VT* a, VT amax,
+                                   VTI* scale_code, VTI* codes) {
+  const DT d;
+  const DTI di;
+  constexpr int kC = 2 * kTurboScaleSearch + 1;  // candidates c0-2 .. c0+2
+  const VTI c0 = EncodeE4M3T(d, amax);
+  VTI cc[kC];
+  VT s[kC], err[kC];
+  for (int k = 0; k < kC; ++k) {
+    const VTI c = hn::Add(c0, hn::Set(di, k - kTurboScaleSearch));
+    cc[k] = hn::Min(hn::Max(c, hn::Set(di, 1)), hn::Set(di, 0x7E));
+    s[k] = DecodeE4M3T(d, cc[k]);
+    err[k] = hn::Zero(d);
   }
-  return hn::IfThenElse(y > hn::Zero(df), lv, hn::Neg(lv));
+  // The candidates' error sums run side by side (each in the scalar order
+  // over i): five independent add chains instead of one after another.
+  for (int i = 0; i < 16; ++i) {
+    for (int k = 0; k < kC; ++k) {
+      const VT dd = hn::Sub(a[i], hn::Mul(s[k], AbsLevel(t, hn::Div(a[i], s[k]))));
+      err[k] = hn::Add(err[k], hn::Mul(dd, dd));
+    }
+  }
+  VTI best_c = cc[0];
+  VT best_err = hn::Set(d, std::numeric_limits<float>::infinity());
+  for (int k = 0; k < kC; ++k) {
+    const VTI c = hn::Add(c0, hn::Set(di, k - kTurboScaleSearch));
+    const auto valid = hn::And(c > hn::Zero(di), hn::Set(di, 0x7F) > c);
+    const auto better = hn::And(valid, hn::RebindMask(di, err[k] < best_err));
+    best_c = hn::IfThenElse(better, cc[k], best_c);
+    best_err = hn::IfThenElse(hn::RebindMask(d, better), err[k], best_err);
+  }
+  const auto zero = hn::RebindMask(di, amax == hn::Zero(d));
+  const VT sb = DecodeE4M3T(d, best_c);
+  *scale_code = hn::IfThenZeroElse(zero, best_c);
+  for (int i = 0; i < 16; ++i) codes[i] = hn::IfThenZeroElse(zero, CodesOf(t, hn::Div(v[i], sb)));
 }
 
-// x: N groups of 16 values (group lane at x + 16 * lane); writes scale codes
-// [N] and codes [16][N].
-template <size_t L>
-void QuantizeTurboLanes(const LevelTable<L>& t, const float* x, int32_t* scale_out,
-                        int32_t* codes_out) {
-  const DF df;
-  const DI di;
-  const size_t N = hn::Lanes(df);
-  const VI idx = hn::Mul(hn::Iota(di, 0), hn::Set(di, 16));
-  VF v[16];
-  VF amax = hn::Zero(df);
-  for (int i = 0; i < 16; ++i) {
-    v[i] = hn::GatherIndex(df, x + i, idx);
-    amax = hn::Max(amax, hn::Abs(v[i]));
-  }
-  const VI c0 = EncodeE4M3(amax);
-  VI best_c = hn::Max(hn::Sub(c0, hn::Set(di, kTurboScaleSearch)), hn::Set(di, 1));
-  VF best_err = hn::Set(df, std::numeric_limits<float>::infinity());
-  for (int dc = -kTurboScaleSearch; dc <= kTurboScaleSearch; ++dc) {
-    const VI c = hn::Add(c0, hn::Set(di, dc));
-    const auto valid = hn::And(c > hn::Zero(di), hn::Set(di, 0x7F) > c);
-    const VI cc = hn::Min(hn::Max(c, hn::Set(di, 1)), hn::Set(di, 0x7E));
-    const VF s = DecodeE4M3(cc);
-    VF err = hn::Zero(df);
-    for (int i = 0; i < 16; ++i) {
-      const VF y = hn::Div(v[i], s);
-      const VF lv = NearestLevel(t, y);
-      const VF dd = hn::Sub(v[i], hn::Mul(s, lv));
-      err = hn::Add(err, hn::Mul(dd, dd));
+// Packs the 16 codes of each lane into its group's code bytes, as little-endian
+// words: lo = bytes [0, 4), hi = bytes [4, 8) (turbo4) or [4, 6) (turbo3).
+HWY_INLINE void PackWords(Format f, const VTI* k, VTU* lo, VTU* hi) {
+  const DTU du;
+  auto u = [&](int i) { return hn::BitCast(du, k[i]); };
+  VTU a = hn::Zero(du), b = hn::Zero(du);
+  if (f == Format::kTurbo4) {
+    for (int i = 0; i < 8; ++i) {
+      a = hn::Or(a, hn::ShiftLeftSame(u(i), 4 * i));
+      b = hn::Or(b, hn::ShiftLeftSame(u(i + 8), 4 * i));
     }
-    const auto better = hn::And(valid, hn::RebindMask(di, err < best_err));
-    best_c = hn::IfThenElse(better, cc, best_c);
-    best_err = hn::IfThenElse(hn::RebindMask(df, better), err, best_err);
+  } else if (f == Format::kTurbo3) {
+    for (int i = 0; i <= 10; ++i) a = hn::Or(a, hn::ShiftLeftSame(u(i), 3 * i));  // k10: low 2 bits
+    b = hn::ShiftRight<2>(u(10));
+    for (int i = 11; i < 16; ++i) b = hn::Or(b, hn::ShiftLeftSame(u(i), 3 * i - 32));
+  } else {
+    for (int i = 0; i < 16; ++i) a = hn::Or(a, hn::ShiftLeftSame(u(i), 2 * i));
   }
-  const auto zero = hn::RebindMask(di, amax == hn::Zero(df));
-  const VF s = DecodeE4M3(best_c);
-  hn::StoreU(hn::IfThenZeroElse(zero, best_c), di, scale_out);
-  for (int i = 0; i < 16; ++i) {
-    const VI k = hn::IfThenZeroElse(zero, NearestCodes(t, hn::Div(v[i], s)));
-    hn::StoreU(k, di, codes_out + i * N);
-  }
+  *lo = a;
+  *hi = b;
 }
 
 template <size_t L>
 void EncodeTurboRows(const LevelTable<L>& t, Format f, uint32_t d, size_t n, const float* x,
                      uint8_t* out) {
-  const DF df;
-  const size_t N = hn::Lanes(df);
+  const DT dt;
   const RowLayout l = LayoutOf(f, d);
   const size_t rb = RowBytes(f, d);
   const size_t gpr = d / 16;
   const size_t groups = n * gpr;
-  alignas(64) float pad[16 * 16];
-  int32_t scales[16];
-  int32_t codes[16 * 16];
-  for (size_t g0 = 0; g0 < groups; g0 += N) {
-    const size_t cnt = std::min(N, groups - g0);
+  const size_t code_bytes = l.group_code_bytes;
+  alignas(64) float pad[16 * kTL];
+  alignas(64) uint32_t wlo[kTL], whi[kTL];
+  alignas(64) int32_t sc[kTL];
+  size_t row = 0, g_in_row = 0;  // of group g0
+  for (size_t g0 = 0; g0 < groups; g0 += kTL) {
+    const size_t cnt = std::min(kTL, groups - g0);
     const float* src = x + g0 * 16;
-    if (cnt < N) {
-      std::fill(pad, pad + 16 * N, 0.0f);
+    if (cnt < kTL) {
+      std::fill(pad, pad + 16 * kTL, 0.0f);
       std::memcpy(pad, src, cnt * 16 * sizeof(float));
       src = pad;
     }
-    QuantizeTurboLanes(t, src, scales, codes);
-    for (size_t lane = 0; lane < cnt; ++lane) {
-      const size_t gi = g0 + lane;
-      uint8_t* row = out + (gi / gpr) * rb;
-      const size_t g = gi % gpr;
-      uint8_t c[16];
-      for (int i = 0; i < 16; ++i) c[i] = static_cast<uint8_t>(codes[i * N + lane]);
-      PackCodes(f, c, row + g * l.group_code_bytes);
-      row[l.scales_offset + g] = static_cast<uint8_t>(scales[lane]);
+    VT v[16], a[16];
+    for (size_t q = 0; q < 16 / kTL; ++q) {
+      VT r[kTL];
+      for (size_t g = 0; g < kTL; ++g) r[g] = hn::LoadU(dt, src + 16 * g + q * kTL);
+      Transpose(r, v + q * kTL);
+    }
+    VT amax = hn::Zero(dt);
+    for (int i = 0; i < 16; ++i) {
+      a[i] = hn::Abs(v[i]);
+      amax = hn::Max(amax, a[i]);
+    }
+    VTI scale_code, codes[16];
+    QuantizeTurboBatch(t, v, a, amax, &scale_code, codes);
+    VTU lo, hi;
+    PackWords(f, codes, &lo, &hi);
+    hn::Store(lo, DTU(), wlo);
+    hn::Store(hi, DTU(), whi);
+    hn::Store(scale_code, DTI(), sc);
+    for (size_t g = 0; g < cnt; ++g) {
+      uint8_t* o = out + row * rb;
+      uint8_t* dst = o + g_in_row * code_bytes;
+      std::memcpy(dst, &wlo[g], 4);  // little-endian host (see the file comment)
+      if (code_bytes > 4) std::memcpy(dst + 4, &whi[g], code_bytes - 4);
+      o[l.scales_offset + g_in_row] = static_cast<uint8_t>(sc[g]);
+      if (++g_in_row == gpr) {
+        g_in_row = 0;
+        ++row;
+      }
+    }
+  }
+}
+
+// Turbo8 on 8-lane targets, 8 groups at a time (transposed as above): each lane's bf16 scale
+// amax / 448 and 16 E4M3 codes of x / scale, as codec_scalar.cc; the codes
+// packed four to a little-endian word in registers.
+void EncodeTurbo8Rows(uint32_t d, size_t n, const float* x, uint8_t* out) {
+  const DT dt;
+  const DTI di;
+  const DTU du;
+  const RowLayout l = LayoutOf(Format::kTurbo8, d);
+  const size_t rb = RowBytes(Format::kTurbo8, d);
+  const size_t gpr = d / 16;
+  const size_t groups = n * gpr;
+  alignas(64) float pad[16 * kTL];
+  alignas(64) uint32_t w[4][kTL];
+  alignas(64) int32_t sc[kTL];
+  size_t row = 0, g_in_row = 0;  // of group g0
+  for (size_t g0 = 0; g0 < groups; g0 += kTL) {
+    const size_t cnt = std::min(kTL, groups - g0);
+    const float* src = x + g0 * 16;
+    if (cnt < kTL) {
+      std::fill(pad, pad + 16 * kTL, 0.0f);
+      std::memcpy(pad, src, cnt * 16 * sizeof(float));
+      src = pad;
+    }
+    VT v[16];
+    for (size_t q = 0; q < 16 / kTL; ++q) {
+      VT r[kTL];
+      for (size_t g = 0; g < kTL; ++g) r[g] = hn::LoadU(dt, src + 16 * g + q * kTL);
+      Transpose(r, v + q * kTL);
+    }
+    VT amax = hn::Zero(dt);
+    for (int i = 0; i < 16; ++i) amax = hn::Max(amax, hn::Abs(v[i]));
+    const VTI sb = EncodeBF16T(dt, hn::Div(amax, hn::Set(dt, kE4M3Max)));
+    const VT s = hn::BitCast(dt, hn::ShiftLeft<16>(sb));
+    const auto zero = hn::RebindMask(di, s == hn::Zero(dt));  // codes 0 (x / 0 is discarded)
+    VTU words[4] = {hn::Zero(du), hn::Zero(du), hn::Zero(du), hn::Zero(du)};
+    for (int i = 0; i < 16; ++i) {
+      const VTI c = hn::IfThenZeroElse(zero, EncodeE4M3T(dt, hn::Div(v[i], s)));
+      words[i / 4] = hn::Or(words[i / 4], hn::ShiftLeftSame(hn::BitCast(du, c), 8 * (i % 4)));
+    }
+    for (int j = 0; j < 4; ++j) hn::Store(words[j], du, w[j]);
+    hn::Store(sb, di, sc);
+    for (size_t g = 0; g < cnt; ++g) {
+      uint8_t* o = out + row * rb;
+      uint8_t* dst = o + g_in_row * 16;
+      for (int j = 0; j < 4; ++j) std::memcpy(dst + 4 * j, &w[j][g], 4);  // little-endian host
+      StoreU16(static_cast<uint16_t>(sc[g]), o + l.scales_offset + 2 * g_in_row);
+      if (++g_in_row == gpr) {
+        g_in_row = 0;
+        ++row;
+      }
+    }
+  }
+}
+
+#endif  // HWY_TARGET != HWY_SCALAR
+
+// ---- q8_0 / q4_0 (llama.cpp's reference arithmetic, 32-value blocks) ----
+
+// std::round (half away from zero), exactly: Trunc(v + copysign(h, v)) with
+// h = 0.5 - 2^-25, the float below 0.5. For v >= 0 with fraction f: f >= 0.5
+// puts v + h within half a spacing of (or above) floor(v) + 1, which it then
+// rounds to (1 - 2^-25 is the tie between 1 - 2^-24 and 1, and goes to 1);
+// f < 0.5 means f <= 0.5 - ulp(v), so v + h <= floor(v) + 1 - ulp(v) - 2^-25,
+// at or below the float under floor(v) + 1. v >= 2^23 is an integer and
+// v + h rounds back to it. Negative v mirror this; NaN stays NaN.
+HWY_INLINE VF RoundHalfAway(VF v) {
+  const DF df;
+  return hn::Trunc(hn::Add(v, hn::CopySign(hn::Set(df, 0.49999997f), v)));
+}
+
+HWY_INLINE float BlockMaxAbs(const float* xb) {
+  const DF df;
+  const size_t N = hn::Lanes(df);
+  VF m = hn::Abs(hn::LoadU(df, xb));
+  for (size_t i = N; i < 32; i += N) m = hn::Max(m, hn::Abs(hn::LoadU(df, xb + i)));
+  return hn::GetLane(hn::MaxOfLanes(df, m));
+}
+
+void EncodeQ8_0Blocks(size_t blocks, const float* HWY_RESTRICT x, uint8_t* HWY_RESTRICT out) {
+  const DF df;
+  const DI di;
+  const size_t N = hn::Lanes(df);
+  for (size_t b = 0; b < blocks; ++b) {
+    const float* xb = x + 32 * b;
+    uint8_t* ob = out + 34 * b;
+    const float dd = BlockMaxAbs(xb) / 127.0f;
+    const float id = dd != 0.0f ? 1.0f / dd : 0.0f;
+    StoreU16(FloatToF16(dd), ob);
+    const VF vid = hn::Set(df, id);
+    for (size_t i = 0; i < 32; i += N) {
+      VF q = RoundHalfAway(hn::Mul(hn::LoadU(df, xb + i), vid));
+      q = hn::IfThenZeroElse(hn::IsNaN(q), q);  // 0 * inf (a subnormal d): ClampToInt's 0
+      q = hn::Min(hn::Max(q, hn::Set(df, -127.0f)), hn::Set(df, 127.0f));
+      StoreI32AsI8(hn::ConvertTo(di, q), ob + 2 + i);
+    }
+  }
+}
+
+// min(15, ClampToInt(v, 0, 255)): NaN and negatives -> 0, then truncate.
+HWY_INLINE VI Q4Code(VF v) {
+  const DF df;
+  const DI di;
+  v = hn::IfThenElseZero(v >= hn::Zero(df), v);
+  return hn::ConvertTo(di, hn::Min(v, hn::Set(df, 15.0f)));
+}
+
+void EncodeQ4_0Blocks(size_t blocks, const float* HWY_RESTRICT x, uint8_t* HWY_RESTRICT out) {
+  const DF df;
+  const size_t N = hn::Lanes(df);
+  for (size_t b = 0; b < blocks; ++b) {
+    const float* xb = x + 32 * b;
+    uint8_t* ob = out + 18 * b;
+    const float amax = BlockMaxAbs(xb);
+    // The signed value of the first element of largest magnitude (0 if none).
+    float mx = 0.0f;
+    if (amax != 0.0f) {
+      const VF va = hn::Set(df, amax);
+      for (size_t i = 0; i < 32; i += N) {
+        const intptr_t p = hn::FindFirstTrue(df, hn::Abs(hn::LoadU(df, xb + i)) == va);
+        if (p >= 0) {
+          mx = xb[i + static_cast<size_t>(p)];
+          break;
+        }
+      }
+    }
+    const float dd = mx / -8.0f;
+    const float id = dd != 0.0f ? 1.0f / dd : 0.0f;
+    StoreU16(FloatToF16(dd), ob);
+    const VF vid = hn::Set(df, id);
+    const VF half = hn::Set(df, 8.5f);
+    for (size_t j = 0; j < 16; j += N) {
+      const VI lo = Q4Code(hn::Add(hn::Mul(hn::LoadU(df, xb + j), vid), half));
+      const VI hi = Q4Code(hn::Add(hn::Mul(hn::LoadU(df, xb + 16 + j), vid), half));
+      StoreI32AsU8(hn::Or(lo, hn::ShiftLeft<4>(hi)), ob + 2 + j);
     }
   }
 }
@@ -431,6 +667,13 @@ void EncodeRowsT(Format f, uint32_t d, size_t n, const float* HWY_RESTRICT x,
       return;
     }
     case Format::kTurbo8: {
+#if HWY_TARGET != HWY_SCALAR
+      // 8 lanes: transposed batches; 4 lanes (SSE4) measured no faster that way.
+      if constexpr (kTL == 8) {
+        EncodeTurbo8Rows(d, n, x, out);
+        return;
+      }
+#endif
       const RowLayout l = LayoutOf(f, d);
       const size_t rb = RowBytes(f, d);
       for (size_t r = 0; r < n; ++r) {
@@ -452,12 +695,23 @@ void EncodeRowsT(Format f, uint32_t d, size_t n, const float* HWY_RESTRICT x,
       }
       return;
     }
+#if HWY_TARGET != HWY_SCALAR
     case Format::kTurbo4: EncodeTurboRows(Table4(), f, d, n, x, out); return;
     case Format::kTurbo3: EncodeTurboRows(Table3(), f, d, n, x, out); return;
     case Format::kTurbo2: EncodeTurboRows(Table2(), f, d, n, x, out); return;
-    case Format::kQ8_0:
-    case Format::kQ4_0: EncodeRowsScalar(f, d, n, x, out); return;
+#else
+    case Format::kTurbo4:
+    case Format::kTurbo3:
+    case Format::kTurbo2: EncodeRowsScalar(f, d, n, x, out); return;
+#endif
+    case Format::kQ8_0: EncodeQ8_0Blocks(total / 32, x, out); return;
+    case Format::kQ4_0: EncodeQ4_0Blocks(total / 32, x, out); return;
   }
+}
+
+void EncodeRowsScatteredT(Format f, uint32_t d, size_t n, const float* HWY_RESTRICT x,
+                          uint8_t* const* HWY_RESTRICT dst) {
+  for (size_t r = 0; r < n; ++r) EncodeRowsT(f, d, 1, x + r * d, dst[r]);
 }
 
 void DecodeRowsT(Format f, uint32_t d, size_t n, const uint8_t* HWY_RESTRICT in,
@@ -576,6 +830,7 @@ namespace kvcache {
 namespace format_internal {
 
 HWY_EXPORT(EncodeRowsT);
+HWY_EXPORT(EncodeRowsScatteredT);
 HWY_EXPORT(DecodeRowsT);
 HWY_EXPORT(FirstNonFiniteT);
 
@@ -583,6 +838,9 @@ size_t FirstNonFinite(const float* x, size_t n) { return HWY_DYNAMIC_DISPATCH(Fi
 
 void EncodeRows(Format f, uint32_t d, size_t n, const float* x, uint8_t* out) {
   HWY_DYNAMIC_DISPATCH(EncodeRowsT)(f, d, n, x, out);
+}
+void EncodeRowsScattered(Format f, uint32_t d, size_t n, const float* x, uint8_t* const* dst) {
+  HWY_DYNAMIC_DISPATCH(EncodeRowsScatteredT)(f, d, n, x, dst);
 }
 void DecodeRows(Format f, uint32_t d, size_t n, const uint8_t* in, float* x) {
   HWY_DYNAMIC_DISPATCH(DecodeRowsT)(f, d, n, in, x);

@@ -46,6 +46,7 @@
 #include <limits>
 #include <vector>
 
+#include "kvcache/codec.h"
 #include "kvcache/format.h"
 
 namespace kvcache {
@@ -304,6 +305,20 @@ void DecodeRows(Format format, uint32_t d, size_t n, const uint8_t* in, float* x
 // Index of the first NaN/Inf in x[0, n), or n. SIMD.
 size_t FirstNonFinite(const float* x, size_t n);
 void EncodeRowsScalar(Format format, uint32_t d, size_t n, const float* x, uint8_t* out);
+// EncodeRows of row i of x[n][d] into dst[i] (RowBytes(format, d) bytes each),
+// one dispatch for all n rows: the append path's rows go to n different heads.
+void EncodeRowsScattered(Format format, uint32_t d, size_t n, const float* x,
+                         uint8_t* const* dst);
+
+// The append path's encode: row i of x[n][head_dim] (finite: the caller has
+// checked) with transform tf[i] (tf == nullptr, or tf[i] nullptr or empty:
+// none) into dst[i]. Writes the bytes codec.Encode writes for each row, with
+// one dispatch for all rows and no allocation once this thread's scratch has
+// grown. InvalidArgument (Encode's messages, row = the index i) for a
+// transform Encode would refuse or a value that overflows after its
+// transform; rows may have been written by then.
+Status EncodeHeadRows(const RowCodec& codec, size_t n, const float* x, uint8_t* const* dst,
+                      const RowTransform* const* tf);
 void DecodeRowsScalar(Format format, uint32_t d, size_t n, const uint8_t* in, float* x);
 
 }  // namespace format_internal

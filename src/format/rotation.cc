@@ -6,7 +6,9 @@
 // (x[k] + x[k+h], x[k] - x[k+h]); finally scale the block by 1/sqrt(block).
 // SIMD stages with h below the vector width permute lanes (lane i ^ h) and
 // flip the sign bit of the lanes that take the difference: -b + a == a - b
-// exactly, so the results match the scalar butterflies bit for bit.
+// exactly, so the results match the scalar butterflies bit for bit. Blocks of
+// up to 16 vectors (d <= 128 on AVX2, 256 on AVX3) stay in registers through
+// all the stages; larger ones make one pass through memory per stage.
 //
 // Thread safety: pure functions.
 #include <cmath>
@@ -90,29 +92,80 @@ void MulSigns(const float* HWY_RESTRICT signs, uint32_t n, float* HWY_RESTRICT x
   }
 }
 
-void TransformBlocks(uint32_t head_dim, float* HWY_RESTRICT x) {
+// One block of kNV vectors held in registers: the same operations in the same
+// order as MulSigns + WhtBlock + ScaleBy (kInverse: WhtBlock + ScaleBy +
+// MulSigns) on that block, without a pass through memory per stage.
+template <size_t kNV, bool kInverse>
+HWY_INLINE void RotateBlockInRegs(const float* HWY_RESTRICT signs, float* HWY_RESTRICT x,
+                                  float scale) {
+  const hn::CappedTag<float, 16> d;
+  const hn::RebindToSigned<decltype(d)> di;
+  constexpr size_t N = hn::MaxLanes(d);
+  hn::Vec<decltype(d)> r[kNV];
+  for (size_t i = 0; i < kNV; ++i) {
+    r[i] = hn::LoadU(d, x + i * N);
+    if constexpr (!kInverse) r[i] = hn::Mul(r[i], hn::LoadU(d, signs + i * N));
+  }
+  for (uint32_t half = 1; half < N; half *= 2) {
+    const auto idx = hn::IndicesFromVec(d, hn::Xor(hn::Iota(di, 0), hn::Set(di, static_cast<int32_t>(half))));
+    const auto lane_has_h = hn::And(hn::Iota(di, 0), hn::Set(di, static_cast<int32_t>(half)));
+    const auto flip = hn::BitCast(
+        d, hn::IfThenElseZero(lane_has_h == hn::Set(di, static_cast<int32_t>(half)),
+                              hn::Set(di, static_cast<int32_t>(0x80000000u))));
+    for (size_t i = 0; i < kNV; ++i) r[i] = hn::Add(hn::Xor(r[i], flip), hn::TableLookupLanes(r[i], idx));
+  }
+  for (size_t hv = 1; hv < kNV; hv *= 2) {
+    for (size_t base = 0; base < kNV; base += 2 * hv) {
+      for (size_t k = 0; k < hv; ++k) {
+        const auto a = r[base + k], b = r[base + hv + k];
+        r[base + k] = hn::Add(a, b);
+        r[base + hv + k] = hn::Sub(a, b);
+      }
+    }
+  }
+  const auto vs = hn::Set(d, scale);
+  for (size_t i = 0; i < kNV; ++i) {
+    r[i] = hn::Mul(r[i], vs);
+    if constexpr (kInverse) r[i] = hn::Mul(r[i], hn::LoadU(d, signs + i * N));
+    hn::StoreU(r[i], d, x + i * N);
+  }
+}
+
+// Rotates (or un-rotates) one row: register blocks where the block is 1 to 16
+// vectors, the memory passes otherwise; bit-identical either way.
+template <bool kInverse>
+void RotateRow(const float* HWY_RESTRICT signs, uint32_t head_dim, float* HWY_RESTRICT row) {
+  const hn::CappedTag<float, 16> d;
+  constexpr size_t N = hn::MaxLanes(d);
   for (uint32_t off = 0; off < head_dim;) {
     const uint32_t b = BlockAt(head_dim - off);
-    WhtBlock(x + off, b);
-    ScaleBy(x + off, b, 1.0f / std::sqrt(static_cast<float>(b)));
+    const float scale = 1.0f / std::sqrt(static_cast<float>(b));
+    float* x = row + off;
+    const float* sg = signs + off;
+    if (b % N != 0 || b / N > 16 || b < N) {
+      if (!kInverse) MulSigns(sg, b, x);
+      WhtBlock(x, b);
+      ScaleBy(x, b, scale);
+      if (kInverse) MulSigns(sg, b, x);
+    } else {
+      switch (b / N) {
+        case 1: RotateBlockInRegs<1, kInverse>(sg, x, scale); break;
+        case 2: RotateBlockInRegs<2, kInverse>(sg, x, scale); break;
+        case 4: RotateBlockInRegs<4, kInverse>(sg, x, scale); break;
+        case 8: RotateBlockInRegs<8, kInverse>(sg, x, scale); break;
+        default: RotateBlockInRegs<16, kInverse>(sg, x, scale); break;
+      }
+    }
     off += b;
   }
 }
 
 void RotateRowsT(const float* signs, uint32_t head_dim, size_t n, float* x) {
-  for (size_t r = 0; r < n; ++r) {
-    float* row = x + r * head_dim;
-    MulSigns(signs, head_dim, row);
-    TransformBlocks(head_dim, row);
-  }
+  for (size_t r = 0; r < n; ++r) RotateRow<false>(signs, head_dim, x + r * head_dim);
 }
 
 void InverseRotateRowsT(const float* signs, uint32_t head_dim, size_t n, float* x) {
-  for (size_t r = 0; r < n; ++r) {
-    float* row = x + r * head_dim;
-    TransformBlocks(head_dim, row);
-    MulSigns(signs, head_dim, row);
-  }
+  for (size_t r = 0; r < n; ++r) RotateRow<true>(signs, head_dim, x + r * head_dim);
 }
 
 }  // namespace HWY_NAMESPACE

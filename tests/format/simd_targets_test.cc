@@ -4,9 +4,12 @@
 #include <gtest/gtest.h>
 #include <hwy/targets.h>
 
+#include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "format/format_internal.h"
@@ -15,16 +18,53 @@
 namespace kvcache::format_internal {
 namespace {
 
-// Runs `body` once per supported target, with dispatch forced to it.
+// Runs `body` once per supported target, with dispatch forced to it through
+// the public UseSimdTarget; restores the best target afterwards.
 template <class Body>
 void ForEachTarget(Body body) {
-  for (int64_t target : hwy::SupportedAndGeneratedTargets()) {
-    hwy::SetSupportedTargetsForTest(target);
-    SCOPED_TRACE(hwy::TargetName(target));
-    ASSERT_EQ(SimdTarget(), hwy::TargetName(target));
+  const std::vector<std::string> targets = SupportedSimdTargets();
+  ASSERT_FALSE(targets.empty());
+  for (const std::string& target : targets) {
+    SCOPED_TRACE(target);
+    ASSERT_TRUE(UseSimdTarget(target).ok());
+    ASSERT_EQ(SimdTarget(), target);
     body();
   }
-  hwy::SetSupportedTargetsForTest(0);
+  ASSERT_TRUE(UseSimdTarget(targets.front()).ok());
+}
+
+TEST(SimdTargets, SupportedListMatchesHighwayBestFirst) {
+  std::vector<std::string> want;
+  for (int64_t t : hwy::SupportedAndGeneratedTargets()) want.emplace_back(hwy::TargetName(t));
+  EXPECT_EQ(SupportedSimdTargets(), want);
+  EXPECT_EQ(SimdTarget(), want.front());
+}
+
+TEST(SimdTargets, UseSimdTargetRejectsUnknownAndUnsupportedNames) {
+  const std::vector<std::string> targets = SupportedSimdTargets();
+  ASSERT_TRUE(UseSimdTarget(targets.back()).ok());  // the worst, so a change would show
+  const std::string before = SimdTarget();
+  ASSERT_EQ(before, targets.back());
+  // Not a target at all, empty, and real Highway targets that are either not
+  // compiled in (SSSE3, AVX3_DL are disabled in every build) or not on this CPU.
+  for (const char* bad : {"AVX9", "", "SSSE3", "AVX3_DL", "NEON", "avx2 "}) {
+    SCOPED_TRACE(bad);
+    const Status s = UseSimdTarget(bad);
+    ASSERT_EQ(s.code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(s.message().find(std::string("'") + bad + "'"), std::string::npos) << s.message();
+    for (const std::string& t : targets) EXPECT_NE(s.message().find(t), std::string::npos) << s.message();
+    EXPECT_EQ(SimdTarget(), before);
+  }
+  if (std::find(targets.begin(), targets.end(), "AVX3") == targets.end()) {
+    EXPECT_EQ(UseSimdTarget("AVX3").code(), StatusCode::kInvalidArgument);
+    EXPECT_EQ(SimdTarget(), before);
+  }
+  // Case does not matter; the best target restores the default.
+  std::string lower = targets.front();
+  for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  ASSERT_TRUE(UseSimdTarget(lower).ok());
+  EXPECT_EQ(SimdTarget(), targets.front());
+  EXPECT_EQ(SupportedSimdTargets(), targets);  // the list does not shrink with a restriction
 }
 
 // Rows mixing magnitudes, exact zeros, all-zero groups, and (for the plain
@@ -72,6 +112,102 @@ TEST(SimdTargets, EncodeDecodeMatchScalarForEveryFormat) {
           DecodeRowsScalar(f, d, n, want.data(), dw.data());
           DecodeRows(f, d, n, want.data(), dg.data());
           ASSERT_EQ(0, std::memcmp(dw.data(), dg.data(), dw.size() * 4)) << "n=" << n;
+        }
+      }
+    }
+  });
+}
+
+// Rows aimed at the blocked encoders' corners: all-zero and single-value
+// groups, subnormals beside huge values (a positive value whose quotient by
+// the scale underflows to +0), exact rounding ties of q8_0 (d = 1), q4_0's
+// first-largest sign choice with +-a in one block, values sitting exactly on a
+// turbo threshold times an E4M3 scale, and magnitudes from 2^-149 to 2^127.
+std::vector<float> EdgeRows(uint32_t d, size_t n, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> nd;
+  std::vector<float> x(n * d);
+  const float turbo_thresholds[] = {0.1023969f, 0.2090295f, 0.3243f, 0.4511702f,
+                                    0.5925037f, 0.7601761f, 0.9580f, 0.4703f, 0.7678f};
+  for (size_t r = 0; r < n; ++r) {
+    float* row = x.data() + r * d;
+    const int kind = static_cast<int>(rng() % 9);
+    const float scale = std::ldexp(1.0f, static_cast<int>(rng() % 250) - 130);
+    for (uint32_t i = 0; i < d; ++i) row[i] = nd(rng) * scale;
+    switch (kind) {
+      case 0:  // zeros and signed zeros, one lone value per 16
+        for (uint32_t i = 0; i < d; ++i) row[i] = (i % 16 == 5) ? row[i] : ((i & 1) ? -0.0f : 0.0f);
+        break;
+      case 1:  // subnormals beside large values
+        for (uint32_t i = 0; i < d; ++i) {
+          if (rng() % 3 == 0) row[i] = BitsFloat(static_cast<uint32_t>(rng() % 0x7FFFFF) + 1) * ((rng() & 1) ? 1.0f : -1.0f);
+          if (rng() % 7 == 0) row[i] = std::ldexp(1.0f + static_cast<float>(rng() % 8) / 8, static_cast<int>(rng() % 248) - 120);
+        }
+        break;
+      case 2:  // q8_0 ties: one +-127 per block, the rest k + 0.5
+        for (uint32_t i = 0; i < d; ++i) {
+          row[i] = (i % 32 == rng() % 32) ? ((rng() & 1) ? 127.0f : -127.0f)
+                                           : static_cast<float>(static_cast<int>(rng() % 254) - 127) + 0.5f;
+          if (row[i] > 127.0f) row[i] = 126.5f;
+          // The float just inside a tie (k + 0.5 toward zero) must not round away.
+          if (i % 4 == 1) row[i] = std::nextafter(row[i], 0.0f);
+        }
+        break;
+      case 3:  // q4_0: -8 and +8 in one block (first one wins), halves elsewhere
+        for (uint32_t i = 0; i < d; ++i) row[i] = static_cast<float>(static_cast<int>(rng() % 16) - 8) + 0.5f;
+        for (uint32_t b = 0; b < d / 32; ++b) {
+          const uint32_t p = static_cast<uint32_t>(rng() % 16), q = 16 + static_cast<uint32_t>(rng() % 16);
+          row[32 * b + p] = (rng() & 1) ? 8.0f : -8.0f;
+          row[32 * b + q] = -row[32 * b + p];
+        }
+        break;
+      case 4:  // turbo thresholds times an E4M3 scale
+        for (uint32_t g = 0; g < d / 16; ++g) {
+          const float s = E4M3ToFloat(static_cast<uint8_t>(8 + rng() % 110));
+          for (int i = 0; i < 16; ++i) {
+            const float t = turbo_thresholds[rng() % 9];
+            row[16 * g + i] = ((rng() & 1) ? s : -s) * t;
+          }
+        }
+        break;
+      case 5:  // huge
+        for (uint32_t i = 0; i < d; ++i) row[i] = nd(rng) * 1e37f;
+        break;
+      case 6:  // the smallest subnormals beside scales >= 2 (quotients round to 0)
+        for (uint32_t i = 0; i < d; ++i) {
+          row[i] = (rng() & 1) ? BitsFloat(1u + static_cast<uint32_t>(rng() % 2)) * ((rng() & 1) ? 1.0f : -1.0f)
+                               : nd(rng) * 64.0f;
+        }
+        break;
+      default: break;
+    }
+  }
+  return x;
+}
+
+TEST(SimdTargets, EncodersMatchScalarOnEdgeCases) {
+  ForEachTarget([] {
+    for (Format f : kAllFormats) {
+      for (uint32_t d : {128u, 96u, 80u, 64u, 32u}) {
+        if (!CheckHeadDim(f, d).ok()) continue;
+        SCOPED_TRACE(std::string(FormatName(f)) + " d=" + std::to_string(d));
+        const size_t n = 200;
+        const std::vector<float> x = EdgeRows(d, n, 77 + d);
+        const size_t rb = RowBytes(f, d);
+        std::vector<uint8_t> want(n * rb, 0xAB), got(n * rb, 0xCD);
+        EncodeRowsScalar(f, d, n, x.data(), want.data());
+        EncodeRows(f, d, n, x.data(), got.data());
+        for (size_t r = 0; r < n; ++r) {
+          if (std::memcmp(want.data() + r * rb, got.data() + r * rb, rb) != 0) {
+            for (size_t b = 0; b < rb; ++b) {
+              if (want[r * rb + b] != got[r * rb + b]) {
+                ADD_FAILURE() << "row " << r << " byte " << b << " want " << int(want[r * rb + b])
+                              << " got " << int(got[r * rb + b]) << " x " << (b < d ? x[r * d + b] : 0.0f);
+                break;
+              }
+            }
+            return;
+          }
         }
       }
     }

@@ -82,6 +82,31 @@ TEST(CliInfo, JsonListsEveryFormat) {
   }
 }
 
+// simd_targets lists what this CPU runs, best first; the global --simd-target
+// (before or after the command words) moves simd_target; a bad name fails.
+TEST(CliInfo, SimdTargetsAndTheGlobalSimdTargetOption) {
+  CliResult r = RunCli("info --json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  const auto targets = j["simd_targets"].get<std::vector<std::string>>();
+  ASSERT_FALSE(targets.empty());
+  EXPECT_EQ(j["simd_target"].get<std::string>(), targets.front());
+  EXPECT_EQ(j["supported_simd_targets"], j["simd_targets"]);
+  for (size_t i = 0; i < targets.size(); ++i) {
+    const std::string& t = targets[i];
+    r = RunCli(i % 2 ? "--simd-target " + t + " info --json" : "info --json --simd-target " + t);
+    ASSERT_EQ(r.exit_code, 0) << t << ": " << r.err;
+    const auto jt = nlohmann::json::parse(r.out);
+    EXPECT_EQ(jt["simd_target"].get<std::string>(), t);
+    EXPECT_EQ(jt["simd_targets"].get<std::vector<std::string>>(), targets);
+  }
+  r = RunCli("info --json --simd-target NOPE");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_TRUE(r.out.empty()) << r.out;
+  EXPECT_NE(r.err.find("'NOPE'"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find(targets.front()), std::string::npos) << r.err;
+}
+
 TEST(CliInfo, UnsupportedHeadDimIsReportedPerFormat) {
   const CliResult r = RunCli("info --json --head-dim 40");
   ASSERT_EQ(r.exit_code, 0) << r.err;
@@ -311,9 +336,69 @@ TEST(CliBenchAttention, SeveralBlockSizesGiveOnePagedCaseEach) {
   }
 }
 
+// --simd-targets: every case once per target, in the order given, same K/V.
+TEST(CliBenchAttention, SimdTargetsGiveOneRowPerTarget) {
+  CliResult r = RunCli("info --json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto targets = nlohmann::json::parse(r.out)["simd_targets"].get<std::vector<std::string>>();
+  std::string list;
+  for (auto it = targets.rbegin(); it != targets.rend(); ++it) list += (list.empty() ? "" : ",") + *it;
+  r = RunCli("bench attention --json --formats q8_0:q8_0 --layout both --context 128 --batch-seqs 0 "
+             "--repeats 1 --bandwidth-mib 64 --threads 1 --simd-targets " + list);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto rows = JsonLines(r.out);
+  ASSERT_EQ(rows.size(), 2 * targets.size());  // 2 layouts x targets
+  for (size_t i = 0; i < rows.size(); ++i) {
+    EXPECT_EQ(rows[i]["simd_target"].get<std::string>(), targets[targets.size() - 1 - i % targets.size()]);
+    EXPECT_EQ(rows[i]["layout"], i < targets.size() ? "contiguous" : "paged");
+    EXPECT_DOUBLE_EQ(rows[i]["kv_bytes"].get<double>(), 128.0 * 8 * 2 * 136.0);
+  }
+}
+
+// `bench encode --json` (tiny sizes): one row per format and target, in that
+// order, with the fields and figures consistent with each other.
+TEST(CliBenchEncode, JsonShapePerFormatAndTarget) {
+  CliResult r = RunCli("info --json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto targets = nlohmann::json::parse(r.out)["simd_targets"].get<std::vector<std::string>>();
+  std::string list;
+  for (const std::string& t : targets) list += (list.empty() ? "" : ",") + t;
+  r = RunCli("bench encode --json --formats q8_0,turbo4,f16 --rows 16 --append-tokens 2 --rounds 1 "
+             "--simd-targets " + list);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto rows = JsonLines(r.out);
+  ASSERT_EQ(rows.size(), 3 * targets.size());
+  const char* formats[] = {"q8_0", "turbo4", "f16"};
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const auto& j = rows[i];
+    EXPECT_EQ(j["format"].get<std::string>(), formats[i / targets.size()]);
+    EXPECT_EQ(j["simd_target"].get<std::string>(), targets[i % targets.size()]);
+    for (const char* key : {"encode_gb_per_s", "decode_gb_per_s", "append_token_us", "encode_token_us"}) {
+      ASSERT_TRUE(j.contains(key)) << key << " in " << j.dump();
+      EXPECT_GT(j[key].get<double>(), 0.0) << key;
+    }
+    EXPECT_EQ(j["append_layout"], "paged/16");
+    EXPECT_EQ(j["head_dim"].get<uint32_t>(), 128u);
+    // One token of Llama-3-8B K and V in f32: 2 x 32 x 8 x 128 x 4 bytes.
+    EXPECT_NEAR(j["encode_token_us"].get<double>(), 262144.0 / j["encode_gb_per_s"].get<double>() / 1e3, 1e-6);
+    EXPECT_NEAR(j["append_vs_encode"].get<double>(),
+                j["append_token_us"].get<double>() / j["encode_token_us"].get<double>(), 1e-9);
+  }
+  // The table without --json, and clean failures.
+  r = RunCli("bench encode --formats bf16 --rows 8 --append-tokens 1 --rounds 1");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("bf16"), std::string::npos) << r.out;
+  for (const char* args : {"--formats nope --rows 8", "--simd-targets NOPE --rows 8", "--rounds 0",
+                           "--rows 0", "--append-tokens 0 --rows 8"}) {
+    r = RunCli(std::string("bench encode ") + args);
+    EXPECT_EQ(r.exit_code, 2) << args;
+    EXPECT_NE(r.err.find("bench encode"), std::string::npos) << args << ": " << r.err;
+  }
+}
+
 TEST(CliBenchAttention, BadOptionsFailCleanly) {
   for (const char* args : {"--layout diagonal", "--formats bf16:nope", "--block-size 0",
-                           "--block-size 16,0", "--repeats 0"}) {
+                           "--block-size 16,0", "--repeats 0", "--simd-targets AVX2,NOPE"}) {
     const CliResult r = RunCli(std::string("bench attention --batch-seqs 0 --context 64 ") + args);
     EXPECT_EQ(r.exit_code, 2) << args;
     EXPECT_NE(r.err.find("bench attention"), std::string::npos) << args << ": " << r.err;
