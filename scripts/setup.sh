@@ -7,6 +7,8 @@ PACKAGES=(
   cmake ninja-build g++ pkg-config
   libhwy-dev libgtest-dev libgmock-dev libbenchmark-dev
   libcli11-dev nlohmann-json3-dev libfmt-dev libxxhash-dev
+  # offload tiers (issue 17): the Redis tier's client, and the server its tests start
+  redis-server libhiredis-dev
 )
 
 missing=()
