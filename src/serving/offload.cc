@@ -291,6 +291,14 @@ PrefixMatch OffloadCache::Acquire(std::span<const TokenId> tokens, std::string_v
   }
   size_t end = 0;
   while (end < n && src[end] >= 0) ++end;
+  // Load no more than the pool could take now: bytes fetched for blocks that
+  // then cannot be allocated are wasted (and a waiting request asks again).
+  const size_t room = st.pool->num_available_blocks();
+  if (end > room) {
+    std::lock_guard<std::mutex> lock(st.mu);
+    ++st.totals.load_alloc_failures;
+    end = room;
+  }
   // The block that ends the run: a miss for every tier that was asked for it.
   std::vector<std::array<uint64_t, kNumTierMisses>> miss(T);
   if (end < n) {

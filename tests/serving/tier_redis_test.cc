@@ -20,6 +20,7 @@
 #include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <nlohmann/json.hpp>
 #include <thread>
 
 #include "kvcache/tier.h"
@@ -270,6 +271,46 @@ TEST_F(RedisTierTest, TinyMaxmemoryConcurrentWritersNeverTearObjects) {
   for (auto& th : threads) th.join();
   EXPECT_EQ(bad.load(), 0);
   Free(server_->Command({"CONFIG", "SET", "maxmemory", "0"}));
+}
+
+// Two processes (the CLI run twice) share a tier: the second loads what the
+// first stored; another format or geometry in the same store never hits. The
+// pool is large enough that no run evicts its own blocks, so every tier hit
+// comes from an earlier process.
+nlohmann::json SimulateTiers(const std::string& tiers, const std::string& extra) {
+  const std::string cmd = std::string(KVCACHE_CLI_PATH) +
+                          " simulate --json --workload shared-prefix --requests 12 --seed 5"
+                          " --pool-gib 0.25 --tiers " + tiers + " " + extra +
+                          " 2>&1";
+  std::string out;
+  FILE* p = popen(cmd.c_str(), "r");
+  char buf[4096];
+  size_t n;
+  while (p != nullptr && (n = fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
+  const int status = p ? pclose(p) : -1;
+  EXPECT_EQ(status, 0) << out;
+  const nlohmann::json j = nlohmann::json::parse(out, nullptr, false);
+  EXPECT_FALSE(j.is_discarded()) << out;
+  return j.is_discarded() ? nlohmann::json() : j["results"][0];
+}
+
+TEST_F(RedisTierTest, TwoProcessesShareBlocksThroughRedisAndDisk) {
+  const std::string dir = "/tmp/kvc_cli_disk_" + std::to_string(::getpid());
+  std::filesystem::remove_all(dir);
+  for (const std::string& tiers : {server_->url(), "disk:" + dir + ":1GiB"}) {
+    const nlohmann::json a = SimulateTiers(tiers, "--kv-format bf16 --model-geometry 2,2,64");
+    EXPECT_EQ(a["tier_hit_tokens"], 0) << tiers;
+    EXPECT_GT(a["tiers"][0]["bytes_stored"].get<uint64_t>(), 0u) << tiers;
+    const nlohmann::json b = SimulateTiers(tiers, "--kv-format bf16 --model-geometry 2,2,64");
+    EXPECT_GT(b["tier_hit_tokens"].get<uint64_t>(), 0u) << tiers;
+    EXPECT_EQ(b["tiers"][0]["hit_tokens"], b["tier_hit_tokens"]);
+    EXPECT_EQ(b["tiers"][0]["misses"]["corrupt"], 0);
+    const nlohmann::json c = SimulateTiers(tiers, "--kv-format f16 --model-geometry 2,2,64");
+    EXPECT_EQ(c["tier_hit_tokens"], 0) << tiers;
+    const nlohmann::json d = SimulateTiers(tiers, "--kv-format bf16 --model-geometry 2,4,64");
+    EXPECT_EQ(d["tier_hit_tokens"], 0) << tiers;
+  }
+  std::filesystem::remove_all(dir);
 }
 
 // --- a fake RESP server ------------------------------------------------------
