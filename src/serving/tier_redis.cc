@@ -14,12 +14,14 @@
 //
 // Thread safety: a mutex serializes calls on the one connection.
 #include <poll.h>
+#include <unistd.h>
 #include <sys/socket.h>
 
 #include <hiredis/hiredis.h>
 
 #include <algorithm>
 #include <charconv>
+#include <cerrno>
 #include <cstring>
 #include <mutex>
 
@@ -222,7 +224,12 @@ class RedisTier final : public Tier {
         if (redisGetReplyFromReader(c_, &r) == REDIS_ERR) return Fault::kUnavailable;
         if (r != nullptr) break;
         if (!Wait(POLLIN, deadline, &timed_out)) return timed_out ? Fault::kTimeout : Fault::kUnavailable;
-        if (redisBufferRead(c_) == REDIS_ERR) return Fault::kUnavailable;
+        // Read in large chunks (hiredis's own read takes 16 KiB at a time).
+        const ssize_t got = ::read(c_->fd, rbuf_.data(), rbuf_.size());
+        if (got < 0 && (errno == EAGAIN || errno == EINTR)) continue;
+        if (got <= 0 || redisReaderFeed(c_->reader, rbuf_.data(), static_cast<size_t>(got)) != REDIS_OK) {
+          return Fault::kUnavailable;
+        }
       }
       replies->emplace_back(static_cast<redisReply*>(r));
     }
@@ -289,6 +296,7 @@ class RedisTier final : public Tier {
   Clock::time_point down_until_{};
   std::chrono::milliseconds backoff_;
   uint64_t store_failures_ = 0;
+  std::vector<char> rbuf_ = std::vector<char>(size_t{1} << 20);
 };
 
 }  // namespace
