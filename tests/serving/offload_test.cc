@@ -224,7 +224,16 @@ TEST(Offload, ThreadsSharingAChainSeeWholePrefixes) {
   EXPECT_EQ(bad.load(), 0);
   EXPECT_TRUE(n.pool->CheckInvariants().ok());
   EXPECT_EQ(n.cache->CheckInvariants(), "");
-  EXPECT_GT(n.off->stats().tiers[0].hit_blocks, 0u);
+  // Alone now: push the chain out of the pool; it comes back whole from the tier.
+  std::vector<uint32_t> filler(n.pool->num_available_blocks());
+  ASSERT_TRUE(n.pool->Allocate(filler).ok());
+  ASSERT_TRUE(n.pool->Release(filler).ok());
+  const uint64_t before = n.off->stats().tiers[0].hit_blocks;
+  PrefixMatch m = n.off->Acquire(t, "");
+  ASSERT_EQ(m.blocks.size(), 6u);
+  for (size_t i = 0; i < 6; ++i) EXPECT_TRUE(SameBlock(*ref.pool, ref_blocks[i], *n.pool, m.blocks[i]));
+  EXPECT_EQ(n.off->stats().tiers[0].hit_blocks, before + 6);
+  n.Release(m.blocks);
 }
 
 }  // namespace
