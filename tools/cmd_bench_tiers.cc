@@ -7,7 +7,10 @@
 //
 //   store_gbps / load_gbps  object bytes per second of wall time, median of
 //                           --repeats batches of --batch blocks
-//   store_us / load_us      per block, same medians
+//   store_us / load_us      per block, same medians; load_us splits into
+//                           load_fetch_us (the tier's Load), load_verify_us
+//                           (VerifyBlockObject) and load_decode_us (the copy
+//                           into a pool block)
 // The disk tier runs on --disk-path with the page cache warm (the batch was
 // just written); --redis URL adds a Redis tier (loopback: pipelined GETs).
 #include <fmt/format.h>
@@ -86,7 +89,7 @@ Result<nlohmann::json> RunBench(const BenchTiersOptions& o) {
   nlohmann::json results = nlohmann::json::array();
   uint64_t round = 0;
   for (const auto& tier : tiers) {
-    std::vector<double> store_s, load_s;
+    std::vector<double> store_s, load_s, fetch_s, verify_s, decode_s;
     uint64_t object_bytes = 0;
     for (int rep = 0; rep < o.repeats; ++rep, ++round) {
       // A fresh chain each repeat (its own tokens), so nothing is already stored.
@@ -111,6 +114,7 @@ Result<nlohmann::json> RunBench(const BenchTiersOptions& o) {
       auto t1 = std::chrono::steady_clock::now();
       puts.clear();
       std::vector<TierGet> got = tier->Load(keys);
+      auto tf = std::chrono::steady_clock::now();
       for (uint32_t b = 0; b < o.batch; ++b) {
         if (got[b].bytes == nullptr ||
             VerifyBlockObject(*got[b].bytes, compat, h[b], b ? h[b - 1] : root,
@@ -118,9 +122,15 @@ Result<nlohmann::json> RunBench(const BenchTiersOptions& o) {
                 .has_value()) {
           return Status::Internal(fmt::format("bench tiers: {} returned a bad object", tier->name()));
         }
+      }
+      auto tv = std::chrono::steady_clock::now();
+      for (uint32_t b = 0; b < o.batch; ++b) {
         KV_RETURN_IF_ERROR(DecodeBlockObjectInto(*got[b].bytes, *pool, o.batch + b));
       }
       auto t2 = std::chrono::steady_clock::now();
+      fetch_s.push_back(std::chrono::duration<double>(tf - t1).count());
+      verify_s.push_back(std::chrono::duration<double>(tv - tf).count());
+      decode_s.push_back(std::chrono::duration<double>(t2 - tv).count());
       got.clear();
       tier->Erase(keys);
       store_s.push_back(std::chrono::duration<double>(t1 - t0).count());
@@ -133,7 +143,10 @@ Result<nlohmann::json> RunBench(const BenchTiersOptions& o) {
                        {"store_gbps", bytes / st / 1e9},
                        {"load_gbps", bytes / ld / 1e9},
                        {"store_us", st / o.batch * 1e6},
-                       {"load_us", ld / o.batch * 1e6}});
+                       {"load_us", ld / o.batch * 1e6},
+                       {"load_fetch_us", Median(fetch_s) / o.batch * 1e6},
+                       {"load_verify_us", Median(verify_s) / o.batch * 1e6},
+                       {"load_decode_us", Median(decode_s) / o.batch * 1e6}});
   }
   tiers.clear();
   if (o.disk_path.empty()) std::filesystem::remove_all(disk);
@@ -168,12 +181,14 @@ const bool kRegistered = RegisterCommand(
         }
         fmt::print("block {} bytes ({}), batch {}\n", (*r)["block_bytes"].get<uint64_t>(),
                    (*r)["kv_format"].get<std::string>(), o->batch);
-        fmt::print("{:<6} {:>10} {:>10} {:>10} {:>10}\n", "tier", "store GB/s", "load GB/s", "store us",
-                   "load us");
+        fmt::print("{:<6} {:>10} {:>10} {:>10} {:>10} {:>9} {:>9} {:>9}\n", "tier", "store GB/s",
+                   "load GB/s", "store us", "load us", "fetch us", "verify us", "decode us");
         for (const auto& t : (*r)["tiers"]) {
-          fmt::print("{:<6} {:>10.2f} {:>10.2f} {:>10.0f} {:>10.0f}\n", t["tier"].get<std::string>(),
-                     t["store_gbps"].get<double>(), t["load_gbps"].get<double>(),
-                     t["store_us"].get<double>(), t["load_us"].get<double>());
+          fmt::print("{:<6} {:>10.2f} {:>10.2f} {:>10.0f} {:>10.0f} {:>9.0f} {:>9.0f} {:>9.0f}\n",
+                     t["tier"].get<std::string>(), t["store_gbps"].get<double>(),
+                     t["load_gbps"].get<double>(), t["store_us"].get<double>(),
+                     t["load_us"].get<double>(), t["load_fetch_us"].get<double>(),
+                     t["load_verify_us"].get<double>(), t["load_decode_us"].get<double>());
         }
         return 0;
       };

@@ -268,8 +268,11 @@ Status DecodeBlockObjectInto(std::span<const uint8_t> bytes, BlockPool& pool, ui
   const size_t v_bytes = pool.block_stride(Side::kValue);
   const uint8_t* sec = bytes.data() + kBlockObjectFixedHeader + info.tokens.size() * 4;
   for (uint32_t l = 0; l < g.n_layers(); ++l) {
-    if (Get<uint64_t>(sec + 32 * l + 8) != k_bytes || Get<uint64_t>(sec + 32 * l + 24) != v_bytes) {
-      return Status::InvalidArgument("block object: section sizes are not the pool's");
+    if (Get<uint64_t>(sec + 32 * l + 8) != k_bytes || Get<uint64_t>(sec + 32 * l + 24) != v_bytes ||
+        Get<uint64_t>(sec + 32 * l) > info.payload_bytes - k_bytes ||
+        Get<uint64_t>(sec + 32 * l + 16) > info.payload_bytes - v_bytes ||
+        info.payload_bytes < k_bytes || info.payload_bytes < v_bytes) {
+      return Status::InvalidArgument("block object: sections are not the pool's");
     }
   }
   const uint8_t* body = bytes.data() + info.header_bytes;

@@ -273,6 +273,21 @@ TEST_F(DiskTierTest, PayloadFlipIsFoundByVerification) {
             TierMiss::kCorrupt);
 }
 
+// A disk that refuses writes (here: the temporary folder replaced by a
+// file, as a full or read-only disk fails the open): the put is refused and
+// counted, nothing half-written is indexed, and loads are misses.
+TEST_F(DiskTierTest, AFailingDiskRefusesPutsAndCountsThem) {
+  auto tier = std::move(Open()).value();
+  std::filesystem::remove_all(dir_ / "tmp");
+  std::ofstream(dir_ / "tmp") << "in the way";
+  std::vector<TierPut> puts = {Put(0), Put(1)};
+  EXPECT_EQ(tier->Store(puts), 0u);
+  EXPECT_EQ(tier->usage().store_failures, 2u);
+  EXPECT_EQ(tier->usage().objects, 0u);
+  EXPECT_EQ(tier->Load(std::vector<std::string>{Key(0)})[0].miss, TierMiss::kAbsent);
+  std::filesystem::remove(dir_ / "tmp");
+}
+
 // A writer killed in the middle of its stores leaves temporaries at most:
 // the reopened tier deletes them and serves only whole objects.
 TEST_F(DiskTierTest, WriterKilledMidStoreLeavesNoTornObject) {
