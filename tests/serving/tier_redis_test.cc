@@ -313,6 +313,28 @@ TEST_F(RedisTierTest, TwoProcessesShareBlocksThroughRedisAndDisk) {
   std::filesystem::remove_all(dir);
 }
 
+TEST_F(RedisTierTest, BenchTiersJsonShape) {
+  const std::string cmd = std::string(KVCACHE_CLI_PATH) +
+                          " bench tiers --json --layers 2 --kv-heads 2 --head-dim 64 --batch 3"
+                          " --repeats 1 --no-fsync --redis " + server_->url() + " 2>&1";
+  std::string out;
+  FILE* p = popen(cmd.c_str(), "r");
+  char buf[4096];
+  size_t n;
+  while (p != nullptr && (n = fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
+  ASSERT_EQ(p ? pclose(p) : -1, 0) << out;
+  const nlohmann::json j = nlohmann::json::parse(out);
+  EXPECT_EQ(j["block_bytes"], 2 * 2 * 2 * 16 * 64 * 2);  // L * K,V * KVH * B * D * bf16
+  ASSERT_EQ(j["tiers"].size(), 3u);
+  const char* names[] = {"host", "disk", "redis"};
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(j["tiers"][i]["tier"], names[i]);
+    EXPECT_GT(j["tiers"][i]["load_gbps"].get<double>(), 0);
+    EXPECT_GT(j["tiers"][i]["store_gbps"].get<double>(), 0);
+    EXPECT_GT(j["tiers"][i]["object_bytes"].get<uint64_t>(), j["block_bytes"].get<uint64_t>());
+  }
+}
+
 // --- a fake RESP server ------------------------------------------------------
 
 enum class FakeMode { kStall, kCutMidBulk, kNil, kError };
