@@ -279,7 +279,7 @@ TEST_F(RedisTierTest, TinyMaxmemoryConcurrentWritersNeverTearObjects) {
 // comes from an earlier process.
 nlohmann::json SimulateTiers(const std::string& tiers, const std::string& extra) {
   const std::string cmd = std::string(KVCACHE_CLI_PATH) +
-                          " simulate --json --workload shared-prefix --requests 12 --seed 5"
+                          " simulate --json --workload shared-prefix --requests 6 --seed 5"
                           " --pool-gib 0.25 --tiers " + tiers + " " + extra +
                           " 2>&1";
   std::string out;
