@@ -30,6 +30,7 @@ struct SimulateCliOptions {
   uint32_t draft_tokens = 0;
   std::string admission = "prompt";
   bool no_prefix_cache = false;
+  std::string tiers;  // offload tiers: host:SIZE,disk:PATH:SIZE,redis://HOST:PORT
   uint32_t max_running = 256;
 };
 
@@ -41,7 +42,29 @@ nlohmann::json ReportJson(const SimulateReport& r) {
     misses[std::string(MissReasonName(static_cast<MissReason>(i)))] = {
         {"lookups", r.prefix.miss_lookups[i]}, {"tokens", r.prefix.miss_tokens[i]}};
   }
+  nlohmann::json tiers = nlohmann::json::array();
+  for (const TierStats& t : r.offload.tiers) {
+    nlohmann::json tm = nlohmann::json::object();
+    for (size_t i = 0; i < kNumTierMisses; ++i) {
+      tm[std::string(TierMissName(static_cast<TierMiss>(i)))] = t.misses[i];
+    }
+    tiers.push_back({{"name", t.name},
+                     {"lookups", t.lookups},
+                     {"hit_blocks", t.hit_blocks},
+                     {"hit_tokens", t.hit_tokens},
+                     {"misses", tm},
+                     {"bytes_loaded", t.bytes_loaded},
+                     {"bytes_stored", t.bytes_stored},
+                     {"stored_blocks", t.stored_blocks},
+                     {"load_p50_us", t.load_p50_us},
+                     {"load_p99_us", t.load_p99_us},
+                     {"dropped_stores", t.dropped_stores},
+                     {"objects", t.usage.objects},
+                     {"evictions", t.usage.evictions}});
+  }
   return {
+      {"tiers", tiers},
+      {"tier_hit_tokens", r.tier_hit_tokens},
       {"kv_format", r.formats},
       {"requests", r.requests},
       {"rejected", r.rejected},
@@ -160,6 +183,11 @@ int RunSimulate(const SimulateCliOptions& o) {
     s.draft_accept = o.draft_accept;
     if (s.draft_tokens == 0) s.draft_tokens = 4;
   }
+  if (!o.tiers.empty()) {
+    Result<std::vector<std::shared_ptr<Tier>>> tiers = MakeTiers(o.tiers);
+    if (!tiers.ok()) return fail(tiers.status());
+    s.tiers = std::move(*tiers);
+  }
   ProgressBar bar(!o.json && isatty(STDOUT_FILENO));
   std::vector<SimulateReport> reports;
   for (FormatPair f : formats) {
@@ -195,6 +223,13 @@ int RunSimulate(const SimulateCliOptions& o) {
              s.draft_tokens ? fmt::format(", {} drafts/step at p={}", s.draft_tokens, s.draft_accept)
                             : std::string());
   PrintTable(stdout, reports);
+  for (const SimulateReport& r : reports) {
+    for (const TierStats& t : r.offload.tiers) {
+      fmt::print("  {} tier {}: {} blocks ({} tokens) loaded, {} stored, {} dropped, load p50 {:.0f} us p99 {:.0f} us\n",
+                 r.formats, t.name, t.hit_blocks, t.hit_tokens, t.stored_blocks, t.dropped_stores,
+                 t.load_p50_us, t.load_p99_us);
+    }
+  }
   return 0;
 }
 
@@ -225,6 +260,9 @@ const bool kRegistered = RegisterCommand(
       app->add_option("--admission", o->admission, "prompt (reserve the prompt, preempt) or worst-case")
           ->capture_default_str();
       app->add_flag("--no-prefix-cache", o->no_prefix_cache, "Disable prefix reuse");
+      app->add_option("--tiers", o->tiers,
+                      "Offload tiers under the prefix cache, in order: "
+                      "host:4GiB,disk:PATH:20GiB,redis://127.0.0.1:6379 (docs/tiers.md)");
       app->add_option("--max-running", o->max_running, "Batch limit")
           ->check(CLI::Range(1u, 1000000u))->capture_default_str();
       return [o] { return RunSimulate(*o); };

@@ -34,6 +34,7 @@
 
 #include "kvcache/format.h"
 #include "kvcache/geometry.h"
+#include "kvcache/offload.h"
 #include "kvcache/prefix_cache.h"
 #include "kvcache/status.h"
 #include "kvcache/workload.h"
@@ -62,6 +63,13 @@ struct SimulateOptions {
   uint32_t max_running = 256;  // batch limit (sequences decoding at once)
   uint64_t seed = 1;
   uint64_t max_steps = 50'000'000;  // a safety stop
+  // Offload tiers under the prefix cache (offload.h), in order; empty =
+  // none. Needs prefix_caching. Stores are write-through on a background
+  // thread, so with tiers the counters (not the blocks' accounting) depend
+  // on timing: a busy writer drops stores. Rows are not computed, so the
+  // objects carry the pool's (zero) bytes; what is measured is traffic.
+  std::vector<std::shared_ptr<Tier>> tiers;
+  std::string model_fingerprint = "kvcache-simulate";
   // For tests: check pool and prefix-cache invariants after every step.
   bool check_invariants = false;
   // Called now and then with the fraction of requests done, in [0, 1].
@@ -82,6 +90,8 @@ struct SimulateReport {
   double mean_concurrent = 0;
   double prefix_hit_rate = 0;
   PrefixCacheStats prefix;
+  uint64_t tier_hit_tokens = 0;      // prompt tokens loaded from tiers
+  OffloadStats offload;              // per-tier counters (empty without tiers)
   uint64_t preemptions = 0;
   uint64_t evicted_blocks = 0;
   double pool_utilization = 0;       // mean over steps of in-use / all blocks

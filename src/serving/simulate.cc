@@ -59,7 +59,21 @@ Result<SimulateReport> Simulate(const SimulateOptions& options, std::span<const 
   KV_ASSIGN_OR_RETURN(std::shared_ptr<BlockPool> pool,
                       BlockPool::Create(geometry, options.formats, pool_options));
   std::unique_ptr<serving::BlockSource> source = serving::NewPoolBlockSource(pool);
-  KV_ASSIGN_OR_RETURN(SimulateReport report, serving::SimulateOn(source.get(), options, requests));
+  SimulateReport report;
+  if (options.tiers.empty()) {
+    KV_ASSIGN_OR_RETURN(report, serving::SimulateOn(source.get(), options, requests));
+  } else {
+    if (!options.prefix_caching) {
+      return Status::InvalidArgument("simulate: tiers need prefix caching");
+    }
+    KV_ASSIGN_OR_RETURN(std::unique_ptr<PrefixCache> cache, PrefixCache::Create(pool));
+    OffloadOptions oo;
+    oo.model = options.model_fingerprint;
+    KV_ASSIGN_OR_RETURN(std::unique_ptr<OffloadCache> offload,
+                        OffloadCache::Create(pool, cache.get(), options.tiers, oo));
+    KV_ASSIGN_OR_RETURN(report, serving::SimulateWith(source.get(), cache.get(), offload.get(),
+                                                      options, requests));
+  }
   report.formats = FormatPairName(options.formats);
   report.num_blocks = source->num_blocks();
   report.block_bytes = block_bytes;

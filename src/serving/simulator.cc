@@ -74,8 +74,8 @@ uint32_t TargetOutputs(const Request& r) {
 
 class Sim {
  public:
-  Sim(BlockSource* src, PrefixCache* cache, const SimulateOptions& o)
-      : src_(src), cache_(cache), o_(o), bs_(src->block_size()), rng_(o.seed) {}
+  Sim(BlockSource* src, PrefixCache* cache, OffloadCache* offload, const SimulateOptions& o)
+      : src_(src), cache_(cache), offload_(offload), o_(o), bs_(src->block_size()), rng_(o.seed) {}
 
   Result<SimulateReport> Run(std::span<const Request> requests);
 
@@ -96,6 +96,7 @@ class Sim {
 
   BlockSource* src_;
   PrefixCache* cache_;
+  OffloadCache* offload_;
   const SimulateOptions& o_;
   const uint32_t bs_;
   std::mt19937_64 rng_;
@@ -103,6 +104,7 @@ class Sim {
   std::vector<Seq> running_;  // admission order
   uint64_t next_admit_ = 0;
   SimulateReport rep_;
+  std::vector<uint64_t> served_;
   double queue_steps_sum_ = 0;
   uint64_t queue_count_ = 0;
 };
@@ -155,10 +157,13 @@ Status Sim::Publish(Seq& s) {
     h = ChainHash(h, std::span<const TokenId>(s.tokens).subspan(i * bs_, bs_));
     s.hashes.push_back(h);
   }
-  KV_ASSIGN_OR_RETURN(const size_t end,
-                      cache_->PublishHashed(s.hashes, std::span<const uint32_t>(s.table.data(), full),
-                                            s.offered, std::span<const TokenId>(s.tokens.data(), bs_),
-                                            s.req->salt));
+  const std::span<const uint32_t> blocks(s.table.data(), full);
+  KV_ASSIGN_OR_RETURN(
+      const size_t end,
+      offload_ != nullptr
+          ? offload_->Publish(s.hashes, blocks, s.offered, s.tokens, s.req->salt)
+          : cache_->PublishHashed(s.hashes, blocks, s.offered,
+                                  std::span<const TokenId>(s.tokens.data(), bs_), s.req->salt));
   s.offered = full;
   s.publish_stopped = end < full;
   return Status::Ok();
@@ -197,7 +202,13 @@ Result<bool> Sim::TryAdmit(const Pending& p, double now) {
 
   PrefixMatch match;
   if (cache_ != nullptr) {
-    match = cache_->Acquire(std::span<const TokenId>(prompt.data(), len - 1), r.salt);
+    const std::span<const TokenId> lookup(prompt.data(), len - 1);
+    if (offload_ != nullptr) {
+      match = offload_->Acquire(lookup, r.salt, &served_);
+      for (size_t t = 1; t < served_.size(); ++t) rep_.tier_hit_tokens += served_[t];
+    } else {
+      match = cache_->Acquire(lookup, r.salt);
+    }
   }
   const uint32_t hit_blocks = static_cast<uint32_t>(match.blocks.size());
   const uint32_t prefill_blocks = CeilDiv(len, bs_) - hit_blocks;
@@ -397,6 +408,10 @@ Result<SimulateReport> Sim::Run(std::span<const Request> requests) {
     rep_.prefix = cache_->stats();
     rep_.prefix_hit_rate = rep_.prefix.hit_rate();
   }
+  if (offload_ != nullptr) {
+    offload_->Flush();
+    rep_.offload = offload_->stats();
+  }
   rep_.mean_queue_steps = queue_count_ ? queue_steps_sum_ / double(queue_count_) : 0;
   rep_.wall_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   rep_.sim_tokens_per_second =
@@ -416,7 +431,17 @@ Result<SimulateReport> SimulateOn(BlockSource* source, const SimulateOptions& op
   if (options.prefix_caching) {
     KV_ASSIGN_OR_RETURN(cache, PrefixCache::Create(source->NewPrefixBackend()));
   }
-  Sim sim(source, cache.get(), options);
+  return SimulateWith(source, cache.get(), nullptr, options, requests);
+}
+
+Result<SimulateReport> SimulateWith(BlockSource* source, PrefixCache* cache, OffloadCache* offload,
+                                    const SimulateOptions& options,
+                                    std::span<const Request> requests) {
+  if (!(options.draft_accept >= 0 && options.draft_accept <= 1)) {
+    return Status::InvalidArgument("simulate: draft_accept must be in [0, 1]");
+  }
+  if (options.max_running == 0) return Status::InvalidArgument("simulate: max_running must be > 0");
+  Sim sim(source, cache, offload, options);
   return sim.Run(requests);
 }
 

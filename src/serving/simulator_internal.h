@@ -14,5 +14,10 @@ namespace kvcache::serving {
 // which the caller knows.
 Result<SimulateReport> SimulateOn(BlockSource* source, const SimulateOptions& options,
                                   std::span<const Request> requests);
+// The same with a prefix cache (and, optionally, tiers under it) the caller
+// owns; `cache` null = no prefix caching.
+Result<SimulateReport> SimulateWith(BlockSource* source, PrefixCache* cache, OffloadCache* offload,
+                                    const SimulateOptions& options,
+                                    std::span<const Request> requests);
 
 }  // namespace kvcache::serving

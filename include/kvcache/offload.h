@@ -1,0 +1,131 @@
+// OffloadCache: a PrefixCache whose blocks outlive the pool, through tiers
+// (tier.h): host memory, a disk folder, a shared Redis.
+//
+// Store (write-through at publication). Publish names a sequence's new full
+// blocks in the prefix cache, then queues each of them for the tiers: the
+// queue entry holds one pool reference on the block (a hashed block is never
+// written again, and the reference keeps the pool from reusing it), so no
+// bytes are copied on the caller's thread. A background thread encodes the
+// queued blocks (tier.h's object), drops its references, and stores each
+// object in every tier that does not already hold it, in tier order. A full
+// queue drops the store and counts it: Publish never waits on a tier.
+// (Writing at pool eviction instead would need the bytes copied under the
+// pool's lock: by the time the eviction listener runs, the block already
+// belongs to the allocating caller.)
+//
+// Load. Acquire asks the pool's prefix cache first; if full blocks remain it
+// asks the tiers, in order, which of the next blocks they hold (one batched
+// Exists per tier), takes the contiguous run that some tier holds, loads it
+// (one batched Load per tier), and verifies every object (VerifyBlockObject:
+// magic, version, compatibility digest, checksums, chain, parent, tokens).
+// The first block that is missing or fails ends the prefix; a failed object
+// is erased from its tier and its reason counted. Only then are fresh pool
+// blocks allocated (all or nothing), filled from the verified objects,
+// named in the prefix cache, and returned with the pool's hits: a caller
+// never sees a block another thread can read before it is complete, and
+// never sees unverified bytes.
+//
+// Calibration: a chain published with a Calibration is offloaded only if it
+// equals options.calibration (whose digest is part of the compatibility
+// digest); loaded blocks carry options.calibration.
+//
+// Thread safety: all methods are thread-safe. Destroy the OffloadCache before
+// its pool's last user goes: the destructor stops the writer (queued stores
+// are given up and their references released).
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "kvcache/pool.h"
+#include "kvcache/prefix_cache.h"
+#include "kvcache/status.h"
+#include "kvcache/tier.h"
+
+namespace kvcache {
+
+struct OffloadOptions {
+  std::string model;  // model fingerprint (BlockCompat::model)
+  std::shared_ptr<const Calibration> calibration;
+  size_t queue_blocks = 256;        // store queue bound (blocks)
+  size_t store_batch = 16;          // blocks the writer encodes and stores at once
+  uint32_t max_load_blocks = 1024;  // blocks one Acquire asks the tiers for
+};
+
+// Per-tier counters (a consistent snapshot).
+struct TierStats {
+  std::string name;
+  uint64_t lookups = 0;      // Acquire calls that consulted this tier
+  uint64_t hit_blocks = 0;   // blocks it supplied, verified and adopted
+  uint64_t hit_tokens = 0;
+  // Blocks it was asked for and did not supply, by TierMiss: the block that
+  // ended a lookup's prefix (once per tier consulted for it), and every
+  // object of this tier that failed verification.
+  std::array<uint64_t, kNumTierMisses> misses{};
+  uint64_t bytes_loaded = 0;  // object bytes received
+  uint64_t bytes_stored = 0;  // object bytes written
+  uint64_t stored_blocks = 0;
+  uint64_t dropped_stores = 0;  // queue full (all tiers) + this tier's failed puts
+  double load_p50_us = 0;       // per batched Load call
+  double load_p99_us = 0;
+  TierUsage usage;
+};
+
+struct OffloadStats {
+  std::vector<TierStats> tiers;
+  uint64_t queued_blocks = 0;
+  uint64_t dropped_queue_full = 0;
+  uint64_t skipped_calibration = 0;  // chains not offloaded: another calibration
+  uint64_t load_alloc_failures = 0;  // tier hits given up: the pool had no room
+};
+
+class OffloadCache {
+ public:
+  // `cache` must be a PrefixCache over `pool` that outlives this object.
+  static Result<std::unique_ptr<OffloadCache>> Create(std::shared_ptr<BlockPool> pool,
+                                                      PrefixCache* cache,
+                                                      std::vector<std::shared_ptr<Tier>> tiers,
+                                                      const OffloadOptions& options);
+  ~OffloadCache();
+  OffloadCache(const OffloadCache&) = delete;
+  OffloadCache& operator=(const OffloadCache&) = delete;
+
+  const BlockHash& compat_digest() const;
+
+  // Like PrefixCache::Acquire, then the tiers for the blocks after the pool's
+  // hit. The caller owns one reference on each returned block.
+  // `served_by_tier`, if given, is resized to tiers+1: [0] tokens from the
+  // pool, [1 + t] tokens from tier t.
+  PrefixMatch Acquire(std::span<const TokenId> tokens, std::string_view salt,
+                      std::vector<uint64_t>* served_by_tier = nullptr);
+
+  // PrefixCache::PublishHashed (tokens: the committed tokens, at least
+  // hashes.size() * block_size), then queues blocks [start, end) for the
+  // tiers. Returns end as PublishHashed does.
+  Result<size_t> Publish(std::span<const BlockHash> hashes, std::span<const uint32_t> blocks,
+                         size_t start, std::span<const TokenId> tokens, std::string_view salt,
+                         std::shared_ptr<const Calibration> calibration = nullptr,
+                         const PrefixCache::SetHashFn& set_hash = nullptr);
+
+  // Waits until every queued store has been written (tests, end of a run).
+  void Flush();
+  OffloadStats stats() const;
+
+ private:
+  struct State;
+  explicit OffloadCache(std::unique_ptr<State> state);
+  std::unique_ptr<State> state_;
+};
+
+// Builds tiers from a spec list: "host:4GiB", "disk:PATH:20GiB",
+// "redis://[:password@]host:port[/db]" (comma-separated). Sizes take B, KiB,
+// MiB, GiB, TiB (or none: bytes).
+Result<std::vector<std::shared_ptr<Tier>>> MakeTiers(std::string_view specs);
+Result<uint64_t> ParseByteSize(std::string_view text);
+
+}  // namespace kvcache

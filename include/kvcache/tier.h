@@ -1,0 +1,215 @@
+// Offload tiers: stores that keep prefix blocks after the pool lets them go,
+// and the self-describing object each block is stored as.
+//
+// A Tier maps keys to immutable byte strings, with batched Exists / Load /
+// Store. Three implementations:
+//   HostTier   process RAM, a byte budget, LRU.
+//   DiskTier   a folder and a byte budget, LRU by bytes. Each object is
+//              written to a temporary file, fsync'd and renamed into place,
+//              so a name only ever refers to a whole object; on open the
+//              index is rebuilt from the files' headers (torn or foreign
+//              files are deleted).
+//   RedisTier  a Redis (or Valkey: RESP2 only) server, hiredis, pipelined
+//              GET/SET/EXISTS, an absolute deadline on every call.
+// Host and disk evict a chain's tail before its prefix: among the least
+// recently used objects the first one no stored object names as its parent
+// goes first (a child is useless without its parent). Redis evicts by its
+// own policy (maxmemory-policy allkeys-lru is what docs/tiers.md suggests).
+//
+// Faults never become errors on the caller's path: a tier that cannot answer
+// reports misses (kTimeout, kUnavailable) and, for Redis, stays down for a
+// backoff before it is tried again. A Load returns bytes unverified; the
+// caller (OffloadCache, offload.h) checks them with VerifyBlockObject before
+// anything reaches a pool block.
+//
+// The object (docs/tiers.md has the byte layout): magic "KVCB", version, a
+// compatibility digest (model fingerprint, geometry, block size, K/V formats,
+// rotation seed, calibration, library format version), the chain hash and
+// its parent's hash, the block's token ids, a section table (per layer: K,
+// then V), XXH3-64 checksums of header and payload, then the payload: per
+// layer the pool's bytes of the block, K [n_kv_heads][block_size][k_row_bytes]
+// then V likewise. One object per block; key "kvc1:<compat>:<chain>", each
+// 32 lower-case hex digits of the 128-bit value (hi then lo).
+//
+// Thread safety: every Tier method may be called from any thread at once.
+#pragma once
+
+#include <array>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "kvcache/format.h"
+#include "kvcache/geometry.h"
+#include "kvcache/prefix_cache.h"
+#include "kvcache/status.h"
+
+namespace kvcache {
+
+class BlockPool;
+struct Calibration;
+
+// Why a tier did not supply a usable block.
+enum class TierMiss : uint8_t {
+  kAbsent,         // the tier never had it (or forgot that it had)
+  kEvicted,        // it had it and evicted it since
+  kCorrupt,        // bytes that fail magic, size, checksum or chain checks
+  kIncompatible,   // another object version or compatibility digest
+  kTokenMismatch,  // the right key, but other token ids or another parent
+  kTimeout,        // the call ran past its deadline
+  kUnavailable,    // the tier is down, failed, or answered an error
+};
+inline constexpr size_t kNumTierMisses = 7;
+// "absent", "evicted", "corrupt", "incompatible", "token_mismatch", "timeout",
+// "unavailable".
+std::string_view TierMissName(TierMiss miss);
+
+using TierBytes = std::shared_ptr<const std::vector<uint8_t>>;
+
+struct TierPut {
+  std::string key;
+  std::string parent_key;  // the chain parent's key; "" for a chain's first block
+  TierBytes bytes;
+};
+// One key's answer: bytes, or (bytes null) why not.
+struct TierGet {
+  TierBytes bytes;
+  TierMiss miss = TierMiss::kAbsent;
+};
+
+// What a tier holds and what it had to give up (its own view; the cache's
+// per-tier hit/miss counters are in offload.h).
+struct TierUsage {
+  uint64_t objects = 0;
+  uint64_t bytes = 0;           // stored value bytes (0 if the tier cannot tell: Redis)
+  uint64_t capacity_bytes = 0;  // 0 = not bounded by us
+  uint64_t evictions = 0;
+  uint64_t store_failures = 0;  // puts refused (too large, I/O error, server down)
+  uint64_t recovered_objects = 0;  // DiskTier: objects indexed on open
+  uint64_t discarded_files = 0;    // DiskTier: torn or foreign files deleted on open
+};
+
+class Tier {
+ public:
+  virtual ~Tier() = default;
+  virtual std::string name() const = 0;
+  // For each key: nullopt if the tier holds it now (a later Load may still
+  // miss), else why not. No side effects (no LRU touch).
+  virtual std::vector<std::optional<TierMiss>> Exists(std::span<const std::string> keys) = 0;
+  // For each key its bytes, or a miss. Touches what it returns (LRU).
+  virtual std::vector<TierGet> Load(std::span<const std::string> keys) = 0;
+  // Stores each put (an existing key is replaced). Returns how many were
+  // stored; the others are counted in usage().store_failures.
+  virtual size_t Store(std::span<const TierPut> puts) = 0;
+  // Forgets keys (e.g. objects that failed verification). Best effort.
+  virtual void Erase(std::span<const std::string> keys) = 0;
+  virtual TierUsage usage() const = 0;
+};
+
+struct HostTierOptions {
+  uint64_t capacity_bytes = uint64_t{1} << 30;
+  size_t evicted_history = 1 << 16;  // evicted keys remembered (kEvicted vs kAbsent)
+};
+std::unique_ptr<Tier> NewHostTier(const HostTierOptions& options);
+
+struct DiskTierOptions {
+  std::string path;  // created if missing
+  uint64_t capacity_bytes = uint64_t{16} << 30;
+  bool fsync = true;  // fsync each object before its rename (crash consistency)
+  size_t evicted_history = 1 << 16;
+};
+// Opens (creating) the folder and rebuilds the index from its files.
+Result<std::unique_ptr<Tier>> OpenDiskTier(const DiskTierOptions& options);
+
+struct RedisTierOptions {
+  // redis://[:password@]host[:port][/db]; port 6379, db 0 by default.
+  std::string url;
+  std::chrono::milliseconds deadline{500};   // per call (connect, a batch)
+  std::chrono::milliseconds backoff{100};    // first retry delay after a failure
+  std::chrono::milliseconds max_backoff{5000};
+  uint64_t ttl_ms = 0;                       // 0: no expiry; else SET ... PX ttl_ms
+  size_t max_batch = 64;                     // keys per pipelined round trip
+};
+struct RedisEndpoint {
+  std::string host;
+  int port = 6379;
+  std::string password;
+  int db = 0;
+};
+Result<RedisEndpoint> ParseRedisUrl(std::string_view url);
+// Does not connect: the first call does (and a failure is a miss).
+Result<std::unique_ptr<Tier>> NewRedisTier(const RedisTierOptions& options);
+
+// --- the block object --------------------------------------------------
+
+inline constexpr uint16_t kBlockObjectVersion = 1;
+// Bumped whenever the stored bytes of any format change meaning (a codec's
+// layout, the Format enum's numbering): part of every compatibility digest.
+inline constexpr uint32_t kLibraryFormatVersion = 1;
+
+// Everything a stored block's bytes depend on besides its tokens.
+struct BlockCompat {
+  std::string model;  // model fingerprint: a weights hash, or name@revision
+  GeometryOptions geometry;
+  FormatPair formats;
+  // What rotated (turbo) formats' bytes depend on besides the format: a
+  // digest of the rotation seed's effect. OffloadCache uses RotationDigest
+  // of its pool; 0 when neither side rotates (the seed changes nothing then).
+  uint64_t rotation = 0;
+  BlockHash calibration{};  // CalibrationDigest, or zero for none
+};
+// XXH3-64 of the K then the V codec's rotation signs; 0 if neither rotates.
+uint64_t RotationDigest(const BlockPool& pool);
+// The canonical text the digest is taken of (docs/tiers.md).
+std::string CompatManifest(const BlockCompat& compat);
+BlockHash CompatDigest(const BlockCompat& compat);  // XXH3-128 of the manifest
+// XXH3-128 over every transform's mean and col_scale (sizes included).
+BlockHash CalibrationDigest(const Calibration& calibration);
+// "kvc1:<32 hex>:<32 hex>".
+std::string BlockKey(const BlockHash& compat, const BlockHash& chain);
+std::string HashHex(const BlockHash& hash);  // 32 hex digits, hi then lo
+
+// What a verified object header says.
+struct BlockObjectInfo {
+  BlockHash compat, chain, parent;
+  GeometryOptions geometry;
+  FormatPair formats;
+  uint32_t header_bytes = 0;
+  uint64_t payload_bytes = 0;
+  std::vector<TokenId> tokens;
+  std::string key() const { return BlockKey(compat, chain); }
+  std::string parent_key(const BlockHash& root) const {
+    return parent == root ? std::string() : BlockKey(compat, parent);
+  }
+};
+inline constexpr size_t kBlockObjectFixedHeader = 128;
+
+// Serializes block `block` of `pool` (all layers, K and V). REQUIRES: the
+// caller holds a reference on the block and nobody writes it (a hashed block).
+Result<std::vector<uint8_t>> EncodeBlockObject(const BlockPool& pool, uint32_t block,
+                                               const BlockHash& compat, const BlockHash& chain,
+                                               const BlockHash& parent,
+                                               std::span<const TokenId> tokens);
+// Parses a header and checks magic, version, header checksum and that the
+// object's size is what the header says (`total_bytes`: the whole object's
+// size; `bytes` may be just its start). The payload is not checked.
+Result<BlockObjectInfo> ParseBlockObjectHeader(std::span<const uint8_t> bytes,
+                                               uint64_t total_bytes);
+// Full verification against what the caller asked for: nullopt if the
+// object is exactly the block (compat, chain, parent, tokens) with an intact
+// payload; else the miss reason.
+std::optional<TierMiss> VerifyBlockObject(std::span<const uint8_t> bytes, const BlockHash& compat,
+                                          const BlockHash& chain, const BlockHash& parent,
+                                          std::span<const TokenId> tokens);
+// Copies a verified object's payload into block `block` of `pool`.
+// REQUIRES: the caller holds `block` exclusively; InvalidArgument (nothing
+// written) if the object's geometry or formats are not the pool's.
+Status DecodeBlockObjectInto(std::span<const uint8_t> bytes, BlockPool& pool, uint32_t block);
+
+}  // namespace kvcache

@@ -1,0 +1,287 @@
+// The block object of tier.h: compatibility manifest and digest, keys, and
+// the encoder / verifier / decoder of one block. Layout (little-endian; the
+// same table is in docs/tiers.md):
+//
+//   off  size  field
+//     0     4  magic "KVCB"
+//     4     2  object version (kBlockObjectVersion)
+//     6     2  flags (0)
+//     8     4  header_bytes H = 128 + 4 * n_tokens + 32 * n_layers
+//    12     4  n_tokens (== block_size: only full blocks are stored)
+//    16     8  payload_bytes
+//    24    16  compat digest (lo, hi)
+//    40    16  chain hash (lo, hi)
+//    56    16  parent hash (lo, hi)
+//    72    16  n_layers, n_kv_heads, head_dim, block_size (u32 each)
+//    88     4  k format, v format (u8 each: Format's enum value), 2 zero bytes
+//    92     4  library format version
+//    96     8  k_row_bytes, v_row_bytes (u32 each)
+//   104     8  XXH3-64 of the payload
+//   112     8  XXH3-64 of bytes [0, H) with this field read as zero
+//   120     8  zero
+//   128  4*nt  token ids (u32)
+//     .  32*L  sections: per layer k_offset, k_bytes, v_offset, v_bytes (u64,
+//              offsets from the payload's start)
+//     H     -  payload: per layer K [n_kv_heads][block_size][k_row_bytes], V likewise
+//
+// Stateless functions; thread-safe.
+#include <cstring>
+
+#include <fmt/format.h>
+#include <xxhash.h>
+
+#include "kvcache/cache.h"
+#include "kvcache/pool.h"
+#include "kvcache/tier.h"
+
+namespace kvcache {
+namespace {
+
+constexpr uint8_t kMagic[4] = {'K', 'V', 'C', 'B'};
+
+template <typename T>
+void Put(uint8_t* p, T v) {
+  std::memcpy(p, &v, sizeof(T));  // little-endian hosts only (x86-64, aarch64)
+}
+template <typename T>
+T Get(const uint8_t* p) {
+  T v;
+  std::memcpy(&v, p, sizeof(T));
+  return v;
+}
+void PutHash(uint8_t* p, const BlockHash& h) {
+  Put(p, h.lo);
+  Put(p + 8, h.hi);
+}
+BlockHash GetHash(const uint8_t* p) { return {Get<uint64_t>(p), Get<uint64_t>(p + 8)}; }
+
+uint64_t HeaderChecksum(std::span<const uint8_t> header) {
+  XXH3_state_t* st = XXH3_createState();
+  XXH3_64bits_reset(st);
+  XXH3_64bits_update(st, header.data(), 112);
+  const uint8_t zero[8] = {};
+  XXH3_64bits_update(st, zero, 8);
+  XXH3_64bits_update(st, header.data() + 120, header.size() - 120);
+  const uint64_t h = XXH3_64bits_digest(st);
+  XXH3_freeState(st);
+  return h;
+}
+
+size_t HeaderBytes(uint32_t n_tokens, uint32_t n_layers) {
+  return kBlockObjectFixedHeader + 4 * size_t{n_tokens} + 32 * size_t{n_layers};
+}
+
+}  // namespace
+
+std::string_view TierMissName(TierMiss miss) {
+  static constexpr std::string_view kNames[kNumTierMisses] = {
+      "absent", "evicted", "corrupt", "incompatible", "token_mismatch", "timeout", "unavailable"};
+  return kNames[static_cast<size_t>(miss)];
+}
+
+std::string CompatManifest(const BlockCompat& c) {
+  return fmt::format(
+      "kvcache-block-compat\nobject_version={}\nlibrary_format_version={}\nmodel={}\n"
+      "n_layers={}\nn_kv_heads={}\nhead_dim={}\nblock_size={}\nk_format={}\nv_format={}\n"
+      "rotation={:016x}\ncalibration={}\n",
+      kBlockObjectVersion, kLibraryFormatVersion, c.model, c.geometry.n_layers,
+      c.geometry.n_kv_heads, c.geometry.head_dim, c.geometry.block_size, FormatName(c.formats.k),
+      FormatName(c.formats.v), c.rotation, HashHex(c.calibration));
+}
+
+BlockHash CompatDigest(const BlockCompat& compat) {
+  const std::string m = CompatManifest(compat);
+  const XXH128_hash_t h = XXH3_128bits(m.data(), m.size());
+  return {h.low64, h.high64};
+}
+
+uint64_t RotationDigest(const BlockPool& pool) {
+  const std::vector<float>& k = pool.codec(Side::kKey).rotation_signs();
+  const std::vector<float>& v = pool.codec(Side::kValue).rotation_signs();
+  if (k.empty() && v.empty()) return 0;
+  XXH3_state_t* st = XXH3_createState();
+  XXH3_64bits_reset(st);
+  const uint64_t sizes[2] = {k.size(), v.size()};
+  XXH3_64bits_update(st, sizes, sizeof(sizes));
+  XXH3_64bits_update(st, k.data(), k.size() * sizeof(float));
+  XXH3_64bits_update(st, v.data(), v.size() * sizeof(float));
+  const uint64_t h = XXH3_64bits_digest(st);
+  XXH3_freeState(st);
+  return h;
+}
+
+BlockHash CalibrationDigest(const Calibration& calibration) {
+  XXH3_state_t* st = XXH3_createState();
+  XXH3_128bits_reset(st);
+  const uint64_t n = calibration.transforms.size();
+  XXH3_128bits_update(st, &n, sizeof(n));
+  for (const RowTransform& t : calibration.transforms) {
+    const uint64_t sizes[2] = {t.mean.size(), t.col_scale.size()};
+    XXH3_128bits_update(st, sizes, sizeof(sizes));
+    XXH3_128bits_update(st, t.mean.data(), t.mean.size() * sizeof(float));
+    XXH3_128bits_update(st, t.col_scale.data(), t.col_scale.size() * sizeof(float));
+  }
+  const XXH128_hash_t h = XXH3_128bits_digest(st);
+  XXH3_freeState(st);
+  return {h.low64, h.high64};
+}
+
+std::string HashHex(const BlockHash& h) { return fmt::format("{:016x}{:016x}", h.hi, h.lo); }
+
+std::string BlockKey(const BlockHash& compat, const BlockHash& chain) {
+  return "kvc1:" + HashHex(compat) + ":" + HashHex(chain);
+}
+
+Result<std::vector<uint8_t>> EncodeBlockObject(const BlockPool& pool, uint32_t block,
+                                               const BlockHash& compat, const BlockHash& chain,
+                                               const BlockHash& parent,
+                                               std::span<const TokenId> tokens) {
+  const Geometry& g = pool.geometry();
+  if (block >= pool.num_blocks()) return Status::InvalidArgument("block object: block out of range");
+  if (tokens.size() != g.block_size()) {
+    return Status::InvalidArgument(fmt::format("block object: {} tokens for a block of {}",
+                                               tokens.size(), g.block_size()));
+  }
+  const uint32_t L = g.n_layers();
+  const size_t k_bytes = pool.block_stride(Side::kKey);
+  const size_t v_bytes = pool.block_stride(Side::kValue);
+  const size_t H = HeaderBytes(static_cast<uint32_t>(tokens.size()), L);
+  const uint64_t payload = uint64_t{L} * (k_bytes + v_bytes);
+  std::vector<uint8_t> out(H + payload);
+  uint8_t* p = out.data();
+  std::memcpy(p, kMagic, 4);
+  Put<uint16_t>(p + 4, kBlockObjectVersion);
+  Put<uint32_t>(p + 8, static_cast<uint32_t>(H));
+  Put<uint32_t>(p + 12, static_cast<uint32_t>(tokens.size()));
+  Put<uint64_t>(p + 16, payload);
+  PutHash(p + 24, compat);
+  PutHash(p + 40, chain);
+  PutHash(p + 56, parent);
+  Put<uint32_t>(p + 72, L);
+  Put<uint32_t>(p + 76, g.n_kv_heads());
+  Put<uint32_t>(p + 80, g.head_dim());
+  Put<uint32_t>(p + 84, g.block_size());
+  p[88] = static_cast<uint8_t>(pool.formats().k);
+  p[89] = static_cast<uint8_t>(pool.formats().v);
+  Put<uint32_t>(p + 92, kLibraryFormatVersion);
+  Put<uint32_t>(p + 96, static_cast<uint32_t>(pool.row_bytes(Side::kKey)));
+  Put<uint32_t>(p + 100, static_cast<uint32_t>(pool.row_bytes(Side::kValue)));
+  std::memcpy(p + kBlockObjectFixedHeader, tokens.data(), tokens.size() * 4);
+  uint8_t* sec = p + kBlockObjectFixedHeader + tokens.size() * 4;
+  uint8_t* body = p + H;
+  uint64_t off = 0;
+  for (uint32_t l = 0; l < L; ++l) {
+    Put<uint64_t>(sec + 32 * l, off);
+    Put<uint64_t>(sec + 32 * l + 8, k_bytes);
+    std::memcpy(body + off, pool.block_data(l, Side::kKey, block), k_bytes);
+    off += k_bytes;
+    Put<uint64_t>(sec + 32 * l + 16, off);
+    Put<uint64_t>(sec + 32 * l + 24, v_bytes);
+    std::memcpy(body + off, pool.block_data(l, Side::kValue, block), v_bytes);
+    off += v_bytes;
+  }
+  Put<uint64_t>(p + 104, XXH3_64bits(body, payload));
+  Put<uint64_t>(p + 112, HeaderChecksum(std::span<const uint8_t>(p, H)));
+  return out;
+}
+
+Result<BlockObjectInfo> ParseBlockObjectHeader(std::span<const uint8_t> bytes,
+                                               uint64_t total_bytes) {
+  if (bytes.size() < kBlockObjectFixedHeader) return Status::Corruption("object: too short");
+  const uint8_t* p = bytes.data();
+  if (std::memcmp(p, kMagic, 4) != 0) return Status::Corruption("object: bad magic");
+  if (Get<uint16_t>(p + 4) != kBlockObjectVersion) {
+    return Status::FailedPrecondition(
+        fmt::format("object: version {} (this library reads {})", Get<uint16_t>(p + 4),
+                    kBlockObjectVersion));
+  }
+  BlockObjectInfo info;
+  info.header_bytes = Get<uint32_t>(p + 8);
+  const uint32_t n_tokens = Get<uint32_t>(p + 12);
+  info.payload_bytes = Get<uint64_t>(p + 16);
+  info.geometry = {Get<uint32_t>(p + 72), Get<uint32_t>(p + 76), Get<uint32_t>(p + 80),
+                   Get<uint32_t>(p + 84)};
+  if (info.geometry.n_layers > Geometry::kMaxLayers || n_tokens != info.geometry.block_size ||
+      n_tokens > (1u << 20) ||
+      info.header_bytes != HeaderBytes(n_tokens, info.geometry.n_layers) ||
+      bytes.size() < info.header_bytes || total_bytes != info.header_bytes + info.payload_bytes) {
+    return Status::Corruption("object: sizes disagree");
+  }
+  if (Get<uint64_t>(p + 112) != HeaderChecksum(bytes.first(info.header_bytes))) {
+    return Status::Corruption("object: header checksum");
+  }
+  if (p[88] >= kAllFormats.size() || p[89] >= kAllFormats.size()) {
+    return Status::Corruption("object: unknown format");
+  }
+  if (Get<uint32_t>(p + 92) != kLibraryFormatVersion) {
+    return Status::FailedPrecondition("object: library format version");
+  }
+  info.formats = {static_cast<Format>(p[88]), static_cast<Format>(p[89])};
+  info.compat = GetHash(p + 24);
+  info.chain = GetHash(p + 40);
+  info.parent = GetHash(p + 56);
+  info.tokens.resize(n_tokens);
+  std::memcpy(info.tokens.data(), p + kBlockObjectFixedHeader, size_t{n_tokens} * 4);
+  return info;
+}
+
+std::optional<TierMiss> VerifyBlockObject(std::span<const uint8_t> bytes, const BlockHash& compat,
+                                          const BlockHash& chain, const BlockHash& parent,
+                                          std::span<const TokenId> tokens) {
+  Result<BlockObjectInfo> info = ParseBlockObjectHeader(bytes, bytes.size());
+  if (!info.ok()) {
+    return info.status().code() == StatusCode::kFailedPrecondition ? TierMiss::kIncompatible
+                                                                   : TierMiss::kCorrupt;
+  }
+  if (!(info->compat == compat)) return TierMiss::kIncompatible;
+  if (!(info->chain == chain)) return TierMiss::kCorrupt;  // stored under another block's key
+  if (!(info->parent == parent) || info->tokens.size() != tokens.size() ||
+      std::memcmp(info->tokens.data(), tokens.data(), tokens.size() * 4) != 0) {
+    return TierMiss::kTokenMismatch;
+  }
+  // The sections must tile the payload exactly in the documented order.
+  const uint8_t* sec = bytes.data() + kBlockObjectFixedHeader + tokens.size() * 4;
+  uint64_t off = 0;
+  for (uint32_t l = 0; l < info->geometry.n_layers; ++l) {
+    for (int s = 0; s < 2; ++s) {
+      if (Get<uint64_t>(sec + 32 * l + 16 * s) != off) return TierMiss::kCorrupt;
+      off += Get<uint64_t>(sec + 32 * l + 16 * s + 8);
+    }
+  }
+  if (off != info->payload_bytes) return TierMiss::kCorrupt;
+  if (XXH3_64bits(bytes.data() + info->header_bytes, info->payload_bytes) !=
+      Get<uint64_t>(bytes.data() + 104)) {
+    return TierMiss::kCorrupt;
+  }
+  return std::nullopt;
+}
+
+Status DecodeBlockObjectInto(std::span<const uint8_t> bytes, BlockPool& pool, uint32_t block) {
+  KV_ASSIGN_OR_RETURN(BlockObjectInfo info, ParseBlockObjectHeader(bytes, bytes.size()));
+  const Geometry& g = pool.geometry();
+  if (info.geometry.n_layers != g.n_layers() || info.geometry.n_kv_heads != g.n_kv_heads() ||
+      info.geometry.head_dim != g.head_dim() || info.geometry.block_size != g.block_size() ||
+      !(info.formats == pool.formats()) || block >= pool.num_blocks()) {
+    return Status::InvalidArgument("block object: not this pool's geometry or formats");
+  }
+  const size_t k_bytes = pool.block_stride(Side::kKey);
+  const size_t v_bytes = pool.block_stride(Side::kValue);
+  const uint8_t* sec = bytes.data() + kBlockObjectFixedHeader + info.tokens.size() * 4;
+  for (uint32_t l = 0; l < g.n_layers(); ++l) {
+    if (Get<uint64_t>(sec + 32 * l + 8) != k_bytes || Get<uint64_t>(sec + 32 * l + 24) != v_bytes ||
+        Get<uint64_t>(sec + 32 * l) > info.payload_bytes - k_bytes ||
+        Get<uint64_t>(sec + 32 * l + 16) > info.payload_bytes - v_bytes ||
+        info.payload_bytes < k_bytes || info.payload_bytes < v_bytes) {
+      return Status::InvalidArgument("block object: sections are not the pool's");
+    }
+  }
+  const uint8_t* body = bytes.data() + info.header_bytes;
+  for (uint32_t l = 0; l < g.n_layers(); ++l) {
+    std::memcpy(pool.block_data(l, Side::kKey, block), body + Get<uint64_t>(sec + 32 * l), k_bytes);
+    std::memcpy(pool.block_data(l, Side::kValue, block), body + Get<uint64_t>(sec + 32 * l + 16),
+                v_bytes);
+  }
+  return Status::Ok();
+}
+
+}  // namespace kvcache

@@ -1,0 +1,312 @@
+// RedisTier (tier.h): one hiredis connection, used non-blocking with our own
+// poll loop so that every round trip has an absolute deadline.
+//
+// A round trip appends up to max_batch commands (GET, EXISTS or SET, one per
+// key: pipelined), writes them all, then reads exactly that many replies,
+// each wait bounded by what is left of the deadline. Any transport fault
+// (refused connect, reset, a reply cut short, a protocol error, the deadline)
+// drops the connection, answers the remaining keys with a miss (kTimeout for
+// the deadline, kUnavailable otherwise) and keeps the tier down for a backoff
+// (doubling from options.backoff to options.max_backoff, reset by a success):
+// calls while it is down answer kUnavailable at once, without waiting. An
+// error reply (-ERR, -OOM) is a miss for that key only; the stream stays in
+// step. A nil reply ($-1) is kAbsent.
+//
+// Thread safety: a mutex serializes calls on the one connection.
+#include <poll.h>
+#include <unistd.h>
+#include <sys/socket.h>
+
+#include <hiredis/hiredis.h>
+
+#include <algorithm>
+#include <charconv>
+#include <cerrno>
+#include <cstring>
+#include <mutex>
+
+#include <fmt/format.h>
+
+#include "kvcache/tier.h"
+
+namespace kvcache {
+
+Result<RedisEndpoint> ParseRedisUrl(std::string_view url) {
+  const std::string_view scheme = "redis://";
+  auto bad = [&](std::string_view why) {
+    return Status::InvalidArgument(
+        fmt::format("redis url '{}': {} (expected redis://[:password@]host[:port][/db])", url, why));
+  };
+  if (!url.starts_with(scheme)) return bad("not redis://");
+  std::string_view rest = url.substr(scheme.size());
+  RedisEndpoint ep;
+  if (const size_t at = rest.rfind('@'); at != std::string_view::npos) {
+    std::string_view auth = rest.substr(0, at);
+    if (!auth.starts_with(':')) return bad("user names are not supported");
+    ep.password = std::string(auth.substr(1));
+    rest = rest.substr(at + 1);
+  }
+  if (const size_t slash = rest.find('/'); slash != std::string_view::npos) {
+    const std::string_view db = rest.substr(slash + 1);
+    auto [p, ec] = std::from_chars(db.data(), db.data() + db.size(), ep.db);
+    if (db.empty() || ec != std::errc() || p != db.data() + db.size() || ep.db < 0) {
+      return bad("bad db number");
+    }
+    rest = rest.substr(0, slash);
+  }
+  if (const size_t colon = rest.rfind(':'); colon != std::string_view::npos) {
+    const std::string_view port = rest.substr(colon + 1);
+    auto [p, ec] = std::from_chars(port.data(), port.data() + port.size(), ep.port);
+    if (port.empty() || ec != std::errc() || p != port.data() + port.size() || ep.port <= 0 ||
+        ep.port > 65535) {
+      return bad("bad port");
+    }
+    rest = rest.substr(0, colon);
+  }
+  if (rest.empty()) return bad("no host");
+  ep.host = std::string(rest);
+  return ep;
+}
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct ReplyFree {
+  void operator()(redisReply* r) const { freeReplyObject(r); }
+};
+using Reply = std::unique_ptr<redisReply, ReplyFree>;
+
+enum class Fault { kNone, kTimeout, kUnavailable };
+
+class RedisTier final : public Tier {
+ public:
+  RedisTier(const RedisTierOptions& o, RedisEndpoint ep)
+      : o_(o), ep_(std::move(ep)), backoff_(o.backoff) {}
+  ~RedisTier() override { Drop(); }
+  std::string name() const override { return "redis"; }
+
+  std::vector<std::optional<TierMiss>> Exists(std::span<const std::string> keys) override {
+    std::vector<std::optional<TierMiss>> out(keys.size());
+    std::lock_guard<std::mutex> lock(mu_);
+    for (size_t b = 0; b < keys.size(); b += o_.max_batch) {
+      const size_t n = std::min(o_.max_batch, keys.size() - b);
+      std::vector<std::vector<std::string_view>> cmds(n);
+      for (size_t i = 0; i < n; ++i) cmds[i] = {"EXISTS", keys[b + i]};
+      std::vector<Reply> replies;
+      const Fault f = RoundTrip(cmds, &replies);
+      for (size_t i = 0; i < n; ++i) {
+        if (f != Fault::kNone) {
+          out[b + i] = f == Fault::kTimeout ? TierMiss::kTimeout : TierMiss::kUnavailable;
+        } else if (replies[i]->type != REDIS_REPLY_INTEGER) {
+          out[b + i] = TierMiss::kUnavailable;
+        } else if (replies[i]->integer != 1) {
+          out[b + i] = TierMiss::kAbsent;
+        }
+      }
+    }
+    return out;
+  }
+
+  std::vector<TierGet> Load(std::span<const std::string> keys) override {
+    std::vector<TierGet> out(keys.size());
+    std::lock_guard<std::mutex> lock(mu_);
+    for (size_t b = 0; b < keys.size(); b += o_.max_batch) {
+      const size_t n = std::min(o_.max_batch, keys.size() - b);
+      std::vector<std::vector<std::string_view>> cmds(n);
+      for (size_t i = 0; i < n; ++i) cmds[i] = {"GET", keys[b + i]};
+      std::vector<Reply> replies;
+      const Fault f = RoundTrip(cmds, &replies);
+      for (size_t i = 0; i < n; ++i) {
+        TierGet& g = out[b + i];
+        if (f != Fault::kNone) {
+          g.miss = f == Fault::kTimeout ? TierMiss::kTimeout : TierMiss::kUnavailable;
+        } else if (replies[i]->type == REDIS_REPLY_STRING) {
+          const redisReply* r = replies[i].get();
+          g.bytes = std::make_shared<const std::vector<uint8_t>>(
+              reinterpret_cast<const uint8_t*>(r->str), reinterpret_cast<const uint8_t*>(r->str) + r->len);
+        } else {
+          g.miss = replies[i]->type == REDIS_REPLY_NIL ? TierMiss::kAbsent : TierMiss::kUnavailable;
+        }
+      }
+    }
+    return out;
+  }
+
+  size_t Store(std::span<const TierPut> puts) override {
+    size_t stored = 0;
+    std::lock_guard<std::mutex> lock(mu_);
+    const std::string ttl = std::to_string(o_.ttl_ms);
+    for (size_t b = 0; b < puts.size(); b += o_.max_batch) {
+      const size_t n = std::min(o_.max_batch, puts.size() - b);
+      std::vector<std::vector<std::string_view>> cmds(n);
+      for (size_t i = 0; i < n; ++i) {
+        const TierPut& p = puts[b + i];
+        const std::string_view value(reinterpret_cast<const char*>(p.bytes->data()), p.bytes->size());
+        cmds[i] = {"SET", p.key, value};
+        if (o_.ttl_ms > 0) {
+          cmds[i].push_back("PX");
+          cmds[i].push_back(ttl);
+        }
+      }
+      std::vector<Reply> replies;
+      const Fault f = RoundTrip(cmds, &replies);
+      for (size_t i = 0; i < n; ++i) {
+        if (f == Fault::kNone && replies[i]->type == REDIS_REPLY_STATUS) {
+          ++stored;
+        } else {
+          ++store_failures_;
+        }
+      }
+    }
+    return stored;
+  }
+
+  void Erase(std::span<const std::string> keys) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (size_t b = 0; b < keys.size(); b += o_.max_batch) {
+      const size_t n = std::min(o_.max_batch, keys.size() - b);
+      std::vector<std::vector<std::string_view>> cmds(n);
+      for (size_t i = 0; i < n; ++i) cmds[i] = {"DEL", keys[b + i]};
+      std::vector<Reply> replies;
+      RoundTrip(cmds, &replies);
+    }
+  }
+
+  TierUsage usage() const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    TierUsage u;
+    u.store_failures = store_failures_;
+    return u;
+  }
+
+ private:
+  void Drop() {
+    if (c_ != nullptr) redisFree(c_);
+    c_ = nullptr;
+  }
+
+  Fault Fail(Fault f) {
+    Drop();
+    down_until_ = Clock::now() + backoff_;
+    backoff_ = std::min(backoff_ * 2, o_.max_backoff);
+    return f;
+  }
+
+  // Waits for `events` on the socket until `deadline`; false on timeout/error.
+  bool Wait(short events, Clock::time_point deadline, bool* timed_out) {
+    for (;;) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+      if (left.count() <= 0) {
+        *timed_out = true;
+        return false;
+      }
+      pollfd p{c_->fd, events, 0};
+      const int r = ::poll(&p, 1, static_cast<int>(left.count()));
+      if (r > 0) return (p.revents & (events | POLLHUP | POLLERR)) != 0;
+      if (r < 0 && errno != EINTR) return false;
+    }
+  }
+
+  // Writes what hiredis has buffered and reads `n` replies.
+  Fault Exchange(size_t n, Clock::time_point deadline, std::vector<Reply>* replies) {
+    bool timed_out = false;
+    int done = 0;
+    while (!done) {
+      if (redisBufferWrite(c_, &done) == REDIS_ERR) return Fault::kUnavailable;
+      if (!done && !Wait(POLLOUT, deadline, &timed_out)) {
+        return timed_out ? Fault::kTimeout : Fault::kUnavailable;
+      }
+    }
+    for (size_t i = 0; i < n; ++i) {
+      void* r = nullptr;
+      for (;;) {
+        if (redisGetReplyFromReader(c_, &r) == REDIS_ERR) return Fault::kUnavailable;
+        if (r != nullptr) break;
+        if (!Wait(POLLIN, deadline, &timed_out)) return timed_out ? Fault::kTimeout : Fault::kUnavailable;
+        // Read in large chunks (hiredis's own read takes 16 KiB at a time).
+        const ssize_t got = ::read(c_->fd, rbuf_.data(), rbuf_.size());
+        if (got < 0 && (errno == EAGAIN || errno == EINTR)) continue;
+        if (got <= 0 || redisReaderFeed(c_->reader, rbuf_.data(), static_cast<size_t>(got)) != REDIS_OK) {
+          return Fault::kUnavailable;
+        }
+      }
+      replies->emplace_back(static_cast<redisReply*>(r));
+    }
+    return Fault::kNone;
+  }
+
+  Fault Append(std::span<const std::vector<std::string_view>> cmds) {
+    for (const auto& cmd : cmds) {
+      std::vector<const char*> argv;
+      std::vector<size_t> lens;
+      for (std::string_view a : cmd) {
+        argv.push_back(a.data());
+        lens.push_back(a.size());
+      }
+      if (redisAppendCommandArgv(c_, static_cast<int>(argv.size()), argv.data(), lens.data()) !=
+          REDIS_OK) {
+        return Fault::kUnavailable;
+      }
+    }
+    return Fault::kNone;
+  }
+
+  Fault Connect(Clock::time_point deadline) {
+    c_ = redisConnectNonBlock(ep_.host.c_str(), ep_.port);
+    if (c_ == nullptr || c_->err) return Fault::kUnavailable;
+    bool timed_out = false;
+    if (!Wait(POLLOUT, deadline, &timed_out)) return timed_out ? Fault::kTimeout : Fault::kUnavailable;
+    int err = 0;
+    socklen_t len = sizeof(err);
+    if (getsockopt(c_->fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0 || err != 0) {
+      return Fault::kUnavailable;
+    }
+    std::vector<std::vector<std::string_view>> setup;
+    if (!ep_.password.empty()) setup.push_back({"AUTH", ep_.password});
+    const std::string db = std::to_string(ep_.db);
+    if (ep_.db != 0) setup.push_back({"SELECT", db});
+    if (setup.empty()) return Fault::kNone;
+    std::vector<Reply> replies;
+    if (Fault f = Append(setup); f != Fault::kNone) return f;
+    if (Fault f = Exchange(setup.size(), deadline, &replies); f != Fault::kNone) return f;
+    for (const Reply& r : replies) {
+      if (r->type == REDIS_REPLY_ERROR) return Fault::kUnavailable;
+    }
+    return Fault::kNone;
+  }
+
+  // One pipelined round trip under one deadline. REQUIRES mu_ held.
+  Fault RoundTrip(std::span<const std::vector<std::string_view>> cmds, std::vector<Reply>* replies) {
+    if (c_ == nullptr && Clock::now() < down_until_) return Fault::kUnavailable;
+    const Clock::time_point deadline = Clock::now() + o_.deadline;
+    if (c_ == nullptr) {
+      if (Fault f = Connect(deadline); f != Fault::kNone) return Fail(f);
+    }
+    if (Fault f = Append(cmds); f != Fault::kNone) return Fail(f);
+    if (Fault f = Exchange(cmds.size(), deadline, replies); f != Fault::kNone) return Fail(f);
+    backoff_ = o_.backoff;
+    return Fault::kNone;
+  }
+
+  const RedisTierOptions o_;
+  const RedisEndpoint ep_;
+  mutable std::mutex mu_;
+  redisContext* c_ = nullptr;
+  Clock::time_point down_until_{};
+  std::chrono::milliseconds backoff_;
+  uint64_t store_failures_ = 0;
+  std::vector<char> rbuf_ = std::vector<char>(size_t{1} << 20);
+};
+
+}  // namespace
+
+Result<std::unique_ptr<Tier>> NewRedisTier(const RedisTierOptions& options) {
+  KV_ASSIGN_OR_RETURN(RedisEndpoint ep, ParseRedisUrl(options.url));
+  if (options.max_batch == 0 || options.deadline.count() <= 0) {
+    return Status::InvalidArgument("redis tier: max_batch and deadline must be > 0");
+  }
+  return std::unique_ptr<Tier>(std::make_unique<RedisTier>(options, std::move(ep)));
+}
+
+}  // namespace kvcache
