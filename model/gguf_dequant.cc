@@ -1,5 +1,6 @@
-// Dequantization of GGUF tensor rows: the scalar reference and the Highway
-// kernels (runtime dispatch once per DequantizeRow call).
+// Dequantization of GGUF tensor rows and the weight products built on it
+// (model/matmul.h): the scalar references and the Highway kernels (runtime
+// dispatch once per DequantizeRow / MatMul part / DotF32 call).
 //
 // Every kernel reproduces the scalar reference bit for bit: values are
 // integer codes converted exactly to float, then one multiply and (Q4_1)
@@ -11,6 +12,7 @@
 #include <string>
 
 #include "model/gguf.h"
+#include "model/matmul.h"
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "model/gguf_dequant.cc"
@@ -155,6 +157,42 @@ void DecodeQ80(const uint8_t* src, size_t n, float* dst) {
   }
 }
 
+float DotT(const float* a, const float* b, size_t n) {
+  const hn::ScalableTag<float> d;
+  const size_t N = hn::Lanes(d);
+  auto s0 = hn::Zero(d), s1 = hn::Zero(d), s2 = hn::Zero(d), s3 = hn::Zero(d);
+  size_t i = 0;
+  for (; i + 4 * N <= n; i += 4 * N) {
+    s0 = hn::MulAdd(hn::LoadU(d, a + i), hn::LoadU(d, b + i), s0);
+    s1 = hn::MulAdd(hn::LoadU(d, a + i + N), hn::LoadU(d, b + i + N), s1);
+    s2 = hn::MulAdd(hn::LoadU(d, a + i + 2 * N), hn::LoadU(d, b + i + 2 * N), s2);
+    s3 = hn::MulAdd(hn::LoadU(d, a + i + 3 * N), hn::LoadU(d, b + i + 3 * N), s3);
+  }
+  for (; i + N <= n; i += N) s0 = hn::MulAdd(hn::LoadU(d, a + i), hn::LoadU(d, b + i), s0);
+  float sum = hn::GetLane(hn::SumOfLanes(d, hn::Add(hn::Add(s0, s1), hn::Add(s2, s3))));
+  for (; i < n; ++i) sum += a[i] * b[i];
+  return sum;
+}
+
+void DequantizeRowT(GgmlType type, const uint8_t* src, size_t n, float* dst);
+
+// Rows [r0, r1) of w times the n inputs; buf holds one decoded row.
+void MatMulRowsT(const WeightMatrix& w, uint32_t r0, uint32_t r1, const float* x, uint32_t n,
+                 float* out, float* buf) {
+  for (uint32_t r = r0; r < r1; ++r) {
+    const uint8_t* src = w.data + static_cast<size_t>(r) * w.row_bytes;
+    const float* row = buf;
+    if (w.type == GgmlType::kF32) {
+      row = reinterpret_cast<const float*>(src);
+    } else {
+      DequantizeRowT(w.type, src, w.cols, buf);
+    }
+    for (uint32_t t = 0; t < n; ++t) {
+      out[static_cast<size_t>(t) * w.rows + r] = DotT(row, x + static_cast<size_t>(t) * w.cols, w.cols);
+    }
+  }
+}
+
 void DequantizeRowT(GgmlType type, const uint8_t* src, size_t n, float* dst) {
   switch (type) {
     case GgmlType::kF32:
@@ -182,6 +220,17 @@ HWY_AFTER_NAMESPACE();
 namespace kvcache::model {
 
 HWY_EXPORT(DequantizeRowT);
+HWY_EXPORT(DotT);
+HWY_EXPORT(MatMulRowsT);
+
+float DotF32(const float* a, const float* b, size_t n) { return HWY_DYNAMIC_DISPATCH(DotT)(a, b, n); }
+
+namespace dequant_internal {
+void MatMulRows(const WeightMatrix& w, uint32_t r0, uint32_t r1, const float* x, uint32_t n,
+                float* out, float* buf) {
+  HWY_DYNAMIC_DISPATCH(MatMulRowsT)(w, r0, r1, x, n, out, buf);
+}
+}  // namespace dequant_internal
 
 Status DequantizeRow(GgmlType type, const uint8_t* src, size_t n, float* dst) {
   KV_RETURN_IF_ERROR(dequant_internal::CheckRow(type, n));
