@@ -43,6 +43,8 @@
 
 namespace kvcache::model {
 
+class GgufFile;
+
 // GGUF tokenizer.ggml.token_type codes.
 inline constexpr int32_t kTokenTypeNormal = 1;
 inline constexpr int32_t kTokenTypeControl = 3;
@@ -77,6 +79,11 @@ class BpeTokenizer {
   // InvalidArgument for an empty vocabulary; Unimplemented for a `pre` other
   // than "gpt2" or "smollm".
   static Result<BpeTokenizer> Create(BpeVocab vocab);
+  // Create from a GGUF file's tokenizer.* metadata: tokenizer.ggml.model
+  // must be "gpt2" (Unimplemented otherwise); tokens, merges and pre are
+  // required (NotFound naming the key), token_type, bos/eos_token_id,
+  // add_bos_token and chat_template optional. Errors name the key.
+  static Result<BpeTokenizer> FromGguf(const GgufFile& file);
 
   uint32_t vocab_size() const { return static_cast<uint32_t>(token_bytes_.size()); }
   int32_t bos_id() const { return bos_id_; }
