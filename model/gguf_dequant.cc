@@ -8,6 +8,7 @@
 // Thread safety: pure functions.
 #pragma GCC optimize("fp-contract=off")
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 
@@ -123,6 +124,14 @@ void DecodeF16(const uint8_t* src, size_t n, float* dst) {
   for (; i < n; ++i) dst[i] = HalfToFloat(dequant_internal::LoadU16(src + 2 * i));
 }
 
+// The f16 at p as float, through the target's conversion (F16C on x86):
+// exact, like HalfToFloat, without its branches.
+HWY_INLINE float HalfT(const uint8_t* p) {
+  const hn::CappedTag<hwy::float16_t, 1> dh;
+  const hn::Rebind<float, decltype(dh)> df1;
+  return hn::GetLane(hn::PromoteTo(df1, hn::LoadU(dh, reinterpret_cast<const hwy::float16_t*>(p))));
+}
+
 void DecodeQ41(const uint8_t* src, size_t n, float* dst) {
   const DF df;
   const hn::Rebind<int32_t, DF> di;
@@ -130,8 +139,8 @@ void DecodeQ41(const uint8_t* src, size_t n, float* dst) {
   const size_t N = hn::Lanes(df);
   const auto mask = hn::Set(du8, 0xF);
   for (size_t b = 0; b < n / 32; ++b, src += 20, dst += 32) {
-    const auto d = hn::Set(df, HalfToFloat(dequant_internal::LoadU16(src)));
-    const auto m = hn::Set(df, HalfToFloat(dequant_internal::LoadU16(src + 2)));
+    const auto d = hn::Set(df, HalfT(src));
+    const auto m = hn::Set(df, HalfT(src + 2));
     for (size_t j = 0; j < 16; j += N) {
       const auto q = hn::LoadU(du8, src + 4 + j);
       const auto lo = hn::ConvertTo(df, hn::PromoteTo(di, hn::And(q, mask)));
@@ -148,7 +157,7 @@ void DecodeQ80(const uint8_t* src, size_t n, float* dst) {
   const hn::Rebind<int8_t, DF> di8;
   const size_t N = hn::Lanes(df);
   for (size_t b = 0; b < n / 32; ++b, src += 34, dst += 32) {
-    const auto d = hn::Set(df, HalfToFloat(dequant_internal::LoadU16(src)));
+    const auto d = hn::Set(df, HalfT(src));
     const int8_t* q = reinterpret_cast<const int8_t*>(src + 2);
     for (size_t j = 0; j < 32; j += N) {
       const auto v = hn::ConvertTo(df, hn::PromoteTo(di, hn::LoadU(di8, q + j)));
@@ -157,38 +166,83 @@ void DecodeQ80(const uint8_t* src, size_t n, float* dst) {
   }
 }
 
-float DotT(const float* a, const float* b, size_t n) {
+// One accumulator per (row, input) pair, fed in index order, then a lane
+// sum and a scalar tail: a pair's result does not depend on how many pairs
+// are computed together, so blocking (R rows x T inputs at once, for
+// instruction-level parallelism and fewer loads) changes nothing.
+template <int R, int T>
+HWY_INLINE void DotBlock(const float* const* rows, const float* const* xs, size_t n, float* out,
+                         size_t out_stride) {
   const hn::ScalableTag<float> d;
   const size_t N = hn::Lanes(d);
-  auto s0 = hn::Zero(d), s1 = hn::Zero(d), s2 = hn::Zero(d), s3 = hn::Zero(d);
-  size_t i = 0;
-  for (; i + 4 * N <= n; i += 4 * N) {
-    s0 = hn::MulAdd(hn::LoadU(d, a + i), hn::LoadU(d, b + i), s0);
-    s1 = hn::MulAdd(hn::LoadU(d, a + i + N), hn::LoadU(d, b + i + N), s1);
-    s2 = hn::MulAdd(hn::LoadU(d, a + i + 2 * N), hn::LoadU(d, b + i + 2 * N), s2);
-    s3 = hn::MulAdd(hn::LoadU(d, a + i + 3 * N), hn::LoadU(d, b + i + 3 * N), s3);
+  using V = hn::Vec<decltype(d)>;
+  V acc[R][T];
+  for (int r = 0; r < R; ++r) {
+    for (int t = 0; t < T; ++t) acc[r][t] = hn::Zero(d);
   }
-  for (; i + N <= n; i += N) s0 = hn::MulAdd(hn::LoadU(d, a + i), hn::LoadU(d, b + i), s0);
-  float sum = hn::GetLane(hn::SumOfLanes(d, hn::Add(hn::Add(s0, s1), hn::Add(s2, s3))));
-  for (; i < n; ++i) sum += a[i] * b[i];
-  return sum;
+  size_t i = 0;
+  for (; i + N <= n; i += N) {
+    V x[T];
+    for (int t = 0; t < T; ++t) x[t] = hn::LoadU(d, xs[t] + i);
+    for (int r = 0; r < R; ++r) {
+      const V w = hn::LoadU(d, rows[r] + i);
+      for (int t = 0; t < T; ++t) acc[r][t] = hn::MulAdd(w, x[t], acc[r][t]);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    for (int t = 0; t < T; ++t) {
+      float sum = hn::GetLane(hn::SumOfLanes(d, acc[r][t]));
+      for (size_t k = i; k < n; ++k) sum += rows[r][k] * xs[t][k];
+      out[t * out_stride + r] = sum;
+    }
+  }
+}
+
+float DotT(const float* a, const float* b, size_t n) {
+  float out;
+  DotBlock<1, 1>(&a, &b, n, &out, 1);
+  return out;
 }
 
 void DequantizeRowT(GgmlType type, const uint8_t* src, size_t n, float* dst);
 
-// Rows [r0, r1) of w times the n inputs; buf holds one decoded row.
+template <int R>
+void RowsTimesInputs(const float* const* rows, const float* x, uint32_t n, uint32_t cols, float* out,
+                     uint32_t out_stride) {
+  uint32_t t = 0;
+  for (; t + 2 <= n; t += 2) {
+    const float* xs[2] = {x + static_cast<size_t>(t) * cols, x + static_cast<size_t>(t + 1) * cols};
+    DotBlock<R, 2>(rows, xs, cols, out + static_cast<size_t>(t) * out_stride, out_stride);
+  }
+  if (t < n) {
+    const float* xs[1] = {x + static_cast<size_t>(t) * cols};
+    DotBlock<R, 1>(rows, xs, cols, out + static_cast<size_t>(t) * out_stride, out_stride);
+  }
+}
+
+// Rows [r0, r1) of w times the n inputs, 4 rows at a time; buf holds 4
+// decoded rows ([4][cols]).
 void MatMulRowsT(const WeightMatrix& w, uint32_t r0, uint32_t r1, const float* x, uint32_t n,
                  float* out, float* buf) {
-  for (uint32_t r = r0; r < r1; ++r) {
-    const uint8_t* src = w.data + static_cast<size_t>(r) * w.row_bytes;
-    const float* row = buf;
-    if (w.type == GgmlType::kF32) {
-      row = reinterpret_cast<const float*>(src);
-    } else {
-      DequantizeRowT(w.type, src, w.cols, buf);
+  for (uint32_t r = r0; r < r1; r += 4) {
+    const uint32_t m = std::min<uint32_t>(4, r1 - r);
+    const float* rows[4];
+    for (uint32_t k = 0; k < m; ++k) {
+      const uint8_t* src = w.data + static_cast<size_t>(r + k) * w.row_bytes;
+      if (w.type == GgmlType::kF32) {
+        rows[k] = reinterpret_cast<const float*>(src);
+      } else {
+        float* dst = buf + static_cast<size_t>(k) * w.cols;
+        DequantizeRowT(w.type, src, w.cols, dst);
+        rows[k] = dst;
+      }
     }
-    for (uint32_t t = 0; t < n; ++t) {
-      out[static_cast<size_t>(t) * w.rows + r] = DotT(row, x + static_cast<size_t>(t) * w.cols, w.cols);
+    float* o = out + r;
+    switch (m) {
+      case 4: RowsTimesInputs<4>(rows, x, n, w.cols, o, w.rows); break;
+      case 3: RowsTimesInputs<3>(rows, x, n, w.cols, o, w.rows); break;
+      case 2: RowsTimesInputs<2>(rows, x, n, w.cols, o, w.rows); break;
+      default: RowsTimesInputs<1>(rows, x, n, w.cols, o, w.rows); break;
     }
   }
 }

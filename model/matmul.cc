@@ -94,7 +94,7 @@ void RunPart(void* ctx, uint32_t part, uint32_t num_parts) {
   const uint32_t r0 = static_cast<uint32_t>(uint64_t{rows} * part / num_parts);
   const uint32_t r1 = static_cast<uint32_t>(uint64_t{rows} * (part + 1) / num_parts);
   thread_local std::vector<float> buf;
-  if (buf.size() < j.w->cols) buf.resize(j.w->cols);
+  if (buf.size() < 4 * size_t{j.w->cols}) buf.resize(4 * size_t{j.w->cols});
   dequant_internal::MatMulRows(*j.w, r0, r1, j.x, j.n, j.out, buf.data());
 }
 

@@ -5,11 +5,12 @@
 // A WeightMatrix is a non-owning view: `rows` rows of `cols` values, each
 // row `row_bytes` bytes of whole blocks of `type`. MatMul computes
 //   out[t][r] = sum_c W[r][c] * x[t][c]        (t < n, r < rows)
-// by decoding one row at a time into f32 (the exact values DequantizeRow
-// gives) and taking its SIMD dot product with each of the n inputs. Every
-// (t, r) is computed by the same sequence of operations whatever n, the
-// thread count or the row split, so a chunked pass is bit-identical to
-// single-token passes and to any thread count. Rows are split between the
+// by decoding 4 rows at a time into f32 (the exact values DequantizeRow
+// gives) and taking SIMD dot products of 4 rows x 2 inputs at once, each
+// (t, r) pair with its own accumulator fed in index order. Every (t, r) is
+// computed by the same sequence of operations whatever n, the thread count
+// or the row split, so a chunked pass is bit-identical to single-token
+// passes and to any thread count. Rows are split between the
 // calling thread and the pool's workers in contiguous ranges.
 //
 // Thread safety: MatMul with a pool must not be called concurrently on the

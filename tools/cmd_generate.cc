@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <ctime>
 #include <fstream>
 #include <sstream>
 #include <nlohmann/json.hpp>
@@ -113,6 +114,25 @@ int RunGenerate(const GenerateCliOptions& o) {
     return Fail(Status::InvalidArgument("unknown --draft-kind '" + o.draft_kind +
                                         "' (want ngram or layers)"));
   }
+  // CPU time of the decode passes (from the first generated token, which
+  // the prefill's logits give, to the end): the process's, and the calling
+  // thread's. On a shared machine these say more than wall time.
+  double cpu0 = -1, thread_cpu0 = -1;
+  size_t tokens_at_cpu0 = 0;
+  auto cpu_now = [](clockid_t id) {
+    timespec ts;
+    clock_gettime(id, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+  };
+  size_t emitted = 0;
+  auto mark = [&] {
+    if (++emitted == 1) {
+      cpu0 = cpu_now(CLOCK_PROCESS_CPUTIME_ID);
+      thread_cpu0 = cpu_now(CLOCK_THREAD_CPUTIME_ID);
+      tokens_at_cpu0 = 1;
+    }
+  };
+  g.on_token = [&](int32_t) { mark(); };
   int32_t prev = prompt.back();
   if (!o.json) {
     auto text = lm.Decode(prompt);
@@ -120,6 +140,7 @@ int RunGenerate(const GenerateCliOptions& o) {
     fmt::print("{}", *text);
     std::fflush(stdout);
     g.on_token = [&](int32_t t) {
+      mark();
       auto piece = lm.DecodePiece(prev, t);
       prev = t;
       if (piece.ok()) {
@@ -134,6 +155,10 @@ int RunGenerate(const GenerateCliOptions& o) {
     return Fail(r.status());
   }
   const double tps = r->decode_seconds > 0 ? r->tokens.size() / r->decode_seconds : 0.0;
+  const size_t cpu_tokens = r->tokens.size() > tokens_at_cpu0 ? r->tokens.size() - tokens_at_cpu0 : 0;
+  const double cpu_ms = cpu_tokens ? 1000 * (cpu_now(CLOCK_PROCESS_CPUTIME_ID) - cpu0) / cpu_tokens : 0;
+  const double thread_cpu_ms =
+      cpu_tokens ? 1000 * (cpu_now(CLOCK_THREAD_CPUTIME_ID) - thread_cpu0) / cpu_tokens : 0;
   if (!o.json) {
     fmt::print("\n");
     fmt::print(stderr, "[{} prompt tokens in {:.2f} s, {} tokens, {:.1f} tok/s ({:.1f} ms/token), kv {} {}, {} threads",
@@ -145,7 +170,7 @@ int RunGenerate(const GenerateCliOptions& o) {
                  r->accepted_tokens, r->drafted_tokens, 100.0 * r->acceptance_rate(),
                  r->forward_passes);
     }
-    fmt::print(stderr, "]\n");
+    fmt::print(stderr, ", decode CPU {:.1f} ms/token (calling thread {:.1f})]\n", cpu_ms, thread_cpu_ms);
     return 0;
   }
   std::vector<int32_t> all = prompt;
@@ -168,6 +193,8 @@ int RunGenerate(const GenerateCliOptions& o) {
   j["decode_seconds"] = r->decode_seconds;
   j["tokens_per_second"] = tps;
   j["threads"] = decoder_threads(o);
+  j["decode_cpu_ms_per_token"] = cpu_ms;
+  j["decode_thread_cpu_ms_per_token"] = thread_cpu_ms;
   j["weights"] = o.weights;
   j["forward_passes"] = r->forward_passes;
   j["draft_tokens"] = o.draft;
