@@ -116,7 +116,9 @@ Result<std::vector<FormatEvaluation>> EvaluateFormats(Decoder& decoder,
   auto reference = [&]() -> Status {
     if (!ref_logits.empty()) return Status::Ok();
     o.formats = FormatPair{};
+    o.eviction = EvictionSpec{};  // the reference keeps every position
     KV_ASSIGN_OR_RETURN(auto ref, CreateKvBackend(shape, o));
+    o.eviction = backend.eviction;
     KV_ASSIGN_OR_RETURN(ref_logits, TeacherForcedLogits(decoder, *ref, tokens, options));
     return Status::Ok();
   };
@@ -135,7 +137,7 @@ Result<std::vector<FormatEvaluation>> EvaluateFormats(Decoder& decoder,
     Result<std::vector<float>> logits = Status::Internal("unset");
     if (Status s = reference(); !s.ok()) {
       logits = s;
-    } else if (pair == FormatPair{}) {
+    } else if (pair == FormatPair{} && !backend.eviction.enabled()) {
       logits = ref_logits;  // f32:f32 is the reference itself
     } else {
       o.formats = pair;

@@ -82,7 +82,9 @@ struct FormatEvaluation {
 std::string_view FormatEvaluationStateName(FormatEvaluation::State state);
 
 // Evaluates every format pair on `backend` (its formats field is ignored),
-// computing the f32 reference once (an f32:f32 pair in the list reuses it). Errors other than "unsupported" /
+// computing the f32 reference once (an f32:f32 pair in the list reuses it).
+// With backend.eviction the reference is still the full f32 cache: KL and
+// top-1 measure eviction and format together. Errors other than "unsupported" /
 // "unavailable" are returned as a Status.
 Result<std::vector<FormatEvaluation>> EvaluateFormats(Decoder& decoder,
                                                       std::span<const int32_t> tokens,

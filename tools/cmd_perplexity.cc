@@ -39,6 +39,7 @@ struct PerplexityCliOptions {
   uint32_t max_tokens = 0;
   uint32_t threads = 2;
   std::string logprobs_out;
+  std::string eviction;
   bool json = false;
 };
 
@@ -80,6 +81,7 @@ nlohmann::json EvaluationJson(const PerplexityCliOptions& o, const model::Format
   j["kv_format"] = FormatPairName(e.formats);
   j["layout"] = o.layout;
   j["backend"] = o.backend;
+  j["eviction"] = o.eviction.empty() ? "none" : o.eviction;
   j["chunk_tokens"] = o.chunk;
   j["prefill_tokens"] = o.prefill;
   j["num_tokens"] = num_tokens;
@@ -116,7 +118,11 @@ int RunPerplexity(const PerplexityCliOptions& o) {
   const model::LoadedModel& lm = **files;
   auto parsed = model::ParseKvBackendOptions(o.kv_format, o.layout, o.backend, o.block_size);
   if (!parsed.ok()) return Fail(parsed.status());
-  const model::KvBackendOptions& kv_options = *parsed;
+  model::KvBackendOptions kv_options = *parsed;
+  auto eviction = model::ParseEvictionSpec(o.eviction);
+  if (!eviction.ok()) return Fail(eviction.status());
+  kv_options.eviction = *eviction;
+  kv_options.eviction.max_chunk_tokens = std::max(o.chunk, o.prefill);
   std::vector<FormatPair> pairs = {kv_options.formats};
   if (!o.formats.empty()) {
     auto p = ParsePairs(o.formats);
@@ -203,6 +209,8 @@ const bool kRegistered = RegisterCommand(
       app->add_option("--max-tokens", o->max_tokens, "Score at most the first N tokens (0 = all that fit)")
           ->capture_default_str();
       app->add_option("--threads", o->threads, "Threads for the weight products")->capture_default_str();
+      app->add_option("--eviction", o->eviction,
+                      "streaming:SINKS,WINDOW | h2o:BUDGET,RECENT (bounded cache; KL still vs the full f32 cache)");
       app->add_option("--logprobs-out", o->logprobs_out,
                       "Write log p(next token) per prediction, f32 [num_predictions] .npy "
                       "(several formats: FILE.<k>_<v>.npy)");
