@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <unistd.h>
 #include <string>
 #include <vector>
 
@@ -21,7 +22,11 @@ namespace {
 
 using testing::GgufWriter;
 
-std::string TempPath(const std::string& name) { return ::testing::TempDir() + "gguf_test_" + name; }
+// One file per test and process (a parallel run must not rewrite a file
+// another process has mapped).
+std::string TempPath(const std::string& name) {
+  return ::testing::TempDir() + "gguf_test_" + std::to_string(::getpid()) + "_" + name;
+}
 
 Result<std::unique_ptr<GgufFile>> OpenBytes(const std::string& name, const std::vector<uint8_t>& b) {
   const std::string p = TempPath(name);
