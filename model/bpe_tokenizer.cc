@@ -3,8 +3,9 @@
 #include "model/bpe_tokenizer.h"
 
 #include <algorithm>
+#include <bit>
 #include <cstdio>
-#include <queue>
+#include <functional>
 
 #include "model/unicode_classes.h"
 
@@ -202,7 +203,10 @@ Result<BpeTokenizer> BpeTokenizer::Create(BpeVocab vocab) {
       if (slot < 0) slot = id32;
     }
   }
-  t.merges_.reserve(vocab.merges.size());
+  size_t slots = 16;
+  while (slots < 2 * vocab.merges.size()) slots *= 2;
+  t.merge_slots_.assign(slots, MergeSlot{kEmptyKey, 0, 0});
+  t.merge_shift_ = 64 - std::countr_zero(slots);
   std::string left_bytes, right_bytes;
   for (size_t rank = 0; rank < vocab.merges.size(); ++rank) {
     const std::string& m = vocab.merges[rank];
@@ -223,8 +227,8 @@ Result<BpeTokenizer> BpeTokenizer::Create(BpeVocab vocab) {
     auto res = t.ordinary_ids_.find(left_bytes + right_bytes);
     if (l == t.ordinary_ids_.end() || r == t.ordinary_ids_.end()) return bad("joins a token not in the vocabulary");
     if (res == t.ordinary_ids_.end()) return bad("makes a token not in the vocabulary");
-    t.merges_.emplace(PairKey(l->second, r->second),
-                      Merge{static_cast<int32_t>(rank), res->second});  // first rank wins
+    t.InsertMerge(PairKey(l->second, r->second), static_cast<int32_t>(rank),
+                  res->second);  // a repeated pair keeps its first rank
   }
   for (size_t id = 0; id < n; ++id) {
     if (t.special_[id]) {
@@ -243,6 +247,18 @@ Result<BpeTokenizer> BpeTokenizer::Create(BpeVocab vocab) {
   return t;
 }
 
+bool BpeTokenizer::InsertMerge(uint64_t key, int32_t rank, int32_t result) {
+  size_t i = static_cast<size_t>((key * 0x9E3779B97F4A7C15ull) >> merge_shift_);
+  for (;; i = (i + 1) & (merge_slots_.size() - 1)) {
+    MergeSlot& s = merge_slots_[i];
+    if (s.key == key) return false;
+    if (s.key == kEmptyKey) {
+      s = {key, rank, result};
+      return true;
+    }
+  }
+}
+
 Result<int32_t> BpeTokenizer::SpecialId(std::string_view text) const {
   if (!text.empty()) {
     for (int32_t id : specials_by_byte_[static_cast<uint8_t>(text[0])]) {
@@ -252,15 +268,32 @@ Result<int32_t> BpeTokenizer::SpecialId(std::string_view text) const {
   return Status::NotFound("no special token " + Printable(text));
 }
 
-Status BpeTokenizer::EncodeChunk(std::string_view chunk, size_t chunk_offset,
-                                 std::vector<int32_t>* out) const {
-  const size_t n = chunk.size();
+struct BpeTokenizer::Scratch {
   struct Symbol {
     int32_t id;
     int32_t prev;
     int32_t next;  // -1 at the ends; id -1 once merged into its left neighbour
   };
-  std::vector<Symbol> sym(n);
+  struct Candidate {
+    int32_t rank;
+    int32_t left;  // symbol index (= byte offset of its first byte)
+    int32_t left_id;
+    int32_t right_id;
+    int32_t result;
+    bool operator>(const Candidate& o) const {
+      return rank != o.rank ? rank > o.rank : left > o.left;
+    }
+  };
+  std::vector<Symbol> sym;
+  std::vector<Candidate> heap;  // a min-heap by (rank, left)
+};
+
+Status BpeTokenizer::EncodeChunk(std::string_view chunk, size_t chunk_offset, Scratch* scratch,
+                                 std::vector<int32_t>* out) const {
+  using Candidate = Scratch::Candidate;
+  const size_t n = chunk.size();
+  auto& sym = scratch->sym;
+  sym.resize(n);
   for (size_t i = 0; i < n; ++i) {
     const int32_t id = byte_token_[static_cast<uint8_t>(chunk[i])];
     if (id < 0) {
@@ -276,33 +309,26 @@ Status BpeTokenizer::EncodeChunk(std::string_view chunk, size_t chunk_offset,
     out->push_back(sym[0].id);
     return Status::Ok();
   }
-  struct Candidate {
-    int32_t rank;
-    int32_t left;  // symbol index (= byte offset of its first byte)
-    int32_t left_id;
-    int32_t right_id;
-    bool operator>(const Candidate& o) const {
-      return rank != o.rank ? rank > o.rank : left > o.left;
-    }
-  };
-  std::vector<Candidate> storage;
-  storage.reserve(2 * n);
-  std::priority_queue<Candidate, std::vector<Candidate>, std::greater<>> heap(std::greater<>{},
-                                                                               std::move(storage));
+  auto& heap = scratch->heap;
+  heap.clear();
+  const auto later = std::greater<Candidate>();
   auto push = [&](int32_t left) {
     const int32_t right = sym[left].next;
     if (right < 0) return;
-    auto it = merges_.find(PairKey(sym[left].id, sym[right].id));
-    if (it != merges_.end()) heap.push({it->second.rank, left, sym[left].id, sym[right].id});
+    const MergeSlot* m = FindMerge(sym[left].id, sym[right].id);
+    if (m == nullptr) return;
+    heap.push_back({m->rank, left, sym[left].id, sym[right].id, m->result});
+    std::push_heap(heap.begin(), heap.end(), later);
   };
   for (size_t i = 0; i + 1 < n; ++i) push(static_cast<int32_t>(i));
   while (!heap.empty()) {
-    const Candidate c = heap.top();
-    heap.pop();
-    Symbol& l = sym[c.left];
+    std::pop_heap(heap.begin(), heap.end(), later);
+    const Candidate c = heap.back();
+    heap.pop_back();
+    Scratch::Symbol& l = sym[c.left];
     if (l.id != c.left_id || l.next < 0 || sym[l.next].id != c.right_id) continue;  // stale
     const int32_t right = l.next;
-    l.id = merges_.find(PairKey(c.left_id, c.right_id))->second.result;
+    l.id = c.result;
     l.next = sym[right].next;
     if (l.next >= 0) sym[l.next].prev = c.left;
     sym[right].id = -1;
@@ -313,10 +339,11 @@ Status BpeTokenizer::EncodeChunk(std::string_view chunk, size_t chunk_offset,
   return Status::Ok();
 }
 
-Status BpeTokenizer::EncodePlain(std::string_view text, size_t offset,
+Status BpeTokenizer::EncodePlain(std::string_view text, size_t offset, Scratch* scratch,
                                  std::vector<int32_t>* out) const {
   for (std::string_view chunk : PreTokenize(pre_, text)) {
-    KV_RETURN_IF_ERROR(EncodeChunk(chunk, offset + static_cast<size_t>(chunk.data() - text.data()), out));
+    KV_RETURN_IF_ERROR(EncodeChunk(chunk, offset + static_cast<size_t>(chunk.data() - text.data()),
+                                   scratch, out));
   }
   return Status::Ok();
 }
@@ -329,6 +356,7 @@ Result<std::vector<int32_t>> BpeTokenizer::Encode(std::string_view text,
   }
   std::vector<int32_t> ids;
   ids.reserve(text.size() / 3 + 2);
+  Scratch scratch;
   if (options.bos) ids.push_back(bos_id_);
   size_t plain_begin = 0;
   if (options.parse_special) {
@@ -344,13 +372,13 @@ Result<std::vector<int32_t>> BpeTokenizer::Encode(std::string_view text,
         ++pos;
         continue;
       }
-      KV_RETURN_IF_ERROR(EncodePlain(text.substr(plain_begin, pos - plain_begin), plain_begin, &ids));
+      KV_RETURN_IF_ERROR(EncodePlain(text.substr(plain_begin, pos - plain_begin), plain_begin, &scratch, &ids));
       ids.push_back(match);
       pos += token_bytes_[match].size();
       plain_begin = pos;
     }
   }
-  KV_RETURN_IF_ERROR(EncodePlain(text.substr(plain_begin), plain_begin, &ids));
+  KV_RETURN_IF_ERROR(EncodePlain(text.substr(plain_begin), plain_begin, &scratch, &ids));
   if (options.eos) ids.push_back(eos_id_);
   return ids;
 }

@@ -110,22 +110,41 @@ class BpeTokenizer {
 
  private:
   BpeTokenizer() = default;
-  struct Merge {
+  // Merges in an open-addressing table (linear probing, power-of-two size,
+  // at most half full): key PairKey(left, right), kEmptyKey where free.
+  struct MergeSlot {
+    uint64_t key;
     int32_t rank;
     int32_t result;
   };
+  static constexpr uint64_t kEmptyKey = ~uint64_t{0};
   static uint64_t PairKey(int32_t left, int32_t right) {
     return (static_cast<uint64_t>(static_cast<uint32_t>(left)) << 32) |
            static_cast<uint32_t>(right);
   }
-  Status EncodeChunk(std::string_view chunk, size_t chunk_offset, std::vector<int32_t>* out) const;
-  Status EncodePlain(std::string_view text, size_t offset, std::vector<int32_t>* out) const;
+  struct Scratch;  // per-Encode buffers, reused across chunks
+  // The slot of (left, right), or nullptr when they do not merge.
+  const MergeSlot* FindMerge(int32_t left, int32_t right) const {
+    const uint64_t key = PairKey(left, right);
+    size_t i = static_cast<size_t>((key * 0x9E3779B97F4A7C15ull) >> merge_shift_);
+    for (;; i = (i + 1) & (merge_slots_.size() - 1)) {
+      const MergeSlot& s = merge_slots_[i];
+      if (s.key == key) return &s;
+      if (s.key == kEmptyKey) return nullptr;
+    }
+  }
+  bool InsertMerge(uint64_t key, int32_t rank, int32_t result);  // false if already there
+  Status EncodeChunk(std::string_view chunk, size_t chunk_offset, Scratch* scratch,
+                     std::vector<int32_t>* out) const;
+  Status EncodePlain(std::string_view text, size_t offset, Scratch* scratch,
+                     std::vector<int32_t>* out) const;
 
   std::vector<std::string> token_bytes_;  // [vocab] raw bytes of each token
   std::vector<bool> special_;             // [vocab]
   std::array<int32_t, 256> byte_token_{};  // id of each single byte, -1 when none
   std::unordered_map<std::string, int32_t> ordinary_ids_;  // bytes -> lowest ordinary id
-  std::unordered_map<uint64_t, Merge> merges_;             // PairKey(left, right) -> merge
+  std::vector<MergeSlot> merge_slots_;  // [power of two >= 2 * merges]
+  int merge_shift_ = 64;                // 64 - log2(merge_slots_.size())
   // Special tokens by their first byte, longest first (for leftmost-longest matching).
   std::array<std::vector<int32_t>, 256> specials_by_byte_;
   PreTokenizer pre_ = PreTokenizer::kGpt2;

@@ -71,6 +71,11 @@ Prefix ScanUtf8(std::string_view text, size_t pos) {
 }  // namespace
 
 CharClass ClassOf(char32_t cp) {
+  if (cp < 0x80) {
+    if (IsWhiteSpace(cp)) return CharClass::kSpace;
+    if ((cp | 0x20) >= 'a' && (cp | 0x20) <= 'z') return CharClass::kLetter;
+    return cp >= '0' && cp <= '9' ? CharClass::kNumber : CharClass::kOther;
+  }
   if (IsWhiteSpace(cp)) return CharClass::kSpace;
   auto it = std::upper_bound(std::begin(kRanges), std::end(kRanges), cp,
                              [](char32_t c, const ClassRange& r) { return c < r.first; });
