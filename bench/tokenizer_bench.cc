@@ -56,7 +56,8 @@ void BM_BpeEncodeGpl3(benchmark::State& state) {
     tokens += ids->size();
     benchmark::DoNotOptimize(ids);
   }
-  state.counters["tokens_per_s"] = benchmark::Counter(static_cast<double>(tokens), benchmark::Counter::kIsRate);
+  state.counters["tokens_per_s"] =
+      benchmark::Counter(static_cast<double>(tokens), benchmark::Counter::kIsRate);
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * s.text.size()));
 }
 BENCHMARK(BM_BpeEncodeGpl3)->Unit(benchmark::kMillisecond);

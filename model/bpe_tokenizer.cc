@@ -101,7 +101,8 @@ void SplitGpt2(const std::vector<CharInfo>& c, size_t begin, size_t end,
       continue;
     }
     // " ?X+" for X in letters, numbers, other: an optional ' ' then a run.
-    const size_t k = (c[i].cp == ' ' && i + 1 < end && c[i + 1].cls != CharClass::kSpace) ? i + 1 : i;
+    const size_t k =
+        (c[i].cp == ' ' && i + 1 < end && c[i + 1].cls != CharClass::kSpace) ? i + 1 : i;
     const CharClass cls = c[k].cls;
     if (cls != CharClass::kSpace) {
       size_t j = k + 1;
@@ -157,7 +158,8 @@ std::vector<std::string_view> BpeTokenizer::PreTokenize(PreTokenizer pre, std::s
 Result<BpeTokenizer> BpeTokenizer::Create(BpeVocab vocab) {
   const size_t n = vocab.tokens.size();
   if (n == 0) return Status::InvalidArgument("BPE vocabulary is empty");
-  if (n > static_cast<size_t>(INT32_MAX)) return Status::InvalidArgument("BPE vocabulary too large");
+  if (n > static_cast<size_t>(INT32_MAX))
+    return Status::InvalidArgument("BPE vocabulary too large");
   if (!vocab.token_types.empty() && vocab.token_types.size() != n) {
     return Status::Corruption("BPE token_type has " + std::to_string(vocab.token_types.size()) +
                               " entries for " + std::to_string(n) + " tokens");
@@ -193,8 +195,7 @@ Result<BpeTokenizer> BpeTokenizer::Create(BpeVocab vocab) {
     }
     if (!UnmapToken(vocab.tokens[id], &t.token_bytes_[id]) || t.token_bytes_[id].empty()) {
       return Status::Corruption("BPE token " + std::to_string(id) + " " +
-                                Printable(vocab.tokens[id]) +
-                                " is not in GPT-2's byte alphabet");
+                                Printable(vocab.tokens[id]) + " is not in GPT-2's byte alphabet");
     }
     const int32_t id32 = static_cast<int32_t>(id);
     t.ordinary_ids_.emplace(t.token_bytes_[id], id32);  // keeps the lowest id
@@ -212,7 +213,8 @@ Result<BpeTokenizer> BpeTokenizer::Create(BpeVocab vocab) {
     const std::string& m = vocab.merges[rank];
     const size_t sp = m.find(' ');
     auto bad = [&](const std::string& why) {
-      return Status::Corruption("BPE merge " + std::to_string(rank) + " " + Printable(m) + " " + why);
+      return Status::Corruption("BPE merge " + std::to_string(rank) + " " + Printable(m) + " " +
+                                why);
     };
     if (sp == std::string::npos || sp == 0 || sp + 1 == m.size() ||
         m.find(' ', sp + 1) != std::string::npos) {
@@ -225,14 +227,16 @@ Result<BpeTokenizer> BpeTokenizer::Create(BpeVocab vocab) {
     auto l = t.ordinary_ids_.find(left_bytes);
     auto r = t.ordinary_ids_.find(right_bytes);
     auto res = t.ordinary_ids_.find(left_bytes + right_bytes);
-    if (l == t.ordinary_ids_.end() || r == t.ordinary_ids_.end()) return bad("joins a token not in the vocabulary");
+    if (l == t.ordinary_ids_.end() || r == t.ordinary_ids_.end())
+      return bad("joins a token not in the vocabulary");
     if (res == t.ordinary_ids_.end()) return bad("makes a token not in the vocabulary");
     t.InsertMerge(PairKey(l->second, r->second), static_cast<int32_t>(rank),
                   res->second);  // a repeated pair keeps its first rank
   }
   for (size_t id = 0; id < n; ++id) {
     if (t.special_[id]) {
-      t.specials_by_byte_[static_cast<uint8_t>(t.token_bytes_[id][0])].push_back(static_cast<int32_t>(id));
+      t.specials_by_byte_[static_cast<uint8_t>(t.token_bytes_[id][0])].push_back(
+          static_cast<int32_t>(id));
     }
   }
   for (auto& list : t.specials_by_byte_) {
@@ -342,8 +346,8 @@ Status BpeTokenizer::EncodeChunk(std::string_view chunk, size_t chunk_offset, Sc
 Status BpeTokenizer::EncodePlain(std::string_view text, size_t offset, Scratch* scratch,
                                  std::vector<int32_t>* out) const {
   for (std::string_view chunk : PreTokenize(pre_, text)) {
-    KV_RETURN_IF_ERROR(EncodeChunk(chunk, offset + static_cast<size_t>(chunk.data() - text.data()),
-                                   scratch, out));
+    KV_RETURN_IF_ERROR(
+        EncodeChunk(chunk, offset + static_cast<size_t>(chunk.data() - text.data()), scratch, out));
   }
   return Status::Ok();
 }
@@ -372,7 +376,8 @@ Result<std::vector<int32_t>> BpeTokenizer::Encode(std::string_view text,
         ++pos;
         continue;
       }
-      KV_RETURN_IF_ERROR(EncodePlain(text.substr(plain_begin, pos - plain_begin), plain_begin, &scratch, &ids));
+      KV_RETURN_IF_ERROR(
+          EncodePlain(text.substr(plain_begin, pos - plain_begin), plain_begin, &scratch, &ids));
       ids.push_back(match);
       pos += token_bytes_[match].size();
       plain_begin = pos;
@@ -385,8 +390,8 @@ Result<std::vector<int32_t>> BpeTokenizer::Encode(std::string_view text,
 
 Result<std::string> BpeTokenizer::DecodeToken(int32_t id) const {
   if (id < 0 || static_cast<uint32_t>(id) >= vocab_size()) {
-    return Status::InvalidArgument("token id " + std::to_string(id) + " is outside the vocabulary of " +
-                                   std::to_string(vocab_size()));
+    return Status::InvalidArgument("token id " + std::to_string(id) +
+                                   " is outside the vocabulary of " + std::to_string(vocab_size()));
   }
   return token_bytes_[id];
 }

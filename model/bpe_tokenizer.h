@@ -21,8 +21,9 @@
 //             piece between them (llama.cpp's SMOLLM pre-type).
 // Both are matched by hand over the classes of model/unicode_classes.h; an
 // invalid UTF-8 byte counts as one character of class "other". A byte that
-// has no token of its own (SmolLM2 lacks 0x04, 0xC0, 0xF5..0xFF, ...) makes
-// Encode fail with InvalidArgument naming it, rather than drop it silently.
+// has no token of its own (SmolLM2 lacks 21: 0x04, 0xC0, 0xF1, 0xF5..0xFF,
+// ...) makes Encode fail with InvalidArgument naming it and its offset,
+// where HF tokenizers and llama.cpp drop it silently.
 //
 // Decode: the concatenated bytes of the tokens (control tokens as their
 // text); the result need not be valid UTF-8 (a token may end inside a
@@ -139,12 +140,12 @@ class BpeTokenizer {
   Status EncodePlain(std::string_view text, size_t offset, Scratch* scratch,
                      std::vector<int32_t>* out) const;
 
-  std::vector<std::string> token_bytes_;  // [vocab] raw bytes of each token
-  std::vector<bool> special_;             // [vocab]
-  std::array<int32_t, 256> byte_token_{};  // id of each single byte, -1 when none
+  std::vector<std::string> token_bytes_;                   // [vocab] raw bytes of each token
+  std::vector<bool> special_;                              // [vocab]
+  std::array<int32_t, 256> byte_token_{};                  // id of each single byte, -1 when none
   std::unordered_map<std::string, int32_t> ordinary_ids_;  // bytes -> lowest ordinary id
-  std::vector<MergeSlot> merge_slots_;  // [power of two >= 2 * merges]
-  int merge_shift_ = 64;                // 64 - log2(merge_slots_.size())
+  std::vector<MergeSlot> merge_slots_;                     // [power of two >= 2 * merges]
+  int merge_shift_ = 64;                                   // 64 - log2(merge_slots_.size())
   // Special tokens by their first byte, longest first (for leftmost-longest matching).
   std::array<std::vector<int32_t>, 256> specials_by_byte_;
   PreTokenizer pre_ = PreTokenizer::kGpt2;
