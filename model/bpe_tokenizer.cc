@@ -354,6 +354,11 @@ Status BpeTokenizer::EncodePlain(std::string_view text, size_t offset, Scratch* 
 
 Result<std::vector<int32_t>> BpeTokenizer::Encode(std::string_view text,
                                                   const BpeEncodeOptions& options) const {
+  if (text.size() > kMaxTextBytes) {
+    return Status::InvalidArgument("BPE text of " + std::to_string(text.size()) +
+                                   " bytes is longer than the limit of " +
+                                   std::to_string(kMaxTextBytes));
+  }
   if ((options.bos && bos_id_ < 0) || (options.eos && eos_id_ < 0)) {
     return Status::InvalidArgument(std::string("BPE vocabulary has no ") +
                                    (options.bos && bos_id_ < 0 ? "BOS" : "EOS") + " token");

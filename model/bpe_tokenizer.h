@@ -92,11 +92,16 @@ class BpeTokenizer {
   bool add_bos() const { return add_bos_; }
   PreTokenizer pre_tokenizer() const { return pre_; }
   const std::string& chat_template() const { return chat_template_; }
-  // True for control and user-defined tokens. REQUIRES id < vocab_size().
-  bool is_special(int32_t id) const { return special_[id]; }
+  // True for control and user-defined tokens (false outside the vocabulary).
+  bool is_special(int32_t id) const {
+    return id >= 0 && static_cast<uint32_t>(id) < vocab_size() && special_[id];
+  }
   // The id of the control/user-defined token with exactly this text; NotFound otherwise.
   Result<int32_t> SpecialId(std::string_view text) const;
 
+  // InvalidArgument for text longer than kMaxTextBytes or a byte without a
+  // token (naming it and its offset); see the file comment.
+  static constexpr size_t kMaxTextBytes = size_t{1} << 31;
   Result<std::vector<int32_t>> Encode(std::string_view text,
                                       const BpeEncodeOptions& options = {}) const;
   // The bytes of token `id`; InvalidArgument outside the vocabulary.
@@ -106,7 +111,7 @@ class BpeTokenizer {
   Result<std::string> Decode(std::span<const int32_t> ids) const;
 
   // The pre-tokenizer's chunks of `text` (no special-token matching), as
-  // views into `text`. Exposed for tests.
+  // views into `text`. REQUIRES text.size() <= kMaxTextBytes. For tests.
   static std::vector<std::string_view> PreTokenize(PreTokenizer pre, std::string_view text);
 
  private:

@@ -6,6 +6,7 @@
 #include "model/bpe_tokenizer.h"
 
 #include <gtest/gtest.h>
+#include <sys/mman.h>
 
 #include <algorithm>
 #include <map>
@@ -209,6 +210,8 @@ TEST(BpeTokenizer, SpecialTokensOnlyWhenAllowedLongestFirst) {
   const int32_t x = v.id_of["<|x|>"], xy = v.id_of["<|x|>y"], end = v.id_of["<|end|>"];
   EXPECT_TRUE(t.is_special(x));
   EXPECT_FALSE(t.is_special('a'));
+  EXPECT_FALSE(t.is_special(-1));
+  EXPECT_FALSE(t.is_special(static_cast<int32_t>(t.vocab_size())));
   EXPECT_EQ(*t.SpecialId("<|end|>"), end);
   EXPECT_EQ(t.SpecialId("<|nope|>").status().code(), StatusCode::kNotFound);
   const BpeEncodeOptions special{.parse_special = true};
@@ -260,6 +263,17 @@ TEST(BpeTokenizer, ByteWithoutTokenIsAnError) {
   EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(r.status().message().find("0x04 at offset 2"), std::string::npos)
       << r.status().message();
+}
+
+TEST(BpeTokenizer, TextOverTheLimitIsAnError) {
+  const BpeTokenizer t = TinyVocab(Merges{}).Build();
+  // Address space only (never touched: the length is checked first).
+  const size_t n = BpeTokenizer::kMaxTextBytes + 1;
+  void* p = mmap(nullptr, n, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  ASSERT_NE(p, MAP_FAILED);
+  auto r = t.Encode(std::string_view(static_cast<const char*>(p), n));
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  munmap(p, n);
 }
 
 TEST(BpeTokenizer, DecodeRejectsBadIds) {
