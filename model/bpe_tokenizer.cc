@@ -158,8 +158,9 @@ std::vector<std::string_view> BpeTokenizer::PreTokenize(PreTokenizer pre, std::s
 Result<BpeTokenizer> BpeTokenizer::Create(BpeVocab vocab) {
   const size_t n = vocab.tokens.size();
   if (n == 0) return Status::InvalidArgument("BPE vocabulary is empty");
-  if (n > static_cast<size_t>(INT32_MAX))
-    return Status::InvalidArgument("BPE vocabulary too large");
+  if (n > static_cast<size_t>(INT32_MAX) || vocab.merges.size() > static_cast<size_t>(INT32_MAX)) {
+    return Status::InvalidArgument("BPE vocabulary or merge list has over 2^31 entries");
+  }
   if (!vocab.token_types.empty() && vocab.token_types.size() != n) {
     return Status::Corruption("BPE token_type has " + std::to_string(vocab.token_types.size()) +
                               " entries for " + std::to_string(n) + " tokens");
