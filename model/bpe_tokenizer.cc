@@ -3,8 +3,9 @@
 #include "model/bpe_tokenizer.h"
 
 #include <algorithm>
+#include <bit>
 #include <cstdio>
-#include <queue>
+#include <functional>
 
 #include "model/unicode_classes.h"
 
@@ -100,7 +101,8 @@ void SplitGpt2(const std::vector<CharInfo>& c, size_t begin, size_t end,
       continue;
     }
     // " ?X+" for X in letters, numbers, other: an optional ' ' then a run.
-    const size_t k = (c[i].cp == ' ' && i + 1 < end && c[i + 1].cls != CharClass::kSpace) ? i + 1 : i;
+    const size_t k =
+        (c[i].cp == ' ' && i + 1 < end && c[i + 1].cls != CharClass::kSpace) ? i + 1 : i;
     const CharClass cls = c[k].cls;
     if (cls != CharClass::kSpace) {
       size_t j = k + 1;
@@ -156,7 +158,9 @@ std::vector<std::string_view> BpeTokenizer::PreTokenize(PreTokenizer pre, std::s
 Result<BpeTokenizer> BpeTokenizer::Create(BpeVocab vocab) {
   const size_t n = vocab.tokens.size();
   if (n == 0) return Status::InvalidArgument("BPE vocabulary is empty");
-  if (n > static_cast<size_t>(INT32_MAX)) return Status::InvalidArgument("BPE vocabulary too large");
+  if (n > static_cast<size_t>(INT32_MAX) || vocab.merges.size() > static_cast<size_t>(INT32_MAX)) {
+    return Status::InvalidArgument("BPE vocabulary or merge list has over 2^31 entries");
+  }
   if (!vocab.token_types.empty() && vocab.token_types.size() != n) {
     return Status::Corruption("BPE token_type has " + std::to_string(vocab.token_types.size()) +
                               " entries for " + std::to_string(n) + " tokens");
@@ -192,8 +196,7 @@ Result<BpeTokenizer> BpeTokenizer::Create(BpeVocab vocab) {
     }
     if (!UnmapToken(vocab.tokens[id], &t.token_bytes_[id]) || t.token_bytes_[id].empty()) {
       return Status::Corruption("BPE token " + std::to_string(id) + " " +
-                                Printable(vocab.tokens[id]) +
-                                " is not in GPT-2's byte alphabet");
+                                Printable(vocab.tokens[id]) + " is not in GPT-2's byte alphabet");
     }
     const int32_t id32 = static_cast<int32_t>(id);
     t.ordinary_ids_.emplace(t.token_bytes_[id], id32);  // keeps the lowest id
@@ -202,13 +205,17 @@ Result<BpeTokenizer> BpeTokenizer::Create(BpeVocab vocab) {
       if (slot < 0) slot = id32;
     }
   }
-  t.merges_.reserve(vocab.merges.size());
+  size_t slots = 16;
+  while (slots < 2 * vocab.merges.size()) slots *= 2;
+  t.merge_slots_.assign(slots, MergeSlot{kEmptyKey, 0, 0});
+  t.merge_shift_ = 64 - std::countr_zero(slots);
   std::string left_bytes, right_bytes;
   for (size_t rank = 0; rank < vocab.merges.size(); ++rank) {
     const std::string& m = vocab.merges[rank];
     const size_t sp = m.find(' ');
     auto bad = [&](const std::string& why) {
-      return Status::Corruption("BPE merge " + std::to_string(rank) + " " + Printable(m) + " " + why);
+      return Status::Corruption("BPE merge " + std::to_string(rank) + " " + Printable(m) + " " +
+                                why);
     };
     if (sp == std::string::npos || sp == 0 || sp + 1 == m.size() ||
         m.find(' ', sp + 1) != std::string::npos) {
@@ -221,14 +228,16 @@ Result<BpeTokenizer> BpeTokenizer::Create(BpeVocab vocab) {
     auto l = t.ordinary_ids_.find(left_bytes);
     auto r = t.ordinary_ids_.find(right_bytes);
     auto res = t.ordinary_ids_.find(left_bytes + right_bytes);
-    if (l == t.ordinary_ids_.end() || r == t.ordinary_ids_.end()) return bad("joins a token not in the vocabulary");
+    if (l == t.ordinary_ids_.end() || r == t.ordinary_ids_.end())
+      return bad("joins a token not in the vocabulary");
     if (res == t.ordinary_ids_.end()) return bad("makes a token not in the vocabulary");
-    t.merges_.emplace(PairKey(l->second, r->second),
-                      Merge{static_cast<int32_t>(rank), res->second});  // first rank wins
+    t.InsertMerge(PairKey(l->second, r->second), static_cast<int32_t>(rank),
+                  res->second);  // a repeated pair keeps its first rank
   }
   for (size_t id = 0; id < n; ++id) {
     if (t.special_[id]) {
-      t.specials_by_byte_[static_cast<uint8_t>(t.token_bytes_[id][0])].push_back(static_cast<int32_t>(id));
+      t.specials_by_byte_[static_cast<uint8_t>(t.token_bytes_[id][0])].push_back(
+          static_cast<int32_t>(id));
     }
   }
   for (auto& list : t.specials_by_byte_) {
@@ -243,6 +252,18 @@ Result<BpeTokenizer> BpeTokenizer::Create(BpeVocab vocab) {
   return t;
 }
 
+bool BpeTokenizer::InsertMerge(uint64_t key, int32_t rank, int32_t result) {
+  size_t i = static_cast<size_t>((key * 0x9E3779B97F4A7C15ull) >> merge_shift_);
+  for (;; i = (i + 1) & (merge_slots_.size() - 1)) {
+    MergeSlot& s = merge_slots_[i];
+    if (s.key == key) return false;
+    if (s.key == kEmptyKey) {
+      s = {key, rank, result};
+      return true;
+    }
+  }
+}
+
 Result<int32_t> BpeTokenizer::SpecialId(std::string_view text) const {
   if (!text.empty()) {
     for (int32_t id : specials_by_byte_[static_cast<uint8_t>(text[0])]) {
@@ -252,15 +273,32 @@ Result<int32_t> BpeTokenizer::SpecialId(std::string_view text) const {
   return Status::NotFound("no special token " + Printable(text));
 }
 
-Status BpeTokenizer::EncodeChunk(std::string_view chunk, size_t chunk_offset,
-                                 std::vector<int32_t>* out) const {
-  const size_t n = chunk.size();
+struct BpeTokenizer::Scratch {
   struct Symbol {
     int32_t id;
     int32_t prev;
     int32_t next;  // -1 at the ends; id -1 once merged into its left neighbour
   };
-  std::vector<Symbol> sym(n);
+  struct Candidate {
+    int32_t rank;
+    int32_t left;  // symbol index (= byte offset of its first byte)
+    int32_t left_id;
+    int32_t right_id;
+    int32_t result;
+    bool operator>(const Candidate& o) const {
+      return rank != o.rank ? rank > o.rank : left > o.left;
+    }
+  };
+  std::vector<Symbol> sym;
+  std::vector<Candidate> heap;  // a min-heap by (rank, left)
+};
+
+Status BpeTokenizer::EncodeChunk(std::string_view chunk, size_t chunk_offset, Scratch* scratch,
+                                 std::vector<int32_t>* out) const {
+  using Candidate = Scratch::Candidate;
+  const size_t n = chunk.size();
+  auto& sym = scratch->sym;
+  sym.resize(n);
   for (size_t i = 0; i < n; ++i) {
     const int32_t id = byte_token_[static_cast<uint8_t>(chunk[i])];
     if (id < 0) {
@@ -276,33 +314,26 @@ Status BpeTokenizer::EncodeChunk(std::string_view chunk, size_t chunk_offset,
     out->push_back(sym[0].id);
     return Status::Ok();
   }
-  struct Candidate {
-    int32_t rank;
-    int32_t left;  // symbol index (= byte offset of its first byte)
-    int32_t left_id;
-    int32_t right_id;
-    bool operator>(const Candidate& o) const {
-      return rank != o.rank ? rank > o.rank : left > o.left;
-    }
-  };
-  std::vector<Candidate> storage;
-  storage.reserve(2 * n);
-  std::priority_queue<Candidate, std::vector<Candidate>, std::greater<>> heap(std::greater<>{},
-                                                                               std::move(storage));
+  auto& heap = scratch->heap;
+  heap.clear();
+  const auto later = std::greater<Candidate>();
   auto push = [&](int32_t left) {
     const int32_t right = sym[left].next;
     if (right < 0) return;
-    auto it = merges_.find(PairKey(sym[left].id, sym[right].id));
-    if (it != merges_.end()) heap.push({it->second.rank, left, sym[left].id, sym[right].id});
+    const MergeSlot* m = FindMerge(sym[left].id, sym[right].id);
+    if (m == nullptr) return;
+    heap.push_back({m->rank, left, sym[left].id, sym[right].id, m->result});
+    std::push_heap(heap.begin(), heap.end(), later);
   };
   for (size_t i = 0; i + 1 < n; ++i) push(static_cast<int32_t>(i));
   while (!heap.empty()) {
-    const Candidate c = heap.top();
-    heap.pop();
-    Symbol& l = sym[c.left];
+    std::pop_heap(heap.begin(), heap.end(), later);
+    const Candidate c = heap.back();
+    heap.pop_back();
+    Scratch::Symbol& l = sym[c.left];
     if (l.id != c.left_id || l.next < 0 || sym[l.next].id != c.right_id) continue;  // stale
     const int32_t right = l.next;
-    l.id = merges_.find(PairKey(c.left_id, c.right_id))->second.result;
+    l.id = c.result;
     l.next = sym[right].next;
     if (l.next >= 0) sym[l.next].prev = c.left;
     sym[right].id = -1;
@@ -313,22 +344,29 @@ Status BpeTokenizer::EncodeChunk(std::string_view chunk, size_t chunk_offset,
   return Status::Ok();
 }
 
-Status BpeTokenizer::EncodePlain(std::string_view text, size_t offset,
+Status BpeTokenizer::EncodePlain(std::string_view text, size_t offset, Scratch* scratch,
                                  std::vector<int32_t>* out) const {
   for (std::string_view chunk : PreTokenize(pre_, text)) {
-    KV_RETURN_IF_ERROR(EncodeChunk(chunk, offset + static_cast<size_t>(chunk.data() - text.data()), out));
+    KV_RETURN_IF_ERROR(
+        EncodeChunk(chunk, offset + static_cast<size_t>(chunk.data() - text.data()), scratch, out));
   }
   return Status::Ok();
 }
 
 Result<std::vector<int32_t>> BpeTokenizer::Encode(std::string_view text,
                                                   const BpeEncodeOptions& options) const {
+  if (text.size() > kMaxTextBytes) {
+    return Status::InvalidArgument("BPE text of " + std::to_string(text.size()) +
+                                   " bytes is longer than the limit of " +
+                                   std::to_string(kMaxTextBytes));
+  }
   if ((options.bos && bos_id_ < 0) || (options.eos && eos_id_ < 0)) {
     return Status::InvalidArgument(std::string("BPE vocabulary has no ") +
                                    (options.bos && bos_id_ < 0 ? "BOS" : "EOS") + " token");
   }
   std::vector<int32_t> ids;
   ids.reserve(text.size() / 3 + 2);
+  Scratch scratch;
   if (options.bos) ids.push_back(bos_id_);
   size_t plain_begin = 0;
   if (options.parse_special) {
@@ -344,21 +382,22 @@ Result<std::vector<int32_t>> BpeTokenizer::Encode(std::string_view text,
         ++pos;
         continue;
       }
-      KV_RETURN_IF_ERROR(EncodePlain(text.substr(plain_begin, pos - plain_begin), plain_begin, &ids));
+      KV_RETURN_IF_ERROR(
+          EncodePlain(text.substr(plain_begin, pos - plain_begin), plain_begin, &scratch, &ids));
       ids.push_back(match);
       pos += token_bytes_[match].size();
       plain_begin = pos;
     }
   }
-  KV_RETURN_IF_ERROR(EncodePlain(text.substr(plain_begin), plain_begin, &ids));
+  KV_RETURN_IF_ERROR(EncodePlain(text.substr(plain_begin), plain_begin, &scratch, &ids));
   if (options.eos) ids.push_back(eos_id_);
   return ids;
 }
 
 Result<std::string> BpeTokenizer::DecodeToken(int32_t id) const {
   if (id < 0 || static_cast<uint32_t>(id) >= vocab_size()) {
-    return Status::InvalidArgument("token id " + std::to_string(id) + " is outside the vocabulary of " +
-                                   std::to_string(vocab_size()));
+    return Status::InvalidArgument("token id " + std::to_string(id) +
+                                   " is outside the vocabulary of " + std::to_string(vocab_size()));
   }
   return token_bytes_[id];
 }

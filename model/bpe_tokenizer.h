@@ -21,8 +21,9 @@
 //             piece between them (llama.cpp's SMOLLM pre-type).
 // Both are matched by hand over the classes of model/unicode_classes.h; an
 // invalid UTF-8 byte counts as one character of class "other". A byte that
-// has no token of its own (SmolLM2 lacks 0x04, 0xC0, 0xF5..0xFF, ...) makes
-// Encode fail with InvalidArgument naming it, rather than drop it silently.
+// has no token of its own (SmolLM2 lacks 21: 0x04, 0xC0, 0xF1, 0xF5..0xFF,
+// ...) makes Encode fail with InvalidArgument naming it and its offset,
+// where HF tokenizers and llama.cpp drop it silently.
 //
 // Decode: the concatenated bytes of the tokens (control tokens as their
 // text); the result need not be valid UTF-8 (a token may end inside a
@@ -91,11 +92,16 @@ class BpeTokenizer {
   bool add_bos() const { return add_bos_; }
   PreTokenizer pre_tokenizer() const { return pre_; }
   const std::string& chat_template() const { return chat_template_; }
-  // True for control and user-defined tokens. REQUIRES id < vocab_size().
-  bool is_special(int32_t id) const { return special_[id]; }
+  // True for control and user-defined tokens (false outside the vocabulary).
+  bool is_special(int32_t id) const {
+    return id >= 0 && static_cast<uint32_t>(id) < vocab_size() && special_[id];
+  }
   // The id of the control/user-defined token with exactly this text; NotFound otherwise.
   Result<int32_t> SpecialId(std::string_view text) const;
 
+  // InvalidArgument for text longer than kMaxTextBytes or a byte without a
+  // token (naming it and its offset); see the file comment.
+  static constexpr size_t kMaxTextBytes = size_t{1} << 31;
   Result<std::vector<int32_t>> Encode(std::string_view text,
                                       const BpeEncodeOptions& options = {}) const;
   // The bytes of token `id`; InvalidArgument outside the vocabulary.
@@ -105,27 +111,46 @@ class BpeTokenizer {
   Result<std::string> Decode(std::span<const int32_t> ids) const;
 
   // The pre-tokenizer's chunks of `text` (no special-token matching), as
-  // views into `text`. Exposed for tests.
+  // views into `text`. REQUIRES text.size() <= kMaxTextBytes. For tests.
   static std::vector<std::string_view> PreTokenize(PreTokenizer pre, std::string_view text);
 
  private:
   BpeTokenizer() = default;
-  struct Merge {
+  // Merges in an open-addressing table (linear probing, power-of-two size,
+  // at most half full): key PairKey(left, right), kEmptyKey where free.
+  struct MergeSlot {
+    uint64_t key;
     int32_t rank;
     int32_t result;
   };
+  static constexpr uint64_t kEmptyKey = ~uint64_t{0};
   static uint64_t PairKey(int32_t left, int32_t right) {
     return (static_cast<uint64_t>(static_cast<uint32_t>(left)) << 32) |
            static_cast<uint32_t>(right);
   }
-  Status EncodeChunk(std::string_view chunk, size_t chunk_offset, std::vector<int32_t>* out) const;
-  Status EncodePlain(std::string_view text, size_t offset, std::vector<int32_t>* out) const;
+  struct Scratch;  // per-Encode buffers, reused across chunks
+  // The slot of (left, right), or nullptr when they do not merge.
+  const MergeSlot* FindMerge(int32_t left, int32_t right) const {
+    const uint64_t key = PairKey(left, right);
+    size_t i = static_cast<size_t>((key * 0x9E3779B97F4A7C15ull) >> merge_shift_);
+    for (;; i = (i + 1) & (merge_slots_.size() - 1)) {
+      const MergeSlot& s = merge_slots_[i];
+      if (s.key == key) return &s;
+      if (s.key == kEmptyKey) return nullptr;
+    }
+  }
+  bool InsertMerge(uint64_t key, int32_t rank, int32_t result);  // false if already there
+  Status EncodeChunk(std::string_view chunk, size_t chunk_offset, Scratch* scratch,
+                     std::vector<int32_t>* out) const;
+  Status EncodePlain(std::string_view text, size_t offset, Scratch* scratch,
+                     std::vector<int32_t>* out) const;
 
-  std::vector<std::string> token_bytes_;  // [vocab] raw bytes of each token
-  std::vector<bool> special_;             // [vocab]
-  std::array<int32_t, 256> byte_token_{};  // id of each single byte, -1 when none
+  std::vector<std::string> token_bytes_;                   // [vocab] raw bytes of each token
+  std::vector<bool> special_;                              // [vocab]
+  std::array<int32_t, 256> byte_token_{};                  // id of each single byte, -1 when none
   std::unordered_map<std::string, int32_t> ordinary_ids_;  // bytes -> lowest ordinary id
-  std::unordered_map<uint64_t, Merge> merges_;             // PairKey(left, right) -> merge
+  std::vector<MergeSlot> merge_slots_;                     // [power of two >= 2 * merges]
+  int merge_shift_ = 64;                                   // 64 - log2(merge_slots_.size())
   // Special tokens by their first byte, longest first (for leftmost-longest matching).
   std::array<std::vector<int32_t>, 256> specials_by_byte_;
   PreTokenizer pre_ = PreTokenizer::kGpt2;

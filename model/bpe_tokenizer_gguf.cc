@@ -16,8 +16,9 @@ Result<BpeTokenizer> BpeTokenizer::FromGguf(const GgufFile& file) {
   auto model = file.GetString("tokenizer.ggml.model");
   if (!model.ok()) return InFile(file, model.status());
   if (*model != "gpt2") {
-    return Status::Unimplemented("GGUF tokenizer in " + file.path() + ": tokenizer.ggml.model is '" +
-                                 *model + "'; only 'gpt2' (byte-level BPE) is supported here");
+    return Status::Unimplemented("GGUF tokenizer in " + file.path() +
+                                 ": tokenizer.ggml.model is '" + *model +
+                                 "'; only 'gpt2' (byte-level BPE) is supported here");
   }
   BpeVocab v;
   auto tokens = file.GetStringArray("tokenizer.ggml.tokens");

@@ -21,8 +21,14 @@ constexpr ClassRange kRanges[] = {
 bool IsWhiteSpace(char32_t cp) {
   if (cp <= 0x20) return cp == 0x20 || (cp >= 0x09 && cp <= 0x0D);
   switch (cp) {
-    case 0x85: case 0xA0: case 0x1680: case 0x2028: case 0x2029:
-    case 0x202F: case 0x205F: case 0x3000:
+    case 0x85:
+    case 0xA0:
+    case 0x1680:
+    case 0x2028:
+    case 0x2029:
+    case 0x202F:
+    case 0x205F:
+    case 0x3000:
       return true;
     default:
       return cp >= 0x2000 && cp <= 0x200A;
@@ -71,6 +77,11 @@ Prefix ScanUtf8(std::string_view text, size_t pos) {
 }  // namespace
 
 CharClass ClassOf(char32_t cp) {
+  if (cp < 0x80) {
+    if (IsWhiteSpace(cp)) return CharClass::kSpace;
+    if ((cp | 0x20) >= 'a' && (cp | 0x20) <= 'z') return CharClass::kLetter;
+    return cp >= '0' && cp <= '9' ? CharClass::kNumber : CharClass::kOther;
+  }
   if (IsWhiteSpace(cp)) return CharClass::kSpace;
   auto it = std::upper_bound(std::begin(kRanges), std::end(kRanges), cp,
                              [](char32_t c, const ClassRange& r) { return c < r.first; });

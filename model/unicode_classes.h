@@ -27,8 +27,8 @@ CharClass ClassOf(char32_t cp);
 
 // One decoded character of a UTF-8 string.
 struct Utf8Char {
-  char32_t cp = 0;   // the code point; for an invalid byte, the byte itself
-  uint8_t bytes = 0; // its length in bytes (1..4), >= 1 whenever pos < size
+  char32_t cp = 0;    // the code point; for an invalid byte, the byte itself
+  uint8_t bytes = 0;  // its length in bytes (1..4), >= 1 whenever pos < size
   bool valid = false;
 };
 // The character starting at text[pos] (REQUIRES pos < text.size()). A

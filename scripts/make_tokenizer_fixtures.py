@@ -55,6 +55,14 @@ TEXTS = [
     ("crlf_tabs", "line one\r\nline two\r\n\tindented\r\n\r\n"),
     ("unicode_spaces", "nbsp\u00a0here, ideographic\u3000space, thin\u2009space, "
                        "em\u2003space, line\u2028sep, nel\u0085x, fs\x1c.gs\x1f.us a\x1c b\x0b\x0c."),
+    # Each character between other characters and runs of itself, so that
+    # its class (\s, \p{L}, \p{N} or none) changes the chunks: every
+    # White_Space character, and look-alikes that are not \s.
+    ("space_classes", "".join(f"a {c}! {c}{c}b{c} c|" for c in
+                              "\t\n\x0b\x0c\r\x85\xa0\u1680\u2000\u2005\u200a\u2028\u2029"
+                              "\u202f\u205f\u3000\x1c\x1e\x1f\u200b\u180e\ufeff\u2060")),
+    ("category_classes", "".join(f"x {c}! {c}{c}y{c} 1{c}|" for c in
+                                 "ʰǅªº_Ⅻↂ½²³٣߀𝟘‿⁀◌́ःँ¨°€±∑©😀《ー々〆〇")),
     ("repeats", "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa !!!!!!!!!!!! ============ ------------ zzzzz"),
     ("punctuation", "Hello, World!!! (yes) [no] {maybe} <tag/> \"quotes\" — dash – en … ellipsis"),
     ("url_email", "See https://example.com/path/to/page?q=1&lang=en#top or mail a.b+c@example.org."),

@@ -2,7 +2,9 @@
 // good one, and each required key missing, of the wrong type, or malformed;
 // every failure is a Status naming the key (or token, merge) and the file.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
+#include <cstdio>
 #include <functional>
 #include <string>
 #include <vector>
@@ -69,10 +71,15 @@ Result<BpeTokenizer> Load(const Keys& k, std::string* path_out = nullptr) {
   w.KvU32("tokenizer.ggml.eos_token_id", k.eos);
   w.KvBool("tokenizer.ggml.add_bos_token", true);
   w.KvStr("tokenizer.chat_template", "{{ messages }}");
-  const std::string path = ::testing::TempDir() + "bpe_gguf_test.gguf";
+  // One file per test and process: CTest runs the tests of this binary in
+  // parallel processes, and rewriting a file another one has mapped is SIGBUS.
+  const std::string path = ::testing::TempDir() + "bpe_gguf_test_" +
+                           ::testing::UnitTest::GetInstance()->current_test_info()->name() +
+                           "_" + std::to_string(getpid()) + ".gguf";
   if (path_out != nullptr) *path_out = path;
   if (!testing::WriteFile(path, w.Build())) return Status::IoError("cannot write " + path);
   auto file = GgufFile::Open(path);
+  std::remove(path.c_str());  // the mapping stays valid until `file` goes
   if (!file.ok()) return file.status();
   return BpeTokenizer::FromGguf(**file);
 }

@@ -3,7 +3,10 @@
 // O(n^2) reference on random merge tables, special tokens, round trips of
 // arbitrary bytes, and every construction/encode/decode error. The UTF-8
 // helpers and the ChatML template are tested here as well.
+#include "model/bpe_tokenizer.h"
+
 #include <gtest/gtest.h>
+#include <sys/mman.h>
 
 #include <algorithm>
 #include <map>
@@ -12,7 +15,6 @@
 #include <string>
 #include <vector>
 
-#include "model/bpe_tokenizer.h"
 #include "model/chat_template.h"
 #include "model/unicode_classes.h"
 
@@ -87,7 +89,8 @@ TEST(BpePreTokenize, Gpt2Pattern) {
   EXPECT_EQ(Chunks(g, "I'm here's it'll we've they're I'd don't"),
             (Strs{"I", "'m", " here", "'s", " it", "'ll", " we", "'ve", " they", "'re", " I", "'d",
                   " don", "'t"}));
-  EXPECT_EQ(Chunks(g, "DON'T o'clock"), (Strs{"DON", "'", "T", " o", "'", "clock"}));  // lower case only
+  EXPECT_EQ(Chunks(g, "DON'T o'clock"),
+            (Strs{"DON", "'", "T", " o", "'", "clock"}));  // lower case only
   EXPECT_EQ(Chunks(g, "a   b"), (Strs{"a", "  ", " b"}));
   EXPECT_EQ(Chunks(g, "a\n\nb"), (Strs{"a", "\n", "\n", "b"}));
   EXPECT_EQ(Chunks(g, "a \t b"), (Strs{"a", " \t", " b"}));
@@ -97,8 +100,11 @@ TEST(BpePreTokenize, Gpt2Pattern) {
   EXPECT_EQ(Chunks(g, "!!! ?x"), (Strs{"!!!", " ?", "x"}));
   EXPECT_EQ(Chunks(g, "caf\xC3\xA9 \xE4\xB8\xAD\xE6\x96\x87"),  // café 中文
             (Strs{"caf\xC3\xA9", " \xE4\xB8\xAD\xE6\x96\x87"}));
-  EXPECT_EQ(Chunks(g, "a\xC2\xA0" "b"), (Strs{"a", "\xC2\xA0", "b"}));  // NBSP is \s
-  EXPECT_EQ(Chunks(g, "x\x1C."), (Strs{"x", "\x1C."}));             // U+001C is not
+  EXPECT_EQ(Chunks(g,
+                   "a\xC2\xA0"
+                   "b"),
+            (Strs{"a", "\xC2\xA0", "b"}));               // NBSP is \s
+  EXPECT_EQ(Chunks(g, "x\x1C."), (Strs{"x", "\x1C."}));  // U+001C is not
   EXPECT_EQ(Chunks(g, " "), (Strs{" "}));
   EXPECT_TRUE(Chunks(g, "").empty());
 }
@@ -116,7 +122,10 @@ TEST(BpePreTokenize, SmollmSplitsEveryDigit) {
 
 TEST(BpePreTokenize, InvalidUtf8IsOneOtherCharacterPerByte) {
   const auto g = PreTokenizer::kGpt2;
-  EXPECT_EQ(Chunks(g, "a\xFF" "b"), (Strs{"a", "\xFF", "b"}));
+  EXPECT_EQ(Chunks(g,
+                   "a\xFF"
+                   "b"),
+            (Strs{"a", "\xFF", "b"}));
   EXPECT_EQ(Chunks(g, "\xFF\xFE!"), (Strs{"\xFF\xFE!"}));
   EXPECT_EQ(Chunks(g, "ab \xC3"), (Strs{"ab", " \xC3"}));  // truncated é
 }
@@ -134,7 +143,8 @@ TEST(BpeTokenizer, MergesLowestRankFirstLeftmostOnTies) {
 
 // The obviously-correct reference: scan every adjacent pair, merge the one
 // of lowest rank (leftmost on ties), repeat.
-std::vector<int32_t> NaiveBpe(const TinyVocab& v, const std::map<std::pair<int32_t, int32_t>, int>& rank,
+std::vector<int32_t> NaiveBpe(const TinyVocab& v,
+                              const std::map<std::pair<int32_t, int32_t>, int>& rank,
                               std::string_view chunk) {
   std::vector<std::string> parts;
   for (char c : chunk) parts.emplace_back(1, c);
@@ -164,7 +174,9 @@ TEST(BpeTokenizer, MatchesNaiveReferenceOnRandomMergeTables) {
     while (merges.size() < 40) {
       const std::string& l = known[rng() % known.size()];
       const std::string& r = known[rng() % known.size()];
-      if (l.size() + r.size() > 8 || std::find(merges.begin(), merges.end(), std::pair{l, r}) != merges.end()) continue;
+      if (l.size() + r.size() > 8 ||
+          std::find(merges.begin(), merges.end(), std::pair{l, r}) != merges.end())
+        continue;
       merges.emplace_back(l, r);
       if (made.insert(l + r).second) known.push_back(l + r);
     }
@@ -172,7 +184,8 @@ TEST(BpeTokenizer, MatchesNaiveReferenceOnRandomMergeTables) {
     const BpeTokenizer t = v.Build();
     std::map<std::pair<int32_t, int32_t>, int> rank;
     for (size_t i = 0; i < merges.size(); ++i) {
-      rank.emplace(std::pair{v.id_of.at(merges[i].first), v.id_of.at(merges[i].second)}, static_cast<int>(i));
+      rank.emplace(std::pair{v.id_of.at(merges[i].first), v.id_of.at(merges[i].second)},
+                   static_cast<int>(i));
     }
     for (int trial = 0; trial < 50; ++trial) {
       std::string text;
@@ -197,6 +210,8 @@ TEST(BpeTokenizer, SpecialTokensOnlyWhenAllowedLongestFirst) {
   const int32_t x = v.id_of["<|x|>"], xy = v.id_of["<|x|>y"], end = v.id_of["<|end|>"];
   EXPECT_TRUE(t.is_special(x));
   EXPECT_FALSE(t.is_special('a'));
+  EXPECT_FALSE(t.is_special(-1));
+  EXPECT_FALSE(t.is_special(static_cast<int32_t>(t.vocab_size())));
   EXPECT_EQ(*t.SpecialId("<|end|>"), end);
   EXPECT_EQ(t.SpecialId("<|nope|>").status().code(), StatusCode::kNotFound);
   const BpeEncodeOptions special{.parse_special = true};
@@ -204,8 +219,7 @@ TEST(BpeTokenizer, SpecialTokensOnlyWhenAllowedLongestFirst) {
             (std::vector<int32_t>{'a', xy, 'b', x, end}));
   EXPECT_EQ(*t.Encode("<|x", special), (std::vector<int32_t>{v.id_of["<|"], 'x'}));
   // Without parse_special the text is ordinary bytes.
-  EXPECT_EQ(*t.Encode("<|end|>"),
-            (std::vector<int32_t>{v.id_of["<|"], 'e', 'n', 'd', '|', '>'}));
+  EXPECT_EQ(*t.Encode("<|end|>"), (std::vector<int32_t>{v.id_of["<|"], 'e', 'n', 'd', '|', '>'}));
   // The text before a special token is pre-tokenized on its own.
   EXPECT_EQ(*t.Encode("a  <|end|>", special), (std::vector<int32_t>{'a', ' ', ' ', end}));
   EXPECT_EQ(*t.Decode(std::vector<int32_t>{'a', xy, end}), "a<|x|>y<|end|>");
@@ -230,7 +244,8 @@ TEST(BpeTokenizer, RoundTripsArbitraryBytes) {
   std::mt19937 rng(7);
   for (int trial = 0; trial < 300; ++trial) {
     std::string text(rng() % 64, '\0');
-    for (char& c : text) c = static_cast<char>(trial % 2 ? rng() % 256 : "ab \xC3\xA9\xFF\xFE\n1"[rng() % 9]);
+    for (char& c : text)
+      c = static_cast<char>(trial % 2 ? rng() % 256 : "ab \xC3\xA9\xFF\xFE\n1"[rng() % 9]);
     for (bool special : {false, true}) {
       auto ids = t.Encode(text, {.parse_special = special});
       ASSERT_TRUE(ids.ok());
@@ -246,7 +261,19 @@ TEST(BpeTokenizer, ByteWithoutTokenIsAnError) {
   auto r = t.Encode("ab\x04");
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(r.status().message().find("0x04 at offset 2"), std::string::npos) << r.status().message();
+  EXPECT_NE(r.status().message().find("0x04 at offset 2"), std::string::npos)
+      << r.status().message();
+}
+
+TEST(BpeTokenizer, TextOverTheLimitIsAnError) {
+  const BpeTokenizer t = TinyVocab(Merges{}).Build();
+  // Address space only (never touched: the length is checked first).
+  const size_t n = BpeTokenizer::kMaxTextBytes + 1;
+  void* p = mmap(nullptr, n, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  ASSERT_NE(p, MAP_FAILED);
+  auto r = t.Encode(std::string_view(static_cast<const char*>(p), n));
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  munmap(p, n);
 }
 
 TEST(BpeTokenizer, DecodeRejectsBadIds) {
@@ -279,7 +306,8 @@ TEST(BpeTokenizer, CreateRejectsMalformedVocabularies) {
   EXPECT_EQ(with([](BpeVocab& v) { v.merges.push_back("ab"); }), StatusCode::kCorruption);
   EXPECT_EQ(with([](BpeVocab& v) { v.merges.push_back("a b c"); }), StatusCode::kCorruption);
   EXPECT_EQ(with([](BpeVocab& v) { v.merges.push_back("a "); }), StatusCode::kCorruption);
-  EXPECT_EQ(with([](BpeVocab& v) { v.merges.push_back("b a"); }), StatusCode::kCorruption);  // "ba" absent
+  EXPECT_EQ(with([](BpeVocab& v) { v.merges.push_back("b a"); }),
+            StatusCode::kCorruption);  // "ba" absent
   EXPECT_EQ(with([](BpeVocab& v) { v.merges.push_back("abab a"); }), StatusCode::kCorruption);
   EXPECT_EQ(with([](BpeVocab& v) { v.bos_id = 257; }), StatusCode::kCorruption);
   EXPECT_EQ(with([](BpeVocab& v) { v.eos_id = -2; }), StatusCode::kCorruption);
@@ -306,10 +334,10 @@ TEST(UnicodeClasses, Samples) {
   EXPECT_EQ(ClassOf(0xA0), CharClass::kSpace);
   EXPECT_EQ(ClassOf(0x3000), CharClass::kSpace);
   EXPECT_EQ(ClassOf(0x2028), CharClass::kSpace);
-  EXPECT_EQ(ClassOf(0x200B), CharClass::kOther);   // zero width space is not White_Space
-  EXPECT_EQ(ClassOf(0x0301), CharClass::kOther);   // combining acute (Mn)
-  EXPECT_EQ(ClassOf(0x1F600), CharClass::kOther);  // emoji
-  EXPECT_EQ(ClassOf(0x20000), CharClass::kLetter); // CJK extension B
+  EXPECT_EQ(ClassOf(0x200B), CharClass::kOther);    // zero width space is not White_Space
+  EXPECT_EQ(ClassOf(0x0301), CharClass::kOther);    // combining acute (Mn)
+  EXPECT_EQ(ClassOf(0x1F600), CharClass::kOther);   // emoji
+  EXPECT_EQ(ClassOf(0x20000), CharClass::kLetter);  // CJK extension B
   EXPECT_EQ(ClassOf(0x10FFFF), CharClass::kOther);
 }
 
@@ -321,7 +349,8 @@ TEST(Utf8, DecodeAndSanitize) {
   EXPECT_EQ(c.bytes, 2);
   EXPECT_EQ(DecodeUtf8(s, 3).cp, 0x4E2Du);
   EXPECT_EQ(DecodeUtf8(s, 6).cp, 0x1F600u);
-  for (const char* bad : {"\x80", "\xC0\x80", "\xED\xA0\x80", "\xF4\x90\x80\x80", "\xE2\x82", "\xFF"}) {
+  for (const char* bad :
+       {"\x80", "\xC0\x80", "\xED\xA0\x80", "\xF4\x90\x80\x80", "\xE2\x82", "\xFF"}) {
     Utf8Char b = DecodeUtf8(bad, 0);
     EXPECT_FALSE(b.valid) << bad;
     EXPECT_EQ(b.bytes, 1);
@@ -330,7 +359,10 @@ TEST(Utf8, DecodeAndSanitize) {
   // Unicode's example of maximal-subpart replacement (as Python's
   // errors="replace" gives it), and a few more.
   EXPECT_EQ(SanitizeUtf8("\x61\xF1\x80\x80\xE1\x80\xC2\x62\x80\x63\x80\xBF\x64"),
-            "a\uFFFD\uFFFD\uFFFD" "b\uFFFD" "c\uFFFD\uFFFD" "d");
+            "a\uFFFD\uFFFD\uFFFD"
+            "b\uFFFD"
+            "c\uFFFD\uFFFD"
+            "d");
   EXPECT_EQ(SanitizeUtf8("\xED\xA0\x80|\xC0\x80|\xF4\x90\x80\x80|\xF0\x9F\x98|\xE2\x82"),
             "\uFFFD\uFFFD\uFFFD|\uFFFD\uFFFD|\uFFFD\uFFFD\uFFFD\uFFFD|\uFFFD|\uFFFD");
   EXPECT_EQ(SanitizeUtf8(""), "");
@@ -371,12 +403,21 @@ TEST(ChatTemplate, RejectsOtherTemplates) {
   const std::string with(kChatMlWithDefault);
   for (std::string bad : {
            std::string(""),
-           std::string("{{ bos_token }}{% for message in messages %}{{ message['content'] }}{% endfor %}"),
-           with.substr(0, with.size() - 1),                                 // truncated
-           " " + with,                                                      // different whitespace
+           std::string(
+               "{{ bos_token }}{% for message in messages %}{{ message['content'] }}{% endfor %}"),
+           with.substr(0, with.size() - 1),  // truncated
+           " " + with,                       // different whitespace
            std::string(kChatMlPlain) + "x",
-           [&] { std::string s = with; s.replace(s.find("Be brief."), 9, "It's"); return s; }(),
-           [&] { std::string s = with; s.replace(s.find("Be brief."), 9, ""); return s; }(),
+           [&] {
+             std::string s = with;
+             s.replace(s.find("Be brief."), 9, "It's");
+             return s;
+           }(),
+           [&] {
+             std::string s = with;
+             s.replace(s.find("Be brief."), 9, "");
+             return s;
+           }(),
        }) {
     auto t = ChatTemplate::FromJinja(bad);
     EXPECT_EQ(t.status().code(), StatusCode::kUnimplemented) << bad;

@@ -47,7 +47,8 @@ const Loaded* Smollm() {
     auto l = std::make_unique<Loaded>();
     l->file = file;
     l->tok = std::make_unique<BpeTokenizer>(std::move(tok).value());
-    const std::string fx = std::string(KVCACHE_SOURCE_DIR) + "/tests/model/smollm2_tokenizer_fixtures.json";
+    const std::string fx =
+        std::string(KVCACHE_SOURCE_DIR) + "/tests/model/smollm2_tokenizer_fixtures.json";
     l->fixture = nlohmann::json::parse(ReadFile(fx), nullptr, /*allow_exceptions=*/false);
     if (l->fixture.is_discarded()) {
       error = "cannot read or parse " + fx;
@@ -171,7 +172,9 @@ TEST(SmollmTokenizer, BadInputIsAnErrorNotACrash) {
   }
   // SmolLM2 has no token for byte 0x04 (nor 0xC0, 0xF5..0xFF): Encode says
   // so (the reference drops such bytes silently).
-  for (const char* text : {"a\x04" "b", "\xFF", "x\xC0"}) {
+  for (const char* text : {"a\x04"
+                           "b",
+                           "\xFF", "x\xC0"}) {
     auto r = t.Encode(text);
     EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << r.status().ToString();
   }
