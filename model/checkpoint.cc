@@ -129,16 +129,19 @@ Result<Model> ParseModel(std::span<const uint8_t> bytes) {
   m.layers_.resize(c.n_layers);
   for (auto& l : m.layers_) l.rms_att = take(d);
   for (auto& l : m.layers_) l.rms_ffn = take(d);
+  auto matrix = [&](size_t rows, size_t cols) {
+    return WeightMatrix::F32(take(rows * cols), static_cast<uint32_t>(rows), static_cast<uint32_t>(cols));
+  };
   m.rms_final_ = take(d);
-  m.embedding_ = take(v * d);
-  for (auto& l : m.layers_) l.wq = take(d * d);
-  for (auto& l : m.layers_) l.wk = take(kv * d);
-  for (auto& l : m.layers_) l.wv = take(kv * d);
-  for (auto& l : m.layers_) l.wo = take(d * d);
-  for (auto& l : m.layers_) l.w1 = take(hid * d);
-  for (auto& l : m.layers_) l.w2 = take(d * hid);
-  for (auto& l : m.layers_) l.w3 = take(hid * d);
-  m.classifier_ = c.shared_classifier ? m.embedding_ : take(v * d);
+  m.embedding_ = matrix(v, d);
+  for (auto& l : m.layers_) l.wq = matrix(d, d);
+  for (auto& l : m.layers_) l.wk = matrix(kv, d);
+  for (auto& l : m.layers_) l.wv = matrix(kv, d);
+  for (auto& l : m.layers_) l.wo = matrix(d, d);
+  for (auto& l : m.layers_) l.w1 = matrix(hid, d);
+  for (auto& l : m.layers_) l.w2 = matrix(d, hid);
+  for (auto& l : m.layers_) l.w3 = matrix(hid, d);
+  m.classifier_ = c.shared_classifier ? m.embedding_ : matrix(v, d);
   if (off != m.weights_.size()) return Status::Internal("checkpoint weight offsets do not add up");
   return m;
 }

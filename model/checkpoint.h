@@ -17,16 +17,23 @@
 // exactly: a short or long file is Corruption, naming expected and actual
 // sizes.
 //
-// Thread safety: a Model is immutable after LoadModel; share it freely.
+// A Model is also what model/gguf_model.h loads from a GGUF file: then its
+// matrices are views into the file's mapping (kept alive by the Model) in
+// the file's types, and rope_theta / rms_eps come from the metadata.
+//
+// Thread safety: a Model is immutable after loading; share it freely.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
 
 #include "kvcache/status.h"
+#include "model/gguf.h"
+#include "model/matmul.h"
 
 namespace kvcache::model {
 
@@ -39,6 +46,8 @@ struct ModelConfig {
   uint32_t vocab_size = 0;
   uint32_t max_seq_len = 0;
   bool shared_classifier = true;
+  float rope_theta = 10000.0f;  // RoPE base (llama2.c: 10000)
+  float rms_eps = 1e-5f;        // RMSNorm epsilon (llama2.c: 1e-5)
 
   uint32_t head_dim() const { return dim / n_heads; }
   uint32_t kv_dim() const { return head_dim() * n_kv_heads; }
@@ -51,26 +60,28 @@ struct ModelConfig {
   std::string ToString() const;
 };
 
-// Views into one layer's weights (row-major, out x in).
+// Views into one layer's weights (matrices row-major, out x in).
 struct LayerWeights {
   std::span<const float> rms_att;  // [dim]
   std::span<const float> rms_ffn;  // [dim]
-  std::span<const float> wq;       // [dim][dim]
-  std::span<const float> wk;       // [kv_dim][dim]
-  std::span<const float> wv;       // [kv_dim][dim]
-  std::span<const float> wo;       // [dim][dim]
-  std::span<const float> w1;       // [hidden][dim]
-  std::span<const float> w2;       // [dim][hidden]
-  std::span<const float> w3;       // [hidden][dim]
+  WeightMatrix wq;                 // [dim][dim]
+  WeightMatrix wk;                 // [kv_dim][dim]
+  WeightMatrix wv;                 // [kv_dim][dim]
+  WeightMatrix wo;                 // [dim][dim]
+  WeightMatrix w1;                 // [hidden][dim]  (GGUF ffn_gate)
+  WeightMatrix w2;                 // [dim][hidden]  (GGUF ffn_down)
+  WeightMatrix w3;                 // [hidden][dim]  (GGUF ffn_up)
 };
 
 class Model {
  public:
   const ModelConfig& config() const { return config_; }
   const LayerWeights& layer(uint32_t l) const { return layers_[l]; }
-  std::span<const float> embedding() const { return embedding_; }    // [vocab][dim]
-  std::span<const float> rms_final() const { return rms_final_; }    // [dim]
-  std::span<const float> classifier() const { return classifier_; }  // [vocab][dim]
+  const WeightMatrix& embedding() const { return embedding_; }    // [vocab][dim]
+  std::span<const float> rms_final() const { return rms_final_; }  // [dim]
+  const WeightMatrix& classifier() const { return classifier_; }  // [vocab][dim]
+  // The GGUF file the views point into (null for a llama2.c checkpoint).
+  const GgufFile* gguf() const { return gguf_.get(); }
 
   // Models are movable (the views point into the heap buffer) but not copyable.
   Model(Model&&) = default;
@@ -80,11 +91,16 @@ class Model {
 
  private:
   friend Result<Model> ParseModel(std::span<const uint8_t> bytes);
+  friend class GgufModelLoader;
   Model() = default;
   ModelConfig config_;
-  std::vector<float> weights_;  // [NumWeights] in file order
+  // llama2.c: [NumWeights] in file order. GGUF: the norms (and, when
+  // dequantized at load, every matrix).
+  std::vector<float> weights_;
+  std::shared_ptr<const GgufFile> gguf_;
   std::vector<LayerWeights> layers_;
-  std::span<const float> embedding_, rms_final_, classifier_;
+  WeightMatrix embedding_, classifier_;
+  std::span<const float> rms_final_;
 };
 
 inline constexpr uint32_t kCheckpointMagic = 0x616b3432;  // "ak42"

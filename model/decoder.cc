@@ -6,30 +6,17 @@
 
 namespace kvcache::model {
 
-void MatVec(std::span<const float> w, const float* x, uint32_t rows, uint32_t cols, float* out) {
-  for (uint32_t r = 0; r < rows; ++r) {
-    const float* row = w.data() + static_cast<size_t>(r) * cols;
-    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    uint32_t c = 0;
-    for (; c + 8 <= cols; c += 8) {
-      for (int j = 0; j < 8; ++j) acc[j] += row[c + j] * x[c + j];
-    }
-    for (; c < cols; ++c) acc[c % 8] += row[c] * x[c];
-    out[r] = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
-  }
-}
-
-void RmsNorm(const float* x, std::span<const float> weight, float* out) {
+void RmsNorm(const float* x, std::span<const float> weight, float* out, float eps) {
   const size_t n = weight.size();
   float ss = 0;
   for (size_t i = 0; i < n; ++i) ss += x[i] * x[i];
-  const float scale = 1.0f / std::sqrt(ss / static_cast<float>(n) + 1e-5f);
+  const float scale = 1.0f / std::sqrt(ss / static_cast<float>(n) + eps);
   for (size_t i = 0; i < n; ++i) out[i] = weight[i] * (scale * x[i]);
 }
 
-void ApplyRope(float* vec, uint32_t n_heads, uint32_t head_dim, uint32_t pos) {
+void ApplyRope(float* vec, uint32_t n_heads, uint32_t head_dim, uint32_t pos, float theta) {
   for (uint32_t i = 0; i < head_dim; i += 2) {
-    const float freq = 1.0f / std::pow(10000.0f, static_cast<float>(i) / static_cast<float>(head_dim));
+    const float freq = 1.0f / std::pow(theta, static_cast<float>(i) / static_cast<float>(head_dim));
     const float angle = static_cast<float>(pos) * freq;
     const float c = std::cos(angle), s = std::sin(angle);
     for (uint32_t h = 0; h < n_heads; ++h) {
@@ -52,7 +39,8 @@ void Softmax(float* x, uint32_t n) {
   for (uint32_t i = 0; i < n; ++i) x[i] /= sum;
 }
 
-Decoder::Decoder(const Model& model) : model_(&model) {}
+Decoder::Decoder(const Model& model, uint32_t num_threads)
+    : model_(&model), pool_(num_threads > 1 ? std::make_unique<ThreadPool>(num_threads) : nullptr) {}
 
 AttentionShape Decoder::attention_shape() const {
   const ModelConfig& c = config();
@@ -88,66 +76,67 @@ Status Decoder::Forward(std::span<const int32_t> tokens, KvBackend& kv, std::spa
     return Status::OutOfRange("forward: positions up to " + std::to_string(start + n) +
                               " exceed max_seq_len " + std::to_string(c.max_seq_len));
   }
-  x_.resize(static_cast<size_t>(n) * dim);
-  xb_.resize(static_cast<size_t>(n) * dim);
-  q_.resize(static_cast<size_t>(n) * dim);
-  att_.resize(static_cast<size_t>(n) * dim);
-  k_.resize(static_cast<size_t>(n) * kv_dim);
-  v_.resize(static_cast<size_t>(n) * kv_dim);
-  hb_.resize(hidden);
-  hb2_.resize(hidden);
+  const size_t nd = static_cast<size_t>(n) * dim, nkv = static_cast<size_t>(n) * kv_dim;
+  x_.resize(nd);
+  xb_.resize(nd);
+  q_.resize(nd);
+  att_.resize(nd);
+  k_.resize(nkv);
+  v_.resize(nkv);
+  hb_.resize(static_cast<size_t>(n) * hidden);
+  hb2_.resize(static_cast<size_t>(n) * hidden);
 
   const Model& m = *model_;
+  ThreadPool* pool = pool_.get();
   for (uint32_t i = 0; i < n; ++i) {
-    const float* e = m.embedding().data() + static_cast<size_t>(tokens[i]) * dim;
-    std::copy(e, e + dim, x_.data() + static_cast<size_t>(i) * dim);
+    m.embedding().DecodeRows(static_cast<uint32_t>(tokens[i]), 1, x_.data() + static_cast<size_t>(i) * dim);
   }
   KV_RETURN_IF_ERROR(kv.Extend(n));
   auto fail = [&](Status s) {
     (void)kv.Truncate(start);
     return s;
   };
+  auto add_into_x = [&] {
+    for (size_t j = 0; j < nd; ++j) x_[j] += xb_[j];
+  };
   for (uint32_t l = 0; l < n_layers; ++l) {
     const LayerWeights& w = m.layer(l);
     for (uint32_t i = 0; i < n; ++i) {
-      float* xi = x_.data() + static_cast<size_t>(i) * dim;
-      float* xb = xb_.data() + static_cast<size_t>(i) * dim;
-      float* q = q_.data() + static_cast<size_t>(i) * dim;
-      float* k = k_.data() + static_cast<size_t>(i) * kv_dim;
-      float* v = v_.data() + static_cast<size_t>(i) * kv_dim;
-      RmsNorm(xi, w.rms_att, xb);
-      MatVec(w.wq, xb, dim, dim, q);
-      MatVec(w.wk, xb, kv_dim, dim, k);
-      MatVec(w.wv, xb, kv_dim, dim, v);
-      ApplyRope(q, c.n_heads, hd, start + i);
-      ApplyRope(k, c.n_kv_heads, hd, start + i);
+      RmsNorm(x_.data() + static_cast<size_t>(i) * dim, w.rms_att, xb_.data() + static_cast<size_t>(i) * dim,
+              c.rms_eps);
+    }
+    MatMul(w.wq, xb_.data(), n, q_.data(), pool);
+    MatMul(w.wk, xb_.data(), n, k_.data(), pool);
+    MatMul(w.wv, xb_.data(), n, v_.data(), pool);
+    for (uint32_t i = 0; i < n; ++i) {
+      ApplyRope(q_.data() + static_cast<size_t>(i) * dim, c.n_heads, hd, start + i, c.rope_theta);
+      ApplyRope(k_.data() + static_cast<size_t>(i) * kv_dim, c.n_kv_heads, hd, start + i, c.rope_theta);
     }
     Status s = kv.Store(l, k_, v_);
     if (!s.ok()) return fail(std::move(s));
     s = kv.Attend(l, q_, att_);
     if (!s.ok()) return fail(std::move(s));
+    MatMul(w.wo, att_.data(), n, xb_.data(), pool);
+    add_into_x();
     for (uint32_t i = 0; i < n; ++i) {
-      float* xi = x_.data() + static_cast<size_t>(i) * dim;
-      float* xb = xb_.data() + static_cast<size_t>(i) * dim;
-      MatVec(w.wo, att_.data() + static_cast<size_t>(i) * dim, dim, dim, xb);
-      for (uint32_t j = 0; j < dim; ++j) xi[j] += xb[j];
-      RmsNorm(xi, w.rms_ffn, xb);
-      MatVec(w.w1, xb, hidden, dim, hb_.data());
-      MatVec(w.w3, xb, hidden, dim, hb2_.data());
-      for (uint32_t j = 0; j < hidden; ++j) {
-        const float a = hb_[j];
-        hb_[j] = a / (1.0f + std::exp(-a)) * hb2_[j];
-      }
-      MatVec(w.w2, hb_.data(), dim, hidden, xb);
-      for (uint32_t j = 0; j < dim; ++j) xi[j] += xb[j];
+      RmsNorm(x_.data() + static_cast<size_t>(i) * dim, w.rms_ffn, xb_.data() + static_cast<size_t>(i) * dim,
+              c.rms_eps);
     }
+    MatMul(w.w1, xb_.data(), n, hb_.data(), pool);
+    MatMul(w.w3, xb_.data(), n, hb2_.data(), pool);
+    for (size_t j = 0; j < hb_.size(); ++j) {
+      const float a = hb_[j];
+      hb_[j] = a / (1.0f + std::exp(-a)) * hb2_[j];
+    }
+    MatMul(w.w2, hb_.data(), n, xb_.data(), pool);
+    add_into_x();
   }
-  for (uint32_t i = all_logits ? 0 : n - 1; i < n; ++i) {
-    float* xi = x_.data() + static_cast<size_t>(i) * dim;
-    float* xb = xb_.data() + static_cast<size_t>(i) * dim;
-    RmsNorm(xi, m.rms_final(), xb);
-    MatVec(m.classifier(), xb, vocab, dim, logits.data() + (all_logits ? static_cast<size_t>(i) * vocab : 0));
+  const uint32_t first = all_logits ? 0 : n - 1;
+  for (uint32_t i = first; i < n; ++i) {
+    RmsNorm(x_.data() + static_cast<size_t>(i) * dim, m.rms_final(), xb_.data() + static_cast<size_t>(i - first) * dim,
+            c.rms_eps);
   }
+  MatMul(m.classifier(), xb_.data(), n - first, logits.data(), pool);
   return Status::Ok();
 }
 

@@ -1,26 +1,32 @@
 // The reference LLaMA decoder: token embedding, then per layer
 //   x += Wo * Attention(RoPE(Wq * RMSNorm(x)), RoPE(Wk * RMSNorm(x)), Wv * RMSNorm(x))
 //   x += W2 * (SiLU(W1 * RMSNorm(x)) * (W3 * RMSNorm(x)))
-// then the final RMSNorm and the classifier. f32 throughout; RoPE as llama2.c
-// (pairs (2i, 2i+1) of each head rotated by pos * 10000^(-2i/head_dim)).
+// then the final RMSNorm and the classifier. Activations f32; weights in
+// their stored types through MatMul (model/matmul.h), the tokens of a pass
+// batched into one product per matrix and the rows split over num_threads.
+// RoPE as llama2.c and GGUF's llama layout (pairs (2i, 2i+1) of each head
+// rotated by pos * theta^(-2i/head_dim), theta = config().rope_theta).
 // Attention is delegated to a KvBackend, so the same decoder runs on the naive
 // reference storage and on kvcache's caches.
 //
-// Every per-token computation other than attention is done one token at a
-// time in a fixed order, so a multi-token pass gives bit-identical results to
-// single-token passes wherever the backend's attention does.
+// Every per-token computation other than attention is done in a fixed order
+// per token (MatMul computes each token's products the same way whatever the
+// batch or thread count), so a multi-token pass gives bit-identical results
+// to single-token passes wherever the backend's attention does.
 //
 // Thread safety: a Decoder owns scratch buffers; use one per thread. The
 // Model it points to must outlive it.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <vector>
 
 #include "kvcache/status.h"
 #include "model/checkpoint.h"
 #include "model/kv_backend.h"
+#include "model/matmul.h"
 
 namespace kvcache::model {
 
@@ -32,7 +38,8 @@ struct ForwardOptions {
 
 class Decoder {
  public:
-  explicit Decoder(const Model& model);
+  // num_threads: threads for the weight products (the caller's included).
+  explicit Decoder(const Model& model, uint32_t num_threads = 1);
 
   const Model& model() const { return *model_; }
   const ModelConfig& config() const { return model_->config(); }
@@ -48,17 +55,16 @@ class Decoder {
 
  private:
   const Model* model_;
-  // Scratch, sized for n tokens on demand: [n][dim], [n][q_dim], [n][kv_dim], [hidden].
+  std::unique_ptr<ThreadPool> pool_;  // null for one thread
+  // Scratch, sized for n tokens on demand: [n][dim], [n][q_dim], [n][kv_dim], [n][hidden].
   std::vector<float> x_, xb_, q_, k_, v_, att_, hb_, hb2_;
 };
 
 // Plain helpers, shared with tests.
-// out[r] = sum_c w[r][c] * x[c] for w [rows][cols]; 8 partial sums in a fixed order.
-void MatVec(std::span<const float> w, const float* x, uint32_t rows, uint32_t cols, float* out);
-// out = weight * x / sqrt(mean(x^2) + 1e-5).
-void RmsNorm(const float* x, std::span<const float> weight, float* out);
+// out = weight * x / sqrt(mean(x^2) + eps).
+void RmsNorm(const float* x, std::span<const float> weight, float* out, float eps = 1e-5f);
 // Rotates each head's pairs (2i, 2i+1) of vec [n_heads][head_dim] for position pos.
-void ApplyRope(float* vec, uint32_t n_heads, uint32_t head_dim, uint32_t pos);
+void ApplyRope(float* vec, uint32_t n_heads, uint32_t head_dim, uint32_t pos, float theta = 10000.0f);
 // In-place softmax over n values.
 void Softmax(float* x, uint32_t n);
 

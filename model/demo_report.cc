@@ -1,11 +1,12 @@
 // The demo's story and perplexity/KL table.
 #include "model/demo_report.h"
 
+#include <algorithm>
 #include <string>
 
 #include "model/decoder.h"
 #include "model/generate.h"
-#include "model/model_files.h"
+#include "model/loaded_model.h"
 #include "model/perplexity.h"
 
 namespace kvcache::model {
@@ -38,9 +39,9 @@ std::vector<FormatPair> DefaultDemoFormats() {
 }
 
 Status PrintDemoReport(const DemoReportOptions& options, std::FILE* out) {
-  KV_ASSIGN_OR_RETURN(auto files, LoadModelFiles(options.model_path, options.tokenizer_path));
-  const Tokenizer& tok = files->tokenizer;
-  Decoder decoder(files->model);
+  KV_ASSIGN_OR_RETURN(auto files, LoadedModel::Load(options.model_path, options.tokenizer_path));
+  const LoadedModel& lm = *files;
+  Decoder decoder(lm.model(), std::max(1u, options.threads));
   const ModelConfig& c = decoder.config();
   KvBackendOptions backend = options.backend;
   backend.formats = FormatPair{};
@@ -48,26 +49,40 @@ Status PrintDemoReport(const DemoReportOptions& options, std::FILE* out) {
                             (backend.kind == BackendKind::kCache
                                  ? std::string(" ") + std::string(CacheLayoutName(backend.layout))
                                  : std::string());
+  const std::string model_name = lm.is_gguf() ? "SmolLM2 GGUF" : "stories260K";
 
-  // --- the story -------------------------------------------------------------
-  const std::vector<int32_t> prompt = tok.Encode(options.prompt);
+  // --- the story / chat answer -------------------------------------------------
+  KV_ASSIGN_OR_RETURN(const std::vector<int32_t> prompt,
+                      options.chat ? lm.EncodeChat(options.prompt) : lm.Encode(options.prompt));
   GenerateOptions g;
   g.max_new_tokens = options.story_tokens;
-  KV_ASSIGN_OR_RETURN(auto kv, CreateKvBackend(decoder.attention_shape(), backend));
+  g.stop_tokens = lm.stop_tokens();
+  AttentionShape shape = decoder.attention_shape();
+  shape.max_seq_len = std::min<uint32_t>(
+      shape.max_seq_len, static_cast<uint32_t>(prompt.size()) + options.story_tokens + options.draft_tokens + 1);
+  KV_ASSIGN_OR_RETURN(auto kv, CreateKvBackend(shape, backend));
   KV_ASSIGN_OR_RETURN(GenerateResult story, Generate(decoder, *kv, prompt, g));
   std::vector<int32_t> all = prompt;
   all.insert(all.end(), story.tokens.begin(), story.tokens.end());
-  KV_ASSIGN_OR_RETURN(std::string text, tok.Decode(all));
-  std::fprintf(out, "== A story from stories260K (%s), greedy, K/V in the f32 cache (%s) ==\n",
-               c.ToString().c_str(), where.c_str());
-  std::fprintf(out, "%s\n", text.c_str());
+  if (options.chat) {
+    KV_ASSIGN_OR_RETURN(std::string answer, lm.Decode(story.tokens));
+    std::fprintf(out, "== A chat answer from %s (%s), greedy, K/V in the f32 cache (%s) ==\n", model_name.c_str(),
+                 c.ToString().c_str(), where.c_str());
+    std::fprintf(out, "user> %s\nassistant> %s\n", options.prompt.c_str(), answer.c_str());
+  } else {
+    KV_ASSIGN_OR_RETURN(std::string text, lm.Decode(all));
+    std::fprintf(out, "== A story from %s (%s), greedy, K/V in the f32 cache (%s) ==\n", model_name.c_str(),
+                 c.ToString().c_str(), where.c_str());
+    std::fprintf(out, "%s\n", text.c_str());
+  }
   const double tps = story.decode_seconds > 0 ? story.tokens.size() / story.decode_seconds : 0;
-  std::fprintf(out, "[%zu tokens in %.1f ms, %.0f tokens/s]\n", story.tokens.size(),
-               1e3 * story.decode_seconds, tps);
+  std::fprintf(out, "[%zu prompt tokens in %.1f ms; %zu tokens in %.1f ms, %.1f tokens/s wall, %u threads]\n",
+               prompt.size(), 1e3 * story.prefill_seconds, story.tokens.size(), 1e3 * story.decode_seconds, tps,
+               std::max(1u, options.threads));
   if (options.draft_tokens > 0) {
     GenerateOptions spec = g;
     spec.draft_tokens = options.draft_tokens;
-    KV_ASSIGN_OR_RETURN(auto kv2, CreateKvBackend(decoder.attention_shape(), backend));
+    KV_ASSIGN_OR_RETURN(auto kv2, CreateKvBackend(shape, backend));
     KV_ASSIGN_OR_RETURN(GenerateResult s, Generate(decoder, *kv2, prompt, spec));
     std::fprintf(out,
                  "[speculative, n-gram draft of %u verified in one multi-token pass: %s output, "
@@ -78,21 +93,27 @@ Status PrintDemoReport(const DemoReportOptions& options, std::FILE* out) {
   }
 
   // --- the table -------------------------------------------------------------
-  std::vector<int32_t> tokens = tok.Encode(options.text.empty() ? std::string(DemoStoryText())
-                                                                : options.text);
-  if (tokens.size() > c.max_seq_len) tokens.resize(c.max_seq_len);
+  KV_ASSIGN_OR_RETURN(std::vector<int32_t> tokens,
+                      lm.Encode(options.text.empty() ? std::string(DemoStoryText()) : options.text));
+  uint32_t max_tokens = c.max_seq_len;
+  if (options.max_table_tokens != 0) max_tokens = std::min(max_tokens, options.max_table_tokens);
+  if (tokens.size() > max_tokens) tokens.resize(max_tokens);
   const std::vector<FormatPair> formats =
       options.formats.empty() ? DefaultDemoFormats() : options.formats;
   PerplexityOptions p;
   p.prefill_tokens = options.prefill_tokens;
+  p.chunk_tokens = std::max(1u, options.chunk_tokens);
+  p.max_seq_len = static_cast<uint32_t>(tokens.size());
   KV_ASSIGN_OR_RETURN(std::vector<FormatEvaluation> evals,
                       EvaluateFormats(decoder, tokens, backend, formats, p));
   std::fprintf(out,
-               "\n== KV format quality: teacher-forced over %zu tokens of a short story "
-               "(%u-token prefill, then one decode step per token), vs the f32 cache (%s) ==\n",
-               tokens.size(), options.prefill_tokens, where.c_str());
-  std::fprintf(out, "%-16s %9s %11s %9s %11s %10s\n", "K:V format", "bits K/V", "perplexity",
-               "mean NLL", "KL vs f32", "top-1 agr");
+               "\n== KV format quality: teacher-forced over %zu tokens of %s "
+               "(%u-token prefill, then passes of %u tokens), vs the f32 cache (%s) ==\n",
+               tokens.size(), options.text_name.c_str(), options.prefill_tokens, p.chunk_tokens, where.c_str());
+  // K and V of every layer and kv head for the model's whole context.
+  const double context_values = static_cast<double>(c.n_layers) * c.n_kv_heads * c.head_dim() * c.max_seq_len;
+  std::fprintf(out, "%-16s %9s %11s %9s %11s %10s %12s\n", "K:V format", "bits K/V", "perplexity",
+               "mean NLL", "KL vs f32", "top-1 agr", "KV @ context");
   const uint32_t hd = c.head_dim();
   for (const FormatEvaluation& e : evals) {
     const std::string name = FormatPairName(e.formats);
@@ -104,9 +125,13 @@ Status PrintDemoReport(const DemoReportOptions& options, std::FILE* out) {
     const PerplexityResult& r = e.result;
     const std::string bits = Fmt("%.4g", BitsPerValue(e.formats.k, hd)) + "/" +
                              Fmt("%.4g", BitsPerValue(e.formats.v, hd));
-    std::fprintf(out, "%-16s %9s %11.4f %9.4f %11.2e %9.1f%%\n", name.c_str(), bits.c_str(),
-                 r.perplexity, r.mean_nll, r.kl_vs_ref, 100.0 * r.top1_agree_vs_ref);
+    const double mib = context_values * (BitsPerValue(e.formats.k, hd) + BitsPerValue(e.formats.v, hd)) / 8 /
+                       (1024.0 * 1024.0);
+    std::fprintf(out, "%-16s %9s %11.4f %9.4f %11.2e %9.1f%% %8.1f MiB\n", name.c_str(), bits.c_str(),
+                 r.perplexity, r.mean_nll, r.kl_vs_ref, 100.0 * r.top1_agree_vs_ref, mib);
   }
+  std::fprintf(out, "(KV @ context: K+V of %u layers x %u kv heads x %u positions)\n", c.n_layers, c.n_kv_heads,
+               c.max_seq_len);
   return Status::Ok();
 }
 

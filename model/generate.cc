@@ -121,7 +121,8 @@ Result<GenerateResult> Generate(Decoder& decoder, KvBackend& kv, std::span<const
   // ([k+1][vocab]) are the predictions after context's last positions.
   bool done = false;
   auto emit = [&](int32_t t) {
-    if (options.stop_at_eos && (t == kEosToken || t == kBosToken)) {
+    if (options.stop_at_eos &&
+        std::find(options.stop_tokens.begin(), options.stop_tokens.end(), t) != options.stop_tokens.end()) {
       done = true;
       return;
     }

@@ -64,7 +64,8 @@ struct GenerateOptions {
   DraftKind draft_kind = DraftKind::kNgram;
   uint32_t ngram_max = 3;     // kNgram
   uint32_t draft_layers = 2;  // kEarlyExit: 1 .. n_layers - 1
-  bool stop_at_eos = true;  // stop after BOS/EOS (not emitted)
+  bool stop_at_eos = true;  // stop at any of stop_tokens (not emitted)
+  std::vector<int32_t> stop_tokens = {kBosToken, kEosToken};  // llama2.c's; GGUF: LoadedModel::stop_tokens
   // Called with each generated token as soon as it is accepted.
   std::function<void(int32_t)> on_token;
 };

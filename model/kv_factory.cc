@@ -13,7 +13,15 @@ Result<std::unique_ptr<KvBackend>> CreateKvBackend(const AttentionShape& shape,
   KV_RETURN_IF_ERROR(CheckHeadDim(options.formats.k, shape.head_dim));
   KV_RETURN_IF_ERROR(CheckHeadDim(options.formats.v, shape.head_dim));
   if (options.kind == BackendKind::kNaive) {
+    if (options.eviction.enabled()) return Status::InvalidArgument("eviction needs the cache backend");
     KV_ASSIGN_OR_RETURN(auto kv, NaiveKv::Create(shape, options.formats));
+    return std::unique_ptr<KvBackend>(std::move(kv));
+  }
+  if (options.eviction.enabled()) {
+    if (options.layout != CacheLayout::kContiguous) {
+      return Status::InvalidArgument("eviction runs on the contiguous layout only");
+    }
+    KV_ASSIGN_OR_RETURN(auto kv, EvictKv::Create(shape, options.formats, options.eviction));
     return std::unique_ptr<KvBackend>(std::move(kv));
   }
   CacheKvOptions c;

@@ -11,6 +11,7 @@
 
 #include "kvcache/cache.h"
 #include "kvcache/format.h"
+#include "model/evict_kv.h"
 #include "model/kv_backend.h"
 
 namespace kvcache::model {
@@ -25,6 +26,8 @@ struct KvBackendOptions {
   FormatPair formats;
   CacheLayout layout = CacheLayout::kContiguous;  // kCache only
   uint32_t block_size = 16;                       // kCache paged only
+  // kCache contiguous only: bounded memory (model/evict_kv.h) when enabled.
+  EvictionSpec eviction;
 };
 
 // InvalidArgument when a format cannot take the model's head_dim (the

@@ -45,6 +45,7 @@ Result<std::vector<float>> TeacherForcedLogits(Decoder& decoder, KvBackend& kv,
                          n_feed - start);
     KV_RETURN_IF_ERROR(decoder.Forward(tokens.subspan(start, n), kv,
                                        std::span<float>(logits).subspan(start * vocab, n * vocab)));
+    if (options.on_progress) options.on_progress(start + n, n_feed);
   }
   return logits;
 }
@@ -55,10 +56,13 @@ PerplexityResult ScoreLogits(std::span<const float> logits, std::span<const int3
   r.num_predictions = static_cast<uint32_t>(tokens.size() - 1);
   double nll = 0, ref_nll = 0, kl = 0;
   uint32_t agree = 0;
+  r.logprobs.resize(r.num_predictions);
   for (size_t i = 0; i < r.num_predictions; ++i) {
     const int32_t next = tokens[i + 1];
     const auto row = logits.subspan(i * vocab, vocab);
-    nll += LogSumExp(row) - row[next];
+    const double token_nll = LogSumExp(row) - row[next];
+    r.logprobs[i] = static_cast<float>(-token_nll);
+    nll += token_nll;
     if (!ref_logits.empty()) {
       const auto ref_row = ref_logits.subspan(i * vocab, vocab);
       ref_nll += LogSumExp(ref_row) - ref_row[next];
@@ -105,12 +109,16 @@ Result<std::vector<FormatEvaluation>> EvaluateFormats(Decoder& decoder,
   const uint32_t head_dim = decoder.config().head_dim();
   const uint32_t vocab = decoder.config().vocab_size;
   KvBackendOptions o = backend;
+  AttentionShape shape = decoder.attention_shape();
+  if (options.max_seq_len != 0) shape.max_seq_len = std::min(shape.max_seq_len, options.max_seq_len);
   // The f32 reference, computed on the first format that needs it.
   std::vector<float> ref_logits;
   auto reference = [&]() -> Status {
     if (!ref_logits.empty()) return Status::Ok();
     o.formats = FormatPair{};
-    KV_ASSIGN_OR_RETURN(auto ref, CreateKvBackend(decoder.attention_shape(), o));
+    o.eviction = EvictionSpec{};  // the reference keeps every position
+    KV_ASSIGN_OR_RETURN(auto ref, CreateKvBackend(shape, o));
+    o.eviction = backend.eviction;
     KV_ASSIGN_OR_RETURN(ref_logits, TeacherForcedLogits(decoder, *ref, tokens, options));
     return Status::Ok();
   };
@@ -129,9 +137,11 @@ Result<std::vector<FormatEvaluation>> EvaluateFormats(Decoder& decoder,
     Result<std::vector<float>> logits = Status::Internal("unset");
     if (Status s = reference(); !s.ok()) {
       logits = s;
+    } else if (pair == FormatPair{} && !backend.eviction.enabled()) {
+      logits = ref_logits;  // f32:f32 is the reference itself
     } else {
       o.formats = pair;
-      auto kv = CreateKvBackend(decoder.attention_shape(), o);
+      auto kv = CreateKvBackend(shape, o);
       logits = kv.ok() ? TeacherForcedLogits(decoder, **kv, tokens, options) : kv.status();
     }
     if (!logits.ok()) {

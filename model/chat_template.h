@@ -1,0 +1,57 @@
+// The ChatML conversation format for `generate --chat`, recognised from a
+// model's Jinja chat template (tokenizer.chat_template) and rendered in C++.
+//
+// This is not a Jinja engine. FromJinja accepts exactly two template texts
+// (byte for byte, apart from the default system prompt), the two forms of
+// ChatML that Hugging Face models ship:
+//   with a default system prompt (SmolLM2's):
+//     {% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}
+//     {{ '<|im_start|>system\nSYSTEM<|im_end|>\n' }}{% endif %}{{'<|im_start|>' +
+//     message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}
+//     {% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}
+//     (one line in the file; SYSTEM any text without quote, backslash or '<|')
+//   without one: the same less the {% if loop.first ... %}...{% endif %} part.
+// Any other template is Unimplemented, so a model whose format differs is
+// never prompted wrongly. Render produces what the template produces:
+//   [<|im_start|>system\nSYSTEM<|im_end|>\n   if there is a default and the
+//                                             first message is not "system"]
+//   <|im_start|>ROLE\nCONTENT<|im_end|>\n     for each message
+//   <|im_start|>assistant\n                   with add_generation_prompt
+// (the special tokens as text: encode with parse_special).
+//
+// Thread safety: immutable; share it freely.
+#pragma once
+
+#include <span>
+#include <string>
+#include <string_view>
+
+#include "kvcache/status.h"
+
+namespace kvcache::model {
+
+struct ChatMessage {
+  std::string role;  // "system", "user", "assistant"
+  std::string content;
+};
+
+class ChatTemplate {
+ public:
+  // See the file comment. Unimplemented (quoting the start of the template)
+  // for anything but the two ChatML forms.
+  static Result<ChatTemplate> FromJinja(std::string_view jinja);
+  // ChatML with the given default system prompt ("" for none).
+  static ChatTemplate ChatMl(std::string default_system);
+
+  const std::string& default_system() const { return default_system_; }
+  bool has_default_system() const { return has_default_system_; }
+
+  std::string Render(std::span<const ChatMessage> messages, bool add_generation_prompt) const;
+
+ private:
+  ChatTemplate() = default;
+  std::string default_system_;
+  bool has_default_system_ = false;
+};
+
+}  // namespace kvcache::model
