@@ -60,21 +60,22 @@ struct Decoder<Format::kBF16> {
   HWY_INLINE void Block(const RowRef& r, uint32_t b, VF* out) const {
     const DU du;
     const uint8_t* g = r.p + b * 2 * kDotLanes;
-    if constexpr (kVecs >= 2) {
-      for (size_t v = 0; v < kVecs / 2; ++v) {
-        const auto w = hn::LoadU(du, reinterpret_cast<const uint32_t*>(g) + v * kN);
-        out[v] = hn::BitCast(DF(), hn::ShiftLeft<16>(w));
-        out[kVecs / 2 + v] = hn::BitCast(DF(), hn::And(w, hn::Set(du, 0xFFFF0000u)));
-      }
-    } else {
-      alignas(64) uint32_t buf[kDotLanes];
-      for (size_t i = 0; i < kDotLanes / 2; ++i) {
-        const uint32_t w = LoadU32(g + 4 * i);
-        buf[i] = w << 16;
-        buf[kDotLanes / 2 + i] = w & 0xFFFF0000u;
-      }
-      out[0] = hn::BitCast(DF(), hn::Load(du, buf));
+#if HWY_TARGET <= HWY_AVX3 && HWY_ARCH_X86
+    // 16 lanes (AVX-512): the group's 8 words in a half vector, the even
+    // values in the lower half and the odd ones in the upper (one insert).
+    static_assert(kVecs == 1, "AVX-512 targets have 16 f32 lanes");
+    const hn::Half<DU> dh;
+    const auto w = hn::LoadU(dh, reinterpret_cast<const uint32_t*>(g));
+    out[0] = hn::BitCast(
+        DF(), hn::Combine(du, hn::And(w, hn::Set(dh, 0xFFFF0000u)), hn::ShiftLeft<16>(w)));
+#else
+    static_assert(kVecs >= 2, "at most 8 lanes here");
+    for (size_t v = 0; v < kVecs / 2; ++v) {
+      const auto w = hn::LoadU(du, reinterpret_cast<const uint32_t*>(g) + v * kN);
+      out[v] = hn::BitCast(DF(), hn::ShiftLeft<16>(w));
+      out[kVecs / 2 + v] = hn::BitCast(DF(), hn::And(w, hn::Set(du, 0xFFFF0000u)));
     }
+#endif
   }
   HWY_INLINE float Value(const RowRef& r, uint32_t i) const {
     return fi::BF16ToFloat(fi::LoadU16(r.p + 2 * i));

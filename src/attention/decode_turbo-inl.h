@@ -54,8 +54,12 @@ struct Decoder<Format::kTurbo4> {
   static constexpr bool kTail = false;
   uint32_t scales_offset;
   Table<8> neg, pos;  // levels 0..7 and 8..15
+  VF all;             // 16 lanes: levels 0..15 (the first kN elsewhere, unused)
   explicit Decoder(uint32_t d)
-      : scales_offset(d / 2), neg(fi::kTurbo4Levels.data()), pos(fi::kTurbo4Levels.data() + 8) {}
+      : scales_offset(d / 2),
+        neg(fi::kTurbo4Levels.data()),
+        pos(fi::kTurbo4Levels.data() + 8),
+        all(hn::LoadU(DF(), fi::kTurbo4Levels.data())) {}
   HWY_INLINE RowRef Prepare(const uint8_t* p, uint32_t) const { return {p, 1.0f}; }
   HWY_INLINE void Block(const RowRef& r, uint32_t b, VF* out) const {
     const uint8_t* c = r.p + 8 * b;
@@ -71,21 +75,21 @@ struct Decoder<Format::kTurbo4> {
     out[1] = hn::Mul(hn::IfNegativeThenElse(hn::BitCast(DF(), hn::ShiftLeft<24>(u)), Permute8(pos, h),
                                             Permute8(neg, h)),
                      sv);
+#elif HWY_TARGET <= HWY_AVX3 && HWY_ARCH_X86
+    // 16 lanes: the 8 code bytes widened to u32 (low nibbles) beside the
+    // same shifted right by 4 (high nibbles), then one vpermps over the 16
+    // levels, which reads only the low 4 bits of each index.
+    static_assert(kN == 16, "AVX-512 targets have 16 f32 lanes");
+    const hn::Half<DU> dh;
+    const auto u = hn::PromoteTo(dh, hn::LoadU(hn::Rebind<uint8_t, decltype(dh)>(), c));
+    const auto idx = hn::Combine(DU(), hn::ShiftRight<4>(u), u);
+    out[0] = hn::Mul(VF{_mm512_permutexvar_ps(idx.raw, all.raw)}, sv);
 #else
     const DU du;
+    static_assert(kN <= 8, "16-lane targets take the branch above");
     for (size_t v = 0; v < kVecs; ++v) {
-      hn::Vec<DU> idx;
-      if constexpr (kN <= 8) {
-        const auto u = LoadBytesU32(c + (v * kN) % 8);
-        idx = (v * kN < 8) ? hn::And(u, hn::Set(du, 15u)) : hn::ShiftRight<4>(u);
-      } else {
-        alignas(64) uint32_t buf[kDotLanes];
-        for (size_t i = 0; i < 8; ++i) {
-          buf[i] = c[i] & 15u;
-          buf[8 + i] = c[i] >> 4;
-        }
-        idx = hn::Load(du, buf);
-      }
+      const auto u = LoadBytesU32(c + (v * kN) % 8);
+      const hn::Vec<DU> idx = (v * kN < 8) ? hn::And(u, hn::Set(du, 15u)) : hn::ShiftRight<4>(u);
       const auto i7 = hn::And(idx, hn::Set(du, 7u));
       const VF a = neg.Lookup(i7);
       const VF bb = pos.Lookup(i7);

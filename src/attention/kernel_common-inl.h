@@ -63,7 +63,8 @@ struct Table {
     // 3 bits of an index (Permute8) sees the right value for any index whose
     // low log2(kSize) bits are the code.
     alignas(64) float buf[2 * kDotLanes] = {};
-    for (size_t i = 0; i < 8; ++i) buf[i] = raw[i] = t[i % kSize];
+    for (size_t i = 0; i < kDotLanes; ++i) buf[i] = t[i % kSize];
+    for (size_t i = 0; i < 8; ++i) raw[i] = buf[i];
     const DF df;
     if constexpr (kN < 4) {
       lo = hi = hn::Zero(df);
@@ -99,12 +100,17 @@ struct Table {
 
 // table[idx & 7] per lane, for tables of at most 8 entries: on AVX2 one
 // vpermps, which reads only the low 3 bits of each index, so callers skip
-// masking the code out of its packed word; elsewhere Table::Lookup on the
-// masked index.
+// masking the code out of its packed word; on AVX-512 (16 lanes) one
+// vpermps over the 16-lane table, which reads the low 4 bits, the same
+// entry since the table repeats with period kSize (<= 8); elsewhere
+// Table::Lookup on the masked index.
 template <size_t kSize>
 HWY_INLINE VF Permute8(const Table<kSize>& t, hn::Vec<DU> idx) {
 #if HWY_TARGET == HWY_AVX2
   return VF{_mm256_permutevar8x32_ps(t.lo.raw, idx.raw)};
+#elif HWY_TARGET <= HWY_AVX3 && HWY_ARCH_X86
+  static_assert(kN == 16, "AVX-512 targets have 16 f32 lanes");
+  return VF{_mm512_permutexvar_ps(idx.raw, t.lo.raw)};
 #else
   return t.Lookup(hn::And(idx, hn::Set(DU(), static_cast<uint32_t>(kSize - 1))));
 #endif
