@@ -39,14 +39,12 @@ struct Decoder<Format::kTurbo8> {
 };
 
 // Per-lane shift counts for packed codes of vector v of a block: value
-// i = v * kN + lane sits at bit kBits * (i % kPeriod) of its 32-bit word
-// (built once per decoder, in registers on every width).
+// i = v * kN + lane sits at bit kBits * (i % kPeriod) of its 32-bit word.
 template <uint32_t kBits, uint32_t kPeriod>
 HWY_INLINE hn::Vec<DU> LaneShifts(size_t v) {
-  static_assert((kPeriod & (kPeriod - 1)) == 0, "the period is a power of two");
-  const DU du;
-  const auto i = hn::And(hn::Iota(du, static_cast<uint32_t>(v * kN)), hn::Set(du, kPeriod - 1));
-  return hn::Mul(i, hn::Set(du, kBits));
+  alignas(64) uint32_t buf[kDotLanes];
+  for (size_t i = 0; i < kN; ++i) buf[i] = kBits * static_cast<uint32_t>((v * kN + i) % kPeriod);
+  return hn::Load(DU(), buf);
 }
 
 // turbo4 in nibble order (plan.h): vector v of a group holds the low

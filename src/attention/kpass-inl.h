@@ -224,12 +224,14 @@ void KPassRows(const KArgs& a, const int16_t* const* q16, const float* qscale) {
     const uint8_t* p = rows.Run(r, a.r1, &n);
     const uint32_t run_end = r + n;
     if (all_visible) {
-#if HWY_TARGET != HWY_SCALAR
+#if HWY_TARGET <= HWY_AVX2
       if constexpr (kQB == 4) {
         // The 4 scores of a row as one 128-bit vector: the same multiply,
         // add and max as the scalar loop below (bit for bit), in 3 vector
         // ops. Kept scalar, GCC held m[] packed in two 64-bit stack words
-        // and spent ~10 ops per query per row on it.
+        // and spent ~10 ops per query per row on it. AVX2 and AVX-512 only:
+        // SSE4's 16 registers are already short of its 16 accumulators
+        // (turbo2 measured ~5% slower there with the vector form).
         const hn::FixedTag<float, 4> d4;
         const auto scale4 = hn::Set(d4, scale);
         const auto bias4 = hn::LoadU(d4, bias);
