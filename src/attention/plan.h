@@ -119,4 +119,10 @@ void ExpBufferForTest(float* x, size_t n);
 // tests; n a multiple of 16.
 void E4M3DecodeForTest(const uint8_t* codes, size_t n, float* out);
 
+// A stored row of `format` as the kernels' decoder consumes it, for tests:
+// out[PaddedDim(head_dim)] in kernel order (UsesNibbleOrder), divided by
+// the format's power-of-two value multiplier (256 for fp8_e4m3, else 1),
+// the tail zero-padded. Rotated formats stay in the rotated space.
+void DecodeRowForTest(Format format, const uint8_t* row, uint32_t head_dim, float* out);
+
 }  // namespace kvcache::attention_internal

@@ -1,0 +1,63 @@
+// Decoders of the ggml block formats: q8_0 and q4_0 (32 values per block
+// behind an f16 scale). Scalar reference: format_internal::DecodeRowsScalar;
+// tested by tests/attention/decoders_test.cc. q8_0 keys usually take the
+// integer K path instead (kpass-inl.h).
+//
+// Per-target header (Highway's -inl.h convention): included by a kernel .cc
+// after hwy/foreach_target.h, so once per compiled target, at file scope.
+
+#include "attention/kernel_common-inl.h"
+
+#if defined(KVCACHE_SRC_ATTENTION_DECODE_GGML_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef KVCACHE_SRC_ATTENTION_DECODE_GGML_INL_H_
+#undef KVCACHE_SRC_ATTENTION_DECODE_GGML_INL_H_
+#else
+#define KVCACHE_SRC_ATTENTION_DECODE_GGML_INL_H_
+#endif
+
+HWY_BEFORE_NAMESPACE();
+namespace kvcache {
+namespace attention_internal {
+namespace HWY_NAMESPACE {
+
+template <>
+struct Decoder<Format::kQ8_0> {
+  static constexpr bool kTail = false;
+  HWY_INLINE RowRef Prepare(const uint8_t* p, uint32_t) const { return {p, 1.0f}; }
+  HWY_INLINE void Block(const RowRef& r, uint32_t b, VF* out) const {
+    const hn::Rebind<int8_t, DF> di8;
+    const uint8_t* blk = r.p + 34 * (b / 2);
+    const VF d = BroadcastF16(blk);
+    const int8_t* c = reinterpret_cast<const int8_t*>(blk + 2 + 16 * (b % 2));
+    for (size_t v = 0; v < kVecs; ++v) {
+      out[v] = hn::Mul(d, hn::ConvertTo(DF(), hn::PromoteTo(DI(), hn::LoadU(di8, c + v * kN))));
+    }
+  }
+  HWY_INLINE float Value(const RowRef&, uint32_t) const { return 0.0f; }
+};
+
+template <>
+struct Decoder<Format::kQ4_0> {
+  static constexpr bool kTail = false;
+  HWY_INLINE RowRef Prepare(const uint8_t* p, uint32_t) const { return {p, 1.0f}; }
+  HWY_INLINE void Block(const RowRef& r, uint32_t b, VF* out) const {
+    const DU du;
+    const uint8_t* blk = r.p + 18 * (b / 2);
+    const VF d = BroadcastF16(blk);
+    const auto eight = hn::Set(DI(), 8);
+    for (size_t v = 0; v < kVecs; ++v) {
+      auto u = LoadBytesU32(blk + 2 + v * kN);
+      u = (b % 2) ? hn::ShiftRight<4>(u) : hn::And(u, hn::Set(du, 15u));
+      const auto q = hn::Sub(hn::BitCast(DI(), u), eight);
+      out[v] = hn::Mul(hn::ConvertTo(DF(), q), d);
+    }
+  }
+  HWY_INLINE float Value(const RowRef&, uint32_t) const { return 0.0f; }
+};
+
+}  // namespace HWY_NAMESPACE
+}  // namespace attention_internal
+}  // namespace kvcache
+HWY_AFTER_NAMESPACE();
+
+#endif  // KVCACHE_SRC_ATTENTION_DECODE_GGML_INL_H_

@@ -1,0 +1,160 @@
+// Decoders of the rotated turbo formats: turbo8 (E4M3 codes), turbo4 (in
+// nibble order), turbo3 and turbo2 (packed codes through in-register level
+// tables), one scale per 16-value group. They return rotated-space values:
+// the query is rotated instead. Scalar reference:
+// format_internal::DecodeRowsScalar; tested by tests/attention/decoders_test.cc.
+//
+// Per-target header (Highway's -inl.h convention): included by a kernel .cc
+// after hwy/foreach_target.h, so once per compiled target, at file scope.
+
+#include "attention/kernel_common-inl.h"
+
+#if defined(KVCACHE_SRC_ATTENTION_DECODE_TURBO_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef KVCACHE_SRC_ATTENTION_DECODE_TURBO_INL_H_
+#undef KVCACHE_SRC_ATTENTION_DECODE_TURBO_INL_H_
+#else
+#define KVCACHE_SRC_ATTENTION_DECODE_TURBO_INL_H_
+#endif
+
+HWY_BEFORE_NAMESPACE();
+namespace kvcache {
+namespace attention_internal {
+namespace HWY_NAMESPACE {
+
+// Turbo rows: codes, then one scale per 16-value group at scales_offset.
+template <>
+struct Decoder<Format::kTurbo8> {
+  static constexpr bool kTail = false;
+  uint32_t scales_offset;
+  explicit Decoder(uint32_t d) : scales_offset(d) {}
+  HWY_INLINE RowRef Prepare(const uint8_t* p, uint32_t) const { return {p, 1.0f}; }
+  HWY_INLINE void Block(const RowRef& r, uint32_t b, VF* out) const {
+    // The codes come out times 2^-8, so the group scale goes in times 2^8.
+    const VF s =
+        hn::Set(DF(), kE4M3BlockMul * fi::BF16ToFloat(fi::LoadU16(r.p + scales_offset + 2 * b)));
+    E4M3Block(r.p + b * kDotLanes, out);
+    for (size_t v = 0; v < kVecs; ++v) out[v] = hn::Mul(out[v], s);
+  }
+  HWY_INLINE float Value(const RowRef&, uint32_t) const { return 0.0f; }
+};
+
+// Per-lane shift counts for packed codes of vector v of a block: value
+// i = v * kN + lane sits at bit kBits * (i % kPeriod) of its 32-bit word.
+template <uint32_t kBits, uint32_t kPeriod>
+HWY_INLINE hn::Vec<DU> LaneShifts(size_t v) {
+  alignas(64) uint32_t buf[kDotLanes];
+  for (size_t i = 0; i < kN; ++i) buf[i] = kBits * static_cast<uint32_t>((v * kN + i) % kPeriod);
+  return hn::Load(DU(), buf);
+}
+
+// turbo4 in nibble order (plan.h): vector v of a group holds the low
+// nibbles (v * kN < 8) or the high nibbles of kN consecutive code bytes.
+template <>
+struct Decoder<Format::kTurbo4> {
+  static constexpr bool kTail = false;
+  uint32_t scales_offset;
+  Table<8> neg, pos;  // levels 0..7 and 8..15
+  VF all;             // 16 lanes: levels 0..15 (the first kN elsewhere, unused)
+  explicit Decoder(uint32_t d)
+      : scales_offset(d / 2),
+        neg(fi::kTurbo4Levels.data()),
+        pos(fi::kTurbo4Levels.data() + 8),
+        all(hn::LoadU(DF(), fi::kTurbo4Levels.data())) {}
+  HWY_INLINE RowRef Prepare(const uint8_t* p, uint32_t) const { return {p, 1.0f}; }
+  HWY_INLINE void Block(const RowRef& r, uint32_t b, VF* out) const {
+    const uint8_t* c = r.p + 8 * b;
+    const VF sv = hn::Set(DF(), fi::E4M3ToFloat(r.p[scales_offset + b]));
+#if HWY_TARGET == HWY_AVX2
+    // Low nibbles, then high nibbles, of the 8 code bytes: two vpermps on
+    // the code's low 3 bits, its bit 3 moved to the sign bit picks the half.
+    const auto u = LoadBytesU32(c);
+    const auto h = hn::ShiftRight<4>(u);
+    out[0] = hn::Mul(hn::IfNegativeThenElse(hn::BitCast(DF(), hn::ShiftLeft<28>(u)), Permute8(pos, u),
+                                            Permute8(neg, u)),
+                     sv);
+    out[1] = hn::Mul(hn::IfNegativeThenElse(hn::BitCast(DF(), hn::ShiftLeft<24>(u)), Permute8(pos, h),
+                                            Permute8(neg, h)),
+                     sv);
+#elif HWY_TARGET <= HWY_AVX3 && HWY_ARCH_X86
+    // 16 lanes: the 8 code bytes widened to u32 (low nibbles) beside the
+    // same shifted right by 4 (high nibbles), then one vpermps over the 16
+    // levels, which reads only the low 4 bits of each index.
+    static_assert(kN == 16, "AVX-512 targets have 16 f32 lanes");
+    const hn::Half<DU> dh;
+    const auto u = hn::PromoteTo(dh, hn::LoadU(hn::Rebind<uint8_t, decltype(dh)>(), c));
+    const auto idx = hn::Combine(DU(), hn::ShiftRight<4>(u), u);
+    out[0] = hn::Mul(VF{_mm512_permutexvar_ps(idx.raw, all.raw)}, sv);
+#else
+    const DU du;
+    static_assert(kN <= 8, "16-lane targets take the branch above");
+    for (size_t v = 0; v < kVecs; ++v) {
+      const auto u = LoadBytesU32(c + (v * kN) % 8);
+      const hn::Vec<DU> idx = (v * kN < 8) ? hn::And(u, hn::Set(du, 15u)) : hn::ShiftRight<4>(u);
+      const auto i7 = hn::And(idx, hn::Set(du, 7u));
+      const VF a = neg.Lookup(i7);
+      const VF bb = pos.Lookup(i7);
+      const auto upper = hn::RebindMask(DF(), hn::TestBit(idx, hn::Set(du, 8u)));
+      out[v] = hn::Mul(hn::IfThenElse(upper, bb, a), sv);
+    }
+#endif
+  }
+  HWY_INLINE float Value(const RowRef&, uint32_t) const { return 0.0f; }
+};
+
+template <>
+struct Decoder<Format::kTurbo3> {
+  static constexpr bool kTail = false;
+  uint32_t scales_offset;
+  Table<8> levels;
+  hn::Vec<DU> shifts[kVecs];
+  explicit Decoder(uint32_t d) : scales_offset(6 * (d / 16)), levels(fi::kTurbo3Levels.data()) {
+    for (size_t v = 0; v < kVecs; ++v) shifts[v] = LaneShifts<3, 8>(v);
+  }
+  HWY_INLINE RowRef Prepare(const uint8_t* p, uint32_t) const { return {p, 1.0f}; }
+  HWY_INLINE void Block(const RowRef& r, uint32_t b, VF* out) const {
+    const DU du;
+    const uint8_t* c = r.p + 6 * b;
+    const VF sv = hn::Set(DF(), fi::E4M3ToFloat(r.p[scales_offset + b]));
+    // Values 0..7 are bits 0..23 of bytes 0..3, values 8..15 bits 0..23 of
+    // bytes 3..6 (byte 6 is still inside the row: next group or a scale).
+    for (size_t v = 0; v < kVecs; ++v) {
+      hn::Vec<DU> w;
+      if constexpr (kN <= 8) {
+        w = hn::Set(du, LoadU32(c + 3 * ((v * kN) / 8)));
+      } else {
+        w = hn::IfThenElse(hn::FirstN(du, 8), hn::Set(du, LoadU32(c)), hn::Set(du, LoadU32(c + 3)));
+      }
+      out[v] = hn::Mul(Permute8(levels, w >> shifts[v]), sv);
+    }
+  }
+  HWY_INLINE float Value(const RowRef&, uint32_t) const { return 0.0f; }
+};
+
+template <>
+struct Decoder<Format::kTurbo2> {
+  static constexpr bool kTail = false;
+  uint32_t scales_offset;
+  Table<4> levels;
+  hn::Vec<DU> shifts[kVecs];
+  explicit Decoder(uint32_t d) : scales_offset(d / 4), levels(fi::kTurbo2Levels.data()) {
+    for (size_t v = 0; v < kVecs; ++v) shifts[v] = LaneShifts<2, 16>(v);
+  }
+  HWY_INLINE RowRef Prepare(const uint8_t* p, uint32_t) const { return {p, 1.0f}; }
+  HWY_INLINE void Block(const RowRef& r, uint32_t b, VF* out) const {
+    const DU du;
+    const auto w = hn::Set(du, LoadU32(r.p + 4 * b));
+    const VF sv = hn::Set(DF(), fi::E4M3ToFloat(r.p[scales_offset + b]));
+    for (size_t v = 0; v < kVecs; ++v) {
+      out[v] = hn::Mul(Permute8(levels, w >> shifts[v]), sv);
+    }
+  }
+  HWY_INLINE float Value(const RowRef&, uint32_t) const { return 0.0f; }
+};
+
+
+}  // namespace HWY_NAMESPACE
+}  // namespace attention_internal
+}  // namespace kvcache
+HWY_AFTER_NAMESPACE();
+
+#endif  // KVCACHE_SRC_ATTENTION_DECODE_TURBO_INL_H_

@@ -1,0 +1,168 @@
+// The V pass: for rows [r0, r1) inside one 512-row segment, l += e_r and
+// o[d] += e_r * v_r[d] for kQB query vectors, in row order (the reference
+// order of reference.h), 16-row tiles decoded one 16-value block at a time.
+//
+// Per-target header (Highway's -inl.h convention): included by a kernel .cc
+// after hwy/foreach_target.h, so once per compiled target, at file scope.
+
+#include <optional>
+
+#include "attention/kernel_common-inl.h"
+
+#if defined(KVCACHE_SRC_ATTENTION_VPASS_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef KVCACHE_SRC_ATTENTION_VPASS_INL_H_
+#undef KVCACHE_SRC_ATTENTION_VPASS_INL_H_
+#else
+#define KVCACHE_SRC_ATTENTION_VPASS_INL_H_
+#endif
+
+HWY_BEFORE_NAMESPACE();
+namespace kvcache {
+namespace attention_internal {
+namespace HWY_NAMESPACE {
+
+constexpr uint32_t kTileRows = 16;
+
+template <Format F, bool kExact, int kQB>
+void VPass(const VArgs& a) {
+  const Plan& plan = *a.plan;
+  const HeadJob& job = *a.job;
+  const LayerKvView& view = *job.view;
+  const uint32_t d = plan.head_dim, pd = plan.padded_dim;
+  const uint32_t n_blocks = pd / kDotLanes;
+  const uint32_t full_blocks = d / kDotLanes;
+  const Decoder<F> dec = MakeDecoder<F>(d);
+  const Visibility vis = MakeVisibility(plan, job);
+  const QueryVec* qv = plan.queries.data() + job.first_query + a.qi0;
+  const float* e[kQB];
+  float* o[kQB];
+  for (int j = 0; j < kQB; ++j) {
+    e[j] = a.e + static_cast<size_t>(a.qi0 + j) * job.rows;
+    o[j] = a.o + static_cast<size_t>(a.qi0 + j) * pd;
+  }
+  const bool all_visible = AllVisible(vis, qv, kQB, a.r1);
+  const HeadRows hrows(view, view.v, job.head);
+  // Prefetch runs on past the segment, so the next segment's rows are in
+  // flight when this call ends. A tile's prefetch steps are spread over its
+  // value blocks, not issued as the tile is gathered: a burst of 16 rows'
+  // lines (64 for bf16) at once made the V pass on a 32k context 1.7-1.8x
+  // slower than the K pass over the same bytes, spread ~1.0x (see
+  // docs/attention.md).
+  std::optional<Prefetcher> own_pf;
+  if (a.pf == nullptr) own_pf.emplace(&hrows, &job.rows, 1, a.r0, kWholeRun);
+  Prefetcher& pf = a.pf ? *a.pf : *own_pf;
+  RowRef rows[kTileRows];
+  uint32_t masks[kTileRows];
+  uint32_t ridx[kTileRows];
+  const uint8_t* run_p = nullptr;
+  uint32_t run_left = 0;
+  for (uint32_t t0 = a.r0; t0 < a.r1;) {
+    const uint32_t tile_r0 = t0;
+    uint32_t n = 0;
+    bool all = true;
+    for (; n < kTileRows && t0 < a.r1; ++t0) {
+      if (run_left == 0) run_p = hrows.Run(t0, a.r1, &run_left);
+      const uint8_t* p = run_p;
+      run_p += hrows.row_bytes;
+      --run_left;
+      if (!all_visible) {
+        // masks and ridx are read only here (masked tiles, gathered weights).
+        const uint32_t pos = vis.Pos(t0);
+        uint32_t mask = 0;
+        for (int j = 0; j < kQB; ++j) mask |= vis.Visible(pos, qv[j].qpos) ? (1u << j) : 0u;
+        if (mask == 0) continue;
+        all = all && mask == (1u << kQB) - 1;
+        masks[n] = mask;
+        ridx[n] = t0;
+      }
+      rows[n] = dec.Prepare(p, d);
+      ++n;
+    }
+    // One prefetch step per row taken from the stream (masked ones too),
+    // `per` (+1 for the first `extra` blocks) before each value block.
+    const uint32_t steps = t0 - tile_r0;
+    const uint32_t per = steps / n_blocks, extra = steps % n_blocks;
+    auto prefetch_part = [&](uint32_t b) {
+      for (uint32_t k = per + (b < extra ? 1 : 0); k > 0; --k) pf.Step();
+    };
+    if (n == 0) {
+      for (uint32_t k = 0; k < steps; ++k) pf.Step();
+      continue;
+    }
+    // The tile's weights w[j][i] (masked entries are never read): straight
+    // from e when every row is visible (the tile is rows tile_r0 + i), else
+    // gathered. l adds them in row order either way.
+    float et[kQB][kTileRows];
+    const float* w[kQB];
+    for (int j = 0; j < kQB; ++j) {
+      float l = a.l[a.qi0 + j];
+      if (all_visible) {
+        w[j] = e[j] + tile_r0;
+        for (uint32_t i = 0; i < n; ++i) l = l + w[j][i];
+      } else {
+        for (uint32_t i = 0; i < n; ++i) {
+          et[j][i] = e[j][ridx[i]];
+          if (masks[i] & (1u << j)) l = l + et[j][i];
+        }
+        w[j] = et[j];
+      }
+      a.l[a.qi0 + j] = l;
+    }
+    // Per 16-value block b: o[., b] += sum over the tile's rows of e * v,
+    // rows in order. The tail block and the masked case are separate loops
+    // so the common one tests nothing per row.
+    auto block = [&](uint32_t b, auto decode) HWY_ATTR {
+      VF acc[kQB][kVecs];
+      for (int j = 0; j < kQB; ++j) {
+        for (size_t v = 0; v < kVecs; ++v) acc[j][v] = hn::LoadU(DF(), o[j] + b * kDotLanes + v * kN);
+      }
+      if (all) {
+        for (uint32_t i = 0; i < n; ++i) {
+          VF vv[kVecs];
+          decode(rows[i], vv);
+          for (int j = 0; j < kQB; ++j) {
+            const VF ew = hn::Set(DF(), w[j][i]);
+            for (size_t v = 0; v < kVecs; ++v) acc[j][v] = MulAcc<kExact>(ew, vv[v], acc[j][v]);
+          }
+        }
+      } else {
+        for (uint32_t i = 0; i < n; ++i) {
+          VF vv[kVecs];
+          decode(rows[i], vv);
+          for (int j = 0; j < kQB; ++j) {
+            if (!(masks[i] & (1u << j))) continue;
+            const VF ew = hn::Set(DF(), w[j][i]);
+            for (size_t v = 0; v < kVecs; ++v) acc[j][v] = MulAcc<kExact>(ew, vv[v], acc[j][v]);
+          }
+        }
+      }
+      for (int j = 0; j < kQB; ++j) {
+        for (size_t v = 0; v < kVecs; ++v) hn::StoreU(acc[j][v], DF(), o[j] + b * kDotLanes + v * kN);
+      }
+    };
+    for (uint32_t b = 0; b < full_blocks; ++b) {
+      prefetch_part(b);
+      block(b, [&](const RowRef& row, VF* vv) HWY_ATTR { dec.Block(row, b, vv); });
+    }
+    if constexpr (Decoder<F>::kTail) {
+      if (n_blocks != full_blocks) {
+        prefetch_part(full_blocks);
+        block(full_blocks, [&](const RowRef& row, VF* vv) HWY_ATTR {
+          TailBlock(dec, row, full_blocks, d, vv);
+        });
+      }
+    }
+  }
+}
+
+template <Format F, bool kExact>
+VFn VFor(int qb) {
+  return qb == 4 ? &VPass<F, kExact, 4> : qb == 2 ? &VPass<F, kExact, 2> : &VPass<F, kExact, 1>;
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace attention_internal
+}  // namespace kvcache
+HWY_AFTER_NAMESPACE();
+
+#endif  // KVCACHE_SRC_ATTENTION_VPASS_INL_H_
