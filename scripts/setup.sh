@@ -7,6 +7,7 @@ PACKAGES=(
   cmake ninja-build g++ pkg-config
   libhwy-dev libgtest-dev libgmock-dev libbenchmark-dev
   libcli11-dev nlohmann-json3-dev libfmt-dev libxxhash-dev
+  clang libclang-rt-14-dev  # fuzz preset: libFuzzer + sanitizer runtimes
 )
 
 missing=()
