@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <map>
@@ -86,8 +88,13 @@ struct Snapshot {
   bool operator==(const Snapshot&) const = default;
 };
 
+// Bitwise equality of n floats (memcmp must not see a null pointer, which
+// an empty vector's data() may be).
+bool SameFloats(const float* a, const float* b, size_t n) {
+  return n == 0 || std::memcmp(a, b, n * sizeof(float)) == 0;
+}
 bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+  return a.size() == b.size() && SameFloats(a.data(), b.data(), a.size());
 }
 
 struct Seq {
@@ -149,11 +156,15 @@ class World {
 
   Seq* PickSeq() {
     const int i = static_cast<int>(in_.below(kSlots));
+    if (trace_ && seqs_[i].cache) std::fprintf(stderr, "  on seq %d\n", i);
     return seqs_[i].cache ? &seqs_[i] : nullptr;
   }
   Seq* FreeSlot() {
-    for (Seq& s : seqs_)
-      if (!s.cache) return &s;
+    for (int i = 0; i < kSlots; ++i) {
+      if (seqs_[i].cache) continue;
+      if (trace_) std::fprintf(stderr, "  into seq %d\n", i);
+      return &seqs_[i];
+    }
     return nullptr;
   }
   std::vector<float> Rows(const Seq& s, uint32_t first, std::span<const TokenId> toks, int side) const;
@@ -177,6 +188,8 @@ class World {
   std::vector<std::shared_ptr<BlockPool>> hpools_;
   HybridSlot hybrids_[kHybridSlots];
   std::string op_ = "setup";
+  // KVCACHE_FUZZ_TRACE=1 prints every operation (to follow a finding).
+  const bool trace_ = std::getenv("KVCACHE_FUZZ_TRACE") != nullptr;
 };
 
 std::string World::Setup() {
@@ -185,6 +198,7 @@ std::string World::Setup() {
   if (!g.ok()) return "geometry: " + g.status().ToString();
   geo_ = *g;
   formats_ = c.formats;
+  if (trace_) std::fprintf(stderr, "setup %s %s\n", geo_.ToString().c_str(), FormatPairName(formats_).c_str());
   BlockPoolOptions po;
   po.num_blocks = 3 + in_.below(14);
   po.huge_pages = false;
@@ -459,8 +473,8 @@ std::string World::OpAppend() {
     if (now.positions[i].size() < old_rows ||
         !std::equal(s->snap.positions[i].begin(), s->snap.positions[i].end(),
                     now.positions[i].begin()) ||
-        std::memcmp(now.k[i].data(), s->snap.k[i].data(), old_rows * D * sizeof(float)) != 0 ||
-        std::memcmp(now.v[i].data(), s->snap.v[i].data(), old_rows * D * sizeof(float)) != 0) {
+        !SameFloats(now.k[i].data(), s->snap.k[i].data(), old_rows * D) ||
+        !SameFloats(now.v[i].data(), s->snap.v[i].data(), old_rows * D)) {
       return fmt::format("append changed stored rows of head {}", i);
     }
     if (formats_ == FormatPair{}) {
@@ -592,13 +606,29 @@ std::string World::OpPublish() {
   Seq* s = PickSeq();
   if (!s || s->cache->layout() != CacheLayout::kPaged) return "";
   SequenceCache& c = *s->cache;
+  if (trace_) {
+    std::string t;
+    for (TokenId x : s->tokens) t += fmt::format("{} ", x);
+    for (uint32_t b : c.block_table()) {
+      auto h = pool_->block_hash(b);
+      t += fmt::format("[{} {:x}] ", b, h ? *h : 0);
+    }
+    std::fprintf(stderr, "  tokens/table %s salt '%s'\n", t.c_str(), s->salt.c_str());
+  }
   auto r = prefix_->PublishSequence(&c, s->tokens, s->salt);
   // Refusals: a block not full in every head (dead heads, evicted rows)
-  // is FailedPrecondition; a table shorter than the tokens' full blocks
-  // (positions where every head was dead hold no block) InvalidArgument.
-  const bool short_table = c.block_table().size() < s->tokens.size() / geo_.block_size();
+  // is FailedPrecondition. A sequence whose heads do not all hold positions
+  // 0..F*bs-1 in order (F = its tokens' full blocks) may also get
+  // InvalidArgument: its table is short (positions where every head was
+  // dead hold no block), or a block it shares still carries the hash of the
+  // tokens it was published with. A sequence that does hold them must not.
+  const size_t full_rows = s->tokens.size() / geo_.block_size() * geo_.block_size();
+  bool whole = true;
+  for (const auto& pos : s->snap.positions) {
+    whole &= pos.size() >= full_rows && (full_rows == 0 || pos[full_rows - 1] == full_rows - 1);
+  }
   if (!r.ok() && r.status().code() != StatusCode::kFailedPrecondition &&
-      !(short_table && r.status().code() == StatusCode::kInvalidArgument)) {
+      !(!whole && r.status().code() == StatusCode::kInvalidArgument)) {
     return "publish: " + r.status().ToString();
   }
   // Every block of c that now carries its chain hash holds exactly those
@@ -1023,6 +1053,7 @@ std::string World::Run() {
         "reserve", "release", "publish", "adopt", "acquire", "use-held", "keep-rows",
         "importance", "hog", "hybrid", "hybrid", "hybrid"};
     op_ = fmt::format("op {} ({})", n, kNames[op]);
+    if (trace_) std::fprintf(stderr, "%s\n", op_.c_str());
     switch (op) {
       case 0: e = OpCreate(); break;
       case 1: case 2: case 3: e = OpAppend(); break;

@@ -11,6 +11,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -39,8 +40,11 @@ const Target kTargets[] = {
 class CorpusReplay : public ::testing::TestWithParam<Target> {};
 
 TEST_P(CorpusReplay, EveryFileRunsClean) {
+  // KVCACHE_FUZZ_CORPUS=DIR replays DIR/<target>/ instead (a finding).
+  const char* over = std::getenv("KVCACHE_FUZZ_CORPUS");
   const std::filesystem::path dir =
-      std::filesystem::path(KVCACHE_FUZZ_CORPUS_DIR) / GetParam().name;
+      std::filesystem::path(over ? over : KVCACHE_FUZZ_CORPUS_DIR) / GetParam().name;
+  if (over && !std::filesystem::is_directory(dir)) GTEST_SKIP() << dir << " absent";
   ASSERT_TRUE(std::filesystem::is_directory(dir)) << dir << " is missing: every target has a corpus";
   size_t files = 0;
   for (const auto& e : std::filesystem::directory_iterator(dir)) {
@@ -54,7 +58,9 @@ TEST_P(CorpusReplay, EveryFileRunsClean) {
     EXPECT_EQ(GetParam().entry(bytes.empty() ? &kEmpty : bytes.data(), bytes.size()), 0);
     ++files;
   }
-  EXPECT_GE(files, 2u) << "a corpus holds real files and near-misses";
+  if (!over) {
+    EXPECT_GE(files, 2u) << "a corpus holds real files and near-misses";
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Targets, CorpusReplay, ::testing::ValuesIn(kTargets),
