@@ -8,6 +8,8 @@
 #   ./run.sh sanitize [asan|tsan]  build with a sanitizer and run the tests
 #                              (asan: address+undefined, whole suite; tsan:
 #                              the layers with concurrent tests)
+#   ./run.sh fuzz [SECONDS [TARGET...]]  build the libFuzzer targets (clang,
+#                              ASan+UBSan), run each SECONDS (default 30) on its corpus
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 cd "$ROOT"
@@ -88,11 +90,43 @@ case "$cmd" in
     build release kvcache_cli kvcache_python_package >/dev/null
     exec "$ROOT/scripts/report.sh" "$@"
     ;;
+  # --- fuzz (issue 19): the targets named (default: every one in
+  # fuzz/CMakeLists.txt), SECONDS each, on top of fuzz/corpus/<target>/
+  # (read only: new inputs go to build/fuzz/work/, crashes to
+  # build/fuzz/artifacts/). Builds only what those targets need. Fails on
+  # a crash, a leak or a broken check.
+  fuzz)
+    setup
+    secs="${1:-30}"; shift || true
+    if [ $# -gt 0 ]; then
+      build fuzz "${@/#/fuzz_}"
+      bins=("${@/#/build/fuzz/fuzz/fuzz_}")
+    else
+      build fuzz kvcache_fuzz_targets
+      bins=(build/fuzz/fuzz/fuzz_*)
+    fi
+    status=0
+    for bin in "${bins[@]}"; do
+      t="${bin##*/fuzz_}"
+      mkdir -p "build/fuzz/work/$t" "build/fuzz/artifacts/$t"
+      log="build/fuzz/work/$t.log"
+      if "$bin" -max_total_time="$secs" -timeout=20 -rss_limit_mb=2048 -print_final_stats=1 \
+          -artifact_prefix="build/fuzz/artifacts/$t/" "build/fuzz/work/$t" "fuzz/corpus/$t" \
+          >"$log" 2>&1; then
+        echo "fuzz $t: ok: $(grep -E '^#[0-9]+' "$log" | tail -1 | sed 's/  */ /g')"
+      else
+        echo "fuzz $t: FAILED (log $log; inputs in build/fuzz/artifacts/$t/)"
+        tail -30 "$log"
+        status=1
+      fi
+    done
+    exit "$status"
+    ;;
   build)
     setup
     build "${1:-release}"
     ;;
   *)
-    sed -n '2,10p' "$0"
+    sed -n '2,12p' "$0"
     ;;
 esac

@@ -12,6 +12,7 @@ PACKAGES=(
   python3 python3-dev python3-venv python3-pip
   # offload tiers (issue 17): the Redis tier's client, and the server its tests start
   redis-server libhiredis-dev
+  clang libclang-rt-14-dev  # fuzz preset: libFuzzer + sanitizer runtimes
 )
 
 missing=()

@@ -94,6 +94,11 @@ Status AttendMulti(const LayerKvView& view, uint32_t n_queries, std::span<const 
 // the group = n_q_heads / n_kv_heads q heads that read kv head `kv_head`.
 // q: [group][head_dim]; out: [group][head_dim]; lse: [group];
 // probs: [group][view.num_tokens]; kv_probs: [view.num_tokens].
+// Like every probs here they are indexed by stored row, as the seed's are,
+// but padded with zeros to view.num_tokens so that one buffer fits every
+// head (a head with dead positions or evicted rows stores fewer). The seed's
+// probs [stored] are kv_probs.first(view.rows(kv_head)) (with group 1, the
+// seed's case): exactly what LayerCache::AccumulateImportance takes.
 // OutOfRange if kv_head >= view.n_kv_heads.
 Status AttendDecodeHead(const LayerKvView& view, uint32_t kv_head, std::span<const float> q,
                         const AttentionOptions& options, const AttentionOutput& output);

@@ -105,6 +105,11 @@ struct ContiguousOptions {
 struct PagedOptions {
   // If > 0, Reserve(reserve_tokens) at creation (admission control: fails
   // with PoolExhausted, creating nothing, if the pool cannot promise it).
+  // 0 reserves nothing: blocks are taken as appends need them. The seed's
+  // with_pool(max_seq_len) takes at least one block even for 0; its
+  // counterpart here is reserve_tokens = max(max_seq_len, 1). 0 is kept
+  // for "no admission control" so that an idle sequence (a prefix-cache
+  // probe, a fork that only reads) withholds no block from the pool.
   uint32_t reserve_tokens = 0;
 };
 
@@ -245,7 +250,13 @@ class SequenceCache {
   Status Clear();
   // Gives everything back (blocks, reservation, buffers); afterwards every
   // operation but accessors fails with FailedPrecondition. Idempotent.
+  // Unlike the seed's release_to_pool (a no-op without a pool), this also
+  // frees a contiguous cache's buffers: the one call that ends any cache's
+  // life before its destructor. ReleaseToPool is the seed's call.
   void Release();
+  // The seed's release_to_pool: Release() for a paged cache, a no-op (the
+  // cache stays usable) for a contiguous one. Idempotent.
+  void ReleaseToPool();
 
   // --- copies ------------------------------------------------------------
   // Paged: shares every block (refcount +1 each) and copies the table and
@@ -270,7 +281,9 @@ class SequenceCache {
   std::span<const uint32_t> context_lens() const;
   // Names logical block `logical_block` (which must be full in every head)
   // by its content hash in the pool (prefix reuse); the block is treated as
-  // shared from now on.
+  // shared from now on. FailedPrecondition if a head's rows in the block are
+  // not positions [b * block_size, (b + 1) * block_size) (rows compacted by
+  // KeepRows or by dead positions): the hash names those positions.
   Status SetBlockHash(uint32_t logical_block, uint64_t hash);
   // Starts an empty paged cache with prefix blocks found in a prefix cache:
   // takes over one reference per block that the CALLER already holds (e.g.

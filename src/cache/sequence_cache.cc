@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <numeric>
 
@@ -145,6 +146,10 @@ void SequenceCache::Release() {
   s.Touch();
 }
 
+void SequenceCache::ReleaseToPool() {
+  if (s_->layout == CacheLayout::kPaged) Release();
+}
+
 // --- shape and accounting --------------------------------------------------
 
 const Geometry& SequenceCache::geometry() const { return s_->geometry; }
@@ -218,8 +223,13 @@ uint32_t BlocksNeeded(const SequenceCache::State& s, uint32_t target, bool assum
   const uint32_t have = static_cast<uint32_t>(s.table.size());
   uint32_t need = tb > have ? tb - have : 0;
   const uint32_t from = s.min_rows() / s.bs();
+  // A block marked maybe-shared may have become exclusive since (the other
+  // holder, e.g. a fork's child, is gone): ask the pool, so that a
+  // reservation never promises a copy-on-write that no write will need.
+  // Exclusivity cannot be lost behind this sequence's back (another holder
+  // appears only by Fork or a content hash, both of which mark the block).
   for (uint32_t i = from; i < std::min(have, tb); ++i) {
-    need += (assume_all_shared || s.maybe_shared[i]) ? 1 : 0;
+    need += (assume_all_shared || (s.maybe_shared[i] && !s.pool->IsExclusive(s.table[i]))) ? 1 : 0;
   }
   return need;
 }
@@ -837,6 +847,24 @@ Status SequenceCache::SetBlockHash(uint32_t logical_block, uint64_t hash) {
     return Status::FailedPrecondition(
         fmt::format("cache: logical block {} is not full in every head", logical_block));
   }
+  // A content hash names positions [b * bs, (b + 1) * bs). A head whose rows
+  // were compacted (KeepRows, dead at some appends) holds later positions
+  // in those slots: naming them would hand an adopter rows of the wrong
+  // positions. Positions are strictly increasing and position(r) >= r, so
+  // the block's last slot holding its own position proves every slot does.
+  const uint32_t last = (logical_block + 1) * s.bs() - 1;
+  for (uint32_t l = 0; l < s.layers.size(); ++l) {
+    const LayerMeta& lm = s.layers[l];
+    if (!lm.has_positions()) continue;
+    for (uint32_t h = 0; h < lm.positions.size(); ++h) {
+      if (lm.positions[h][last] != last) {
+        return Status::FailedPrecondition(fmt::format(
+            "cache: logical block {} of layer {} head {} holds compacted rows (position {} in "
+            "slot {}): it cannot be named by content",
+            logical_block, l, h, lm.positions[h][last], last));
+      }
+    }
+  }
   KV_RETURN_IF_ERROR(s.pool->SetBlockHash(s.table[logical_block], hash));
   s.maybe_shared[logical_block] = 1;
   return Status::Ok();
@@ -961,6 +989,15 @@ Status SequenceCache::AccumulateImportance(uint32_t layer, uint32_t head,
   if (probs.size() != lm.head_len[head]) {
     return Status::InvalidArgument(fmt::format(
         "cache: importance for {} rows, head {} stores {}", probs.size(), head, lm.head_len[head]));
+  }
+  // Validate everything before touching anything: a NaN or infinity added
+  // here would poison every later eviction decision of the head.
+  for (size_t r = 0; r < probs.size(); ++r) {
+    if (!std::isfinite(probs[r])) {
+      return Status::InvalidArgument(fmt::format(
+          "cache: non-finite importance {} at row {} of layer {} head {}", probs[r], r, layer,
+          head));
+    }
   }
   if (!lm.has_importance()) {
     lm.head_imp.resize(s.geometry.n_kv_heads());

@@ -1,0 +1,47 @@
+// The API-sequence fuzzer's decoder: bytes -> a sequence of operations on
+// the library's public API, with every invariant checked after every one.
+//
+// World: one BlockPool (geometry and formats chosen by the first bytes), a
+// PrefixCache on it, up to kSlots SequenceCaches (paged or contiguous),
+// prefix references the harness holds (acquired, not yet adopted), blocks
+// a "hog" holds to press the pool, and up to kHybridSlots HybridSequences
+// (full layer with a heavy-hitter head, window layer, linear layer) on
+// their own two pools. Each following byte picks an operation: create,
+// append (with dead heads), advance, truncate, fork, clone, reserve,
+// release, publish, adopt, acquire/hold, adopt held, drop held, keep rows
+// (eviction), accumulate importance (finite or not), hog/unhog, and on
+// hybrids: append, draft + commit/abort, importance, evict, fork, truncate,
+// release. Operations whose inputs are invalid are issued on purpose; the
+// library must refuse them with the documented Status and change nothing.
+//
+// Checked after every operation (the first failure is returned):
+//   - CheckInvariants of every cache, hybrid sequence, pool, prefix cache;
+//   - exact pool accounting against a model built from the caches' block
+//     tables and the harness's own references: the refcount of every block,
+//     used / free / cached / reserved / available counters;
+//   - isolation: every sequence still decodes to exactly the rows, positions
+//     it held (an operation on one never changes another: copy-on-write);
+//     f32 rows equal the values appended, bit for bit;
+//   - reservation promises: an append within a fully reserved target never
+//     fails with PoolExhausted;
+//   - prefix reuse: a published block holds exactly the positions its hash
+//     names, and an adopted block decodes to what its publisher stored;
+//   - a failing call changes nothing (rows, lengths, importance, accounting);
+//   - hybrid drafts: after Commit / Abort the sequence equals a contiguous
+//     twin that appended only the kept tokens (rows, positions, linear state).
+// At the end everything is released and every pool must be exactly full.
+//
+// Thread safety: RunApiSequence is reentrant (all state is local).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace kvcache::fuzz {
+
+// Runs the operations `data` decodes to. Returns "" if every check held,
+// else a description of the first one that failed (and the operation).
+std::string RunApiSequence(const uint8_t* data, size_t size);
+
+}  // namespace kvcache::fuzz

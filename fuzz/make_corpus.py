@@ -1,0 +1,219 @@
+#!/usr/bin/env python3
+"""Writes the seed corpus of every fuzz target into fuzz/corpus/<target>/.
+
+Each target gets small real files (valid inputs, written here from the
+documented formats, never copied from elsewhere) and near-misses: each
+valid file with one field broken, truncated or extended. Deterministic:
+rerunning rewrites the same bytes. Files other targets' crashes add
+(crash-*, regression-*) are left alone.
+
+Usage: fuzz/make_corpus.py  (from anywhere)
+"""
+import os
+import random
+import struct
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "corpus")
+
+
+def put(target, name, data):
+    d = os.path.join(ROOT, target)
+    os.makedirs(d, exist_ok=True)
+    if isinstance(data, str):
+        data = data.encode()
+    with open(os.path.join(d, name), "wb") as f:
+        f.write(data)
+
+
+# --- npy -------------------------------------------------------------------
+def npy(descr, shape, payload, major=1, fortran=False, raw_header=None):
+    if raw_header is None:
+        shp = "(" + "".join(f"{d}, " if len(shape) == 1 else f"{d}," for d in shape).rstrip(",")
+        shp = "(" + ", ".join(str(d) for d in shape) + ("," if len(shape) == 1 else "") + ")"
+        raw_header = f"{{'descr': '{descr}', 'fortran_order': {fortran}, 'shape': {shp}, }}"
+    lenbytes = 2 if major == 1 else 4
+    pre = 6 + 2 + lenbytes
+    h = raw_header
+    pad = (64 - (pre + len(h) + 1) % 64) % 64
+    h = h + " " * pad + "\n"
+    head = b"\x93NUMPY" + bytes([major, 0])
+    head += struct.pack("<H" if major == 1 else "<I", len(h))
+    return head + h.encode() + payload
+
+
+def f32(vals):
+    return struct.pack(f"<{len(vals)}f", *vals)
+
+
+def f16(vals):
+    return struct.pack(f"<{len(vals)}e", *vals)
+
+
+def make_npy():
+    t = "npy"
+    good = npy("<f4", (2, 3), f32([0.5, -1, 2, 3.25, 1e-3, -7]))
+    put(t, "f32_2x3_v1.npy", good)
+    put(t, "f16_4_v2.npy", npy("<f2", (4,), f16([1, -2, 0.5, 65504]), major=2))
+    put(t, "f32_scalar_v3.npy", npy("<f4", (), f32([42.0]), major=3))
+    put(t, "f32_empty_0x5.npy", npy("<f4", (0, 5), b""))
+    put(t, "f32_1x1x2x2.npy", npy("<f4", (1, 1, 2, 2), f32([1, 2, 3, float("inf")])))
+    put(t, "f16_nan_v1.npy", npy("<f2", (2,), b"\x00\x7e\x01\xfc"))
+    # near-misses
+    put(t, "miss_truncated_data.npy", good[:-3])
+    put(t, "miss_trailing_data.npy", good + b"\0\0\0\0")
+    put(t, "miss_bad_magic.npy", b"\x93NUMPz" + good[6:])
+    put(t, "miss_version4.npy", good[:6] + b"\x04" + good[7:])
+    put(t, "miss_big_endian.npy", npy(">f4", (2, 3), f32([0] * 6)))
+    put(t, "miss_fortran.npy", npy("<f4", (2, 3), f32([0] * 6), fortran=True))
+    put(t, "miss_int32.npy", npy("<i4", (2,), b"\1\0\0\0\2\0\0\0"))
+    put(t, "miss_header_len.npy", good[:8] + b"\xff\xff" + good[10:])
+    put(t, "miss_truncated_header.npy", good[:40])
+    put(t, "miss_extra_key.npy", npy("<f4", (1,), f32([1]), raw_header=
+        "{'descr': '<f4', 'fortran_order': False, 'shape': (1,), 'x': 1, }"))
+    put(t, "miss_shape_overflow.npy", npy("<f4", (1,), f32([1]), raw_header=
+        "{'descr': '<f4', 'fortran_order': False, 'shape': (4294967296, 4294967296, 0), }"))
+    put(t, "miss_shape_huge.npy", npy("<f4", (1,), f32([1]), raw_header=
+        "{'descr': '<f4', 'fortran_order': False, 'shape': (18446744073709551615,), }"))
+    put(t, "miss_unterminated.npy", npy("<f4", (1,), f32([1]), raw_header=
+        "{'descr': '<f4', 'fortran_order': False, 'shape': (1,"))
+    put(t, "miss_empty.npy", b"")
+
+
+# --- llama2.c checkpoint ----------------------------------------------------------
+def checkpoint(dim, hidden, layers, heads, kv_heads, vocab, seq, shared=1, magic=0x616B3432,
+               version=1, extra=0, seed=1, header_only=False):
+    rnd = random.Random(seed)
+    head = struct.pack("<Iiiiiiiii", magic, version, dim, hidden, layers, heads, kv_heads, vocab, seq)
+    head += bytes([shared])
+    head += b"\0" * (256 - len(head))
+    kv = dim * kv_heads // heads if heads and dim % heads == 0 else 0
+    n = 2 * layers * dim + dim + vocab * dim
+    n += layers * (2 * dim * dim + 2 * kv * dim) + layers * 3 * hidden * dim
+    if not shared:
+        n += vocab * dim
+    n = max(n + extra, 0)
+    if header_only:
+        return head
+    return head + f32([rnd.uniform(-1, 1) for _ in range(n)])
+
+
+def make_checkpoint():
+    t = "llama2c_checkpoint"
+    put(t, "tiny_shared.bin", checkpoint(4, 4, 1, 2, 1, 4, 8))
+    put(t, "tiny_unshared.bin", checkpoint(4, 6, 2, 2, 2, 3, 4, shared=0, seed=2))
+    put(t, "tiny_mha.bin", checkpoint(8, 8, 1, 4, 4, 5, 16, seed=3))
+    good = checkpoint(4, 4, 1, 2, 1, 4, 8)
+    put(t, "miss_truncated.bin", good[:-4])
+    put(t, "miss_trailing.bin", good + b"\0\0\0\0")
+    put(t, "miss_header_only.bin", good[:256])
+    put(t, "miss_short_header.bin", good[:100])
+    put(t, "miss_magic.bin", checkpoint(4, 4, 1, 2, 1, 4, 8, magic=0x616B3433))
+    put(t, "miss_version.bin", checkpoint(4, 4, 1, 2, 1, 4, 8, version=2))
+    put(t, "miss_heads_not_dividing.bin", checkpoint(6, 4, 1, 4, 1, 4, 8))
+    put(t, "miss_kv_heads.bin", checkpoint(4, 4, 1, 2, 3, 4, 8))
+    put(t, "miss_odd_head_dim.bin", checkpoint(6, 4, 1, 2, 1, 4, 8))
+    put(t, "miss_negative_dim.bin", checkpoint(-4, 4, 1, 2, 1, 4, 8, header_only=True))
+    put(t, "miss_zero_layers.bin", checkpoint(4, 4, 0, 2, 1, 4, 8))
+    put(t, "miss_huge.bin", checkpoint(1 << 30, 1 << 30, 1 << 20, 2, 1, 1 << 30, 8, header_only=True))
+
+
+# --- llama2.c tokenizer ----------------------------------------------------------
+def tokenizer(extra_pieces, max_len=None, broken_fallback=None):
+    pieces = [(0.0, b"<unk>"), (0.0, b"\n<s>\n"), (0.0, b"\n</s>\n")]
+    for b in range(256):
+        p = f"<0x{b:02X}>".encode()
+        if broken_fallback == b:
+            p = b"<0x?>"
+        pieces.append((0.0, p))
+    pieces += extra_pieces
+    if max_len is None:
+        max_len = max(len(p) for _, p in pieces)
+    out = struct.pack("<i", max_len)
+    for score, p in pieces:
+        out += struct.pack("<fi", score, len(p)) + p
+    return bytes([len(extra_pieces)]) + out, len(pieces)
+
+
+def make_tokenizer():
+    t = "llama2c_tokenizer"
+    extra = [(-1.0, b" "), (-2.0, b"a"), (-2.0, b"b"), (-0.5, b" a"), (-0.7, b"ab"),
+             (-3.0, "\u00e9".encode()), (-0.2, b"<0x41>"), (-4.0, b"once upon")]
+    good, _ = tokenizer(extra)
+    put(t, "small_vocab.bin", good)
+    put(t, "fallback_only.bin", tokenizer([])[0])
+    put(t, "with_text_tail.bin", good + b"")
+    put(t, "one_char.bin", tokenizer([(0.5, b"x")])[0])
+    put(t, "miss_truncated.bin", good[:-2])
+    put(t, "miss_trailing.bin", good + b"\0")
+    put(t, "miss_vocab_mismatch.bin", bytes([good[0] + 1]) + good[1:])
+    put(t, "miss_max_len_zero.bin", bytes([0]) + struct.pack("<i", 0))
+    put(t, "miss_broken_fallback.bin", tokenizer(extra, broken_fallback=65)[0])
+    put(t, "miss_len_over_max.bin", tokenizer(extra, max_len=5)[0])
+    neg = bytearray(tokenizer([(0.0, b"z")])[0])
+    # The last piece's length field (4 bytes before the final byte) set to -1.
+    neg[-5:-1] = struct.pack("<i", -1)
+    put(t, "miss_negative_len.bin", bytes(neg))
+    put(t, "miss_empty.bin", b"")
+
+
+# --- JSONL workloads -----------------------------------------------------------------
+def make_workload():
+    t = "workload_jsonl"
+    put(t, "prefix_and_tokens.jsonl",
+        '{"prefix_id": "system-a", "prompt_len": 40, "prefix_len": 30, "max_new_tokens": 8, "arrival": 0}\n'
+        '{"prefix_id": "system-a", "prompt_len": 38, "prefix_len": 30, "max_new_tokens": 4, "arrival": 2.5, "n": 4}\n'
+        '{"prompt_tokens": [7, 99, 1023], "max_new_tokens": 6, "arrival": 3, "namespace": "tenant-7"}\n')
+    put(t, "multi_turn.jsonl",
+        '{"id": 0, "prompt_tokens": [1, 2, 3, 4], "max_new_tokens": 3, "arrival": 0, "output_tokens": [5, 6, 7]}\n'
+        '\n'
+        '{"id": 1, "prompt_tokens": [1, 2, 3, 4, 5, 6, 7, 8], "max_new_tokens": 2, "arrival": 1.75}\n')
+    put(t, "integer_prefix.jsonl",
+        '{"prefix_id": 12, "prompt_len": 1, "max_new_tokens": 1, "arrival": 0.0}\n')
+    put(t, "out_of_order.jsonl",
+        '{"prompt_tokens": [4], "max_new_tokens": 1, "arrival": 9}\n'
+        '{"prompt_tokens": [5], "max_new_tokens": 1, "arrival": 1}\n'
+        '{"prompt_tokens": [6], "max_new_tokens": 1, "arrival": 1}\n')
+    put(t, "blank_only.jsonl", "\n\n  \n")
+    miss = {
+        "miss_unknown_field": '{"prompt_tokens": [1], "max_new_tokens": 1, "arrival": 0, "arival": 1}',
+        "miss_negative_arrival": '{"prompt_tokens": [1], "max_new_tokens": 1, "arrival": -1}',
+        "miss_nan_arrival": '{"prompt_tokens": [1], "max_new_tokens": 1, "arrival": NaN}',
+        "miss_huge_arrival": '{"prompt_tokens": [1], "max_new_tokens": 1, "arrival": 1e400}',
+        "miss_zero_samples": '{"prompt_tokens": [1], "max_new_tokens": 1, "arrival": 0, "n": 0}',
+        "miss_many_samples": '{"prompt_tokens": [1], "max_new_tokens": 1, "arrival": 0, "n": 257}',
+        "miss_empty_prompt": '{"prompt_tokens": [], "max_new_tokens": 1, "arrival": 0}',
+        "miss_both_prompts": '{"prompt_tokens": [1], "prefix_id": "a", "prompt_len": 1, "max_new_tokens": 1, "arrival": 0}',
+        "miss_prefix_too_long": '{"prefix_id": "a", "prompt_len": 2, "prefix_len": 3, "max_new_tokens": 1, "arrival": 0}',
+        "miss_prompt_len_huge": '{"prefix_id": "a", "prompt_len": 1048577, "max_new_tokens": 1, "arrival": 0}',
+        "miss_token_range": '{"prompt_tokens": [4294967296], "max_new_tokens": 1, "arrival": 0}',
+        "miss_token_negative": '{"prompt_tokens": [-1], "max_new_tokens": 1, "arrival": 0}',
+        "miss_token_float": '{"prompt_tokens": [1.5], "max_new_tokens": 1, "arrival": 0}',
+        "miss_output_too_long": '{"prompt_tokens": [1], "max_new_tokens": 1, "arrival": 0, "output_tokens": [1, 2]}',
+        "miss_bad_json": '{"prompt_tokens": [1], "max_new_tokens": 1, "arrival": 0',
+        "miss_not_object": '[1, 2, 3]',
+        "miss_id_negative": '{"id": -3, "prompt_tokens": [1], "max_new_tokens": 1, "arrival": 0}',
+        "miss_namespace_type": '{"prompt_tokens": [1], "max_new_tokens": 1, "arrival": 0, "namespace": 5}',
+        "miss_nul_byte": '{"prompt_tokens": [1], "max_new_tokens": 1,\0 "arrival": 0}',
+    }
+    for name, line in miss.items():
+        put(t, name + ".jsonl", '{"prompt_tokens": [2], "max_new_tokens": 1, "arrival": 0}\n' + line + "\n")
+
+
+# --- API sequences -------------------------------------------------------------------
+def make_api_sequence():
+    t = "api_sequence"
+    for seed in range(1, 9):
+        rnd = random.Random(seed)
+        put(t, f"random_{seed}.bin", bytes(rnd.randrange(256) for _ in range(64 + 96 * seed)))
+    # Structured: config 0, pool of 4 blocks, then create/append/fork/publish/adopt.
+    put(t, "fork_publish_adopt.bin", bytes([0, 1, 0, 3, 0, 1, 0, 1, 1, 5, 0, 1, 2, 6, 10, 0, 11, 0, 2, 1,
+                                            9, 0, 16, 2, 8, 0, 20, 1, 0, 3] * 4))
+    put(t, "empty.bin", b"")
+
+
+if __name__ == "__main__":
+    make_npy()
+    make_checkpoint()
+    make_tokenizer()
+    make_workload()
+    make_api_sequence()
