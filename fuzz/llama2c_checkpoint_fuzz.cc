@@ -6,12 +6,22 @@
 
 #include "fuzz/fuzz_target.h"
 #include "model/checkpoint.h"
+#include "model/matmul.h"
 
 namespace {
 float Sum(std::span<const float> s) {
   float acc = 0;
   for (float x : s) acc += x;
   return acc;
+}
+// An f32 matrix view of rows x cols, read in full.
+bool IsF32(const kvcache::model::WeightMatrix& w, size_t rows, size_t cols) {
+  return w.type == kvcache::model::GgmlType::kF32 && w.rows == rows && w.cols == cols &&
+         w.row_bytes == cols * sizeof(float) && w.data != nullptr;
+}
+float Sum(const kvcache::model::WeightMatrix& w) {
+  return Sum(std::span<const float>(reinterpret_cast<const float*>(w.data),
+                                    size_t{w.rows} * w.cols));
 }
 }  // namespace
 
@@ -31,13 +41,13 @@ KVCACHE_FUZZ_TARGET(llama2c_checkpoint) {
   for (uint32_t l = 0; l < c.n_layers; ++l) {
     const model::LayerWeights& w = m->layer(l);
     FUZZ_CHECK(w.rms_att.size() == d && w.rms_ffn.size() == d);
-    FUZZ_CHECK(w.wq.size() == d * d && w.wo.size() == d * d);
-    FUZZ_CHECK(w.wk.size() == kv * d && w.wv.size() == kv * d);
-    FUZZ_CHECK(w.w1.size() == hid * d && w.w2.size() == d * hid && w.w3.size() == hid * d);
+    FUZZ_CHECK(IsF32(w.wq, d, d) && IsF32(w.wo, d, d));
+    FUZZ_CHECK(IsF32(w.wk, kv, d) && IsF32(w.wv, kv, d));
+    FUZZ_CHECK(IsF32(w.w1, hid, d) && IsF32(w.w2, d, hid) && IsF32(w.w3, hid, d));
     sink = sink + Sum(w.rms_att) + Sum(w.rms_ffn) + Sum(w.wq) + Sum(w.wk) + Sum(w.wv) +
            Sum(w.wo) + Sum(w.w1) + Sum(w.w2) + Sum(w.w3);
   }
-  FUZZ_CHECK(m->embedding().size() == v * d && m->classifier().size() == v * d);
+  FUZZ_CHECK(IsF32(m->embedding(), v, d) && IsF32(m->classifier(), v, d));
   FUZZ_CHECK(m->rms_final().size() == d);
   sink = sink + Sum(m->embedding()) + Sum(m->classifier()) + Sum(m->rms_final());
   (void)sink;
