@@ -14,7 +14,7 @@ DATA=docs/img/data
 mkdir -p "$DATA"
 full=0
 [ "${1:-}" = "--full" ] && full=1
-if [ $full -eq 1 ]; then ctx=32768; repeats=7; else ctx=8192; repeats=3; fi
+if [ $full -eq 1 ]; then ctx=32768; repeats=7; ppl_tokens=4096; else ctx=8192; repeats=3; ppl_tokens=512; fi
 formats=bf16:bf16,f16:f16,fp8_e4m3:fp8_e4m3,q8:q8,q8_0:q8_0,q4_0:q4_0,turbo4:turbo4,turbo3:turbo3,turbo2:turbo2
 
 echo "report: bench attention (context $ctx, $repeats rounds)" >&2
@@ -26,6 +26,16 @@ if "$K" bench --help 2>/dev/null | grep -qw encode; then
 fi
 echo "report: eval (synthetic gaussian rows)" >&2
 "$K" eval --json > "$DATA/eval.jsonl"
+MODEL="${KVCACHE_MODEL_DIR:-$HOME/.cache/kvcache/models}/SmolLM2-135M-Instruct.Q4_1.gguf"
+if [ -f "$MODEL" ]; then
+  echo "report: perplexity on SmolLM2 ($ppl_tokens tokens of GPL-3, every format)" >&2
+  "$K" perplexity --model "$MODEL" --text-file /usr/share/common-licenses/GPL-3 \
+    --max-tokens "$ppl_tokens" --chunk 64 --json \
+    --formats f16,bf16,q8_0,q8,turbo8,fp8_e4m3,turbo4,q4_0,turbo3,turbo2,q8_0:q4_0,q8_0:turbo4,bf16:turbo3 \
+    > "$DATA/perplexity.json"
+else
+  echo "report: $MODEL is absent (scripts/fetch_model.sh): no perplexity chart" >&2
+fi
 echo "report: simulate (chat, 1 GiB pool, Llama-3-8B geometry)" >&2
 "$K" simulate --json --kv-format bf16 --kv-format fp8_e4m3 --kv-format q8_0 \
   --kv-format turbo4 --kv-format turbo3 --kv-format turbo2 > "$DATA/simulate.json"
