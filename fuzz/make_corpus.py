@@ -199,6 +199,87 @@ def make_workload():
         put(t, name + ".jsonl", '{"prompt_tokens": [2], "max_new_tokens": 1, "arrival": 0}\n' + line + "\n")
 
 
+# --- GGUF ------------------------------------------------------------------------------
+def gguf_str(s):
+    b = s.encode()
+    return struct.pack("<Q", len(b)) + b
+
+
+def gguf_kv(key, vtype, payload):
+    return gguf_str(key) + struct.pack("<I", vtype) + payload
+
+
+def gguf_file(kvs, tensors, version=3, alignment=32):
+    """kvs: encoded key/values; tensors: (name, dims, type, data bytes)."""
+    out = struct.pack("<IIQQ", 0x46554747, version, len(tensors), len(kvs)) + b"".join(kvs)
+    off, offsets = 0, []
+    for name, dims, ttype, data in tensors:
+        out += gguf_str(name) + struct.pack("<I", len(dims)) + b"".join(struct.pack("<Q", d) for d in dims)
+        out += struct.pack("<IQ", ttype, off)
+        offsets.append(off)
+        off += (len(data) + alignment - 1) // alignment * alignment
+    out += b"\0" * (-len(out) % alignment)
+    base = len(out)
+    for (_, _, _, data), o in zip(tensors, offsets):
+        out += b"\0" * (base + o - len(out)) + data
+    return out
+
+
+def make_gguf():
+    t = "gguf"
+    rnd = random.Random(7)
+    # GPT-2's byte alphabet for printable ASCII is the character itself.
+    vocab = [chr(c) for c in range(33, 127)] + ["\u0120", "he", "ll", "hell", "<|im_start|>", "<|im_end|>"]
+    merges = ["h e", "l l", "he ll"]
+    types = [1] * (len(vocab) - 2) + [3, 3]
+    arr = lambda et, items: struct.pack("<IQ", et, len(items)) + b"".join(items)
+    kvs = [
+        gguf_kv("general.architecture", 8, gguf_str("llama")),
+        gguf_kv("general.alignment", 4, struct.pack("<I", 32)),
+        gguf_kv("t.u8", 0, b"\x07"), gguf_kv("t.i8", 1, b"\xf9"),
+        gguf_kv("t.u16", 2, struct.pack("<H", 700)), gguf_kv("t.i16", 3, struct.pack("<h", -700)),
+        gguf_kv("t.i32", 5, struct.pack("<i", -5)), gguf_kv("t.f32", 6, struct.pack("<f", 1.5)),
+        gguf_kv("t.bool", 7, b"\x01"), gguf_kv("t.u64", 10, struct.pack("<Q", 1 << 40)),
+        gguf_kv("t.i64", 11, struct.pack("<q", -(1 << 40))), gguf_kv("t.f64", 12, struct.pack("<d", 2.5)),
+        gguf_kv("t.nested", 9, arr(9, [arr(5, [struct.pack("<i", 1), struct.pack("<i", 2)])])),
+        gguf_kv("t.f32s", 9, arr(6, [struct.pack("<f", v) for v in (0.5, -1.0)])),
+        gguf_kv("tokenizer.ggml.model", 8, gguf_str("gpt2")),
+        gguf_kv("tokenizer.ggml.pre", 8, gguf_str("smollm")),
+        gguf_kv("tokenizer.ggml.tokens", 9, arr(8, [gguf_str(v) for v in vocab])),
+        gguf_kv("tokenizer.ggml.merges", 9, arr(8, [gguf_str(m) for m in merges])),
+        gguf_kv("tokenizer.ggml.token_type", 9, arr(5, [struct.pack("<i", v) for v in types])),
+        gguf_kv("tokenizer.ggml.bos_token_id", 4, struct.pack("<I", len(vocab) - 2)),
+        gguf_kv("tokenizer.ggml.eos_token_id", 4, struct.pack("<I", len(vocab) - 1)),
+    ]
+    f32 = struct.pack("<8f", *[rnd.uniform(-2, 2) for _ in range(8)])
+    f16 = struct.pack("<8e", *[rnd.uniform(-2, 2) for _ in range(8)])
+    q8_0 = struct.pack("<e", 0.01) + bytes(rnd.randrange(256) for _ in range(32))   # 32 values
+    q4_1 = struct.pack("<ee", 0.1, -0.5) + bytes(rnd.randrange(256) for _ in range(16))  # 32 values
+    tensors = [("norm", [8], 0, f32), ("h", [4, 2], 1, f16), ("q8", [32], 8, q8_0),
+               ("q4", [32, 2], 3, q4_1 + q4_1)]
+    good = gguf_file(kvs, tensors)
+    text = b"hello <|im_start|>world 12345 caf\xc3\xa9"
+    put(t, "valid_v3.gguf", good + text)
+    put(t, "valid_v2.gguf", gguf_file(kvs, tensors, version=2))
+    put(t, "valid_align64.gguf",
+        gguf_file(kvs[:1] + [gguf_kv("general.alignment", 4, struct.pack("<I", 64))] + kvs[2:], tensors,
+                  alignment=64))
+    put(t, "no_tokenizer.gguf", gguf_file(kvs[:14], tensors))
+    put(t, "no_tensors.gguf", gguf_file(kvs, []))
+    for cut in (3, 20, 60, len(good) // 2, len(good) - 1):
+        put(t, f"miss_truncated_{cut}.gguf", good[:cut])
+    put(t, "miss_magic.gguf", b"GGUX" + good[4:])
+    put(t, "miss_version1.gguf", good[:4] + struct.pack("<I", 1) + good[8:])
+    put(t, "miss_type_q6k.gguf", gguf_file(kvs, [("x", [256], 14, bytes(210))]))
+    put(t, "miss_unknown_type.gguf", gguf_file(kvs, [("x", [8], 99, f32)]))
+    put(t, "miss_shape_too_big.gguf", gguf_file(kvs, [("x", [1 << 40, 1 << 30], 0, f32)]))
+    put(t, "miss_align3.gguf", gguf_file([gguf_kv("general.alignment", 4, struct.pack("<I", 3))], tensors))
+    put(t, "miss_bad_merge.gguf",
+        gguf_file(kvs[:17] + [gguf_kv("tokenizer.ggml.merges", 9, arr(8, [gguf_str("zz")]))] + kvs[18:],
+                  tensors))
+    put(t, "miss_huge_count.gguf", struct.pack("<IIQQ", 0x46554747, 3, 1 << 60, 1 << 60))
+
+
 # --- API sequences -------------------------------------------------------------------
 def make_api_sequence():
     t = "api_sequence"
@@ -216,4 +297,5 @@ if __name__ == "__main__":
     make_checkpoint()
     make_tokenizer()
     make_workload()
+    make_gguf()
     make_api_sequence()

@@ -203,7 +203,8 @@ class GgufFile {
 // Decodes n values of `type` from `src` into dst[n] (SIMD, runtime
 // dispatch). n must be a whole number of blocks: InvalidArgument otherwise,
 // Unimplemented for a type CanDequantize rejects. The result is bit-identical
-// to DequantizeRowScalar on every SIMD target.
+// to DequantizeRowScalar on every SIMD target, except that where a block's
+// scale is NaN the NaN payloads may differ (found by fuzz/gguf_fuzz.cc).
 Status DequantizeRow(GgmlType type, const uint8_t* src, size_t n, float* dst);
 // The scalar reference.
 Status DequantizeRowScalar(GgmlType type, const uint8_t* src, size_t n, float* dst);
