@@ -22,7 +22,8 @@ echo "report: bench attention (context $ctx, $repeats rounds)" >&2
   --repeats "$repeats" --formats "$formats" > "$DATA/bench_attention.jsonl"
 if "$K" bench --help 2>/dev/null | grep -qw encode; then
   echo "report: bench encode" >&2
-  "$K" bench encode --json > "$DATA/bench_encode.jsonl"
+  targets=$("$K" info --json | python -c "import json, sys; print(','.join(json.load(sys.stdin)['simd_targets']))")
+  "$K" bench encode --json --simd-targets "$targets" > "$DATA/bench_encode.jsonl"
 fi
 echo "report: eval (synthetic gaussian rows)" >&2
 "$K" eval --json > "$DATA/eval.jsonl"
