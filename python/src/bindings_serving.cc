@@ -22,6 +22,9 @@
 #include "kvcache/prefix_cache.h"
 #include "kvcache/simulator.h"
 #include "kvcache/workload.h"
+#include "kvcache/tier.h"
+#include "kvcache/offload.h"
+#include <chrono>
 
 using namespace nb::literals;
 
@@ -29,6 +32,35 @@ namespace kvcache::py {
 namespace {
 
 using PyHybrid = Guarded<HybridSequence>;
+
+// An OffloadCache with what it needs kept alive (its prefix cache and tiers).
+struct PyOffload {
+  std::shared_ptr<PrefixCache> prefix;
+  std::vector<std::shared_ptr<Tier>> tiers;
+  std::unique_ptr<OffloadCache> cache;
+};
+
+nb::dict TierStatsDict(const TierStats& t) {
+  nb::dict d;
+  d["name"] = t.name;
+  d["lookups"] = t.lookups;
+  d["hit_blocks"] = t.hit_blocks;
+  d["hit_tokens"] = t.hit_tokens;
+  nb::dict misses;
+  for (size_t r = 0; r < kNumTierMisses; ++r) {
+    misses[std::string(TierMissName(static_cast<TierMiss>(r))).c_str()] = t.misses[r];
+  }
+  d["misses"] = misses;
+  d["bytes_loaded"] = t.bytes_loaded;
+  d["bytes_stored"] = t.bytes_stored;
+  d["stored_blocks"] = t.stored_blocks;
+  d["dropped_stores"] = t.dropped_stores;
+  d["load_p50_us"] = t.load_p50_us;
+  d["load_p99_us"] = t.load_p99_us;
+  d["objects"] = t.usage.objects;
+  d["bytes"] = t.usage.bytes;
+  return d;
+}
 
 std::vector<TokenId> Tokens(const InU32& a) {
   if (a.ndim() != 1) ThrowInvalid("tokens must be 1-D uint32; got " + ShapeString(a));
@@ -373,6 +405,130 @@ void BindServing(nb::module_& m) {
       .def("check_invariants", [](const PrefixCache& pc) {
         const std::string problem = pc.CheckInvariants();
         if (!problem.empty()) Throw(Status::Internal(problem));
+      });
+
+  // --- offload tiers -----------------------------------------------------------------------
+  nb::class_<Tier>(m, "Tier", "A block store (host RAM, a disk folder or Redis); thread-safe.")
+      .def_prop_ro("name", &Tier::name)
+      .def(
+          "keys_present",
+          [](Tier& t, std::vector<std::string> keys) {
+            std::vector<bool> out;
+            for (const auto& miss : t.Exists(keys)) out.push_back(!miss.has_value());
+            return out;
+          },
+          "keys"_a, "For each key, whether the tier holds it now.")
+      .def(
+          "usage",
+          [](const Tier& t) {
+            const TierUsage u = t.usage();
+            nb::dict d;
+            d["objects"] = u.objects;
+            d["bytes"] = u.bytes;
+            d["capacity_bytes"] = u.capacity_bytes;
+            d["evictions"] = u.evictions;
+            d["store_failures"] = u.store_failures;
+            d["recovered_objects"] = u.recovered_objects;
+            d["discarded_files"] = u.discarded_files;
+            return d;
+          });
+  m.def(
+      "host_tier",
+      [](uint64_t capacity_bytes) {
+        HostTierOptions o;
+        o.capacity_bytes = capacity_bytes;
+        return std::shared_ptr<Tier>(NewHostTier(o));
+      },
+      "capacity_bytes"_a = uint64_t{1} << 30, "Host RAM, LRU by bytes (chain tails first).");
+  m.def(
+      "disk_tier",
+      [](const std::string& path, uint64_t capacity_bytes, bool fsync) {
+        DiskTierOptions o;
+        o.path = path;
+        o.capacity_bytes = capacity_bytes;
+        o.fsync = fsync;
+        return std::shared_ptr<Tier>(Unwrap(OpenDiskTier(o)));
+      },
+      "path"_a, "capacity_bytes"_a = uint64_t{16} << 30, "fsync"_a = true,
+      "A folder of objects (temp file, fsync, rename); the index is rebuilt on open.");
+  m.def(
+      "redis_tier",
+      [](const std::string& url, double deadline_ms) {
+        RedisTierOptions o;
+        o.url = url;
+        o.deadline = std::chrono::milliseconds(static_cast<int64_t>(deadline_ms));
+        return std::shared_ptr<Tier>(Unwrap(NewRedisTier(o)));
+      },
+      "url"_a, "deadline_ms"_a = 500.0,
+      "redis://[:password@]host[:port][/db]; connects on first use, faults become misses.");
+
+  nb::class_<PyOffload>(m, "OffloadCache",
+                        "A prefix cache whose published blocks are written through to tiers "
+                        "and loaded back, verified, when the pool misses.")
+      .def(nb::new_([](std::shared_ptr<BlockPool> pool, std::vector<std::shared_ptr<Tier>> tiers,
+                       const std::string& model, size_t queue_blocks) {
+             if (!pool) ThrowInvalid("OffloadCache: pool is None");
+             auto out = std::make_shared<PyOffload>();
+             out->prefix = std::shared_ptr<PrefixCache>(Unwrap(PrefixCache::Create(pool)));
+             out->tiers = tiers;
+             OffloadOptions o;
+             o.model = model;
+             o.queue_blocks = queue_blocks;
+             out->cache = Unwrap(OffloadCache::Create(pool, out->prefix.get(), tiers, o));
+             return out;
+           }),
+           "pool"_a, "tiers"_a, nb::kw_only(), "model"_a = "", "queue_blocks"_a = 256,
+           "model: the model fingerprint that goes into every object's compatibility digest.")
+      .def(
+          "publish_sequence",
+          [](PyOffload& oc, PyCache& seq, const InU32& tokens, const std::string& salt) {
+            SequenceCache& c = seq.Mut();
+            std::vector<TokenId> t = Tokens(tokens);
+            if (t.size() > c.num_tokens()) ThrowInvalid("more tokens than the sequence holds");
+            const auto hashes = HashFullBlocks(t, c.block_size(), salt);
+            auto table = c.block_table();
+            const size_t n = std::min(hashes.size(), table.size());
+            return Unwrap(oc.cache->Publish(
+                std::span(hashes).first(n), table.first(n), 0, t, salt, c.calibration(),
+                [&c](size_t logical, uint64_t hash) {
+                  return c.SetBlockHash(static_cast<uint32_t>(logical), hash);
+                }));
+          },
+          "seq"_a, "tokens"_a, "salt"_a = "",
+          "Publishes seq's full blocks and queues them for the tiers; returns blocks published.")
+      .def(
+          "adopt_into",
+          [](PyOffload& oc, PyCache& seq, const InU32& tokens, const std::string& salt) {
+            SequenceCache& c = seq.Mut();
+            std::vector<uint64_t> served;
+            PrefixMatch match = oc.cache->Acquire(Tokens(tokens), salt, &served);
+            Status st = c.AdoptPrefix(match.blocks, match.calibration);
+            if (!st.ok()) {
+              (void)c.pool()->Release(match.blocks);
+              Throw(st);
+            }
+            nb::dict by;
+            by["pool"] = served.empty() ? 0 : served[0];
+            for (size_t t = 0; t + 1 < served.size(); ++t) by[oc.tiers[t]->name().c_str()] = served[t + 1];
+            return nb::make_tuple(match.num_tokens, by);
+          },
+          "seq"_a, "tokens"_a, "salt"_a = "",
+          "Starts an empty paged seq with the longest prefix the pool or the tiers hold; "
+          "returns (tokens adopted, {'pool': n, tier name: n, ...}).")
+      .def("flush", [](PyOffload& oc) {
+        nb::gil_scoped_release release;
+        oc.cache->Flush();
+      }, "Waits until every queued store is written.")
+      .def("stats", [](const PyOffload& oc) {
+        const OffloadStats s = oc.cache->stats();
+        nb::dict d;
+        nb::list tiers;
+        for (const TierStats& t : s.tiers) tiers.append(TierStatsDict(t));
+        d["tiers"] = tiers;
+        d["queued_blocks"] = s.queued_blocks;
+        d["dropped_queue_full"] = s.dropped_queue_full;
+        d["load_alloc_failures"] = s.load_alloc_failures;
+        return d;
       });
 
   // --- simulate --------------------------------------------------------------------------------

@@ -138,3 +138,45 @@ def test_simulate_and_eval(rng):
         kvcache.eval(keys, values[:10], queries, ["f32"])
     with pytest.raises(kvcache.InvalidArgument):
         kvcache.eval(keys[:, :, :8], values[:, :, :8], queries[:, :, :8], ["turbo4"])
+
+
+def test_offload_tiers_serve_a_fresh_pool(rng, tmp_path):
+    """Blocks published in one pool come back bit-exact into another pool through
+    the disk tier (as a second process would see them); another model misses."""
+    g = kvcache.Geometry(2, 2, 32, 4)
+    tokens = np.arange(100, 110, dtype=np.uint32)
+    k = rows(rng, 2, 10, 2, 32)
+    pool_a = kvcache.BlockPool(g, "bf16:q8_0", num_blocks=8)
+    host = kvcache.host_tier(64 << 20)
+    disk = kvcache.disk_tier(str(tmp_path / "tier"), 64 << 20)
+    oc_a = kvcache.OffloadCache(pool_a, [host, disk], model="test-model")
+    a = kvcache.SequenceCache.paged(pool_a)
+    a.append(k, -k)
+    assert oc_a.publish_sequence(a, tokens) == 2
+    oc_a.flush()
+    st = oc_a.stats()
+    assert [t["name"] for t in st["tiers"]] == [host.name, disk.name]
+    assert all(t["stored_blocks"] == 2 for t in st["tiers"])
+    assert disk.usage()["objects"] == 2
+
+    disk_again = kvcache.disk_tier(str(tmp_path / "tier"), 64 << 20)  # reopened: index rebuilt
+    assert disk_again.usage()["recovered_objects"] == 2
+    pool_b = kvcache.BlockPool(g, "bf16:q8_0", num_blocks=8)
+    oc_b = kvcache.OffloadCache(pool_b, [disk_again], model="test-model")
+    b = kvcache.SequenceCache.paged(pool_b)
+    n, by = oc_b.adopt_into(b, tokens)
+    assert n == 8 and by["pool"] == 0 and by[disk_again.name] == 8
+    for layer in range(2):
+        for head in range(2):
+            np.testing.assert_array_equal(b.head_keys(layer, head), a.head_keys(layer, head)[:8])
+            np.testing.assert_array_equal(b.head_values(layer, head), a.head_values(layer, head)[:8])
+    b.check_invariants()
+
+    pool_c = kvcache.BlockPool(g, "bf16:q8_0", num_blocks=8)
+    oc_c = kvcache.OffloadCache(pool_c, [kvcache.disk_tier(str(tmp_path / "tier"))], model="other")
+    c = kvcache.SequenceCache.paged(pool_c)
+    assert oc_c.adopt_into(c, tokens)[0] == 0
+    with pytest.raises(kvcache.Error):
+        kvcache.disk_tier("/proc/no-such-dir/x")
+    with pytest.raises(kvcache.InvalidArgument):
+        kvcache.redis_tier("http://nope")
