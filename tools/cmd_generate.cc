@@ -17,6 +17,7 @@
 #include "model/generate.h"
 #include "model/kv_factory.h"
 #include "model/loaded_model.h"
+#include "model/unicode_classes.h"
 #include "tools/command.h"
 #include "tools/kv_flags.h"
 
@@ -179,7 +180,8 @@ int RunGenerate(const GenerateCliOptions& o) {
   if (!generated_text.ok()) return Fail(generated_text.status());
   nlohmann::json j;
   j["model"] = o.model_path;
-  j["prompt"] = o.prompt;
+  // JSON strings must be UTF-8: decoded text may end inside a character.
+  j["prompt"] = model::SanitizeUtf8(o.prompt);
   j["kv_format"] = FormatPairName(kv_options.formats);
   j["layout"] = o.layout;
   j["backend"] = o.backend;
@@ -187,7 +189,7 @@ int RunGenerate(const GenerateCliOptions& o) {
   j["seed"] = o.seed;
   j["prompt_tokens"] = prompt;
   j["generated_tokens"] = r->tokens;
-  j["text"] = *generated_text;
+  j["text"] = model::SanitizeUtf8(*generated_text);
   j["num_generated"] = r->tokens.size();
   j["prefill_seconds"] = r->prefill_seconds;
   j["decode_seconds"] = r->decode_seconds;

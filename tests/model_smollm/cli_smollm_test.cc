@@ -59,6 +59,18 @@ TEST(SmolLm2Cli, ChatGenerationPlainEqualsSpeculative) {
   EXPECT_EQ(RunCli("generate --model " + SmolLm2Path() + " --prompt-ids 1,x --steps 2").exit_code, 2);
 }
 
+// Token 173 is the lone byte 0xE2 (the start of a 3-byte character): the JSON
+// text must still be valid UTF-8 (it aborted with a json type_error before).
+TEST(SmolLm2Cli, JsonTextEndingInsideACharacterIsValid) {
+  ASSERT_NE(testing::SmolLm2Gguf(), nullptr);
+  const CliRun r =
+      RunCli("generate --model " + SmolLm2Path() + " --prompt-ids 1,173 --steps 1 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_NE(j["text"].get<std::string>().find("\xEF\xBF\xBD"), std::string::npos)  // U+FFFD
+      << j["text"];
+}
+
 TEST(SmolLm2Cli, PerplexityFormatsAndLogprobs) {
   ASSERT_NE(testing::SmolLm2Gguf(), nullptr);
   const std::string npy = ::testing::TempDir() + "smollm_lp.npy";
