@@ -66,6 +66,11 @@ uint32_t CheckHead(const SequenceCache& c, uint32_t head) {
   return head;
 }
 
+void CheckLayerHead(const SequenceCache& c, uint32_t layer, uint32_t head) {
+  CheckLayer(c, layer);
+  CheckHead(c, head);
+}
+
 // k or v for Append: [n_layers][tokens][n_kv_heads][head_dim] when layer is
 // unset, [tokens][n_kv_heads][head_dim] (or one token [n_kv_heads][head_dim])
 // for one layer. Returns the token count.
@@ -510,24 +515,21 @@ NB_MODULE(_kvcache, m) {
       .def(
           "head_keys",
           [](const PyCache& c, uint32_t layer, uint32_t head) {
-            CheckLayer(c.obj, layer);
-            CheckHead(c.obj, head);
+            CheckLayerHead(c.obj, layer, head);
             return HeadRowsArray(Unwrap(c.obj.HeadKeys(layer, head)), c.obj.head_dim());
           },
           "layer"_a, "head"_a, "Decoded keys of one head: float32 [head_len, head_dim] (a copy).")
       .def(
           "head_values",
           [](const PyCache& c, uint32_t layer, uint32_t head) {
-            CheckLayer(c.obj, layer);
-            CheckHead(c.obj, head);
+            CheckLayerHead(c.obj, layer, head);
             return HeadRowsArray(Unwrap(c.obj.HeadValues(layer, head)), c.obj.head_dim());
           },
           "layer"_a, "head"_a, "Decoded values of one head: float32 [head_len, head_dim] (a copy).")
       .def(
           "head_positions",
           [](const PyCache& c, uint32_t layer, uint32_t head) {
-            CheckLayer(c.obj, layer);
-            CheckHead(c.obj, head);
+            CheckLayerHead(c.obj, layer, head);
             auto p = c.obj.HeadPositions(layer, head);
             const size_t n = p.size();
             return ToArray(std::move(p), {n});
@@ -537,8 +539,7 @@ NB_MODULE(_kvcache, m) {
           "accumulate_importance",
           [](PyCache& pc, uint32_t layer, uint32_t head, const InF32& probs) {
             SequenceCache& c = pc.Mut();
-            CheckLayer(c, layer);
-            CheckHead(c, head);
+            CheckLayerHead(c, layer, head);
             if (probs.ndim() != 1) ThrowInvalid("probs must be 1-D [head_len]; got " + ShapeString(probs));
             Check(c.AccumulateImportance(layer, head, Span(probs)));
           },
@@ -547,8 +548,7 @@ NB_MODULE(_kvcache, m) {
       .def(
           "head_importance",
           [](const PyCache& c, uint32_t layer, uint32_t head) {
-            CheckLayer(c.obj, layer);
-            CheckHead(c.obj, head);
+            CheckLayerHead(c.obj, layer, head);
             auto v = c.obj.HeadImportance(layer, head);
             const size_t n = v.size();
             return ToArray(std::move(v), {n});
@@ -567,8 +567,7 @@ NB_MODULE(_kvcache, m) {
           "keep_rows",
           [](PyCache& pc, uint32_t layer, uint32_t head, const InU32& rows) {
             SequenceCache& c = pc.Mut();
-            CheckLayer(c, layer);
-            CheckHead(c, head);
+            CheckLayerHead(c, layer, head);
             if (rows.ndim() != 1) ThrowInvalid("rows must be 1-D; got " + ShapeString(rows));
             Check(c.KeepRows(layer, head, Span(rows)));
           },
