@@ -3,8 +3,8 @@
 // and `kvcache generate --tiers` run as separate processes over one disk
 // folder or one Redis server: the second process loads the prompt's full
 // blocks, runs the model on the rest only, and produces the same tokens and,
-// with f32, byte-identical logits to an uncached run. Another format or
-// another model file never hits.
+// with f32, byte-identical logits to an uncached run. Another format,
+// block size or model file never hits; calibrated formats are not offloaded.
 #include <gtest/gtest.h>
 
 #include <unistd.h>
@@ -279,6 +279,20 @@ TEST_F(GenerateTiers, AnotherFormatOrModelMisses) {
   const nlohmann::json s = Generate("--tiers " + Disk(), "same.npy", same.string());
   EXPECT_EQ(s["prefix_tokens_by_tier"]["disk"], ExpectedPrefix(s));
   EXPECT_EQ(Logits("same.npy"), Logits("f32.npy"));
+}
+
+TEST_F(GenerateTiers, CalibratedFormatsAreNotOffloaded) {
+  // q8 calibrates per sequence (a per-head mean and column scales from the
+  // first rows): the blocks carry the first sequence's calibration, which no
+  // object stores, so none is written and the next process recomputes.
+  const nlohmann::json a = Generate("--kv-format q8 --tiers " + Disk(), "a.npy");
+  EXPECT_EQ(a["skipped_calibration"], a["published_blocks"]);
+  EXPECT_GT(a["published_blocks"].get<int>(), 0);
+  EXPECT_EQ(a["tiers"][0]["stored_blocks"], 0);
+  const nlohmann::json b = Generate("--kv-format q8 --tiers " + Disk(), "b.npy");
+  EXPECT_EQ(b["prefix_tokens"], 0);
+  EXPECT_EQ(b["generated_tokens"], a["generated_tokens"]);
+  EXPECT_EQ(Logits("b.npy"), Logits("a.npy"));
 }
 
 TEST_F(GenerateTiers, PublishGeneratedServesAContinuation) {
