@@ -76,6 +76,23 @@ Status CacheKv::Truncate(uint32_t num_tokens) {
   return Status::Ok();
 }
 
+Status CacheKv::AdoptPrefix(std::span<const uint32_t> blocks,
+                            std::shared_ptr<const Calibration> calibration) {
+  if (cache_.layout() != CacheLayout::kPaged || num_tokens() != 0) {
+    return Status::FailedPrecondition("cache kv: AdoptPrefix needs an empty paged cache");
+  }
+  const uint64_t rows = uint64_t{blocks.size()} * cache_.block_size();
+  if (rows > shape_.max_seq_len) {
+    return Status::FailedPrecondition("cache kv: a prefix of " + std::to_string(rows) +
+                                      " positions exceeds max_seq_len " +
+                                      std::to_string(shape_.max_seq_len));
+  }
+  KV_RETURN_IF_ERROR(cache_.AdoptPrefix(blocks, std::move(calibration)));
+  base_ = cache_.num_tokens();
+  pass_ = 0;
+  return Status::Ok();
+}
+
 Result<std::unique_ptr<KvBackend>> CacheKv::Fork() {
   KV_ASSIGN_OR_RETURN(SequenceCache copy, cache_.Fork());
   std::unique_ptr<CacheKv> kv(new CacheKv(shape_, std::move(copy)));

@@ -46,6 +46,21 @@ class CacheKv final : public KvBackend {
   Status Truncate(uint32_t num_tokens) override;
   Result<std::unique_ptr<KvBackend>> Fork() override;
 
+  // Prefix reuse (paged only): starts an empty sequence with `blocks`, full
+  // blocks of positions [0, blocks.size() * block_size) found in a prefix
+  // cache or loaded from a tier (PrefixCache / OffloadCache::Acquire); takes
+  // over the one reference per block the caller holds (SequenceCache::
+  // AdoptPrefix). The next Forward runs from the position after them.
+  // FailedPrecondition unless empty and paged, or past max_seq_len; nothing
+  // changes (the caller still owns the references) on failure.
+  Status AdoptPrefix(std::span<const uint32_t> blocks,
+                     std::shared_ptr<const Calibration> calibration);
+  // Names logical block `logical_block` in the pool (SequenceCache::
+  // SetBlockHash): the set_hash callback of PrefixCache / OffloadCache::Publish.
+  Status SetBlockHash(uint32_t logical_block, uint64_t hash) {
+    return cache_.SetBlockHash(logical_block, hash);
+  }
+
   const SequenceCache& cache() const { return cache_; }
 
  private:

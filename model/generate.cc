@@ -134,7 +134,11 @@ Result<GenerateResult> Generate(Decoder& decoder, KvBackend& kv, std::span<const
     }
   };
   if (options.max_new_tokens == 0) return result;
-  emit(sampler.Sample(logits));
+  auto sample = [&](std::span<const float> dist) {
+    if (options.on_logits) options.on_logits(dist);
+    return sampler.Sample(dist);
+  };
+  emit(sample(logits));
   std::vector<int32_t> pass;
   while (!done) {
     pass.assign(1, context.back());
@@ -159,8 +163,7 @@ Result<GenerateResult> Generate(Decoder& decoder, KvBackend& kv, std::span<const
     KV_RETURN_IF_ERROR(decoder.Forward(pass, kv, logits));
     ++result.forward_passes;
     for (size_t i = 0; i <= k && !done; ++i) {
-      const int32_t t =
-          sampler.Sample(std::span<const float>(logits).subspan(i * vocab, vocab));
+      const int32_t t = sample(std::span<const float>(logits).subspan(i * vocab, vocab));
       emit(t);
       if (i == k || t != pass[i + 1]) break;
       ++result.accepted_tokens;

@@ -68,6 +68,10 @@ struct GenerateOptions {
   std::vector<int32_t> stop_tokens = {kBosToken, kEosToken};  // llama2.c's; GGUF: LoadedModel::stop_tokens
   // Called with each generated token as soon as it is accepted.
   std::function<void(int32_t)> on_token;
+  // Called with every distribution a token is sampled from, in order, before
+  // the draw: the prefill's last position first (logits dumps, e.g. generate
+  // --logits-out; a stop token's distribution included).
+  std::function<void(std::span<const float>)> on_logits;
 };
 
 struct GenerateResult {

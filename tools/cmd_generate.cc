@@ -3,9 +3,26 @@
 // with speculative decoding (--draft N: N drafted tokens -- by n-gram lookup
 // in the context, or by the model's first --draft-layers layers with
 // --draft-kind layers -- verified in one multi-token pass). --json prints one JSON object instead of streaming.
+//
+// --tiers SPEC (offload tiers, docs/tiers.md "Sharing a tier across two
+// processes"): the K/V live in a paged cache over a BlockPool with a prefix
+// cache and an OffloadCache over the tiers. Before the prefill the prompt's
+// longest cached prefix is looked up (the pool, then the tiers in order),
+// its blocks are adopted into the sequence instead of being recomputed, and
+// only the rest of the prompt is run. After generation the prompt's full
+// blocks (with --publish-generated also the generated tokens' full blocks)
+// are published and written to the tiers, and the writes are flushed before
+// the process exits, so the next process finds them. The lookup covers the
+// prompt minus its last token: the model must run at least one position to
+// give the first token's distribution. Blocks are keyed by a compatibility
+// digest of the model fingerprint (model/model_fingerprint.h: XXH3-128 of
+// the model file) with --weights, the geometry, --block-size, --kv-format
+// and the pool's rotation: another model or format never hits.
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <chrono>
+#include <optional>
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>
@@ -13,13 +30,18 @@
 #include <sstream>
 #include <nlohmann/json.hpp>
 
+#include "kvcache/npy.h"
+#include "kvcache/offload.h"
+#include "model/cache_kv.h"
 #include "model/decoder.h"
 #include "model/generate.h"
 #include "model/kv_factory.h"
 #include "model/loaded_model.h"
+#include "model/model_fingerprint.h"
 #include "model/unicode_classes.h"
 #include "tools/command.h"
 #include "tools/kv_flags.h"
+#include "tools/tier_json.h"
 
 namespace kvcache::tools {
 namespace {
@@ -40,7 +62,76 @@ struct GenerateCliOptions {
   std::string draft_kind = "ngram";
   uint32_t draft_layers = 2;
   bool json = false;
+  std::string tiers;        // offload tier spec; empty = none
+  bool layout_given = false;
+  bool publish_generated = false;
+  std::string logits_out;   // .npy of every sampled distribution
 };
+
+using Clock = std::chrono::steady_clock;
+double SecondsBetween(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+// The offload path of --tiers: a pool, its prefix cache and the tiers. The
+// CacheKv over the pool must be destroyed first (it holds pool blocks).
+struct TierRun {
+  std::shared_ptr<BlockPool> pool;
+  std::unique_ptr<PrefixCache> cache;
+  std::unique_ptr<OffloadCache> offload;  // destroyed first (member order)
+  std::string fingerprint;
+  double fingerprint_seconds = 0;
+  double lookup_seconds = 0;
+  std::vector<uint64_t> served;  // [0] pool, [1 + t] tier t: prompt tokens
+  size_t published_blocks = 0;
+};
+
+// "pool", then each tier's name (a repeated name gets "#<position>").
+std::vector<std::string> ServedNames(const OffloadCache* offload) {
+  std::vector<std::string> names = {"pool"};
+  if (offload == nullptr) return names;
+  for (const TierStats& t : offload->stats().tiers) {
+    std::string n = t.name;
+    if (std::find(names.begin(), names.end(), n) != names.end()) {
+      n += "#" + std::to_string(names.size());
+    }
+    names.push_back(std::move(n));
+  }
+  return names;
+}
+
+Result<std::unique_ptr<TierRun>> OpenTiers(const GenerateCliOptions& o, const model::AttentionShape& shape,
+                                           const model::KvBackendOptions& kv) {
+  if (kv.kind != model::BackendKind::kCache) {
+    return Status::InvalidArgument("--tiers needs --backend cache");
+  }
+  if (kv.eviction.enabled()) return Status::InvalidArgument("--tiers does not combine with eviction");
+  auto run = std::make_unique<TierRun>();
+  const Clock::time_point t0 = Clock::now();
+  KV_ASSIGN_OR_RETURN(std::string fp, model::ModelFingerprint(o.model_path));
+  // --weights f32 decodes the weights at load: the same products by
+  // contract, but keep the two apart rather than rely on it.
+  run->fingerprint = fp + ";weights=" + o.weights;
+  run->fingerprint_seconds = SecondsBetween(t0, Clock::now());
+  KV_ASSIGN_OR_RETURN(Geometry geometry, Geometry::Create({shape.n_layers, shape.n_kv_heads,
+                                                           shape.head_dim, kv.block_size}));
+  const uint32_t per_seq = (shape.max_seq_len + kv.block_size - 1) / kv.block_size;
+  BlockPoolOptions p;
+  // One sequence, its copy-on-write copies, and room to load a prefix.
+  p.num_blocks = 2 * per_seq + 2;
+  KV_ASSIGN_OR_RETURN(run->pool, BlockPool::Create(geometry, kv.formats, p));
+  KV_ASSIGN_OR_RETURN(run->cache, PrefixCache::Create(run->pool));
+  KV_ASSIGN_OR_RETURN(std::vector<std::shared_ptr<Tier>> tiers, MakeTiers(o.tiers));
+  OffloadOptions off;
+  off.model = run->fingerprint;
+  KV_ASSIGN_OR_RETURN(run->offload, OffloadCache::Create(run->pool, run->cache.get(),
+                                                         std::move(tiers), off));
+  return run;
+}
+
+std::vector<TokenId> AsTokenIds(std::span<const int32_t> ids) {
+  return std::vector<TokenId>(ids.begin(), ids.end());
+}
 
 uint32_t decoder_threads(const GenerateCliOptions& o) { return std::max(1u, o.threads); }
 
@@ -99,8 +190,44 @@ int RunGenerate(const GenerateCliOptions& o) {
   model::AttentionShape shape = decoder.attention_shape();
   shape.max_seq_len = static_cast<uint32_t>(
       std::min<uint64_t>(shape.max_seq_len, prompt.size() + uint64_t{o.steps} + o.draft + 1));
-  auto kv = model::CreateKvBackend(shape, kv_options);
-  if (!kv.ok()) return Fail(kv.status());
+  std::unique_ptr<TierRun> tier_run;  // declared before kv: destroyed after it
+  model::CacheKv* paged = nullptr;    // kv, when it runs over tier_run's pool
+  Result<std::unique_ptr<model::KvBackend>> kv = Status::Internal("no kv backend");
+  PrefixMatch match;
+  Clock::time_point start = Clock::now();
+  if (!o.tiers.empty()) {
+    if (o.layout_given && kv_options.layout != CacheLayout::kPaged) {
+      return Fail(Status::InvalidArgument("--tiers needs the paged layout (--layout paged, or no --layout)"));
+    }
+    auto opened = OpenTiers(o, shape, kv_options);
+    if (!opened.ok()) return Fail(opened.status());
+    tier_run = std::move(*opened);
+    model::CacheKvOptions c;
+    c.formats = kv_options.formats;
+    c.layout = CacheLayout::kPaged;
+    c.block_size = kv_options.block_size;
+    c.pool = tier_run->pool;
+    auto created = model::CacheKv::Create(shape, c);
+    if (!created.ok()) return Fail(created.status());
+    paged = created->get();
+    kv = std::unique_ptr<model::KvBackend>(std::move(*created));
+    // The longest cached prefix of the prompt but its last token.
+    start = Clock::now();
+    const std::vector<TokenId> ids = AsTokenIds(prompt);
+    match = tier_run->offload->Acquire(std::span<const TokenId>(ids).first(ids.size() - 1), "",
+                                       &tier_run->served);
+    if (!match.blocks.empty()) {
+      Status adopted = paged->AdoptPrefix(match.blocks, match.calibration);
+      if (!adopted.ok()) {
+        (void)tier_run->pool->Release(match.blocks);
+        return Fail(adopted);
+      }
+    }
+    tier_run->lookup_seconds = SecondsBetween(start, Clock::now());
+  } else {
+    kv = model::CreateKvBackend(shape, kv_options);
+    if (!kv.ok()) return Fail(kv.status());
+  }
 
   model::GenerateOptions g;
   g.max_new_tokens = o.steps;
@@ -134,6 +261,17 @@ int RunGenerate(const GenerateCliOptions& o) {
     }
   };
   g.on_token = [&](int32_t) { mark(); };
+  // The first distribution is ready: the time to the first token.
+  std::optional<Clock::time_point> first_token_at;
+  std::vector<float> dumped;
+  size_t dumped_rows = 0;
+  g.on_logits = [&](std::span<const float> logits) {
+    if (!first_token_at) first_token_at = Clock::now();
+    if (!o.logits_out.empty()) {
+      dumped.insert(dumped.end(), logits.begin(), logits.end());
+      ++dumped_rows;
+    }
+  };
   int32_t prev = prompt.back();
   if (!o.json) {
     auto text = lm.Decode(prompt);
@@ -150,11 +288,49 @@ int RunGenerate(const GenerateCliOptions& o) {
       }
     };
   }
+  if (tier_run == nullptr) start = Clock::now();
   auto r = model::Generate(decoder, **kv, prompt, g);
   if (!r.ok()) {
     if (!o.json) fmt::print("\n");
     return Fail(r.status());
   }
+  const double ttft = first_token_at ? SecondsBetween(start, *first_token_at) : 0.0;
+  if (!o.logits_out.empty()) {
+    const uint64_t shape2[2] = {dumped_rows, lm.model().config().vocab_size};
+    Status w = WriteNpy(o.logits_out, shape2, dumped);
+    if (!w.ok()) return Fail(w);
+  }
+  if (tier_run != nullptr) {
+    // Publish the committed full blocks (the prompt's; with
+    // --publish-generated also those the generated tokens filled) and write
+    // them to the tiers before exiting. kv holds every committed position.
+    std::vector<TokenId> committed = AsTokenIds(prompt);
+    if (o.publish_generated) {
+      const size_t held = std::min<size_t>((**kv).num_tokens(), prompt.size() + r->tokens.size());
+      committed.insert(committed.end(), r->tokens.begin(),
+                       r->tokens.begin() + static_cast<ptrdiff_t>(held - prompt.size()));
+    }
+    const uint32_t B = kv_options.block_size;
+    const std::vector<BlockHash> hashes = HashFullBlocks(committed, B, "");
+    const std::span<const uint32_t> table = paged->cache().block_table();
+    if (table.size() < hashes.size()) {
+      return Fail(Status::Internal("generate: the block table is shorter than the committed tokens"));
+    }
+    auto published = tier_run->offload->Publish(
+        hashes, table.first(hashes.size()), match.blocks.size(), committed, "",
+        paged->cache().calibration(),
+        [paged](size_t logical, uint64_t hash) {
+          return paged->SetBlockHash(static_cast<uint32_t>(logical), hash);
+        });
+    if (!published.ok()) return Fail(published.status());
+    tier_run->published_blocks = *published > match.blocks.size() ? *published - match.blocks.size() : 0;
+    tier_run->offload->Flush();
+  }
+  const std::vector<std::string> served_names = ServedNames(tier_run ? tier_run->offload.get() : nullptr);
+  std::vector<uint64_t> served = tier_run ? tier_run->served : std::vector<uint64_t>{0};
+  served.resize(served_names.size(), 0);
+  size_t prefix_tokens = 0;
+  for (uint64_t n : served) prefix_tokens += n;
   const double tps = r->decode_seconds > 0 ? r->tokens.size() / r->decode_seconds : 0.0;
   const size_t cpu_tokens = r->tokens.size() > tokens_at_cpu0 ? r->tokens.size() - tokens_at_cpu0 : 0;
   const double cpu_ms = cpu_tokens ? 1000 * (cpu_now(CLOCK_PROCESS_CPUTIME_ID) - cpu0) / cpu_tokens : 0;
@@ -164,14 +340,23 @@ int RunGenerate(const GenerateCliOptions& o) {
     fmt::print("\n");
     fmt::print(stderr, "[{} prompt tokens in {:.2f} s, {} tokens, {:.1f} tok/s ({:.1f} ms/token), kv {} {}, {} threads",
                prompt.size(), r->prefill_seconds, r->tokens.size(), tps, tps > 0 ? 1000.0 / tps : 0.0,
-               FormatPairName(kv_options.formats), o.layout, decoder_threads(o));
+               FormatPairName(kv_options.formats), tier_run ? "paged" : o.layout, decoder_threads(o));
     if (o.draft > 0) {
       fmt::print(stderr, ", {} draft of {}: {}/{} accepted ({:.1f}%), {} verify passes",
                  o.draft_kind, o.draft,
                  r->accepted_tokens, r->drafted_tokens, 100.0 * r->acceptance_rate(),
                  r->forward_passes);
     }
-    fmt::print(stderr, ", decode CPU {:.1f} ms/token (calling thread {:.1f})]\n", cpu_ms, thread_cpu_ms);
+    fmt::print(stderr, ", decode CPU {:.1f} ms/token (calling thread {:.1f})", cpu_ms, thread_cpu_ms);
+    if (tier_run != nullptr) {
+      fmt::print(stderr, ", prefix {} of {} prompt tokens (", prefix_tokens, prompt.size());
+      for (size_t i = 0; i < served.size(); ++i) {
+        fmt::print(stderr, "{}{} {}", i ? ", " : "", served_names[i], served[i]);
+      }
+      fmt::print(stderr, "), first token after {:.3f} s, {} blocks published", ttft,
+                 tier_run->published_blocks);
+    }
+    fmt::print(stderr, "]\n");
     return 0;
   }
   std::vector<int32_t> all = prompt;
@@ -183,7 +368,7 @@ int RunGenerate(const GenerateCliOptions& o) {
   // JSON strings must be UTF-8: decoded text may end inside a character.
   j["prompt"] = model::SanitizeUtf8(o.prompt);
   j["kv_format"] = FormatPairName(kv_options.formats);
-  j["layout"] = o.layout;
+  j["layout"] = tier_run ? "paged" : o.layout;  // --tiers runs paged
   j["backend"] = o.backend;
   j["temperature"] = o.temperature;
   j["seed"] = o.seed;
@@ -199,6 +384,28 @@ int RunGenerate(const GenerateCliOptions& o) {
   j["decode_thread_cpu_ms_per_token"] = thread_cpu_ms;
   j["weights"] = o.weights;
   j["forward_passes"] = r->forward_passes;
+  // Prompt tokens whose K/V came from a cache instead of the model, by
+  // source ({"pool": 0} without --tiers), and what the prefill then ran.
+  nlohmann::json by_tier = nlohmann::json::object();
+  for (size_t i = 0; i < served.size(); ++i) by_tier[served_names[i]] = served[i];
+  j["prefix_tokens_by_tier"] = by_tier;
+  j["prefix_tokens"] = prefix_tokens;
+  j["prefill_tokens"] = r->prompt_tokens;
+  // From the prefix lookup (or the prefill) to the first token's logits.
+  j["time_to_first_token_seconds"] = ttft;
+  if (tier_run != nullptr) {
+    j["block_size"] = kv_options.block_size;
+    j["model_fingerprint"] = tier_run->fingerprint;
+    j["fingerprint_seconds"] = tier_run->fingerprint_seconds;
+    j["tier_lookup_seconds"] = tier_run->lookup_seconds;
+    j["published_blocks"] = tier_run->published_blocks;
+    const OffloadStats st = tier_run->offload->stats();
+    nlohmann::json tiers = nlohmann::json::array();
+    for (const TierStats& t : st.tiers) tiers.push_back(TierStatsJson(t));
+    j["tiers"] = tiers;
+    j["dropped_queue_full"] = st.dropped_queue_full;
+    j["skipped_calibration"] = st.skipped_calibration;
+  }
   j["draft_tokens"] = o.draft;
   if (o.draft > 0) {
     j["draft_kind"] = o.draft_kind;
@@ -226,7 +433,8 @@ const bool kRegistered = RegisterCommand(
       app->add_option("--threads", o->threads, "Threads for the weight products")->capture_default_str();
       app->add_option("--weights", o->weights, "quantized (as stored) | f32 (decoded at load)")
           ->capture_default_str();
-      app->callback([app] {
+      app->callback([app, o] {
+        o->layout_given = app->count("--layout") > 0;
         if (app->count("--prompt") + app->count("--prompt-file") + app->count("--prompt-ids") != 1) {
           throw CLI::ValidationError("one of --prompt, --prompt-file or --prompt-ids is required");
         }
@@ -244,6 +452,14 @@ const bool kRegistered = RegisterCommand(
       app->add_option("--draft-layers", o->draft_layers, "Layers of the early-exit draft")
           ->capture_default_str();
       app->add_flag("--json", o->json, "Print one JSON object (ids, tokens/s) instead of streaming");
+      app->add_option("--tiers", o->tiers,
+                      "Offload tiers for the prompt's prefix blocks, in order: "
+                      "host:4GiB,disk:PATH:20GiB,redis://127.0.0.1:6379 (docs/tiers.md; paged layout)");
+      app->add_flag("--publish-generated", o->publish_generated,
+                    "With --tiers: also store the generated tokens' full blocks");
+      app->add_option("--logits-out", o->logits_out,
+                      "Write every sampled distribution's logits as .npy [n][vocab] f32 "
+                      "(the prefill's last position first)");
       return [o] { return RunGenerate(*o); };
     });
 

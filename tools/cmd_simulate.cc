@@ -13,6 +13,7 @@
 #include "kvcache/workload.h"
 #include "tools/cmd_simulate.h"
 #include "tools/command.h"
+#include "tools/tier_json.h"
 
 namespace kvcache::tools {
 namespace {
@@ -43,25 +44,7 @@ nlohmann::json ReportJson(const SimulateReport& r) {
         {"lookups", r.prefix.miss_lookups[i]}, {"tokens", r.prefix.miss_tokens[i]}};
   }
   nlohmann::json tiers = nlohmann::json::array();
-  for (const TierStats& t : r.offload.tiers) {
-    nlohmann::json tm = nlohmann::json::object();
-    for (size_t i = 0; i < kNumTierMisses; ++i) {
-      tm[std::string(TierMissName(static_cast<TierMiss>(i)))] = t.misses[i];
-    }
-    tiers.push_back({{"name", t.name},
-                     {"lookups", t.lookups},
-                     {"hit_blocks", t.hit_blocks},
-                     {"hit_tokens", t.hit_tokens},
-                     {"misses", tm},
-                     {"bytes_loaded", t.bytes_loaded},
-                     {"bytes_stored", t.bytes_stored},
-                     {"stored_blocks", t.stored_blocks},
-                     {"load_p50_us", t.load_p50_us},
-                     {"load_p99_us", t.load_p99_us},
-                     {"dropped_stores", t.dropped_stores},
-                     {"objects", t.usage.objects},
-                     {"evictions", t.usage.evictions}});
-  }
+  for (const TierStats& t : r.offload.tiers) tiers.push_back(TierStatsJson(t));
   return {
       {"tiers", tiers},
       {"tier_hit_tokens", r.tier_hit_tokens},

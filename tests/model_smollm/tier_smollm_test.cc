@@ -1,0 +1,84 @@
+// `kvcache generate --tiers` on SmolLM2's GGUF, two processes over one disk
+// folder: the second loads the prompt's full blocks from disk, prefills the
+// rest only, and gives the tokens and (f32) the logits of an uncached run to
+// the byte; a q8_0 cache over the same folder misses. Short on purpose: a
+// 70-token prompt (4 full blocks and a bit), 4 steps.
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "model_smollm/smollm_fixture.h"
+
+namespace kvcache::model {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct CliRun {
+  int exit_code = -1;
+  std::string out;
+};
+
+CliRun RunCli(const std::string& args) {
+  const std::string cmd = std::string(KVCACHE_CLI_PATH) + " " + args + " 2>/dev/null";
+  CliRun r;
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return r;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
+  const int status = pclose(p);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+std::string ReadBytes(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+TEST(SmolLm2Tiers, SecondProcessLoadsThePromptFromDisk) {
+  const LoadedModel* m = testing::SmolLm2();
+  ASSERT_NE(m, nullptr);
+  const std::vector<int32_t> prompt = testing::Gpl3Tokens(*m, 70);
+  ASSERT_EQ(prompt.size(), 70u);
+  std::string ids;
+  for (int32_t t : prompt) ids += (ids.empty() ? "" : ",") + std::to_string(t);
+  const fs::path dir = fs::temp_directory_path() / ("kvc_smol_tiers_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const std::string disk = " --tiers disk:" + (dir / "disk").string() + ":256MiB";
+  auto run = [&](const std::string& extra, const std::string& logits) {
+    const CliRun r = RunCli("generate --model " + SmolLm2Path() + " --prompt-ids " + ids +
+                            " --steps 4 --json --logits-out " + (dir / logits).string() + extra);
+    EXPECT_EQ(r.exit_code, 0) << r.out;
+    return r.exit_code == 0 ? nlohmann::json::parse(r.out) : nlohmann::json::object();
+  };
+  const nlohmann::json plain = run("", "plain.npy");
+  const nlohmann::json first = run(disk, "first.npy");
+  const nlohmann::json second = run(disk, "second.npy");
+  EXPECT_EQ(plain["prefix_tokens_by_tier"], nlohmann::json::parse(R"({"pool": 0})"));
+  EXPECT_EQ(first["prefix_tokens"], 0);
+  EXPECT_EQ(first["published_blocks"], 4);
+  EXPECT_EQ(second["prefix_tokens_by_tier"]["disk"], 64);  // (70 - 1) / 16 full blocks
+  EXPECT_EQ(second["prefill_tokens"], 6);
+  EXPECT_EQ(second["generated_tokens"], plain["generated_tokens"]);
+  const std::string want = ReadBytes(dir / "plain.npy");
+  ASSERT_FALSE(want.empty());
+  EXPECT_EQ(ReadBytes(dir / "first.npy"), want);
+  EXPECT_EQ(ReadBytes(dir / "second.npy"), want);
+  // Another format over the same folder: another digest, a miss.
+  EXPECT_EQ(run(disk + " --kv-format q8_0", "q8.npy")["prefix_tokens"], 0);
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace kvcache::model
