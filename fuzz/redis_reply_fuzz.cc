@@ -169,18 +169,18 @@ std::string WellFormed(std::string_view d, std::vector<Ref>* want) {
     switch (k % 5) {
       case 0:
         r.type = Type::kStatus;
-        r.text = "OK" + std::string(arg % 8, 'k');
-        s += "+" + r.text + "\r\n";
+        r.text.assign("OK").append(arg % 8, 'k');
+        s.append("+").append(r.text).append("\r\n");
         break;
       case 1:
         r.type = Type::kError;
-        r.text = "ERR wrong " + std::to_string(arg);
-        s += "-" + r.text + "\r\n";
+        r.text.assign("ERR wrong ").append(std::to_string(arg));
+        s.append("-").append(r.text).append("\r\n");
         break;
       case 2:
         r.type = Type::kInteger;
         r.integer = static_cast<int64_t>(arg) - 128;
-        s += ":" + std::to_string(r.integer) + "\r\n";
+        s.append(":").append(std::to_string(r.integer)).append("\r\n");
         break;
       case 3:
         s += "$-1\r\n";
@@ -194,7 +194,7 @@ std::string WellFormed(std::string_view d, std::vector<Ref>* want) {
           return p;
         }();
         r.text = kPattern.substr(arg % 8, n);
-        s += "$" + std::to_string(n) + "\r\n" + r.text + "\r\n";
+        s.append("$").append(std::to_string(n)).append("\r\n").append(r.text).append("\r\n");
         break;
       }
     }
