@@ -25,6 +25,7 @@
 //     H     -  payload: per layer K [n_kv_heads][block_size][k_row_bytes], V likewise
 //
 // Stateless functions; thread-safe.
+#include <algorithm>
 #include <cstring>
 
 #include <fmt/format.h>
@@ -316,13 +317,19 @@ std::optional<TierMiss> VerifyAndDecodeBlockObject(std::span<const uint8_t> byte
   XXH3_state_t* st = XXH3_createState();
   if (st == nullptr) return TierMiss::kUnavailable;
   XXH3_64bits_reset(st);
+  // Pieces of kCopyChunk bytes: the copy is still in L1 when it is hashed.
+  constexpr size_t kCopyChunk = 8192;
+  auto copy_and_hash = [&](uint8_t* dst, const uint8_t* src, size_t n) {
+    for (size_t off = 0; off < n; off += kCopyChunk) {
+      const size_t c = std::min(kCopyChunk, n - off);
+      std::memcpy(dst + off, src + off, c);
+      KVCACHE_XXH3_64_UPDATE(st, dst + off, c);
+    }
+  };
   for (uint32_t l = 0; l < g.n_layers(); ++l) {
-    uint8_t* k = pool.block_data(l, Side::kKey, block);
-    uint8_t* v = pool.block_data(l, Side::kValue, block);
-    std::memcpy(k, body + Get<uint64_t>(sec + 32 * l), k_bytes);
-    KVCACHE_XXH3_64_UPDATE(st, k, k_bytes);
-    std::memcpy(v, body + Get<uint64_t>(sec + 32 * l + 16), v_bytes);
-    KVCACHE_XXH3_64_UPDATE(st, v, v_bytes);
+    copy_and_hash(pool.block_data(l, Side::kKey, block), body + Get<uint64_t>(sec + 32 * l), k_bytes);
+    copy_and_hash(pool.block_data(l, Side::kValue, block), body + Get<uint64_t>(sec + 32 * l + 16),
+                  v_bytes);
   }
   const uint64_t h = XXH3_64bits_digest(st);
   XXH3_freeState(st);
