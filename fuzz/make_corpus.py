@@ -292,6 +292,31 @@ def make_api_sequence():
     put(t, "empty.bin", b"")
 
 
+# --- redis_reply -------------------------------------------------------------
+# Byte 0: bit 0 = mode (0 raw server bytes, 1 a well-formed stream described
+# by the rest), bits 1..7 = staging size (16 + 3k; 127 = the default 64 KiB);
+# byte 1: the piece-size seed. See fuzz/redis_reply_fuzz.cc.
+def make_redis_reply():
+    t = "redis_reply"
+    big = 0xFE  # raw mode, default staging
+    small = 0x00  # raw mode, 16-byte staging
+    value = bytes((i * 37) & 0xFF for i in range(5000)) + b"\r\n$3\r\n"
+    pipelined = b"+OK\r\n" + b"$5000\r\n" + value + b"\r\n" + b"$-1\r\n:1\r\n:0\r\n-ERR oom\r\n"
+    put(t, "pipelined_get_set_exists.bin", bytes([big, 7]) + pipelined)
+    put(t, "pipelined_small_staging.bin", bytes([small, 200]) + pipelined)
+    put(t, "empty_bulk_and_status.bin", bytes([big, 1]) + b"$0\r\n\r\n+PONG\r\n")
+    put(t, "negative_and_zero_ints.bin", bytes([big, 3]) + b":-9223372036854775808\r\n:007\r\n:-0\r\n")
+    put(t, "miss_cut_mid_bulk.bin", bytes([big, 9]) + b"$100\r\n" + b"x" * 40)
+    put(t, "miss_bulk_no_crlf.bin", bytes([big, 9]) + b"$3\r\nabcXY+OK\r\n")
+    put(t, "miss_array.bin", bytes([big, 2]) + b"*2\r\n$1\r\na\r\n$1\r\nb\r\n")
+    put(t, "miss_bad_length.bin", bytes([big, 2]) + b"$-2\r\n$1x\r\n")
+    put(t, "miss_too_long_bulk.bin", bytes([big, 2]) + b"$99999999999\r\n")
+    put(t, "miss_long_line_small_staging.bin", bytes([small, 2]) + b"-" + b"E" * 40 + b"\r\n")
+    put(t, "miss_lf_without_cr.bin", bytes([big, 2]) + b"+OK\n")
+    put(t, "well_formed_mix.bin", bytes([0x01, 5]) + bytes([0, 3, 1, 9, 2, 200, 3, 0, 4, 255, 9, 17, 20, 40]))
+    put(t, "well_formed_small_staging.bin", bytes([0x03, 77]) + bytes([4, 1, 4, 0, 9, 100, 0, 7, 1, 1]))
+
+
 if __name__ == "__main__":
     make_npy()
     make_checkpoint()
@@ -299,3 +324,4 @@ if __name__ == "__main__":
     make_workload()
     make_gguf()
     make_api_sequence()
+    make_redis_reply()

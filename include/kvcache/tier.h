@@ -34,6 +34,7 @@
 // Thread safety: every Tier method may be called from any thread at once.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cstddef>
@@ -72,6 +73,39 @@ std::string_view TierMissName(TierMiss miss);
 
 using TierBytes = std::shared_ptr<const std::vector<uint8_t>>;
 
+// A loaded value: immutable bytes shared by their holders. Either a stored
+// vector shared as is (the host tier: zero-copy) or a buffer the tier
+// allocated uninitialized and filled (disk: read(); Redis: the socket's bulk
+// payload read straight into it), so a load never zero-fills or copies a
+// value it is about to overwrite.
+class TierBlob {
+ public:
+  // `size` uninitialized bytes; the creator fills mutable_data() before
+  // sharing the blob.
+  explicit TierBlob(size_t size) : own_(new uint8_t[size]), data_(own_.get()), size_(size) {}
+  explicit TierBlob(TierBytes shared)
+      : shared_(std::move(shared)), data_(shared_ ? shared_->data() : nullptr),
+        size_(shared_ ? shared_->size() : 0) {}
+  TierBlob(const TierBlob&) = delete;
+  TierBlob& operator=(const TierBlob&) = delete;
+  const uint8_t* data() const { return data_; }
+  size_t size() const { return size_; }
+  const uint8_t* begin() const { return data_; }
+  const uint8_t* end() const { return data_ + size_; }
+  // Only for the blob's creator, before it is shared; null for a shared vector.
+  uint8_t* mutable_data() { return own_.get(); }
+
+ private:
+  std::unique_ptr<uint8_t[]> own_;
+  TierBytes shared_;
+  const uint8_t* data_ = nullptr;
+  size_t size_ = 0;
+};
+using TierBlobPtr = std::shared_ptr<const TierBlob>;
+inline bool operator==(const TierBlob& a, const std::vector<uint8_t>& b) {
+  return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin());
+}
+
 struct TierPut {
   std::string key;
   std::string parent_key;  // the chain parent's key; "" for a chain's first block
@@ -79,7 +113,7 @@ struct TierPut {
 };
 // One key's answer: bytes, or (bytes null) why not.
 struct TierGet {
-  TierBytes bytes;
+  TierBlobPtr bytes;
   TierMiss miss = TierMiss::kAbsent;
 };
 
@@ -207,6 +241,24 @@ Result<BlockObjectInfo> ParseBlockObjectHeader(std::span<const uint8_t> bytes,
 std::optional<TierMiss> VerifyBlockObject(std::span<const uint8_t> bytes, const BlockHash& compat,
                                           const BlockHash& chain, const BlockHash& parent,
                                           std::span<const TokenId> tokens);
+// VerifyBlockObject and DecodeBlockObjectInto in one pass, the load path
+// of OffloadCache: every check of VerifyBlockObject, in its order, except
+// that the payload is copied into `block` a section at a time and each
+// section is checksummed from its copy (still in cache) rather than in a
+// separate pass over the object. nullopt: the block holds the object's
+// payload. A miss: the reason, and the block's contents are unspecified
+// (the caller gives it back; nobody else can read it). REQUIRES: the caller
+// holds `block` exclusively (a staging block just allocated for this load).
+// kIncompatible if the object, though intact, is not this pool's geometry
+// or formats (another compat digest would have said so first).
+std::optional<TierMiss> VerifyAndDecodeBlockObject(std::span<const uint8_t> bytes,
+                                                   const BlockHash& compat, const BlockHash& chain,
+                                                   const BlockHash& parent,
+                                                   std::span<const TokenId> tokens,
+                                                   BlockPool& pool, uint32_t block);
+// XXH3-64 of `bytes` (the object's checksums): libxxhash's runtime-dispatched
+// variant (AVX2 where the CPU has it), the same value as XXH3_64bits.
+uint64_t BlockChecksum(std::span<const uint8_t> bytes);
 // Copies a verified object's payload into block `block` of `pool`.
 // REQUIRES: the caller holds `block` exclusively; InvalidArgument (nothing
 // written) if the object's geometry or formats are not the pool's.

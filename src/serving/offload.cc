@@ -5,9 +5,12 @@
 // Invariants: every queued job holds one pool reference on its block, given
 // back by the writer once the block is encoded (or when the writer stops);
 // `in_flight` counts jobs taken off the queue and not yet finished, so Flush
-// returns only when every accepted store has reached every tier. A block's
-// bytes reach a pool block only after VerifyBlockObject accepted them, and
-// only into blocks Allocate just handed to this call.
+// returns only when every accepted store has reached every tier. Loaded
+// bytes are written only into staging blocks Allocate just handed to this
+// call, verified there (VerifyAndDecodeBlockObject: header checks first,
+// then the payload checksummed from its copy), and the blocks are named in
+// the prefix cache, i.e. readable by anyone else, only once verified; a
+// block whose object failed is given back unnamed.
 //
 // Locks: mu_ guards the queue and the counters; it is never held while
 // calling a tier, the pool or the prefix cache, except PrefixCache-free
@@ -306,9 +309,8 @@ PrefixMatch OffloadCache::Acquire(std::span<const TokenId> tokens, std::string_v
       if (!have[t].empty() && have[t][end].has_value()) ++miss[t][static_cast<size_t>(*have[t][end])];
     }
   }
-  // Load the run, tier by tier, and verify every object.
-  std::vector<TierBytes> objects(end);
-  std::vector<int> bad_tier;
+  // Fetch the run, tier by tier.
+  std::vector<TierBlobPtr> objects(end);
   for (size_t t = 0; t < T && end > 0; ++t) {
     std::vector<std::string> ask;
     std::vector<size_t> pos;
@@ -324,32 +326,24 @@ PrefixMatch OffloadCache::Acquire(std::span<const TokenId> tokens, std::string_v
     const double us =
         std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
     uint64_t bytes = 0;
-    std::vector<std::string> erase;
     for (size_t k = 0; k < pos.size(); ++k) {
-      const size_t j = pos[k];
       if (got[k].bytes == nullptr) {
         ++miss[t][static_cast<size_t>(got[k].miss)];
         continue;
       }
       bytes += got[k].bytes->size();
-      const std::optional<TierMiss> why =
-          VerifyBlockObject(*got[k].bytes, st.compat, hashes[i0 + j],
-                            i0 + j == 0 ? root : hashes[i0 + j - 1],
-                            tokens.subspan((i0 + j) * B, B));
-      if (why.has_value()) {
-        ++miss[t][static_cast<size_t>(*why)];
-        erase.push_back(ask[k]);
-        continue;
-      }
-      objects[j] = std::move(got[k].bytes);
+      objects[pos[k]] = std::move(got[k].bytes);
     }
-    if (!erase.empty()) st.tiers[t]->Erase(erase);
     std::lock_guard<std::mutex> lock(st.mu);
     st.counters[t].s.bytes_loaded += bytes;
     st.counters[t].AddLatency(us);
   }
   size_t ok = 0;
   while (ok < end && objects[ok] != nullptr) ++ok;
+  // Staging blocks for the fetched run (all or nothing): nobody else can
+  // read them until they are named below. Each object is verified and copied
+  // into its block in one pass (VerifyAndDecodeBlockObject); the first that
+  // fails ends the prefix and its block and the later ones are given back.
   std::vector<uint32_t> fresh(ok);
   if (ok > 0 && !st.pool->Allocate(fresh).ok()) {
     std::lock_guard<std::mutex> lock(st.mu);
@@ -357,14 +351,39 @@ PrefixMatch OffloadCache::Acquire(std::span<const TokenId> tokens, std::string_v
     ok = 0;
     fresh.clear();
   }
-  for (size_t j = 0; j < ok; ++j) {
-    if (!DecodeBlockObjectInto(*objects[j], *st.pool, fresh[j]).ok()) {
-      // Verified objects of this compat digest always fit; keep what decoded.
-      (void)st.pool->Release(std::span<const uint32_t>(fresh.data() + j, ok - j));
-      fresh.resize(j);
-      ok = j;
+  std::vector<std::vector<std::string>> erase(T);
+  auto reject = [&](size_t j, TierMiss why) {
+    const size_t t = static_cast<size_t>(src[j]);
+    ++miss[t][static_cast<size_t>(why)];
+    erase[t].push_back(keys[j]);
+  };
+  size_t good = 0;
+  for (; good < ok; ++good) {
+    const size_t j = good;
+    const std::optional<TierMiss> why = VerifyAndDecodeBlockObject(
+        *objects[j], st.compat, hashes[i0 + j], i0 + j == 0 ? root : hashes[i0 + j - 1],
+        tokens.subspan((i0 + j) * B, B), *st.pool, fresh[j]);
+    if (why.has_value()) {
+      reject(j, *why);
       break;
     }
+  }
+  // Objects after the one that ended the prefix are not used, but a failing
+  // one is still counted and erased from its tier.
+  for (size_t j = good + 1; j < end; ++j) {
+    if (objects[j] == nullptr) continue;
+    const std::optional<TierMiss> why =
+        VerifyBlockObject(*objects[j], st.compat, hashes[i0 + j],
+                          i0 + j == 0 ? root : hashes[i0 + j - 1], tokens.subspan((i0 + j) * B, B));
+    if (why.has_value()) reject(j, *why);
+  }
+  if (good < ok) {
+    (void)st.pool->Release(std::span<const uint32_t>(fresh.data() + good, ok - good));
+    fresh.resize(good);
+    ok = good;
+  }
+  for (size_t t = 0; t < T; ++t) {
+    if (!erase[t].empty()) st.tiers[t]->Erase(erase[t]);
   }
   {
     std::lock_guard<std::mutex> lock(st.mu);

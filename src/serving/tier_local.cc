@@ -161,7 +161,7 @@ class HostTier final : public Tier {
     std::vector<TierGet> out(keys.size());
     for (size_t i = 0; i < keys.size(); ++i) {
       if (ChainLru::Entry* e = lru_.Find(keys[i])) {
-        out[i].bytes = e->value;
+        out[i].bytes = std::make_shared<const TierBlob>(e->value);
         lru_.Touch(e);
       } else {
         out[i].miss = lru_.WasEvicted(keys[i]) ? TierMiss::kEvicted : TierMiss::kAbsent;
@@ -315,8 +315,10 @@ class DiskTier final : public Tier {
         out[i].miss = TierMiss::kAbsent;
         continue;
       }
-      auto bytes = std::make_shared<std::vector<uint8_t>>(static_cast<size_t>(st.st_size));
-      const bool ok = ReadAll(fd, bytes->data(), bytes->size());
+      // Uninitialized (no zero-fill of what read() overwrites), one read()
+      // for the whole file.
+      auto bytes = std::make_shared<TierBlob>(static_cast<size_t>(st.st_size));
+      const bool ok = ReadAll(fd, bytes->mutable_data(), bytes->size());
       ::close(fd);
       if (!ok) {
         out[i].miss = TierMiss::kUnavailable;

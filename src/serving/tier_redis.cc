@@ -1,9 +1,18 @@
-// RedisTier (tier.h): one hiredis connection, used non-blocking with our own
-// poll loop so that every round trip has an absolute deadline.
+// RedisTier (tier.h): one connection (hiredis connects it, non-blocking),
+// driven by our own poll loop so that every round trip has an absolute
+// deadline, our own RESP2 writer and our own reply reader.
 //
-// A round trip appends up to max_batch commands (GET, EXISTS or SET, one per
-// key: pipelined), writes them all, then reads exactly that many replies,
-// each wait bounded by what is left of the deadline. Any transport fault
+// Why not hiredis's buffers: hiredis 0.14 formats a SET's value into its
+// output buffer (a copy), and its reader copies every bulk reply from the
+// socket into its buffer, then into the reply object (which we copied once
+// more into our own vector). Here a command's value is written from the
+// caller's object with sendmsg (iovecs), and a GET's bulk payload is read by
+// read() straight into the uninitialized TierBlob it is returned in
+// (RespReader, resp_reader.h: also the seam fuzz/redis_reply_fuzz.cc feeds).
+//
+// A round trip writes up to max_batch commands (GET, EXISTS or SET, one per
+// key: pipelined) at once, then reads exactly that many replies, each wait
+// bounded by what is left of the deadline. Any transport fault
 // (refused connect, reset, a reply cut short, a protocol error, the deadline)
 // drops the connection, answers the remaining keys with a miss (kTimeout for
 // the deadline, kUnavailable otherwise) and keeps the tier down for a backoff
@@ -13,9 +22,11 @@
 // step. A nil reply ($-1) is kAbsent.
 //
 // Thread safety: a mutex serializes calls on the one connection.
+#include <limits.h>
 #include <poll.h>
 #include <unistd.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 
 #include <hiredis/hiredis.h>
 
@@ -28,6 +39,7 @@
 #include <fmt/format.h>
 
 #include "kvcache/tier.h"
+#include "serving/resp_reader.h"
 
 namespace kvcache {
 
@@ -72,10 +84,14 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-struct ReplyFree {
-  void operator()(redisReply* r) const { freeReplyObject(r); }
-};
-using Reply = std::unique_ptr<redisReply, ReplyFree>;
+using internal::RespReader;
+using internal::RespReply;
+using Reply = RespReply;
+using RType = RespReply::Type;
+
+// Arguments longer than this are sent from the caller's memory (an iovec of
+// their own) instead of being copied into the command text.
+constexpr size_t kInlineArg = 4096;
 
 enum class Fault { kNone, kTimeout, kUnavailable };
 
@@ -98,9 +114,9 @@ class RedisTier final : public Tier {
       for (size_t i = 0; i < n; ++i) {
         if (f != Fault::kNone) {
           out[b + i] = f == Fault::kTimeout ? TierMiss::kTimeout : TierMiss::kUnavailable;
-        } else if (replies[i]->type != REDIS_REPLY_INTEGER) {
+        } else if (replies[i].type != RType::kInteger) {
           out[b + i] = TierMiss::kUnavailable;
-        } else if (replies[i]->integer != 1) {
+        } else if (replies[i].integer != 1) {
           out[b + i] = TierMiss::kAbsent;
         }
       }
@@ -121,12 +137,10 @@ class RedisTier final : public Tier {
         TierGet& g = out[b + i];
         if (f != Fault::kNone) {
           g.miss = f == Fault::kTimeout ? TierMiss::kTimeout : TierMiss::kUnavailable;
-        } else if (replies[i]->type == REDIS_REPLY_STRING) {
-          const redisReply* r = replies[i].get();
-          g.bytes = std::make_shared<const std::vector<uint8_t>>(
-              reinterpret_cast<const uint8_t*>(r->str), reinterpret_cast<const uint8_t*>(r->str) + r->len);
+        } else if (replies[i].type == RType::kBulk) {
+          g.bytes = std::move(replies[i].bulk);  // read straight into this blob: no copy
         } else {
-          g.miss = replies[i]->type == REDIS_REPLY_NIL ? TierMiss::kAbsent : TierMiss::kUnavailable;
+          g.miss = replies[i].type == RType::kNil ? TierMiss::kAbsent : TierMiss::kUnavailable;
         }
       }
     }
@@ -152,7 +166,7 @@ class RedisTier final : public Tier {
       std::vector<Reply> replies;
       const Fault f = RoundTrip(cmds, &replies);
       for (size_t i = 0; i < n; ++i) {
-        if (f == Fault::kNone && replies[i]->type == REDIS_REPLY_STATUS) {
+        if (f == Fault::kNone && replies[i].type == RType::kStatus) {
           ++stored;
         } else {
           ++store_failures_;
@@ -184,6 +198,9 @@ class RedisTier final : public Tier {
   void Drop() {
     if (c_ != nullptr) redisFree(c_);
     c_ = nullptr;
+    reader_ = RespReader();  // a new connection starts a new reply stream
+    out_.clear();
+    iov_.clear();
   }
 
   Fault Fail(Fault f) {
@@ -208,47 +225,89 @@ class RedisTier final : public Tier {
     }
   }
 
-  // Writes what hiredis has buffered and reads `n` replies.
+  // Sends the appended commands (out_ and pieces_) and reads `n` replies.
   Fault Exchange(size_t n, Clock::time_point deadline, std::vector<Reply>* replies) {
     bool timed_out = false;
-    int done = 0;
-    while (!done) {
-      if (redisBufferWrite(c_, &done) == REDIS_ERR) return Fault::kUnavailable;
-      if (!done && !Wait(POLLOUT, deadline, &timed_out)) {
-        return timed_out ? Fault::kTimeout : Fault::kUnavailable;
+    iov_.clear();
+    for (const Piece& pc : pieces_) {
+      const uint8_t* base = pc.ext != nullptr ? pc.ext : reinterpret_cast<const uint8_t*>(out_.data()) + pc.off;
+      if (pc.len > 0) iov_.push_back({const_cast<uint8_t*>(base), pc.len});
+    }
+    pieces_.clear();
+    size_t first = 0;
+    while (first < iov_.size()) {
+      msghdr msg{};
+      msg.msg_iov = iov_.data() + first;
+      msg.msg_iovlen = std::min<size_t>(iov_.size() - first, IOV_MAX);
+      const ssize_t w = ::sendmsg(c_->fd, &msg, MSG_NOSIGNAL);
+      if (w < 0) {
+        if (errno == EINTR) continue;
+        if (errno != EAGAIN && errno != EWOULDBLOCK) return Fault::kUnavailable;
+        if (!Wait(POLLOUT, deadline, &timed_out)) {
+          return timed_out ? Fault::kTimeout : Fault::kUnavailable;
+        }
+        continue;
+      }
+      size_t left = static_cast<size_t>(w);
+      while (left > 0 && first < iov_.size()) {
+        iovec& v = iov_[first];
+        const size_t k = std::min(left, v.iov_len);
+        v.iov_base = static_cast<uint8_t*>(v.iov_base) + k;
+        v.iov_len -= k;
+        left -= k;
+        if (v.iov_len == 0) ++first;
       }
     }
-    for (size_t i = 0; i < n; ++i) {
-      void* r = nullptr;
-      for (;;) {
-        if (redisGetReplyFromReader(c_, &r) == REDIS_ERR) return Fault::kUnavailable;
-        if (r != nullptr) break;
-        if (!Wait(POLLIN, deadline, &timed_out)) return timed_out ? Fault::kTimeout : Fault::kUnavailable;
-        // Read in large chunks (hiredis's own read takes 16 KiB at a time).
-        const ssize_t got = ::read(c_->fd, rbuf_.data(), rbuf_.size());
-        if (got < 0 && (errno == EAGAIN || errno == EINTR)) continue;
-        if (got <= 0 || redisReaderFeed(c_->reader, rbuf_.data(), static_cast<size_t>(got)) != REDIS_OK) {
-          return Fault::kUnavailable;
-        }
+    out_.clear();  // only now: the iovecs point into it
+    replies->reserve(n);
+    while (replies->size() < n) {
+      Reply r;
+      if (reader_.Pop(&r)) {
+        replies->push_back(std::move(r));
+        continue;
       }
-      replies->emplace_back(static_cast<redisReply*>(r));
+      // Non-blocking read first (the data is often there), poll only when
+      // the socket is empty. In a bulk payload this reads into its blob.
+      const std::span<uint8_t> buf = reader_.ReadBuffer();
+      if (buf.empty()) return Fault::kUnavailable;
+      const ssize_t got = ::read(c_->fd, buf.data(), buf.size());
+      if (got < 0 && errno == EINTR) continue;
+      if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+        if (!Wait(POLLIN, deadline, &timed_out)) {
+          return timed_out ? Fault::kTimeout : Fault::kUnavailable;
+        }
+        continue;
+      }
+      if (got <= 0 || !reader_.Commit(static_cast<size_t>(got))) return Fault::kUnavailable;
     }
     return Fault::kNone;
   }
 
-  Fault Append(std::span<const std::vector<std::string_view>> cmds) {
-    for (const auto& cmd : cmds) {
-      std::vector<const char*> argv;
-      std::vector<size_t> lens;
-      for (std::string_view a : cmd) {
-        argv.push_back(a.data());
-        lens.push_back(a.size());
+  // Appends one command in RESP (an array of bulk strings): the text to
+  // out_, long arguments as pieces of their own pointing at the caller's
+  // memory (which outlives the round trip).
+  void AppendOne(std::span<const std::string_view> args) {
+    size_t mark = out_.size();
+    auto flush_text = [&] {
+      if (out_.size() > mark) pieces_.push_back({nullptr, mark, out_.size() - mark});
+      mark = out_.size();
+    };
+    fmt::format_to(std::back_inserter(out_), "*{}\r\n", args.size());
+    for (std::string_view a : args) {
+      fmt::format_to(std::back_inserter(out_), "${}\r\n", a.size());
+      if (a.size() > kInlineArg) {
+        flush_text();
+        pieces_.push_back({reinterpret_cast<const uint8_t*>(a.data()), 0, a.size()});
+      } else {
+        out_.append(a);
       }
-      if (redisAppendCommandArgv(c_, static_cast<int>(argv.size()), argv.data(), lens.data()) !=
-          REDIS_OK) {
-        return Fault::kUnavailable;
-      }
+      out_.append("\r\n");
     }
+    flush_text();
+  }
+
+  Fault Append(std::span<const std::vector<std::string_view>> cmds) {
+    for (const auto& cmd : cmds) AppendOne(cmd);
     return Fault::kNone;
   }
 
@@ -271,7 +330,7 @@ class RedisTier final : public Tier {
     if (Fault f = Append(setup); f != Fault::kNone) return f;
     if (Fault f = Exchange(setup.size(), deadline, &replies); f != Fault::kNone) return f;
     for (const Reply& r : replies) {
-      if (r->type == REDIS_REPLY_ERROR) return Fault::kUnavailable;
+      if (r.type == RType::kError) return Fault::kUnavailable;
     }
     return Fault::kNone;
   }
@@ -296,7 +355,16 @@ class RedisTier final : public Tier {
   Clock::time_point down_until_{};
   std::chrono::milliseconds backoff_;
   uint64_t store_failures_ = 0;
-  std::vector<char> rbuf_ = std::vector<char>(size_t{1} << 20);
+  // The commands of the round trip being built: text in out_, sent as
+  // pieces_ (a range of out_, or ext: a long argument in the caller's memory).
+  struct Piece {
+    const uint8_t* ext;
+    size_t off, len;
+  };
+  std::string out_;
+  std::vector<Piece> pieces_;
+  std::vector<iovec> iov_;
+  RespReader reader_;
 };
 
 }  // namespace

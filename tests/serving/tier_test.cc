@@ -73,9 +73,17 @@ TEST(TierObject, RoundTripBitExactPerFormat) {
                 std::nullopt);
       ASSERT_TRUE(DecodeBlockObjectInto(*obj, *dst, 3).ok());
       EXPECT_TRUE(SameBlock(*src, 2, *dst, 3)) << FormatName(f);
+      // The load path's one pass: the same block.
+      ASSERT_EQ(VerifyAndDecodeBlockObject(*obj, compat, h[2], h[1],
+                                           std::span(t).subspan(2 * g.block_size, g.block_size), *dst, 0),
+                std::nullopt);
+      EXPECT_TRUE(SameBlock(*src, 2, *dst, 0)) << FormatName(f);
       // A pool of another geometry refuses it and stays untouched.
       auto other = NewPool({g.n_layers, g.n_kv_heads + 1, g.head_dim, g.block_size}, {f, Format::kF16}, 1);
       EXPECT_FALSE(DecodeBlockObjectInto(*obj, *other, 0).ok());
+      EXPECT_EQ(VerifyAndDecodeBlockObject(*obj, compat, h[2], h[1],
+                                           std::span(t).subspan(2 * g.block_size, g.block_size), *other, 0),
+                TierMiss::kIncompatible);
     }
   }
 }
@@ -88,8 +96,12 @@ TEST(TierObject, EveryMismatchIsRejectedWithItsReason) {
   const BlockHash compat = CompatDigest(Compat());
   const std::vector<uint8_t> good = *Object(*pool, 0, compat, t, 1);
   const auto block_tokens = std::span(t).subspan(16, 16);
+  // VerifyBlockObject, checked against the load path's fused verify+copy
+  // (into staging block 1): both give the same answer for every input.
   auto verify = [&](const std::vector<uint8_t>& b) {
-    return VerifyBlockObject(b, compat, h[1], h[0], block_tokens);
+    const std::optional<TierMiss> why = VerifyBlockObject(b, compat, h[1], h[0], block_tokens);
+    EXPECT_EQ(VerifyAndDecodeBlockObject(b, compat, h[1], h[0], block_tokens, *pool, 1), why);
+    return why;
   };
   EXPECT_EQ(verify(good), std::nullopt);
   // Flip one bit anywhere: magic, header fields, tokens, section table, payload.
