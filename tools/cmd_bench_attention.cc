@@ -12,6 +12,11 @@
 // rounds; every row names its simd_target. Default: the target dispatch
 // chooses (or the global --simd-target).
 //
+// --key-paths int,float times every case with the integer K paths of the
+// quantized keys (q8, q8_0, q4_0; the default) and with the f32 query
+// (AttentionOptions::float_query_keys), in the same rounds; every row names
+// its key_path.
+//
 // Every case is built first and then timed in interleaved rounds (one step
 // of each case per round, each followed by a bandwidth sample and a pattern
 // read), so that the ratios between cases (paged vs contiguous, turbo vs
@@ -66,6 +71,7 @@ struct BenchOptions {
   bool small_pages = false;  // storage without the transparent-huge-page advice
   std::vector<uint32_t> block_sizes = {16};  // paged layout: tokens per pool block
   std::vector<std::string> simd_targets;      // empty: the current one
+  std::vector<std::string> key_paths = {"int"};  // int, float (AttentionOptions::float_query_keys)
 };
 
 constexpr uint32_t kQHeads = 32, kKvHeads = 8, kHeadDim = 128;
@@ -137,6 +143,24 @@ int RunBench(const BenchOptions& o) {
     t = SimdTarget();  // canonical spelling
   }
   (void)UseSimdTarget(start_target);
+  std::vector<bool> float_keys;  // per --key-paths entry
+  for (const std::string& kp : o.key_paths) {
+    if (kp != "int" && kp != "float") {
+      fmt::print(stderr, "kvcache bench attention: --key-paths: '{}' is not int or float\n", kp);
+      return 2;
+    }
+    float_keys.push_back(kp == "float");
+  }
+  if (float_keys.empty()) float_keys.push_back(false);
+  // The timed variants: every target x every key path.
+  struct Variant {
+    std::string target;
+    bool float_keys;
+  };
+  std::vector<Variant> variants;
+  for (const std::string& t : targets) {
+    for (bool fk : float_keys) variants.push_back({t, fk});
+  }
   // Leaves dispatch as it found it, on every return below.
   struct RestoreTarget {
     std::string name;
@@ -152,7 +176,8 @@ int RunBench(const BenchOptions& o) {
       fmt::print("{}\n", j.dump());
     } else {
       fmt::print("{:<20} {:<10} {:>6} {:>5} {:>3} {:>10.1f} {:>9.1f} {:>8.2f} {:>8.2f} {:>6.3f} {:>10.1f} {:>8.2f} {:>8.3f} {:>10.1f} {:>10.1f} {:>6.3f}\n",
-                 j["k_format"].get<std::string>() + ":" + j["v_format"].get<std::string>(),
+                 j["k_format"].get<std::string>() + ":" + j["v_format"].get<std::string>() +
+                     (j["key_path"] == "float" ? " fq" : ""),
                  j["layout"].get<std::string>() +
                      (j["block_size"].get<uint32_t>() != 0
                           ? fmt::format("/{}", j["block_size"].get<uint32_t>())
@@ -201,6 +226,7 @@ int RunBench(const BenchOptions& o) {
   struct Case {
     const char* name;  // "single" or "batched"
     std::string target;
+    bool float_keys;
     FormatPair fp;
     uint32_t block_size;  // 0: contiguous
     uint32_t context, sequences;
@@ -223,14 +249,16 @@ int RunBench(const BenchOptions& o) {
       so.paged = bs != 0;
       so.block_size = bs != 0 ? bs : 16;
       so.huge_pages = !o.small_pages;
-      std::vector<double> per_row(targets.size());
-      for (size_t ti = 0; ti < targets.size(); ++ti) {
-        (void)UseSimdTarget(targets[ti]);
-        per_row[ti] = compute_per_row(so, ao);
+      std::vector<double> per_row(variants.size());
+      for (size_t ti = 0; ti < variants.size(); ++ti) {
+        (void)UseSimdTarget(variants[ti].target);
+        AttentionOptions vo = ao;
+        vo.float_query_keys = variants[ti].float_keys;
+        per_row[ti] = compute_per_row(so, vo);
       }
       (void)UseSimdTarget(start_target);
       for (int batched = 0; batched < (o.batch_seqs > 0 ? 2 : 1); ++batched) {
-        Case c{batched ? "batched" : "single", targets[0], fp, bs,
+        Case c{batched ? "batched" : "single", variants[0].target, variants[0].float_keys, fp, bs,
                batched ? o.batch_context : o.context, batched ? o.batch_seqs : 1u, per_row[0],
                std::make_shared<std::vector<std::unique_ptr<SyntheticKv>>>(),
                {}, {}, {}, {}, {}, {}, {}, {}, {}};
@@ -253,9 +281,10 @@ int RunBench(const BenchOptions& o) {
         }
         cases.push_back(std::move(c));
         const size_t first = cases.size() - 1;
-        for (size_t ti = 1; ti < targets.size(); ++ti) {
-          Case other = cases[first];  // the same K/V, another target
-          other.target = targets[ti];
+        for (size_t ti = 1; ti < variants.size(); ++ti) {
+          Case other = cases[first];  // the same K/V, another target or key path
+          other.target = variants[ti].target;
+          other.float_keys = variants[ti].float_keys;
           other.per_row = per_row[ti];
           cases.push_back(std::move(other));
         }
@@ -266,6 +295,8 @@ int RunBench(const BenchOptions& o) {
   for (uint32_t r = 0; r < o.repeats + 1; ++r) {
     for (Case& c : cases) {
       (void)UseSimdTarget(c.target);  // validated above
+      AttentionOptions co = ao;
+      co.float_query_keys = c.float_keys;
       probe.Flush(kFlushBytes);
       const double c0 = ProcessCpuSeconds();
       const auto t0 = std::chrono::steady_clock::now();
@@ -273,9 +304,9 @@ int RunBench(const BenchOptions& o) {
       if (c.sequences == 1) {
         AttentionOutput outs;
         outs.out = c.out;
-        st = AttendDecode(c.views[0], c.q, ao, outs);
+        st = AttendDecode(c.views[0], c.q, co, outs);
       } else {
-        st = AttendDecodeBatch(c.views, c.q, ao, c.out);
+        st = AttendDecodeBatch(c.views, c.q, co, c.out);
       }
       const auto t1 = std::chrono::steady_clock::now();
       const double c1 = ProcessCpuSeconds();
@@ -308,6 +339,7 @@ int RunBench(const BenchOptions& o) {
     j["block_size"] = c.block_size;
     j["threads"] = o.threads;
     j["simd_target"] = c.target;
+    j["key_path"] = c.float_keys ? "float" : "int";
     j["case"] = c.name;
     j["context_tokens"] = c.context;
     j["sequences"] = c.sequences;
@@ -360,6 +392,10 @@ const bool kRegistered = RegisterCommand(
       app->add_option("--simd-targets", o->simd_targets,
                       "SIMD targets to time each case on, comma-separated (default: the "
                       "dispatched one; `kvcache info` lists them)")
+          ->delimiter(',');
+      app->add_option("--key-paths", o->key_paths,
+                      "Quantized-key scoring to time each case with, comma-separated: int (the "
+                      "integer K paths, default), float (the f32 query)")
           ->delimiter(',');
       return [o] { return RunBench(*o); };
     });

@@ -60,6 +60,12 @@ struct AttentionOptions {
   // Workers to split (sequence, kv head, context chunk) work over; nullptr
   // runs on the calling thread.
   ThreadPool* pool = nullptr;
+  // Quantized keys (q8, q8_0, q4_0) are scored by default with an integer
+  // dot product against a query rounded to integers once per call
+  // (docs/attention.md, "Integer K paths", for the bound on the scores);
+  // true scores them against the f32 query instead (decoded keys, FMAs),
+  // for comparison. Other formats ignore it.
+  bool float_query_keys = false;
 };
 
 // Every call returns InvalidArgument, writing nothing, for a query with a

@@ -46,6 +46,7 @@ struct Plan {
   float scale = 1.0f;
   uint32_t window = 0;
   uint32_t n_sink = 0;
+  bool int_keys = true;  // the integer K paths (AttentionOptions::float_query_keys off)
   ThreadPool* pool = nullptr;
   std::vector<HeadJob> jobs;
   std::vector<QueryVec> queries;
