@@ -12,10 +12,11 @@
 // rounds; every row names its simd_target. Default: the target dispatch
 // chooses (or the global --simd-target).
 //
-// --key-paths int,float times every case with the integer K paths of the
-// quantized keys (q8, q8_0, q4_0; the default) and with the f32 query
-// (AttentionOptions::float_query_keys), in the same rounds; every row names
-// its key_path.
+// --key-paths int,int8,float times every case with the integer K paths of
+// the quantized keys (q8, q8_0, q4_0; int16 query, the default), the int8
+// query of q8_0/q4_0 (AttentionOptions::int8_query_keys) and the f32 query
+// (AttentionOptions::float_query_keys), in the same rounds; every row
+// names its key_path.
 //
 // Every case is built first and then timed in interleaved rounds (one step
 // of each case per round, each followed by a bandwidth sample and a pattern
@@ -71,7 +72,7 @@ struct BenchOptions {
   bool small_pages = false;  // storage without the transparent-huge-page advice
   std::vector<uint32_t> block_sizes = {16};  // paged layout: tokens per pool block
   std::vector<std::string> simd_targets;      // empty: the current one
-  std::vector<std::string> key_paths = {"int"};  // int, float (AttentionOptions::float_query_keys)
+  std::vector<std::string> key_paths = {"int"};  // int, int8, float (AttentionOptions)
 };
 
 constexpr uint32_t kQHeads = 32, kKvHeads = 8, kHeadDim = 128;
@@ -143,24 +144,30 @@ int RunBench(const BenchOptions& o) {
     t = SimdTarget();  // canonical spelling
   }
   (void)UseSimdTarget(start_target);
-  std::vector<bool> float_keys;  // per --key-paths entry
+  std::vector<std::string> key_paths;
   for (const std::string& kp : o.key_paths) {
-    if (kp != "int" && kp != "float") {
-      fmt::print(stderr, "kvcache bench attention: --key-paths: '{}' is not int or float\n", kp);
+    if (kp != "int" && kp != "int8" && kp != "float") {
+      fmt::print(stderr, "kvcache bench attention: --key-paths: '{}' is not int, int8 or float\n",
+                 kp);
       return 2;
     }
-    float_keys.push_back(kp == "float");
+    key_paths.push_back(kp);
   }
-  if (float_keys.empty()) float_keys.push_back(false);
+  if (key_paths.empty()) key_paths.push_back("int");
   // The timed variants: every target x every key path.
   struct Variant {
     std::string target;
-    bool float_keys;
+    std::string key_path;
   };
   std::vector<Variant> variants;
   for (const std::string& t : targets) {
-    for (bool fk : float_keys) variants.push_back({t, fk});
+    for (const std::string& kp : key_paths) variants.push_back({t, kp});
   }
+  auto with_path = [&](AttentionOptions x, const std::string& kp) {
+    x.float_query_keys = kp == "float";
+    x.int8_query_keys = kp == "int8";
+    return x;
+  };
   // Leaves dispatch as it found it, on every return below.
   struct RestoreTarget {
     std::string name;
@@ -177,7 +184,7 @@ int RunBench(const BenchOptions& o) {
     } else {
       fmt::print("{:<20} {:<10} {:>6} {:>5} {:>3} {:>10.1f} {:>9.1f} {:>8.2f} {:>8.2f} {:>6.3f} {:>10.1f} {:>8.2f} {:>8.3f} {:>10.1f} {:>10.1f} {:>6.3f}\n",
                  j["k_format"].get<std::string>() + ":" + j["v_format"].get<std::string>() +
-                     (j["key_path"] == "float" ? " fq" : ""),
+                     (j["key_path"] != "int" ? " " + j["key_path"].get<std::string>() : std::string()),
                  j["layout"].get<std::string>() +
                      (j["block_size"].get<uint32_t>() != 0
                           ? fmt::format("/{}", j["block_size"].get<uint32_t>())
@@ -226,7 +233,7 @@ int RunBench(const BenchOptions& o) {
   struct Case {
     const char* name;  // "single" or "batched"
     std::string target;
-    bool float_keys;
+    std::string key_path;
     FormatPair fp;
     uint32_t block_size;  // 0: contiguous
     uint32_t context, sequences;
@@ -252,13 +259,11 @@ int RunBench(const BenchOptions& o) {
       std::vector<double> per_row(variants.size());
       for (size_t ti = 0; ti < variants.size(); ++ti) {
         (void)UseSimdTarget(variants[ti].target);
-        AttentionOptions vo = ao;
-        vo.float_query_keys = variants[ti].float_keys;
-        per_row[ti] = compute_per_row(so, vo);
+        per_row[ti] = compute_per_row(so, with_path(ao, variants[ti].key_path));
       }
       (void)UseSimdTarget(start_target);
       for (int batched = 0; batched < (o.batch_seqs > 0 ? 2 : 1); ++batched) {
-        Case c{batched ? "batched" : "single", variants[0].target, variants[0].float_keys, fp, bs,
+        Case c{batched ? "batched" : "single", variants[0].target, variants[0].key_path, fp, bs,
                batched ? o.batch_context : o.context, batched ? o.batch_seqs : 1u, per_row[0],
                std::make_shared<std::vector<std::unique_ptr<SyntheticKv>>>(),
                {}, {}, {}, {}, {}, {}, {}, {}, {}};
@@ -284,7 +289,7 @@ int RunBench(const BenchOptions& o) {
         for (size_t ti = 1; ti < variants.size(); ++ti) {
           Case other = cases[first];  // the same K/V, another target or key path
           other.target = variants[ti].target;
-          other.float_keys = variants[ti].float_keys;
+          other.key_path = variants[ti].key_path;
           other.per_row = per_row[ti];
           cases.push_back(std::move(other));
         }
@@ -295,8 +300,7 @@ int RunBench(const BenchOptions& o) {
   for (uint32_t r = 0; r < o.repeats + 1; ++r) {
     for (Case& c : cases) {
       (void)UseSimdTarget(c.target);  // validated above
-      AttentionOptions co = ao;
-      co.float_query_keys = c.float_keys;
+      const AttentionOptions co = with_path(ao, c.key_path);
       probe.Flush(kFlushBytes);
       const double c0 = ProcessCpuSeconds();
       const auto t0 = std::chrono::steady_clock::now();
@@ -339,7 +343,7 @@ int RunBench(const BenchOptions& o) {
     j["block_size"] = c.block_size;
     j["threads"] = o.threads;
     j["simd_target"] = c.target;
-    j["key_path"] = c.float_keys ? "float" : "int";
+    j["key_path"] = c.key_path;
     j["case"] = c.name;
     j["context_tokens"] = c.context;
     j["sequences"] = c.sequences;
@@ -394,8 +398,9 @@ const bool kRegistered = RegisterCommand(
                       "dispatched one; `kvcache info` lists them)")
           ->delimiter(',');
       app->add_option("--key-paths", o->key_paths,
-                      "Quantized-key scoring to time each case with, comma-separated: int (the "
-                      "integer K paths, default), float (the f32 query)")
+                      "Quantized-key scoring to time each case with, comma-separated: int (int16 "
+                      "query, default), int8 (q8_0/q4_0: int8 query per 32 values), float (f32 "
+                      "query)")
           ->delimiter(',');
       return [o] { return RunBench(*o); };
     });

@@ -81,7 +81,8 @@ constexpr uint32_t kIntMaxDim = 1024;
 
 // (Not on the scalar target, whose 1-lane vectors have no int16 pairs.)
 template <Format F>
-constexpr bool kIntKeys = HWY_TARGET != HWY_SCALAR && (F == Format::kQ8 || F == Format::kQ8_0);
+constexpr bool kIntKeys = HWY_TARGET != HWY_SCALAR && (F == Format::kQ8 || F == Format::kQ8_0 ||
+                                                       F == Format::kQ4_0);
 
 HWY_INLINE bool IntPathFits(uint32_t d) { return d % 32 == 0 && d <= kIntMaxDim; }
 
@@ -152,6 +153,47 @@ HWY_INLINE void RowDotsInt(const uint8_t* p, uint32_t d, const int16_t* const* q
       for (int j = 0; j < kQB; ++j) MulAddCodes(c + i, q16[j] + i, s0[j], s1[j]);
     }
     for (int j = 0; j < kQB; ++j) tot[j] = hn::ConvertTo(DF(), hn::Add(s0[j], s1[j]));
+  } else if constexpr (F == Format::kQ4_0) {
+    // 16 bytes per block: value i in the low nibble of byte i, 16 + i in
+    // its high nibble; widened to int16 (nibble - 8), kN16 values at a time.
+    const DI16 d16;
+    const hn::Full128<uint8_t> d8;
+    for (int j = 0; j < kQB; ++j) tot[j] = hn::Zero(DF());
+    for (uint32_t blk = 0; blk < d / 32; ++blk) {
+      const uint8_t* b = p + 18 * blk;
+      const VF scale = BroadcastF16(b);
+      const auto x = hn::LoadU(d8, b + 2);
+      const auto mask = hn::Set(d8, uint8_t{15});
+      const auto lo = hn::And(x, mask);
+      const auto hi = hn::And(hn::BitCast(d8, hn::ShiftRight<4>(hn::BitCast(hn::Full128<uint16_t>(), x))), mask);
+      hn::Vec<DI16> c[32 / kN16];
+#if HWY_TARGET == HWY_SSE4
+      const hn::Full64<uint8_t> d8h;
+      c[0] = hn::BitCast(d16, hn::PromoteTo(hn::RebindToUnsigned<DI16>(), hn::LowerHalf(d8h, lo)));
+      c[1] = hn::BitCast(d16, hn::PromoteTo(hn::RebindToUnsigned<DI16>(), hn::UpperHalf(d8h, lo)));
+      c[2] = hn::BitCast(d16, hn::PromoteTo(hn::RebindToUnsigned<DI16>(), hn::LowerHalf(d8h, hi)));
+      c[3] = hn::BitCast(d16, hn::PromoteTo(hn::RebindToUnsigned<DI16>(), hn::UpperHalf(d8h, hi)));
+#elif HWY_TARGET == HWY_AVX2
+      c[0] = hn::BitCast(d16, hn::PromoteTo(hn::RebindToUnsigned<DI16>(), lo));
+      c[1] = hn::BitCast(d16, hn::PromoteTo(hn::RebindToUnsigned<DI16>(), hi));
+#else  // AVX3, AVX3_DL: 32 int16 lanes, one vector per block
+      c[0] = hn::BitCast(d16, hn::PromoteTo(hn::RebindToUnsigned<DI16>(),
+                                            hn::Combine(hn::Full256<uint8_t>(), hi, lo)));
+#endif
+      const auto eight = hn::Set(d16, int16_t{8});
+      for (auto& v : c) v = hn::Sub(v, eight);
+      hn::Vec<DI32> s0[kQB], s1[kQB];
+      for (int j = 0; j < kQB; ++j) s0[j] = s1[j] = hn::Zero(di);
+      for (uint32_t i = 0; i < 32 / kN16; ++i) {
+        for (int j = 0; j < kQB; ++j) {
+          s0[j] = hn::ReorderWidenMulAccumulate(di, c[i], hn::LoadU(d16, q16[j] + 32 * blk + i * kN16),
+                                                s0[j], s1[j]);
+        }
+      }
+      for (int j = 0; j < kQB; ++j) {
+        tot[j] = hn::MulAdd(hn::ConvertTo(DF(), hn::Add(s0[j], s1[j])), scale, tot[j]);
+      }
+    }
   } else {
     for (int j = 0; j < kQB; ++j) tot[j] = hn::Zero(DF());
     for (uint32_t blk = 0; blk < d / 32; ++blk) {
@@ -488,7 +530,7 @@ void KPass(const KArgs& a) {
   const uint32_t d = a.plan->head_dim;
   const QueryVec* qv = a.plan->queries.data() + a.job->first_query + a.qi0;
   if constexpr (kInt8Keys<F> && !kExact) {
-    if (a.plan->int_keys && d % 32 == 0 && d <= kIntMaxDim) {
+    if (a.plan->int8_keys && a.plan->int_keys && d % 32 == 0 && d <= kIntMaxDim) {
       // ggml keys: the int8 path, the queries quantized once per call.
       Int8Query qbuf[kQB];
       const Int8Query* q8[kQB];

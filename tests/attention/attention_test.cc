@@ -231,17 +231,16 @@ struct Tolerance {
 
 // The integer K paths round each prepared query q' (the query times the key
 // column scales) once per call (docs/attention.md, "Integer K paths"):
-//  * q8 keys: to int16 steps of max|q'| / 32767, so a score moves by at most
-//    delta = scale * max|q'| / 65534 * sum_i |k'_i|;
-//  * q8_0 and q4_0 keys (x86 SIMD targets; the int16 path elsewhere, whose
-//    bound is smaller): to int8 steps qs_b = max_{i in b}|q'_i| / 127 per
-//    32-value block b, so a score moves by at most
-//    delta = scale * sum_b qs_b / 2 * sum_{i in b} |k'_i|,
+//  * q8, q8_0 and q4_0 keys (default): to int16 steps of max|q'| / 32767,
+//    so a score moves by at most delta = scale * max|q'| / 65534 * sum_i |k'_i|;
+//  * q8_0 and q4_0 keys with int8_query_keys (x86 SIMD targets; the int16
+//    path elsewhere, whose bound is smaller): to int8 steps
+//    qs_b = max_{i in b}|q'_i| / 127 per 32-value block b, so a score moves
+//    by at most delta = scale * sum_b qs_b / 2 * sum_{i in b} |k'_i|,
 // k' the stored values (k - mean) / col_scale. Returns the largest delta
-// over the case's queries and rows (0 for other formats, or with
-// float_query_keys).
+// over the case's queries and rows (0 for other formats).
 double IntKeyScoreBound(const TestView& tv, std::span<const float> q, uint32_t n_q_heads,
-                        uint32_t n_queries) {
+                        uint32_t n_queries, bool int8) {
   const LayerKvView& view = tv.view();
   const Format kf = view.k.format;
   const bool ggml = kf == Format::kQ8_0 || kf == Format::kQ4_0;
@@ -275,7 +274,7 @@ double IntKeyScoreBound(const TestView& tv, std::span<const float> q, uint32_t n
           qmax = std::max(qmax, qp[i]);
         }
         const double d16 = scale * qmax / 65534.0 * k_l1;
-        if (!ggml) {
+        if (!ggml || !int8) {
           delta = std::max(delta, d16);
           continue;
         }
@@ -294,7 +293,7 @@ double IntKeyScoreBound(const TestView& tv, std::span<const float> q, uint32_t n
 
 void RunLossyCase(FormatPair fp, const ViewSpec& base, uint32_t n_q_heads, uint32_t n_queries,
                   ThreadPool* pool, bool calibrate, uint32_t window = 0, uint32_t n_sink = 0,
-                  bool float_query = false) {
+                  int key_path = 0 /* 0: default, 1: float_query_keys, 2: int8_query_keys */) {
   ViewSpec s = base;
   s.formats = fp;
   s.calibrate = calibrate;
@@ -307,7 +306,8 @@ void RunLossyCase(FormatPair fp, const ViewSpec& base, uint32_t n_q_heads, uint3
   o.n_q_heads = n_q_heads;
   o.window = window;
   o.n_sink = n_sink;
-  o.float_query_keys = float_query;
+  o.float_query_keys = key_path == 1;
+  o.int8_query_keys = key_path == 2;
   Outputs want = MakeOutputs(view, n_q_heads, n_queries, true);
   ASSERT_TRUE(AttendReference((*tv)->reference_heads(), view.head_dim, view.num_tokens,
                               n_queries, q, o, want.spans())
@@ -318,7 +318,8 @@ void RunLossyCase(FormatPair fp, const ViewSpec& base, uint32_t n_q_heads, uint3
   // Scores within delta: probabilities within a factor e^(+-2 delta), so
   // |dp| <= (e^(2 delta) - 1) p, |d out| <= (e^(2 delta) - 1) max|v|,
   // |d lse| <= delta.
-  const double delta = float_query ? 0.0 : IntKeyScoreBound(**tv, q, n_q_heads, n_queries);
+  const double delta =
+      key_path == 1 ? 0.0 : IntKeyScoreBound(**tv, q, n_q_heads, n_queries, key_path == 2);
   const double pf = std::expm1(2.0 * delta);
   double v_max = 0;
   for (const ReferenceHead& rh : (*tv)->reference_heads()) {
@@ -467,8 +468,25 @@ TEST(AttentionIntKeys, FloatQueryPathMatchesDecodedReference) {
   ThreadPool two(2);
   for (Format k : {Format::kQ8, Format::kQ8_0, Format::kQ4_0}) {
     for (Format v : {Format::kF16, Format::kQ8_0, Format::kQ4_0}) {
-      RunLossyCase({k, v}, s, 8, 1, nullptr, false, 0, 0, true);
-      RunLossyCase({k, v}, s, 4, 2, &two, true, 0, 0, true);
+      RunLossyCase({k, v}, s, 8, 1, nullptr, false, 0, 0, 1);
+      RunLossyCase({k, v}, s, 4, 2, &two, true, 0, 0, 1);
+    }
+  }
+}
+
+// int8_query_keys: within its (per 32-value block) query-rounding bound of
+// the decoded reference, with transforms, windows, masked tiles, threads.
+TEST(AttentionIntKeys, Int8QueryPathWithinItsBound) {
+  ViewSpec s;
+  s.n_kv_heads = 2;
+  s.head_dim = 128;
+  s.num_tokens = 300;
+  ThreadPool two(2);
+  for (Format k : {Format::kQ8_0, Format::kQ4_0}) {
+    for (Format v : {Format::kF16, Format::kQ8_0, Format::kQ4_0}) {
+      RunLossyCase({k, v}, s, 8, 1, nullptr, false, 0, 0, 2);
+      RunLossyCase({k, v}, s, 4, 2, &two, true, 0, 0, 2);
+      RunLossyCase({k, v}, s, 4, 3, &two, false, 100, 3, 2);
     }
   }
 }
@@ -506,6 +524,7 @@ TEST(AttentionIntKeys, Int8PathEqualsReferenceWithRoundedQuery) {
       }
       AttentionOptions o;
       o.n_q_heads = nq;
+      o.int8_query_keys = true;
       Outputs want = MakeOutputs(view, nq, 1, true);
       ASSERT_TRUE(AttendReference((*tv)->reference_heads(), d, view.num_tokens, 1, qr, o,
                                   want.spans())
