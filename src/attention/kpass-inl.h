@@ -2,8 +2,10 @@
 // visible rows of a job (-inf for the others) and the running max per query
 // vector, for kQB query vectors per stored row (a row is decoded once per
 // block of queries). The f32 exact instance adds rounded products in the
-// reference order (reference.h); the others use FMAs. int8 keys (q8, q8_0)
-// take the integer path: the query rounded to int16 once per call.
+// reference order (reference.h); the others use FMAs. q8, q8_0 and q4_0
+// keys take the integer path: the query rounded to int16 once per call (or,
+// for q8_0/q4_0 with AttentionOptions::int8_query_keys, to int8 per 32
+// values).
 //
 // Per-target header (Highway's -inl.h convention): included by a kernel .cc
 // after hwy/foreach_target.h, so once per compiled target, at file scope.
@@ -67,7 +69,8 @@ HWY_INLINE void RowDots(const Decoder<F>& dec, const uint8_t* p, uint32_t d,
 }
 
 // ---------------------------------------------------------------------------
-// Integer K path for int8 keys (q8, q8_0): each query vector is quantized
+// Integer K path for q8, q8_0 and q4_0 keys (q4_0: nibble - 8 widened to
+// int16; the default path of all three): each query vector is quantized
 // once per K pass to int16 (q ~= qscale * q16, |q16| <= 32767, round to
 // nearest), and a row's dot product is int8 x int16 multiply-adds into int32
 // lanes (ReorderWidenMulAccumulate: vpmaddwd on x86, 2x the multiply-adds
