@@ -12,6 +12,12 @@
 // rounds; every row names its simd_target. Default: the target dispatch
 // chooses (or the global --simd-target).
 //
+// --key-paths int,int8,float times every case with the integer K paths of
+// the quantized keys (q8, q8_0, q4_0; int16 query, the default), the int8
+// query of q8_0/q4_0 (AttentionOptions::int8_query_keys) and the f32 query
+// (AttentionOptions::float_query_keys), in the same rounds; every row
+// names its key_path.
+//
 // Every case is built first and then timed in interleaved rounds (one step
 // of each case per round, each followed by a bandwidth sample and a pattern
 // read), so that the ratios between cases (paged vs contiguous, turbo vs
@@ -66,6 +72,7 @@ struct BenchOptions {
   bool small_pages = false;  // storage without the transparent-huge-page advice
   std::vector<uint32_t> block_sizes = {16};  // paged layout: tokens per pool block
   std::vector<std::string> simd_targets;      // empty: the current one
+  std::vector<std::string> key_paths = {"int"};  // int, int8, float (AttentionOptions)
 };
 
 constexpr uint32_t kQHeads = 32, kKvHeads = 8, kHeadDim = 128;
@@ -137,6 +144,30 @@ int RunBench(const BenchOptions& o) {
     t = SimdTarget();  // canonical spelling
   }
   (void)UseSimdTarget(start_target);
+  std::vector<std::string> key_paths;
+  for (const std::string& kp : o.key_paths) {
+    if (kp != "int" && kp != "int8" && kp != "float") {
+      fmt::print(stderr, "kvcache bench attention: --key-paths: '{}' is not int, int8 or float\n",
+                 kp);
+      return 2;
+    }
+    key_paths.push_back(kp);
+  }
+  if (key_paths.empty()) key_paths.push_back("int");
+  // The timed variants: every target x every key path.
+  struct Variant {
+    std::string target;
+    std::string key_path;
+  };
+  std::vector<Variant> variants;
+  for (const std::string& t : targets) {
+    for (const std::string& kp : key_paths) variants.push_back({t, kp});
+  }
+  auto with_path = [&](AttentionOptions x, const std::string& kp) {
+    x.float_query_keys = kp == "float";
+    x.int8_query_keys = kp == "int8";
+    return x;
+  };
   // Leaves dispatch as it found it, on every return below.
   struct RestoreTarget {
     std::string name;
@@ -152,7 +183,8 @@ int RunBench(const BenchOptions& o) {
       fmt::print("{}\n", j.dump());
     } else {
       fmt::print("{:<20} {:<10} {:>6} {:>5} {:>3} {:>10.1f} {:>9.1f} {:>8.2f} {:>8.2f} {:>6.3f} {:>10.1f} {:>8.2f} {:>8.3f} {:>10.1f} {:>10.1f} {:>6.3f}\n",
-                 j["k_format"].get<std::string>() + ":" + j["v_format"].get<std::string>(),
+                 j["k_format"].get<std::string>() + ":" + j["v_format"].get<std::string>() +
+                     (j["key_path"] != "int" ? " " + j["key_path"].get<std::string>() : std::string()),
                  j["layout"].get<std::string>() +
                      (j["block_size"].get<uint32_t>() != 0
                           ? fmt::format("/{}", j["block_size"].get<uint32_t>())
@@ -201,6 +233,7 @@ int RunBench(const BenchOptions& o) {
   struct Case {
     const char* name;  // "single" or "batched"
     std::string target;
+    std::string key_path;
     FormatPair fp;
     uint32_t block_size;  // 0: contiguous
     uint32_t context, sequences;
@@ -223,14 +256,14 @@ int RunBench(const BenchOptions& o) {
       so.paged = bs != 0;
       so.block_size = bs != 0 ? bs : 16;
       so.huge_pages = !o.small_pages;
-      std::vector<double> per_row(targets.size());
-      for (size_t ti = 0; ti < targets.size(); ++ti) {
-        (void)UseSimdTarget(targets[ti]);
-        per_row[ti] = compute_per_row(so, ao);
+      std::vector<double> per_row(variants.size());
+      for (size_t ti = 0; ti < variants.size(); ++ti) {
+        (void)UseSimdTarget(variants[ti].target);
+        per_row[ti] = compute_per_row(so, with_path(ao, variants[ti].key_path));
       }
       (void)UseSimdTarget(start_target);
       for (int batched = 0; batched < (o.batch_seqs > 0 ? 2 : 1); ++batched) {
-        Case c{batched ? "batched" : "single", targets[0], fp, bs,
+        Case c{batched ? "batched" : "single", variants[0].target, variants[0].key_path, fp, bs,
                batched ? o.batch_context : o.context, batched ? o.batch_seqs : 1u, per_row[0],
                std::make_shared<std::vector<std::unique_ptr<SyntheticKv>>>(),
                {}, {}, {}, {}, {}, {}, {}, {}, {}};
@@ -253,9 +286,10 @@ int RunBench(const BenchOptions& o) {
         }
         cases.push_back(std::move(c));
         const size_t first = cases.size() - 1;
-        for (size_t ti = 1; ti < targets.size(); ++ti) {
-          Case other = cases[first];  // the same K/V, another target
-          other.target = targets[ti];
+        for (size_t ti = 1; ti < variants.size(); ++ti) {
+          Case other = cases[first];  // the same K/V, another target or key path
+          other.target = variants[ti].target;
+          other.key_path = variants[ti].key_path;
           other.per_row = per_row[ti];
           cases.push_back(std::move(other));
         }
@@ -266,6 +300,7 @@ int RunBench(const BenchOptions& o) {
   for (uint32_t r = 0; r < o.repeats + 1; ++r) {
     for (Case& c : cases) {
       (void)UseSimdTarget(c.target);  // validated above
+      const AttentionOptions co = with_path(ao, c.key_path);
       probe.Flush(kFlushBytes);
       const double c0 = ProcessCpuSeconds();
       const auto t0 = std::chrono::steady_clock::now();
@@ -273,9 +308,9 @@ int RunBench(const BenchOptions& o) {
       if (c.sequences == 1) {
         AttentionOutput outs;
         outs.out = c.out;
-        st = AttendDecode(c.views[0], c.q, ao, outs);
+        st = AttendDecode(c.views[0], c.q, co, outs);
       } else {
-        st = AttendDecodeBatch(c.views, c.q, ao, c.out);
+        st = AttendDecodeBatch(c.views, c.q, co, c.out);
       }
       const auto t1 = std::chrono::steady_clock::now();
       const double c1 = ProcessCpuSeconds();
@@ -308,6 +343,7 @@ int RunBench(const BenchOptions& o) {
     j["block_size"] = c.block_size;
     j["threads"] = o.threads;
     j["simd_target"] = c.target;
+    j["key_path"] = c.key_path;
     j["case"] = c.name;
     j["context_tokens"] = c.context;
     j["sequences"] = c.sequences;
@@ -360,6 +396,11 @@ const bool kRegistered = RegisterCommand(
       app->add_option("--simd-targets", o->simd_targets,
                       "SIMD targets to time each case on, comma-separated (default: the "
                       "dispatched one; `kvcache info` lists them)")
+          ->delimiter(',');
+      app->add_option("--key-paths", o->key_paths,
+                      "Quantized-key scoring to time each case with, comma-separated: int (int16 "
+                      "query, default), int8 (q8_0/q4_0: int8 query per 32 values), float (f32 "
+                      "query)")
           ->delimiter(',');
       return [o] { return RunBench(*o); };
     });

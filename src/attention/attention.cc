@@ -223,6 +223,8 @@ Plan NewPlan(const AttentionOptions& options, uint32_t head_dim) {
   plan.window = options.window;
   plan.n_sink = options.n_sink;
   plan.pool = options.pool;
+  plan.int_keys = !options.float_query_keys;
+  plan.int8_keys = options.int8_query_keys;
   return plan;
 }
 

@@ -257,24 +257,28 @@ HWY_INLINE void StoreBlockSum(D d, hn::Vec<D> v, float* out4) {
 #endif
 
 // Four dot products at once (any order: lossy paths only): out4[j] = sum of
-// the lanes of acc_j.
-HWY_INLINE void Reduce4(VF a, VF b, VF c, VF d, float* out4) {
+// the lanes of acc_j (vectors of float descriptor D).
+template <class D>
+HWY_INLINE void Reduce4(D df, hn::Vec<D> a, hn::Vec<D> b, hn::Vec<D> c, hn::Vec<D> d,
+                        float* out4) {
 #if HWY_TARGET == HWY_SCALAR
+  (void)df;
   out4[0] = hn::GetLane(a);
   out4[1] = hn::GetLane(b);
   out4[2] = hn::GetLane(c);
   out4[3] = hn::GetLane(d);
 #else
-  const DF df;
-  const hn::Repartition<double, DF> dd;
-  const VF ab = hn::Add(hn::InterleaveLower(df, a, b), hn::InterleaveUpper(df, a, b));
-  const VF cd = hn::Add(hn::InterleaveLower(df, c, d), hn::InterleaveUpper(df, c, d));
+  using V = hn::Vec<D>;
+  const hn::Repartition<double, D> dd;
+  const V ab = hn::Add(hn::InterleaveLower(df, a, b), hn::InterleaveUpper(df, a, b));
+  const V cd = hn::Add(hn::InterleaveLower(df, c, d), hn::InterleaveUpper(df, c, d));
   const auto ab64 = hn::BitCast(dd, ab), cd64 = hn::BitCast(dd, cd);
-  const VF s = hn::Add(hn::BitCast(df, hn::InterleaveLower(dd, ab64, cd64)),
-                       hn::BitCast(df, hn::InterleaveUpper(dd, ab64, cd64)));
+  const V s = hn::Add(hn::BitCast(df, hn::InterleaveLower(dd, ab64, cd64)),
+                      hn::BitCast(df, hn::InterleaveUpper(dd, ab64, cd64)));
   StoreBlockSum(df, s, out4);
 #endif
 }
+HWY_INLINE void Reduce4(VF a, VF b, VF c, VF d, float* out4) { Reduce4(DF(), a, b, c, d, out4); }
 
 template <bool kExact>
 HWY_INLINE VF MulAcc(VF a, VF b, VF acc) {

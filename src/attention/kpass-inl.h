@@ -2,8 +2,10 @@
 // visible rows of a job (-inf for the others) and the running max per query
 // vector, for kQB query vectors per stored row (a row is decoded once per
 // block of queries). The f32 exact instance adds rounded products in the
-// reference order (reference.h); the others use FMAs. int8 keys (q8, q8_0)
-// take the integer path: the query rounded to int16 once per call.
+// reference order (reference.h); the others use FMAs. q8, q8_0 and q4_0
+// keys take the integer path: the query rounded to int16 once per call (or,
+// for q8_0/q4_0 with AttentionOptions::int8_query_keys, to int8 per 32
+// values).
 //
 // Per-target header (Highway's -inl.h convention): included by a kernel .cc
 // after hwy/foreach_target.h, so once per compiled target, at file scope.
@@ -67,7 +69,8 @@ HWY_INLINE void RowDots(const Decoder<F>& dec, const uint8_t* p, uint32_t d,
 }
 
 // ---------------------------------------------------------------------------
-// Integer K path for int8 keys (q8, q8_0): each query vector is quantized
+// Integer K path for q8, q8_0 and q4_0 keys (q4_0: nibble - 8 widened to
+// int16; the default path of all three): each query vector is quantized
 // once per K pass to int16 (q ~= qscale * q16, |q16| <= 32767, round to
 // nearest), and a row's dot product is int8 x int16 multiply-adds into int32
 // lanes (ReorderWidenMulAccumulate: vpmaddwd on x86, 2x the multiply-adds
@@ -81,7 +84,8 @@ constexpr uint32_t kIntMaxDim = 1024;
 
 // (Not on the scalar target, whose 1-lane vectors have no int16 pairs.)
 template <Format F>
-constexpr bool kIntKeys = HWY_TARGET != HWY_SCALAR && (F == Format::kQ8 || F == Format::kQ8_0);
+constexpr bool kIntKeys = HWY_TARGET != HWY_SCALAR && (F == Format::kQ8 || F == Format::kQ8_0 ||
+                                                       F == Format::kQ4_0);
 
 HWY_INLINE bool IntPathFits(uint32_t d) { return d % 32 == 0 && d <= kIntMaxDim; }
 
@@ -152,6 +156,47 @@ HWY_INLINE void RowDotsInt(const uint8_t* p, uint32_t d, const int16_t* const* q
       for (int j = 0; j < kQB; ++j) MulAddCodes(c + i, q16[j] + i, s0[j], s1[j]);
     }
     for (int j = 0; j < kQB; ++j) tot[j] = hn::ConvertTo(DF(), hn::Add(s0[j], s1[j]));
+  } else if constexpr (F == Format::kQ4_0) {
+    // 16 bytes per block: value i in the low nibble of byte i, 16 + i in
+    // its high nibble; widened to int16 (nibble - 8), kN16 values at a time.
+    const DI16 d16;
+    const hn::Full128<uint8_t> d8;
+    for (int j = 0; j < kQB; ++j) tot[j] = hn::Zero(DF());
+    for (uint32_t blk = 0; blk < d / 32; ++blk) {
+      const uint8_t* b = p + 18 * blk;
+      const VF scale = BroadcastF16(b);
+      const auto x = hn::LoadU(d8, b + 2);
+      const auto mask = hn::Set(d8, uint8_t{15});
+      const auto lo = hn::And(x, mask);
+      const auto hi = hn::And(hn::BitCast(d8, hn::ShiftRight<4>(hn::BitCast(hn::Full128<uint16_t>(), x))), mask);
+      hn::Vec<DI16> c[32 / kN16];
+#if HWY_TARGET == HWY_SSE4
+      const hn::Full64<uint8_t> d8h;
+      c[0] = hn::BitCast(d16, hn::PromoteTo(hn::RebindToUnsigned<DI16>(), hn::LowerHalf(d8h, lo)));
+      c[1] = hn::BitCast(d16, hn::PromoteTo(hn::RebindToUnsigned<DI16>(), hn::UpperHalf(d8h, lo)));
+      c[2] = hn::BitCast(d16, hn::PromoteTo(hn::RebindToUnsigned<DI16>(), hn::LowerHalf(d8h, hi)));
+      c[3] = hn::BitCast(d16, hn::PromoteTo(hn::RebindToUnsigned<DI16>(), hn::UpperHalf(d8h, hi)));
+#elif HWY_TARGET == HWY_AVX2
+      c[0] = hn::BitCast(d16, hn::PromoteTo(hn::RebindToUnsigned<DI16>(), lo));
+      c[1] = hn::BitCast(d16, hn::PromoteTo(hn::RebindToUnsigned<DI16>(), hi));
+#else  // AVX3, AVX3_DL: 32 int16 lanes, one vector per block
+      c[0] = hn::BitCast(d16, hn::PromoteTo(hn::RebindToUnsigned<DI16>(),
+                                            hn::Combine(hn::Full256<uint8_t>(), hi, lo)));
+#endif
+      const auto eight = hn::Set(d16, int16_t{8});
+      for (auto& v : c) v = hn::Sub(v, eight);
+      hn::Vec<DI32> s0[kQB], s1[kQB];
+      for (int j = 0; j < kQB; ++j) s0[j] = s1[j] = hn::Zero(di);
+      for (uint32_t i = 0; i < 32 / kN16; ++i) {
+        for (int j = 0; j < kQB; ++j) {
+          s0[j] = hn::ReorderWidenMulAccumulate(di, c[i], hn::LoadU(d16, q16[j] + 32 * blk + i * kN16),
+                                                s0[j], s1[j]);
+        }
+      }
+      for (int j = 0; j < kQB; ++j) {
+        tot[j] = hn::MulAdd(hn::ConvertTo(DF(), hn::Add(s0[j], s1[j])), scale, tot[j]);
+      }
+    }
   } else {
     for (int j = 0; j < kQB; ++j) tot[j] = hn::Zero(DF());
     for (uint32_t blk = 0; blk < d / 32; ++blk) {
@@ -182,10 +227,199 @@ void RowDotsInt(const uint8_t* p, uint32_t d, const int16_t* const* q16, const f
                 float* dots);  // never instantiated on this target
 #endif
 
-// The K pass proper; kInt: int8 keys through RowDotsInt with the queries
-// already quantized (q16, qscale).
-template <Format F, bool kExact, int kQB, bool kInt>
-void KPassRows(const KArgs& a, const int16_t* const* q16, const float* qscale) {
+// ---------------------------------------------------------------------------
+// Integer K path for the ggml block formats (q8_0, q4_0): each query vector
+// is quantized once per K pass to int8 with one scale per 32-value block,
+// q ~= qs_b * q8 (qs_b = max|q_b| / 127, |q8| <= 127, round to nearest),
+// and a row's dot product is, per block, sum(k_code * q8) in int32 lanes
+// times (k_scale_b * qs_b) in f32. The codes (q8_0's int8, q4_0's nibble - 8)
+// are made unsigned with their signs moved onto the query (|c| x sign(q, c):
+// vpsignb), so one u8 x i8 multiply-add of byte pairs into int16
+// (vpmaddubsw; a pair is at most 2 * 128 * 127 < 2^15: no saturation) and
+// one int16-pair add into int32 (vpmaddwd by ones) take 32 values per
+// instruction pair; on AVX3_DL one vpdpbusd does both. The codes are
+// loaded, unpacked and made unsigned once per row for all kQB queries.
+// A score moves by at most scale * sum_b qs_b / 2 * sum_{i in b} |k_i|
+// (docs/attention.md). x86 only (the byte multiply-adds are raw
+// intrinsics); other targets take the int16 or float path.
+//
+// Vectors: one 32-value block per 256-bit vector on AVX2, AVX3 and
+// AVX3_DL (ggml blocks are 32 values behind their own scale, so a 512-bit
+// vector would need two blocks' codes from two places and a two-scale
+// vector; AVX3 uses its 256-bit forms of the same instructions), two
+// 128-bit vectors per block on SSE4.
+
+#undef KVCACHE_ATTN_INT8_KEYS
+#if HWY_TARGET != HWY_SCALAR && HWY_ARCH_X86
+#define KVCACHE_ATTN_INT8_KEYS 1
+#else
+#define KVCACHE_ATTN_INT8_KEYS 0
+#endif
+
+template <Format F>
+constexpr bool kInt8Keys = KVCACHE_ATTN_INT8_KEYS && (F == Format::kQ8_0 || F == Format::kQ4_0);
+
+// One query vector quantized for the int8 path.
+struct Int8Query {
+  alignas(64) int8_t q[kIntMaxDim];
+  float qs[kIntMaxDim / 32];
+};
+
+// q[d] (d a multiple of 32, <= kIntMaxDim) into out. Once per K pass per
+// query vector (O(d), outside the row loop), plain C++ so every target
+// rounds the query the same way. A block with an inf or NaN (a finite
+// query can overflow in the column scales) gets a NaN scale, so its scores
+// are NaN as in the float path; a zero block gets scale 0.
+inline void QuantizeQuery8(const float* q, uint32_t d, Int8Query* out) {
+  for (uint32_t b = 0; b < d / 32; ++b) {
+    const float* x = q + 32 * b;
+    float amax = 0.0f;
+    bool finite = true;
+    for (uint32_t i = 0; i < 32; ++i) {
+      finite = finite && std::isfinite(x[i]);
+      amax = std::max(amax, std::fabs(x[i]));
+    }
+    int8_t* c = out->q + 32 * b;
+    if (!finite || amax == 0.0f) {
+      std::fill(c, c + 32, int8_t{0});
+      out->qs[b] = finite ? 0.0f : std::numeric_limits<float>::quiet_NaN();
+      continue;
+    }
+    const float inv = 127.0f / amax;
+    for (uint32_t i = 0; i < 32; ++i) {
+      const float r = std::nearbyint(x[i] * inv);
+      c[i] = static_cast<int8_t>(std::clamp(r, -127.0f, 127.0f));
+    }
+    out->qs[b] = amax / 127.0f;
+  }
+}
+
+#if KVCACHE_ATTN_INT8_KEYS
+#if HWY_TARGET == HWY_SSE4
+using D8 = hn::Full128<int8_t>;
+#else
+using D8 = hn::Full256<int8_t>;
+#endif
+using D8U = hn::RebindToUnsigned<D8>;
+using D8I32 = hn::Repartition<int32_t, D8>;
+using D8F = hn::Repartition<float, D8>;
+using V8 = hn::Vec<D8>;
+using V8I32 = hn::Vec<D8I32>;
+constexpr size_t kB8 = hn::MaxLanes(D8());  // codes per vector: 16 or 32
+constexpr size_t kVecs8 = 32 / kB8;          // vectors per 32-value block
+
+// acc + (the sums of 4 adjacent products a_u8[i] * b_i8[i]) per int32 lane.
+HWY_INLINE V8I32 DotBytes(V8 a_u8, V8 b_i8, V8I32 acc) {
+#if HWY_TARGET == HWY_AVX3_DL
+  return V8I32{_mm256_dpbusd_epi32(acc.raw, a_u8.raw, b_i8.raw)};
+#elif HWY_TARGET == HWY_SSE4
+  const __m128i p = _mm_maddubs_epi16(a_u8.raw, b_i8.raw);
+  return hn::Add(acc, V8I32{_mm_madd_epi16(p, _mm_set1_epi16(1))});
+#else
+  const __m256i p = _mm256_maddubs_epi16(a_u8.raw, b_i8.raw);
+  return hn::Add(acc, V8I32{_mm256_madd_epi16(p, _mm256_set1_epi16(1))});
+#endif
+}
+
+// b with its sign flipped where c < 0 and zeroed where c == 0 (vpsignb).
+HWY_INLINE V8 SignBytes(V8 b, V8 c) {
+#if HWY_TARGET == HWY_SSE4
+  return V8{_mm_sign_epi8(b.raw, c.raw)};
+#else
+  return V8{_mm256_sign_epi8(b.raw, c.raw)};
+#endif
+}
+
+// |c| as unsigned bytes (-128 -> 128).
+HWY_INLINE V8 AbsBytes(V8 c) {
+#if HWY_TARGET == HWY_SSE4
+  return V8{_mm_abs_epi8(c.raw)};
+#else
+  return V8{_mm256_abs_epi8(c.raw)};
+#endif
+}
+
+// The f16 at p in every lane of a D8F vector (exact).
+HWY_INLINE hn::Vec<D8F> BroadcastF16x(const uint8_t* p) {
+#if HWY_TARGET <= HWY_AVX2
+  const hn::Rebind<uint16_t, D8F> d16;
+  const hn::Rebind<hwy::float16_t, D8F> dh;
+  return hn::PromoteTo(D8F(), hn::BitCast(dh, hn::Set(d16, fi::LoadU16(p))));
+#else
+  return hn::Set(D8F(), fi::F16ToFloat(fi::LoadU16(p)));
+#endif
+}
+
+// Signed codes [32k + kB8 * v, ...) of block blk (vector v of kVecs8).
+template <Format F>
+HWY_INLINE V8 BlockCodes(const uint8_t* blk, size_t v) {
+  const D8 d8;
+  if constexpr (F == Format::kQ8_0) {
+    return hn::LoadU(d8, reinterpret_cast<const int8_t*>(blk + 2) + v * kB8);
+  } else {
+    // q4_0: 16 bytes, value i in the low nibble of byte i, value 16 + i in
+    // its high nibble.
+    const hn::Full128<uint8_t> d16b;
+    const auto x = hn::LoadU(d16b, blk + 2);
+    const auto hi = hn::BitCast(d16b, hn::ShiftRight<4>(hn::BitCast(hn::Full128<uint16_t>(), x)));
+#if HWY_TARGET == HWY_SSE4
+    const auto u = v == 0 ? x : hi;
+#else
+    (void)v;
+    const auto u = hn::Combine(D8U(), hi, x);
+#endif
+    const auto nib = hn::And(u, hn::Set(D8U(), uint8_t{15}));
+    return hn::Sub(hn::BitCast(d8, nib), hn::Set(d8, int8_t{8}));
+  }
+}
+
+// dots[j] ~= <q_j, k> for the row at p (scales applied), kQB queries.
+template <Format F, int kQB>
+HWY_INLINE void RowDotsInt8(const uint8_t* p, uint32_t d, const Int8Query* const* qq,
+                            float* dots) {
+  constexpr uint32_t kBlockBytes = F == Format::kQ8_0 ? 34 : 18;
+  const D8 d8;
+  const D8F df;
+  hn::Vec<D8F> tot[kQB];
+  for (int j = 0; j < kQB; ++j) tot[j] = hn::Zero(df);
+  for (uint32_t blk = 0; blk < d / 32; ++blk) {
+    const uint8_t* b = p + kBlockBytes * blk;
+    V8I32 acc[kQB];
+    for (int j = 0; j < kQB; ++j) acc[j] = hn::Zero(D8I32());
+    for (size_t v = 0; v < kVecs8; ++v) {
+      const V8 c = BlockCodes<F>(b, v);
+      const V8 ac = AbsBytes(c);
+      for (int j = 0; j < kQB; ++j) {
+        const V8 qv = hn::Load(d8, qq[j]->q + 32 * blk + v * kB8);
+        acc[j] = DotBytes(ac, SignBytes(qv, c), acc[j]);
+      }
+    }
+    const auto ks = BroadcastF16x(b);
+    for (int j = 0; j < kQB; ++j) {
+      const auto s = hn::Mul(ks, hn::Set(df, qq[j]->qs[blk]));
+      tot[j] = hn::MulAdd(hn::ConvertTo(df, acc[j]), s, tot[j]);
+    }
+  }
+  if constexpr (kQB == 4) {
+    Reduce4(df, tot[0], tot[1], tot[2], tot[3], dots);
+  } else {
+    for (int j = 0; j < kQB; ++j) dots[j] = hn::GetLane(hn::SumOfLanes(df, tot[j]));
+  }
+}
+#else
+template <Format F, int kQB>
+void RowDotsInt8(const uint8_t* p, uint32_t d, const Int8Query* const* qq,
+                 float* dots);  // never instantiated on this target
+#endif
+
+// The K pass proper, by key path: kFloat (decoded keys, FMAs), kInt16
+// (int8 keys through RowDotsInt with the queries already in q16, qscale),
+// kInt8 (ggml keys through RowDotsInt8 with the queries in q8).
+enum class KeyPath { kFloat, kInt16, kInt8 };
+
+template <Format F, bool kExact, int kQB, KeyPath kPath>
+void KPassRows(const KArgs& a, const int16_t* const* q16, const float* qscale,
+               const Int8Query* const* q8) {
   const Plan& plan = *a.plan;
   const HeadJob& job = *a.job;
   const LayerKvView& view = *job.view;
@@ -208,11 +442,14 @@ void KPassRows(const KArgs& a, const int16_t* const* q16, const float* qscale) {
   const bool all_visible = AllVisible(vis, qv, kQB, a.r1);
   const HeadRows rows(view, view.k, job.head);
   auto row_dots = [&](const uint8_t* p, float* dots) HWY_ATTR {
-    if constexpr (kInt) {
+    (void)q16;
+    (void)qscale;
+    (void)q8;
+    if constexpr (kPath == KeyPath::kInt16) {
       RowDotsInt<F, kQB>(p, d, q16, qscale, dots);
+    } else if constexpr (kPath == KeyPath::kInt8) {
+      RowDotsInt8<F, kQB>(p, d, q8, dots);
     } else {
-      (void)q16;
-      (void)qscale;
       RowDots<F, kExact, kQB>(dec, p, d, q, dots);
     }
   };
@@ -293,22 +530,36 @@ void KPassRows(const KArgs& a, const int16_t* const* q16, const float* qscale) {
 
 template <Format F, bool kExact, int kQB>
 void KPass(const KArgs& a) {
+  const uint32_t d = a.plan->head_dim;
+  const QueryVec* qv = a.plan->queries.data() + a.job->first_query + a.qi0;
+  if constexpr (kInt8Keys<F> && !kExact) {
+    if (a.plan->int8_keys && a.plan->int_keys && d % 32 == 0 && d <= kIntMaxDim) {
+      // ggml keys: the int8 path, the queries quantized once per call.
+      Int8Query qbuf[kQB];
+      const Int8Query* q8[kQB];
+      for (int j = 0; j < kQB; ++j) {
+        QuantizeQuery8(qv[j].q, d, &qbuf[j]);
+        q8[j] = &qbuf[j];
+      }
+      return KPassRows<F, kExact, kQB, KeyPath::kInt8>(a, nullptr, nullptr, q8);
+    }
+  }
   if constexpr (kIntKeys<F> && !kExact) {
-    const uint32_t d = a.plan->head_dim;
-    if (IntPathFits(d)) {
+    if (a.plan->int_keys && IntPathFits(d)) {
       // int8 keys: the integer path, the queries quantized once per call.
       alignas(64) int16_t q16_buf[kQB * kIntMaxDim];
       const int16_t* q16[kQB];
       float qscale[kQB];
-      const QueryVec* qv = a.plan->queries.data() + a.job->first_query + a.qi0;
       for (int j = 0; j < kQB; ++j) {
         qscale[j] = QuantizeQuery(qv[j].q, d, q16_buf + j * kIntMaxDim);
         q16[j] = q16_buf + j * kIntMaxDim;
       }
-      return KPassRows<F, kExact, kQB, true>(a, q16, qscale);
+      return KPassRows<F, kExact, kQB, KeyPath::kInt16>(a, q16, qscale, nullptr);
     }
   }
-  KPassRows<F, kExact, kQB, false>(a, nullptr, nullptr);
+  (void)d;
+  (void)qv;
+  KPassRows<F, kExact, kQB, KeyPath::kFloat>(a, nullptr, nullptr, nullptr);
 }
 
 template <Format F, bool kExact>

@@ -46,6 +46,8 @@ struct Plan {
   float scale = 1.0f;
   uint32_t window = 0;
   uint32_t n_sink = 0;
+  bool int_keys = true;    // the integer K paths (AttentionOptions::float_query_keys off)
+  bool int8_keys = false;  // q8_0/q4_0: the int8-query path (AttentionOptions::int8_query_keys)
   ThreadPool* pool = nullptr;
   std::vector<HeadJob> jobs;
   std::vector<QueryVec> queries;
