@@ -343,7 +343,7 @@ def make_bpe():
     put(t, "empty.txt", b"")
 
 
-# --- tier objects (byte 0 % 3: 0 raw object, 1 round trip, 2 disk file;
+# --- tier objects (byte 0: 2 disk file, else even raw object, odd round trip;
 # tier_object_fuzz.cc; layout docs/tiers.md) --------------------------------
 def _xxh():
     import ctypes
