@@ -7,7 +7,8 @@
 #   ./run.sh report [--full]   measure here, draw the charts under docs/img/
 #   ./run.sh sanitize [asan|tsan]  build with a sanitizer and run the tests
 #                              (asan: address+undefined, whole suite; tsan:
-#                              the layers with concurrent tests)
+#                              the layers with concurrent tests; both: a
+#                              short `kvcache soak`, label soak)
 #   ./run.sh fuzz [SECONDS [TARGET...]]  build the libFuzzer targets (clang,
 #                              ASan+UBSan), run each SECONDS (default 30) on its corpus
 set -euo pipefail
@@ -72,12 +73,12 @@ case "$cmd" in
         ;;
       tsan)  # threads: the layers whose tests run concurrent work
         build tsan kvcache_core_tests kvcache_pool_tests kvcache_cache_tests \
-          kvcache_serving_tests kvcache_attention_tests
+          kvcache_serving_tests kvcache_attention_tests kvcache_cli
         # Without address-space randomization: GCC 12's TSan runtime cannot
         # map its shadow memory under the large mmap randomization of newer
         # kernels (vm.mmap_rnd_bits > 28).
         setarch "$(uname -m)" -R ctest --test-dir build/tsan -j "$JOBS" --output-on-failure \
-          -L '^(core|pool|cache|serving|attention)$' "$@"
+          -L '^(core|pool|cache|serving|attention|soak)$' "$@"
         ;;
       *)
         echo "run.sh sanitize: asan or tsan" >&2
@@ -127,6 +128,6 @@ case "$cmd" in
     build "${1:-release}"
     ;;
   *)
-    sed -n '2,12p' "$0"
+    sed -n '2,13p' "$0"
     ;;
 esac

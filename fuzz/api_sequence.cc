@@ -615,7 +615,15 @@ std::string World::OpPublish() {
     }
     std::fprintf(stderr, "  tokens/table %s salt '%s'\n", t.c_str(), s->salt.c_str());
   }
+  // Blocks that carry a hash already (published before, by this sequence or
+  // one it shares them with) were checked and recorded then; this sequence
+  // may no longer fill them (KeepRows keeping a prefix of a head's rows, a
+  // truncation) without anything being wrong: the block's bytes are intact
+  // (a hashed block is never written in place) and adopters check them.
+  std::vector<bool> hashed_before;
+  for (uint32_t b : c.block_table()) hashed_before.push_back(pool_->block_hash(b).has_value());
   auto r = prefix_->PublishSequence(&c, s->tokens, s->salt);
+  if (trace_) std::fprintf(stderr, "  publish: %s\n", r.ok() ? "ok" : r.status().ToString().c_str());
   // Refusals: a block not full in every head (dead heads, evicted rows)
   // is FailedPrecondition. A sequence whose heads do not all hold positions
   // 0..F*bs-1 in order (F = its tokens' full blocks) may also get
@@ -631,13 +639,14 @@ std::string World::OpPublish() {
       !(!whole && r.status().code() == StatusCode::kInvalidArgument)) {
     return "publish: " + r.status().ToString();
   }
-  // Every block of c that now carries its chain hash holds exactly those
+  // Every block of c that this publish hashed holds exactly those
   // positions in every head; remember what it holds.
   const uint32_t bs = geo_.block_size(), H = geo_.n_kv_heads(), D = geo_.head_dim();
   const std::vector<BlockHash> hashes = HashFullBlocks(s->tokens, bs, s->salt);
   auto table = c.block_table();
   for (size_t i = 0; i < hashes.size() && i < table.size(); ++i) {
     if (pool_->block_hash(table[i]) != hashes[i].lo) continue;
+    if (i < hashed_before.size() && hashed_before[i]) continue;
     PublishedBlock pb;
     for (uint32_t l = 0; l < geo_.n_layers(); ++l) {
       for (uint32_t h = 0; h < H; ++h) {

@@ -29,6 +29,17 @@
 // a server pre-faults its KV cache, so RSS shows the library's own growth.
 // Before the measured run a 2000-operation warm-up run builds lazy statics.
 //
+// --tiers SPEC (offload.h's MakeTiers: host:SIZE, disk:PATH:SIZE, redis://...)
+// puts an OffloadCache over the prefix cache: admissions acquire through it
+// (the pool first, then the tiers), publications write through to the tiers,
+// and --system-prompts (default 4) sets how many shared prefixes there are
+// (more than the pool holds: acquires are then served from the tiers). A
+// tier-served prefix must be contiguous (whole blocks, the pool's share
+// first, never past the lookup) and every adopted row must read back exactly
+// (the tokens matched); no tier may report a corrupt, incompatible or
+// token-mismatched object. The JSON gains "tiers": per-tier counters.
+// Without --tiers nothing of this runs.
+//
 // Thread safety: the workers share only the pools and the prefix cache
 // (thread-safe); counters are atomics.
 #include <fmt/format.h>
@@ -52,6 +63,7 @@
 #include "kvcache/attention.h"
 #include "kvcache/cache.h"
 #include "kvcache/hybrid.h"
+#include "kvcache/offload.h"
 #include "kvcache/pool.h"
 #include "kvcache/prefix_cache.h"
 #include "tools/command.h"
@@ -67,6 +79,8 @@ struct SoakOptions {
   uint32_t blocks = 192;
   uint64_t seed = 1;
   bool json = false;
+  std::string tiers;             // "" = no offload tiers
+  uint32_t system_prompts = 4;   // shared prefixes
 };
 
 constexpr uint32_t kLayers = 2, kHeads = 2, kDim = 32, kBlock = 16, kQHeads = 4;
@@ -112,12 +126,13 @@ HybridModelOptions DraftOptions() {
 struct Shared {
   std::shared_ptr<BlockPool> pool;
   std::unique_ptr<PrefixCache> prefix;
+  std::unique_ptr<OffloadCache> offload;  // --tiers only
   std::shared_ptr<const HybridModel> hmodel;
   std::vector<std::shared_ptr<BlockPool>> hpools;
   std::vector<std::vector<TokenId>> system_prompts;
   std::atomic<bool> stop{false};
   std::atomic<uint64_t> operations{0}, checks{0}, failures{0}, preemptions{0}, requests{0},
-      drafts{0};
+      drafts{0}, tier_tokens{0};
   uint64_t max_operations = 0;
   std::mutex failure_mu;
   std::string first_failure;
@@ -133,6 +148,8 @@ struct Running {
   SequenceCache cache;
   std::vector<TokenId> tokens;
   uint32_t target = 0;  // tokens it ends at
+  size_t offered = 0;   // blocks already handed to OffloadCache::Publish
+  bool publish_stopped = false;  // a publication stopped at a duplicate: no more
 };
 
 class Worker {
@@ -195,6 +212,11 @@ class Worker {
     running_.erase(it);
     s_->preemptions.fetch_add(1);
   }
+  // The prefix of `prompt` from the prefix cache (through the tiers with
+  // --tiers) adopted into the empty `c`; tokens adopted.
+  Result<size_t> Adopt(SequenceCache* c, std::span<const TokenId> prompt);
+  Status Publish(Running& r);
+  void CheckAllRows(const Running& r, uint32_t n);
   void Admit();
   void Step(Running& r);
   void Finish(size_t i);
@@ -206,6 +228,69 @@ class Worker {
   std::optional<HybridSequence> hybrid_;
   uint32_t since_check_ = 0;
 };
+
+Result<size_t> Worker::Adopt(SequenceCache* c, std::span<const TokenId> prompt) {
+  if (!s_->offload) return s_->prefix->AdoptInto(c, prompt, "");
+  std::vector<uint64_t> served;
+  PrefixMatch m = s_->offload->Acquire(prompt, "", &served);
+  s_->checks.fetch_add(1);
+  uint64_t sum = 0;
+  for (uint64_t x : served) sum += x;
+  if (m.num_tokens != m.blocks.size() * kBlock || m.num_tokens > prompt.size() ||
+      served.size() != 1 + s_->offload->stats().tiers.size() || sum != m.num_tokens) {
+    s_->Fail(fmt::format("tier acquire: {} tokens in {} blocks for a lookup of {}, served {}",
+                         m.num_tokens, m.blocks.size(), prompt.size(), sum));
+  }
+  s_->tier_tokens.fetch_add(sum - (served.empty() ? 0 : served[0]));
+  if (m.blocks.empty()) return size_t{0};
+  Status st = c->AdoptPrefix(m.blocks, m.calibration);
+  if (!st.ok()) {
+    std::vector<uint32_t> back(m.blocks.rbegin(), m.blocks.rend());
+    (void)s_->pool->Release(back);
+    return st;
+  }
+  return m.num_tokens;
+}
+
+Status Worker::Publish(Running& r) {
+  if (!s_->offload) return s_->prefix->PublishSequence(&r.cache, r.tokens, "").status();
+  const size_t full = r.tokens.size() / kBlock;
+  if (r.publish_stopped || full <= r.offered) return Status::Ok();
+  const std::vector<BlockHash> hashes = HashFullBlocks(r.tokens, kBlock, "");
+  const std::span<const uint32_t> blocks(r.cache.block_table().data(), full);
+  SequenceCache* seq = &r.cache;
+  KV_ASSIGN_OR_RETURN(const size_t end,
+                      s_->offload->Publish(hashes, blocks, r.offered, r.tokens, "",
+                                           seq->calibration(), [seq](size_t logical, uint64_t hash) {
+                                             return seq->SetBlockHash(
+                                                 static_cast<uint32_t>(logical), hash);
+                                           }));
+  r.offered = full;
+  r.publish_stopped = end < full;
+  return Status::Ok();
+}
+
+// Every row of positions [0, n) reads back exactly (a prefix the tiers served).
+void Worker::CheckAllRows(const Running& r, uint32_t n) {
+  for (uint32_t l = 0; l < kLayers; ++l) {
+    for (uint32_t h = 0; h < kHeads; ++h) {
+      auto k = r.cache.HeadKeys(l, h);
+      auto v = r.cache.HeadValues(l, h);
+      s_->checks.fetch_add(1);
+      if (!k.ok() || !v.ok() || k->size() < size_t{n} * kDim) return s_->Fail("rows unreadable");
+      for (uint32_t p = 0; p < n; ++p) {
+        for (uint32_t i = 0; i < kDim; ++i) {
+          if ((*k)[size_t{p} * kDim + i] != RowValue(r.tokens[p], p, l, h, 0, i) ||
+              (*v)[size_t{p} * kDim + i] != RowValue(r.tokens[p], p, l, h, 1, i)) {
+            return s_->Fail(
+                fmt::format("adopted prefix: layer {} head {} position {} reads back wrong rows", l,
+                            h, p));
+          }
+        }
+      }
+    }
+  }
+}
 
 void Worker::Admit() {
   std::vector<TokenId> prompt = s_->system_prompts[rng_() % s_->system_prompts.size()];
@@ -223,8 +308,7 @@ void Worker::Admit() {
   }
   // The last prompt token is always computed (its query starts decoding),
   // so at most the blocks before it are adopted.
-  auto adopted = s_->prefix->AdoptInto(
-      &*c, std::span<const TokenId>(prompt).first(prompt.size() - 1), "");
+  auto adopted = Adopt(&*c, std::span<const TokenId>(prompt).first(prompt.size() - 1));
   if (!Op()) return;
   if (!adopted.ok()) return s_->Fail("adopt: " + adopted.status().ToString());
   const uint32_t a = static_cast<uint32_t>(*adopted);
@@ -239,9 +323,10 @@ void Worker::Admit() {
   s_->requests.fetch_add(1);
   Running r{std::move(*c), prompt, static_cast<uint32_t>(prompt.size()) + gen};
   CheckRows(r);
+  if (s_->offload && a > 0) CheckAllRows(r, a);
   // Publish the prompt at once: other threads' requests reuse it.
-  auto pub = s_->prefix->PublishSequence(&r.cache, r.tokens, "");
-  if (!pub.ok()) s_->Fail("publish: " + pub.status().ToString());
+  const Status pub = Publish(r);
+  if (!pub.ok()) s_->Fail("publish: " + pub.ToString());
   if (!Op()) return;
   running_.push_back(std::move(r));
   // Parallel sampling now and then: a fork shares every block.
@@ -249,7 +334,8 @@ void Worker::Admit() {
     auto f = running_.back().cache.Fork();
     if (!Op()) return;
     if (f.ok()) {
-      running_.push_back({std::move(*f), running_.back().tokens, running_.back().target});
+      running_.push_back({std::move(*f), running_.back().tokens, running_.back().target,
+                          running_.back().offered, running_.back().publish_stopped});
     } else if (f.status().code() != StatusCode::kPoolExhausted) {
       s_->Fail("fork: " + f.status().ToString());
     }
@@ -301,8 +387,8 @@ void Worker::Step(Running& r) {
 void Worker::Finish(size_t i) {
   Running& r = running_[i];
   if (r.target != 0) {
-    auto pub = s_->prefix->PublishSequence(&r.cache, r.tokens, "");
-    if (!pub.ok()) s_->Fail("publish: " + pub.status().ToString());
+    const Status pub = Publish(r);
+    if (!pub.ok()) s_->Fail("publish: " + pub.ToString());
   }
   running_.erase(running_.begin() + i);
   Op();
@@ -387,9 +473,22 @@ void Worker::Run() {
   hybrid_.reset();
 }
 
+// One tier's counters (plain, like SoakNumbers).
+struct SoakTier {
+  char name[16] = {0};
+  uint64_t lookups = 0, hit_blocks = 0, hit_tokens = 0, bytes_loaded = 0, bytes_stored = 0,
+           stored_blocks = 0, dropped_stores = 0, objects = 0, bytes = 0, evictions = 0,
+           recovered_objects = 0, discarded_files = 0;
+  uint64_t misses[kNumTierMisses] = {};
+};
+constexpr size_t kMaxSoakTiers = 4;
+
 // What one run measured (plain numbers, so that nothing here allocates
 // while the heap is being compared).
 struct SoakNumbers {
+  SoakTier tiers[kMaxSoakTiers];
+  size_t num_tiers = 0;
+  uint64_t tier_tokens = 0, tier_queue_dropped = 0, tier_load_alloc_failures = 0;
   double seconds = 0;
   uint64_t operations = 0, requests = 0, drafts = 0, preemptions = 0, evictions = 0;
   uint64_t checks = 0, failures = 0;
@@ -427,6 +526,16 @@ Status SoakOnce(const SoakOptions& o, SoakNumbers* n) {
     KV_ASSIGN_OR_RETURN(Geometry g, Geometry::Create({kLayers, kHeads, kDim, kBlock}));
     KV_ASSIGN_OR_RETURN(s.pool, BlockPool::Create(g, {}, {.num_blocks = o.blocks}));
     KV_ASSIGN_OR_RETURN(s.prefix, PrefixCache::Create(s.pool, {.evicted_history = 4096}));
+    if (!o.tiers.empty()) {
+      KV_ASSIGN_OR_RETURN(std::vector<std::shared_ptr<Tier>> tiers, MakeTiers(o.tiers));
+      if (tiers.size() > kMaxSoakTiers) {
+        return Status::InvalidArgument(fmt::format("--tiers: at most {} tiers", kMaxSoakTiers));
+      }
+      OffloadOptions oo;
+      oo.model = "kvcache-soak";
+      KV_ASSIGN_OR_RETURN(s.offload,
+                          OffloadCache::Create(s.pool, s.prefix.get(), std::move(tiers), oo));
+    }
     KV_ASSIGN_OR_RETURN(s.hmodel, HybridModel::Create(
                                       g, {}, {LayerSpec::Full(), LayerSpec::Window(4, 32)},
                                       DraftOptions()));
@@ -436,7 +545,7 @@ Status SoakOnce(const SoakOptions& o, SoakNumbers* n) {
     for (const auto& p : s.hpools)
       if (p) KV_RETURN_IF_ERROR(PreFault(*p));
     std::mt19937_64 rng(o.seed);
-    for (int i = 0; i < 4; ++i) {
+    for (uint32_t i = 0; i < o.system_prompts; ++i) {
       std::vector<TokenId> p(32 + rng() % 48);
       for (TokenId& t : p) t = 10000 + rng() % 1000;
       s.system_prompts.push_back(std::move(p));
@@ -464,6 +573,42 @@ Status SoakOnce(const SoakOptions& o, SoakNumbers* n) {
       for (auto& t : threads) t.join();
     }
     n->seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (s.offload) {
+      // The writer's queued references go back before the pool is counted.
+      s.offload->Flush();
+      const OffloadStats os = s.offload->stats();
+      s.offload.reset();
+      n->num_tiers = std::min(os.tiers.size(), kMaxSoakTiers);
+      for (size_t t = 0; t < n->num_tiers; ++t) {
+        const TierStats& x = os.tiers[t];
+        SoakTier& y = n->tiers[t];
+        std::snprintf(y.name, sizeof y.name, "%s", x.name.c_str());
+        y.lookups = x.lookups;
+        y.hit_blocks = x.hit_blocks;
+        y.hit_tokens = x.hit_tokens;
+        y.bytes_loaded = x.bytes_loaded;
+        y.bytes_stored = x.bytes_stored;
+        y.stored_blocks = x.stored_blocks;
+        y.dropped_stores = x.dropped_stores;
+        y.objects = x.usage.objects;
+        y.bytes = x.usage.bytes;
+        y.evictions = x.usage.evictions;
+        y.recovered_objects = x.usage.recovered_objects;
+        y.discarded_files = x.usage.discarded_files;
+        for (size_t m = 0; m < kNumTierMisses; ++m) y.misses[m] = x.misses[m];
+        // Nobody corrupts objects here: any of these is a broken invariant.
+        s.checks.fetch_add(1);
+        for (TierMiss bad : {TierMiss::kCorrupt, TierMiss::kIncompatible, TierMiss::kTokenMismatch}) {
+          if (x.misses[static_cast<size_t>(bad)] != 0) {
+            s.Fail(fmt::format("tier {}: {} {} objects", x.name, x.misses[static_cast<size_t>(bad)],
+                               TierMissName(bad)));
+          }
+        }
+      }
+      n->tier_tokens = s.tier_tokens.load();
+      n->tier_queue_dropped = os.dropped_queue_full;
+      n->tier_load_alloc_failures = os.load_alloc_failures;
+    }
     // Everything released: every pool must be exactly full again.
     const PoolStats st = s.pool->stats();
     n->leaked_blocks = st.used_blocks + st.reserved_blocks;
@@ -494,6 +639,9 @@ Status SoakOnce(const SoakOptions& o, SoakNumbers* n) {
 
 Result<nlohmann::json> RunSoak(const SoakOptions& o) {
   if (o.threads == 0 || o.threads > 256) return Status::InvalidArgument("--threads must be in [1, 256]");
+  if (o.system_prompts == 0 || o.system_prompts > 100000) {
+    return Status::InvalidArgument("--system-prompts must be in [1, 100000]");
+  }
   if (!(o.seconds > 0) && o.operations == 0) {
     return Status::InvalidArgument("give --seconds > 0 or --operations > 0");
   }
@@ -528,6 +676,34 @@ Result<nlohmann::json> RunSoak(const SoakOptions& o) {
   j["bytes_leaked"] = n.leaked_bytes;
   j["heap_start_bytes"] = n.heap_start;
   j["heap_end_bytes"] = n.heap_end;
+  if (!o.tiers.empty()) {
+    nlohmann::json tiers = nlohmann::json::array();
+    for (size_t t = 0; t < n.num_tiers; ++t) {
+      const SoakTier& x = n.tiers[t];
+      nlohmann::json misses;
+      for (size_t m = 0; m < kNumTierMisses; ++m) {
+        misses[std::string(TierMissName(static_cast<TierMiss>(m)))] = x.misses[m];
+      }
+      tiers.push_back({{"name", x.name},
+                       {"lookups", x.lookups},
+                       {"hit_blocks", x.hit_blocks},
+                       {"hit_tokens", x.hit_tokens},
+                       {"misses", misses},
+                       {"bytes_loaded", x.bytes_loaded},
+                       {"bytes_stored", x.bytes_stored},
+                       {"stored_blocks", x.stored_blocks},
+                       {"dropped_stores", x.dropped_stores},
+                       {"objects", x.objects},
+                       {"bytes", x.bytes},
+                       {"evictions", x.evictions},
+                       {"recovered_objects", x.recovered_objects},
+                       {"discarded_files", x.discarded_files}});
+    }
+    j["tiers"] = tiers;
+    j["tier_served_tokens"] = n.tier_tokens;
+    j["tier_queue_dropped"] = n.tier_queue_dropped;
+    j["tier_load_alloc_failures"] = n.tier_load_alloc_failures;
+  }
   return j;
 }
 
@@ -543,6 +719,10 @@ const bool kRegistered = RegisterCommand(
       app->add_option("--blocks", o->blocks, "Blocks in the shared pool")->capture_default_str();
       app->add_option("--seed", o->seed, "Random seed")->capture_default_str();
       app->add_flag("--json", o->json, "Print JSON");
+      app->add_option("--tiers", o->tiers,
+                      "Offload tiers under the prefix cache (host:SIZE,disk:PATH:SIZE,redis://...)");
+      app->add_option("--system-prompts", o->system_prompts, "Shared prompt prefixes")
+          ->capture_default_str();
       return [o] {
         auto r = RunSoak(*o);
         if (!r.ok()) {
