@@ -455,8 +455,11 @@ def make_tier_object():
         "miss_other_chain.bin": lambda h: struct.pack_into("<Q", h, 40, 1),
         "miss_other_parent.bin": lambda h: struct.pack_into("<Q", h, 56, 1),
         "miss_other_token.bin": lambda h: struct.pack_into("<I", h, 128 + 12, 5),
-        # accepted: the reader does not interpret row bytes (the section table has the sizes)
-        "accepted_odd_row_bytes.bin": lambda h: struct.pack_into("<I", h, 96, 7),
+        # the row sizes must be the formats' own; flags and reserved bytes zero
+        "miss_odd_row_bytes.bin": lambda h: struct.pack_into("<I", h, 96, 7),
+        "miss_flags_resealed.bin": lambda h: struct.pack_into("<H", h, 6, 1),
+        "miss_reserved_90.bin": lambda h: struct.pack_into("<H", h, 90, 1),
+        "miss_reserved_120.bin": lambda h: struct.pack_into("<Q", h, 120, 1),
     }
     for name, tweak in resealed.items():
         near[name] = block_object(xxh, (2, 1, 32, 4), "f16", "f16", FIXED_COMPAT, FIXED_CHAIN,

@@ -99,13 +99,17 @@ std::optional<TierMiss> VerifyHeader(std::span<const uint8_t> bytes, const Block
     return TierMiss::kTokenMismatch;
   }
   // The sections must tile the payload exactly in the documented order.
+  // Each section holds [n_kv_heads][block_size] rows of the header's row size.
   const uint8_t* sec = bytes.data() + kBlockObjectFixedHeader + tokens.size() * 4;
+  const uint64_t rows = uint64_t{info->geometry.n_kv_heads} * info->geometry.block_size;
+  const uint64_t want[2] = {rows * Get<uint32_t>(bytes.data() + 96),
+                            rows * Get<uint32_t>(bytes.data() + 100)};
   uint64_t off = 0;
   for (uint32_t l = 0; l < info->geometry.n_layers; ++l) {
     for (int s = 0; s < 2; ++s) {
       if (Get<uint64_t>(sec + 32 * l + 16 * s) != off) return TierMiss::kCorrupt;
       const uint64_t n = Get<uint64_t>(sec + 32 * l + 16 * s + 8);
-      if (n > info->payload_bytes - off) return TierMiss::kCorrupt;
+      if (n > info->payload_bytes - off || n != want[s]) return TierMiss::kCorrupt;
       off += n;
     }
   }
@@ -263,7 +267,19 @@ Result<BlockObjectInfo> ParseBlockObjectHeader(std::span<const uint8_t> bytes,
   if (Get<uint32_t>(p + 92) != kLibraryFormatVersion) {
     return Status::FailedPrecondition("object: library format version");
   }
+  // Flags: none are defined in version 1 (a writer that sets one writes
+  // something this reader does not know). Reserved bytes are zero, and the
+  // row sizes are the formats' own: the layout is exact, nothing is ignored.
+  if (Get<uint16_t>(p + 6) != 0) return Status::FailedPrecondition("object: unknown flags");
+  if (Get<uint16_t>(p + 90) != 0 || Get<uint64_t>(p + 120) != 0) {
+    return Status::Corruption("object: reserved bytes not zero");
+  }
   info.formats = {static_cast<Format>(p[88]), static_cast<Format>(p[89])};
+  const uint32_t head_dim = info.geometry.head_dim;
+  if (Get<uint32_t>(p + 96) != RowBytes(info.formats.k, head_dim) ||
+      Get<uint32_t>(p + 100) != RowBytes(info.formats.v, head_dim)) {
+    return Status::Corruption("object: row bytes disagree with the formats");
+  }
   info.compat = GetHash(p + 24);
   info.chain = GetHash(p + 40);
   info.parent = GetHash(p + 56);

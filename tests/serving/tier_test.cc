@@ -2,11 +2,12 @@
 // failure) and the host and disk tiers (budget, tail-first LRU, restart,
 // corrupt and torn files, a writer killed mid-store).
 #include <gtest/gtest.h>
-
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <xxhash.h>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 
@@ -139,6 +140,25 @@ TEST(TierObject, EveryMismatchIsRejectedWithItsReason) {
   // Another block's object under this key: corrupt.
   EXPECT_EQ(VerifyBlockObject(*Object(*pool, 0, compat, t, 0), compat, h[1], h[0], block_tokens),
             TierMiss::kCorrupt);
+  // Header fields changed and the header checksum recomputed (a writer's bug,
+  // not a flipped bit): unknown flags are incompatible; reserved bytes that
+  // are not zero and row sizes that are not the formats' own are corrupt.
+  auto resealed = [&](size_t at, uint8_t value) {
+    std::vector<uint8_t> b = good;
+    b[at] = value;
+    uint32_t header_bytes;
+    std::memcpy(&header_bytes, b.data() + 8, 4);
+    std::memset(b.data() + 112, 0, 8);
+    const uint64_t sum = XXH3_64bits(b.data(), header_bytes);
+    std::memcpy(b.data() + 112, &sum, 8);
+    return b;
+  };
+  EXPECT_EQ(verify(resealed(0, 'K')), std::nullopt);  // the reseal itself is sound
+  EXPECT_EQ(verify(resealed(6, 1)), TierMiss::kIncompatible);
+  EXPECT_EQ(verify(resealed(90, 1)), TierMiss::kCorrupt);
+  EXPECT_EQ(verify(resealed(121, 1)), TierMiss::kCorrupt);
+  EXPECT_EQ(verify(resealed(96, good[96] + 2)), TierMiss::kCorrupt);
+  EXPECT_EQ(verify(resealed(100, good[100] ^ 0x40)), TierMiss::kCorrupt);
 }
 
 std::vector<std::string> Keys(std::initializer_list<std::string> k) { return k; }
