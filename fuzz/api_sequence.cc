@@ -869,7 +869,8 @@ std::string World::OpHog() {
 // --- hybrid sequences ------------------------------------------------------------
 
 std::string World::OpHybrid() {
-  HybridSlot& s = hybrids_[in_.below(kHybridSlots)];
+  const int slot = static_cast<int>(in_.below(kHybridSlots));
+  HybridSlot& s = hybrids_[slot];
   const HybridModel& m = *hmodel_;
   const uint32_t L = m.n_layers(), H = m.geometry().n_kv_heads(), D = m.geometry().head_dim();
   auto tokens_rows = [&](uint32_t first, std::span<const TokenId> toks, int side) {
@@ -894,6 +895,15 @@ std::string World::OpHybrid() {
   }
   HybridSequence& q = *s.seq;
   const uint32_t op = in_.below(9);
+  auto note = [&](const char* what, const Status& st) {
+    if (trace_) std::fprintf(stderr, "    %s: %s\n", what, st.ToString().c_str());
+  };
+  if (trace_) {
+    static const char* const kSub[] = {"append", "append", "begin-draft", "commit/abort",
+                                       "importance", "evict", "fork", "truncate", "release"};
+    std::fprintf(stderr, "  hybrid %d %s (length %u%s, %s)\n", slot, kSub[op], q.num_tokens(),
+                 q.in_draft() ? ", in draft" : "", q.layout() == CacheLayout::kPaged ? "paged" : "contiguous");
+  }
   switch (op) {
     case 0:
     case 1: {  // append tokens (drafts while a draft is open)
@@ -901,6 +911,7 @@ std::string World::OpHybrid() {
       const std::vector<TokenId> toks = RandomTokens(n);
       const uint32_t first = q.num_tokens();
       Status st = q.Append(tokens_rows(first, toks, 0), tokens_rows(first, toks, 1));
+      note("append", st);
       if (!st.ok()) {
         if (st.code() != StatusCode::kPoolExhausted && st.code() != StatusCode::kCapacityExceeded &&
             st.code() != StatusCode::kInvalidArgument) {
@@ -908,6 +919,9 @@ std::string World::OpHybrid() {
         }
         s.twin.reset();  // a partial multi-layer append is documented; stop comparing
         return "";
+      }
+      if (!q.in_draft() && q.window_compaction_pending()) {
+        return "hybrid append succeeded with a window compaction pending";
       }
       if (q.in_draft()) {
         s.drafted += n;
@@ -943,6 +957,7 @@ std::string World::OpHybrid() {
       const bool abort = in_.flag();
       const uint32_t a = abort ? 0 : in_.below(s.drafted + 2);
       Status st = abort ? q.Abort() : q.Commit(a);
+      note(abort ? "abort" : fmt::format("commit {}", a).c_str(), st);
       if (!abort && a > s.drafted) {
         if (st.code() != StatusCode::kOutOfRange) return "Commit past the draft: " + st.ToString();
         return "";
@@ -953,6 +968,7 @@ std::string World::OpHybrid() {
         s.tokens.resize(std::min<size_t>(s.tokens.size(), q.num_tokens()));
         return "";
       }
+      if (q.window_compaction_pending()) return "commit/abort succeeded with a window compaction pending";
       const std::vector<TokenId> kept(s.tokens.begin() + base, s.tokens.begin() + base + a);
       s.tokens.resize(base + a);
       s.drafted = 0;
@@ -992,6 +1008,7 @@ std::string World::OpHybrid() {
     }
     case 5: {  // evict heavy hitters
       Status st = q.Evict();
+      note("evict", st);
       if (q.in_draft()) {
         if (st.code() != StatusCode::kFailedPrecondition) return "Evict in a draft: " + st.ToString();
         return "";
@@ -1035,6 +1052,7 @@ std::string World::OpHybrid() {
     case 7: {  // truncate (a linear layer refuses unless n == length)
       const uint32_t n = in_.below(q.num_tokens() + 1);
       Status st = q.Truncate(n);
+      note(fmt::format("truncate {}", n).c_str(), st);
       if (st.ok() && n != q.num_tokens()) return "truncate did not reach its length";
       if (st.ok() && s.twin) {
         if (!s.twin->Truncate(n).ok()) return "twin truncate";

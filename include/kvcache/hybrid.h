@@ -61,7 +61,9 @@
 // copy-on-write block the pool cannot give (possible only while a fork
 // shares the blocks) returns PoolExhausted after the append or the heads
 // before it were done; the sequence stays valid and window compaction is
-// retried by the next append, Commit or Abort.
+// retried by the next append, Commit or Abort (window_compaction_pending()
+// says so meanwhile; CheckInvariants accepts such a head as long as it keeps
+// its sinks and every position its window needs).
 //
 // Thread safety: one thread at a time per HybridSequence; sequences on the
 // same pools may be used from different threads.
@@ -214,6 +216,10 @@ class HybridSequence {
   uint32_t num_tokens(uint32_t layer) const;
   uint32_t num_tokens() const;
   bool released() const { return released_; }
+  // True while a window compaction that returned PoolExhausted (see the
+  // file comment) waits for its retry: some window head of some layer holds
+  // older positions than its length calls for. CheckInvariants accepts that.
+  bool window_compaction_pending() const;
 
   // --- appends -------------------------------------------------------------
   // One layer; linear layers write out [n][n_kv_heads][head_dim] when q is given.
@@ -287,8 +293,10 @@ class HybridSequence {
   Status CheckAttention(uint32_t layer) const;
   Status CheckUsable() const;
   std::vector<uint8_t> AliveMask(uint32_t layer) const;
-  // Compacts window heads of `layer` to the rows its length calls for.
+  // Compacts window heads of `layer` to the rows its length calls for;
+  // the layer stays marked pending until that succeeds.
   Status EnforceWindows(uint32_t layer);
+  Status CompactWindows(uint32_t layer);
   Status EnforceAllWindows();
   SequenceCache& cache_of(uint32_t layer) { return *groups_[model_->group(layer)]; }
   const SequenceCache& cache_of(uint32_t layer) const { return *groups_[model_->group(layer)]; }
@@ -300,6 +308,7 @@ class HybridSequence {
   bool released_ = false;
   bool in_draft_ = false;
   uint32_t draft_base_ = 0;
+  std::vector<uint8_t> window_pending_;  // [n_layers]: a failed compaction awaits its retry
 };
 
 }  // namespace kvcache

@@ -183,6 +183,7 @@ Result<HybridSequence> HybridSequence::CreateContiguous(std::shared_ptr<const Hy
     seq.groups_[g] = std::make_unique<SequenceCache>(std::move(c));
   }
   KV_ASSIGN_OR_RETURN(seq.linear_, MakeLinear(*model));
+  seq.window_pending_.assign(model->n_layers(), 0);
   return seq;
 }
 
@@ -211,6 +212,7 @@ Result<HybridSequence> HybridSequence::CreatePaged(
     seq.groups_[g] = std::make_unique<SequenceCache>(std::move(c));
   }
   KV_ASSIGN_OR_RETURN(seq.linear_, MakeLinear(*model));
+  seq.window_pending_.assign(model->n_layers(), 0);
   return seq;
 }
 
@@ -223,6 +225,7 @@ void HybridSequence::Release() {
     if (l) l->Clear();
   }
   in_draft_ = false;
+  std::fill(window_pending_.begin(), window_pending_.end(), 0);
   released_ = true;
 }
 
@@ -234,6 +237,11 @@ uint32_t HybridSequence::num_tokens(uint32_t layer) const {
     return static_cast<uint32_t>(linear_[layer]->num_tokens() + linear_[layer]->draft_tokens());
   }
   return cache_of(layer).num_tokens(model_->group_layer(layer));
+}
+
+bool HybridSequence::window_compaction_pending() const {
+  return std::any_of(window_pending_.begin(), window_pending_.end(),
+                     [](uint8_t p) { return p != 0; });
 }
 
 uint32_t HybridSequence::num_tokens() const {
@@ -315,6 +323,15 @@ Status HybridSequence::Append(std::span<const float> k, std::span<const float> v
 
 Status HybridSequence::EnforceWindows(uint32_t layer) {
   if (linear_[layer]) return Status::Ok();
+  // Pending until a pass over every window head succeeds (a failing
+  // KeepRows leaves the heads before it compacted, the rest not yet).
+  window_pending_[layer] = 1;
+  KV_RETURN_IF_ERROR(CompactWindows(layer));
+  window_pending_[layer] = 0;
+  return Status::Ok();
+}
+
+Status HybridSequence::CompactWindows(uint32_t layer) {
   const auto& ps = model_->head_policies(layer);
   SequenceCache& c = cache_of(layer);
   const uint32_t gl = model_->group_layer(layer);
@@ -669,6 +686,7 @@ Result<HybridSequence> HybridSequence::Fork() {
     KV_ASSIGN_OR_RETURN(SequenceCache c, groups_[g]->Fork());
     child.groups_[g] = std::make_unique<SequenceCache>(std::move(c));
   }
+  child.window_pending_ = window_pending_;
   child.linear_.resize(linear_.size());
   for (size_t l = 0; l < linear_.size(); ++l) {
     if (linear_[l]) child.linear_[l] = std::make_unique<LinearState>(linear_[l]->Copy());
@@ -687,6 +705,7 @@ Result<HybridSequence> HybridSequence::Clone(const CloneOptions& options) const 
     KV_ASSIGN_OR_RETURN(SequenceCache c, groups_[g]->Clone(options));
     copy.groups_[g] = std::make_unique<SequenceCache>(std::move(c));
   }
+  copy.window_pending_ = window_pending_;
   copy.linear_.resize(linear_.size());
   for (size_t l = 0; l < linear_.size(); ++l) {
     if (linear_[l]) copy.linear_[l] = std::make_unique<LinearState>(linear_[l]->Copy());
@@ -736,6 +755,23 @@ Status HybridSequence::CheckInvariants() const {
       if (ps[h].kind != EvictionKind::kWindow || in_draft_) continue;
       const uint32_t lo = WindowLow(*model_, l, ps[h], n);
       const uint32_t want = lo == 0 ? n : std::min(n, ps[h].sink_tokens) + (n - lo);
+      if (window_pending_[l] && len > want && len <= n) {
+        // A compaction that failed (PoolExhausted) waits for its retry: the
+        // head still holds its sinks and every position from lo on, plus
+        // older ones the retry drops.
+        const std::vector<uint32_t> pos = HeadPositions(l, h);
+        const uint32_t sinks = std::min(n, ps[h].sink_tokens);
+        bool ok = pos.size() == len;
+        for (uint32_t i = 0; ok && i < sinks; ++i) ok = pos[i] == i;
+        for (uint32_t i = 0; ok && i < n - lo; ++i) ok = pos[len - 1 - i] == n - 1 - i;
+        if (!ok) {
+          return Status::Internal(fmt::format(
+              "hybrid: window head {} of layer {} (compaction pending) lost sink or window "
+              "positions at length {}",
+              h, l, n));
+        }
+        continue;
+      }
       if (len != want) {
         return Status::Internal(fmt::format(
             "hybrid: window head {} of layer {} stores {} rows, want {} at length {}", h, l, len,
