@@ -82,10 +82,22 @@ HWY_INLINE void RowDots(const Decoder<F>& dec, const uint8_t* p, uint32_t d,
 
 constexpr uint32_t kIntMaxDim = 1024;
 
+// The x86 SIMD targets (SSE4 to AVX3_DL): q4_0's integer keys and the int8
+// key path below use their fixed 128/256-bit descriptors and instructions.
+// Elsewhere (EMU128, which clang compiles where GCC 12 compiles SCALAR; NEON;
+// SVE) q4_0 keys take the float path.
+#undef KVCACHE_ATTN_X86_SIMD
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_SSE4
+#define KVCACHE_ATTN_X86_SIMD 1
+#else
+#define KVCACHE_ATTN_X86_SIMD 0
+#endif
+
 // (Not on the scalar target, whose 1-lane vectors have no int16 pairs.)
 template <Format F>
-constexpr bool kIntKeys = HWY_TARGET != HWY_SCALAR && (F == Format::kQ8 || F == Format::kQ8_0 ||
-                                                       F == Format::kQ4_0);
+constexpr bool kIntKeys = HWY_TARGET != HWY_SCALAR &&
+                          (F == Format::kQ8 || F == Format::kQ8_0 ||
+                           (KVCACHE_ATTN_X86_SIMD && F == Format::kQ4_0));
 
 HWY_INLINE bool IntPathFits(uint32_t d) { return d % 32 == 0 && d <= kIntMaxDim; }
 
@@ -156,6 +168,7 @@ HWY_INLINE void RowDotsInt(const uint8_t* p, uint32_t d, const int16_t* const* q
       for (int j = 0; j < kQB; ++j) MulAddCodes(c + i, q16[j] + i, s0[j], s1[j]);
     }
     for (int j = 0; j < kQB; ++j) tot[j] = hn::ConvertTo(DF(), hn::Add(s0[j], s1[j]));
+#if KVCACHE_ATTN_X86_SIMD
   } else if constexpr (F == Format::kQ4_0) {
     // 16 bytes per block: value i in the low nibble of byte i, 16 + i in
     // its high nibble; widened to int16 (nibble - 8), kN16 values at a time.
@@ -197,6 +210,7 @@ HWY_INLINE void RowDotsInt(const uint8_t* p, uint32_t d, const int16_t* const* q
         tot[j] = hn::MulAdd(hn::ConvertTo(DF(), hn::Add(s0[j], s1[j])), scale, tot[j]);
       }
     }
+#endif
   } else {
     for (int j = 0; j < kQB; ++j) tot[j] = hn::Zero(DF());
     for (uint32_t blk = 0; blk < d / 32; ++blk) {
@@ -250,7 +264,7 @@ void RowDotsInt(const uint8_t* p, uint32_t d, const int16_t* const* q16, const f
 // 128-bit vectors per block on SSE4.
 
 #undef KVCACHE_ATTN_INT8_KEYS
-#if HWY_TARGET != HWY_SCALAR && HWY_ARCH_X86
+#if KVCACHE_ATTN_X86_SIMD
 #define KVCACHE_ATTN_INT8_KEYS 1
 #else
 #define KVCACHE_ATTN_INT8_KEYS 0
