@@ -9,28 +9,13 @@
 
 #include "model/demo_report.h"
 #include "model_fixture.h"
+#include "cli_runner.h"
 
 namespace kvcache::model {
 namespace {
 
-struct CliRun {
-  int exit_code = -1;
-  std::string out;
-};
-
-// Runs the CLI with `args` (stdout captured, stderr dropped).
-CliRun RunCli(const std::string& args) {
-  const std::string cmd = std::string(KVCACHE_CLI_PATH) + " " + args + " 2>/dev/null";
-  CliRun r;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return r;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
-  const int status = pclose(p);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
+using ::kvcache::testing::CliRun;
+using ::kvcache::testing::RunCli;
 
 std::string ModelArgs() {
   const std::string dir = testing::ModelDir();

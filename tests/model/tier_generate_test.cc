@@ -24,6 +24,7 @@
 #include "model/model_fingerprint.h"
 #include "model_fixture.h"
 #include "serving/redis_process.h"
+#include "cli_runner.h"
 
 namespace kvcache::model {
 namespace {
@@ -161,28 +162,10 @@ TEST(ModelFingerprint, ContentNotPath) {
 
 // --- kvcache generate --tiers, process after process --------------------
 
-struct CliRun {
-  int exit_code = -1;
-  std::string out;
-};
+using ::kvcache::testing::CliRun;
+using ::kvcache::testing::RunCli;
 
-CliRun RunCli(const std::string& args) {
-  const std::string cmd = std::string(KVCACHE_CLI_PATH) + " " + args + " 2>/dev/null";
-  CliRun r;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return r;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
-  const int status = pclose(p);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
-
-std::string ReadBytes(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-}
+using ::kvcache::testing::ReadBytes;
 
 class GenerateTiers : public ::testing::Test {
  protected:

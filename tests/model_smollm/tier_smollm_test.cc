@@ -16,34 +16,17 @@
 #include <string>
 
 #include "model_smollm/smollm_fixture.h"
+#include "cli_runner.h"
 
 namespace kvcache::model {
 namespace {
 
 namespace fs = std::filesystem;
 
-struct CliRun {
-  int exit_code = -1;
-  std::string out;
-};
+using ::kvcache::testing::CliRun;
+using ::kvcache::testing::RunCli;
 
-CliRun RunCli(const std::string& args) {
-  const std::string cmd = std::string(KVCACHE_CLI_PATH) + " " + args + " 2>/dev/null";
-  CliRun r;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return r;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
-  const int status = pclose(p);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
-
-std::string ReadBytes(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-}
+using ::kvcache::testing::ReadBytes;
 
 TEST(SmolLm2Tiers, SecondProcessLoadsThePromptFromDisk) {
   const LoadedModel* m = testing::SmolLm2();
