@@ -1,8 +1,7 @@
 // A redis-server child process for tests that need a real Redis: loopback
 // only (--bind 127.0.0.1), a free port, a temporary folder, no persistence;
 // killed on destruction. Start() says whether it answered PING in time.
-// (The same recipe as tier_redis_test.cc's environment, as a plain object
-// for tests outside tests/serving.)
+// (tier_redis_test.cc's gtest environment wraps one.)
 #pragma once
 
 #include <arpa/inet.h>
@@ -41,12 +40,17 @@ class RedisProcess {
     if (!dir_.empty()) std::filesystem::remove_all(dir_);
   }
 
-  // Starts the server and waits (up to ~4 s) for it to answer.
+  // Starts the server and waits (up to ~4 s) for it to answer: the first
+  // time on a free port and a new folder, after Stop() on the same ones (so
+  // URLs handed out stay valid: a restarted server).
   bool Start() {
-    dir_ = std::filesystem::temp_directory_path() /
-           ("kvc_redis_proc_" + std::to_string(::getpid()) + "_" + std::to_string(++starts_));
-    std::filesystem::create_directories(dir_);
-    port_ = FreeLoopbackPort();
+    if (port_ == 0) {
+      dir_ = std::filesystem::temp_directory_path() /
+             ("kvc_redis_proc_" + std::to_string(::getpid()) + "_" + std::to_string(++starts_));
+      std::filesystem::create_directories(dir_);
+      port_ = FreeLoopbackPort();
+    }
+    Stop();
     pid_ = ::fork();
     if (pid_ == 0) {
       const std::string port = std::to_string(port_);
@@ -80,13 +84,14 @@ class RedisProcess {
     if (c) redisFree(c);
     return ok;
   }
+  int port() const { return port_; }
   std::string url() const { return "redis://127.0.0.1:" + std::to_string(port_); }
 
  private:
   std::filesystem::path dir_;
   int port_ = 0;
   pid_t pid_ = -1;
-  int starts_ = 0;
+  static inline int starts_ = 0;  // folders are unique per process
 };
 
 }  // namespace kvcache::testing

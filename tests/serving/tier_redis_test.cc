@@ -24,6 +24,7 @@
 #include <thread>
 
 #include "kvcache/tier.h"
+#include "serving/redis_process.h"
 #include "serving/tier_test_util.h"
 
 namespace kvcache {
@@ -32,18 +33,9 @@ namespace {
 using namespace tiertest;
 using Clock = std::chrono::steady_clock;
 
-int FreePort() {
-  const int s = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(a);
-  ::bind(s, reinterpret_cast<sockaddr*>(&a), sizeof(a));
-  ::getsockname(s, reinterpret_cast<sockaddr*>(&a), &len);
-  ::close(s);
-  return ntohs(a.sin_port);
-}
-
+// The suite's redis-server (tests/serving/redis_process.h), started once if
+// any Redis* test is selected; tests may Stop() and Start() it again on the
+// same port.
 class RedisServer : public ::testing::Environment {
  public:
   static RedisServer* Get() { return instance_; }
@@ -56,56 +48,18 @@ class RedisServer : public ::testing::Environment {
       const ::testing::TestSuite* s = u->GetTestSuite(i);
       if (std::string_view(s->name()).starts_with("Redis") && s->test_to_run_count() > 0) wanted = true;
     }
-    if (!wanted) return;
-    dir_ = std::filesystem::temp_directory_path() / ("kvc_redis_" + std::to_string(::getpid()));
-    std::filesystem::create_directories(dir_);
-    port_ = FreePort();
-    Start();
+    if (wanted) Start();
   }
-  void TearDown() override {
-    Stop();
-    if (!dir_.empty()) std::filesystem::remove_all(dir_);
-  }
+  void TearDown() override { Stop(); }
 
-  // Starts the server on port_ and waits (bounded) for it to answer.
-  bool Start() {
-    pid_ = ::fork();
-    if (pid_ == 0) {
-      const std::string port = std::to_string(port_);
-      const std::string dir = dir_.string();
-      ::freopen("/dev/null", "w", stdout);
-      ::execlp("redis-server", "redis-server", "--port", port.c_str(), "--bind", "127.0.0.1",
-               "--save", "", "--appendonly", "no", "--dir", dir.c_str(), (char*)nullptr);
-      _exit(127);
-    }
-    for (int i = 0; i < 200; ++i) {  // up to ~4 s
-      if (Ping()) return running_ = true;
-      ::usleep(20000);
-    }
-    return false;
-  }
+  bool Start() { return running_ = process_.Start(); }
   void Stop() {
-    if (pid_ > 0) {
-      ::kill(pid_, SIGKILL);
-      ::waitpid(pid_, nullptr, 0);
-    }
-    pid_ = -1;
+    process_.Stop();
     running_ = false;
-  }
-  bool Ping() {
-    redisContext* c = redisConnectWithTimeout("127.0.0.1", port_, {0, 200000});
-    bool ok = false;
-    if (c != nullptr && !c->err) {
-      auto* r = static_cast<redisReply*>(redisCommand(c, "PING"));
-      ok = r != nullptr && r->type == REDIS_REPLY_STATUS;
-      if (r) freeReplyObject(r);
-    }
-    if (c) redisFree(c);
-    return ok;
   }
   // A blocking command for tests (SETRANGE, CONFIG SET, FLUSHALL, ...).
   redisReply* Command(const std::vector<std::string>& args) {
-    redisContext* c = redisConnectWithTimeout("127.0.0.1", port_, {1, 0});
+    redisContext* c = redisConnectWithTimeout("127.0.0.1", process_.port(), {1, 0});
     if (c == nullptr || c->err) return nullptr;
     std::vector<const char*> argv;
     std::vector<size_t> lens;
@@ -118,13 +72,11 @@ class RedisServer : public ::testing::Environment {
     return r;
   }
   bool running() const { return running_; }
-  std::string url() const { return "redis://127.0.0.1:" + std::to_string(port_); }
+  std::string url() const { return process_.url(); }
 
  private:
   static inline RedisServer* instance_ = nullptr;
-  std::filesystem::path dir_;
-  int port_ = 0;
-  pid_t pid_ = -1;
+  testing::RedisProcess process_;
   bool running_ = false;
 };
 
@@ -517,7 +469,7 @@ TEST(FakeRedis, NilIsAbsentAndErrorIsUnavailablePerKey) {
 }
 
 TEST(FakeRedis, NothingListeningIsUnavailableQuickly) {
-  auto tier = std::move(NewRedisTier({.url = "redis://127.0.0.1:" + std::to_string(FreePort()),
+  auto tier = std::move(NewRedisTier({.url = "redis://127.0.0.1:" + std::to_string(testing::FreeLoopbackPort()),
                                       .deadline = std::chrono::milliseconds(200)}))
                   .value();
   const auto t0 = Clock::now();
