@@ -368,9 +368,10 @@ PrefixMatch OffloadCache::Acquire(std::span<const TokenId> tokens, std::string_v
       break;
     }
   }
-  // Objects after the one that ended the prefix are not used, but a failing
-  // one is still counted and erased from its tier.
-  for (size_t j = good + 1; j < end; ++j) {
+  // Objects after the one that ended the prefix (or all of them, when the
+  // staging blocks could not be allocated) are not used, but a failing one
+  // is still counted and erased from its tier.
+  for (size_t j = good < ok ? good + 1 : good; j < end; ++j) {
     if (objects[j] == nullptr) continue;
     const std::optional<TierMiss> why =
         VerifyBlockObject(*objects[j], st.compat, hashes[i0 + j],
