@@ -16,14 +16,15 @@
 // Load. Acquire asks the pool's prefix cache first; if full blocks remain it
 // asks the tiers, in order, which of the next blocks they hold (one batched
 // Exists per tier), takes the contiguous run that some tier holds, loads it
-// (one batched Load per tier), and verifies every object (VerifyBlockObject:
-// magic, version, compatibility digest, checksums, chain, parent, tokens).
-// The first block that is missing or fails ends the prefix; a failed object
-// is erased from its tier and its reason counted. Only then are fresh pool
-// blocks allocated (all or nothing), filled from the verified objects,
-// named in the prefix cache, and returned with the pool's hits: a caller
-// never sees a block another thread can read before it is complete, and
-// never sees unverified bytes.
+// (one batched Load per tier), then allocates staging pool blocks for the
+// fetched run (all or nothing) and verifies each object while copying it
+// into its staging block (VerifyAndDecodeBlockObject: magic, version,
+// compatibility digest, checksums, chain, parent, tokens). The first block
+// that is missing or fails ends the prefix; its staging block and the later
+// ones go back unnamed, and a failed object is erased from its tier and its
+// reason counted. Only the verified blocks are named in the prefix cache and
+// returned with the pool's hits: nobody else can read a staging block, and
+// a caller never sees unverified bytes.
 //
 // Calibration: a chain published with a Calibration is offloaded only if it
 // equals options.calibration (whose digest is part of the compatibility

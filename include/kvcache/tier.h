@@ -19,8 +19,8 @@
 // Faults never become errors on the caller's path: a tier that cannot answer
 // reports misses (kTimeout, kUnavailable) and, for Redis, stays down for a
 // backoff before it is tried again. A Load returns bytes unverified; the
-// caller (OffloadCache, offload.h) checks them with VerifyBlockObject before
-// anything reaches a pool block.
+// caller (OffloadCache, offload.h) checks them with VerifyAndDecodeBlockObject
+// as it copies them into a staging block nobody else can read.
 //
 // The object (docs/tiers.md has the byte layout): magic "KVCB", version, a
 // compatibility digest (model fingerprint, geometry, block size, K/V formats,
@@ -259,7 +259,8 @@ std::optional<TierMiss> VerifyAndDecodeBlockObject(std::span<const uint8_t> byte
 // XXH3-64 of `bytes` (the object's checksums): libxxhash's runtime-dispatched
 // variant (AVX2 where the CPU has it), the same value as XXH3_64bits.
 uint64_t BlockChecksum(std::span<const uint8_t> bytes);
-// Copies a verified object's payload into block `block` of `pool`.
+// Copies a verified object's payload into block `block` of `pool` (tests and
+// the fuzz target; the load path uses VerifyAndDecodeBlockObject).
 // REQUIRES: the caller holds `block` exclusively; InvalidArgument (nothing
 // written) if the object's geometry or formats are not the pool's.
 Status DecodeBlockObjectInto(std::span<const uint8_t> bytes, BlockPool& pool, uint32_t block);

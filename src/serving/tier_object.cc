@@ -83,6 +83,20 @@ size_t HeaderBytes(uint32_t n_tokens, uint32_t n_layers) {
   return kBlockObjectFixedHeader + 4 * size_t{n_tokens} + 32 * size_t{n_layers};
 }
 
+// The per-layer section table (K offset, K bytes, V offset, V bytes: u64
+// each), after the fixed header and the token ids.
+const uint8_t* Sections(std::span<const uint8_t> bytes, size_t n_tokens) {
+  return bytes.data() + kBlockObjectFixedHeader + n_tokens * 4;
+}
+
+// The object's geometry and formats are the pool's, and `block` is one of its blocks.
+bool FitsPool(const BlockObjectInfo& info, const BlockPool& pool, uint32_t block) {
+  const Geometry& g = pool.geometry();
+  return info.geometry.n_layers == g.n_layers() && info.geometry.n_kv_heads == g.n_kv_heads() &&
+         info.geometry.head_dim == g.head_dim() && info.geometry.block_size == g.block_size() &&
+         info.formats == pool.formats() && block < pool.num_blocks();
+}
+
 // Everything VerifyBlockObject checks before the payload checksum.
 std::optional<TierMiss> VerifyHeader(std::span<const uint8_t> bytes, const BlockHash& compat,
                                      const BlockHash& chain, const BlockHash& parent,
@@ -100,7 +114,7 @@ std::optional<TierMiss> VerifyHeader(std::span<const uint8_t> bytes, const Block
   }
   // The sections must tile the payload exactly in the documented order.
   // Each section holds [n_kv_heads][block_size] rows of the header's row size.
-  const uint8_t* sec = bytes.data() + kBlockObjectFixedHeader + tokens.size() * 4;
+  const uint8_t* sec = Sections(bytes, tokens.size());
   const uint64_t rows = uint64_t{info->geometry.n_kv_heads} * info->geometry.block_size;
   const uint64_t want[2] = {rows * Get<uint32_t>(bytes.data() + 96),
                             rows * Get<uint32_t>(bytes.data() + 100)};
@@ -311,22 +325,14 @@ std::optional<TierMiss> VerifyAndDecodeBlockObject(std::span<const uint8_t> byte
   if (std::optional<TierMiss> why = VerifyHeader(bytes, compat, chain, parent, tokens, &info)) {
     return why;
   }
+  if (!FitsPool(info, pool, block)) return TierMiss::kIncompatible;
+  // With the pool's geometry and formats, VerifyHeader's checks (sections
+  // tile the payload, each n_kv_heads x block_size rows of RowBytes(format,
+  // head_dim)) make every section exactly the pool's block stride.
   const Geometry& g = pool.geometry();
   const size_t k_bytes = pool.block_stride(Side::kKey);
   const size_t v_bytes = pool.block_stride(Side::kValue);
-  if (info.geometry.n_layers != g.n_layers() || info.geometry.n_kv_heads != g.n_kv_heads() ||
-      info.geometry.head_dim != g.head_dim() || info.geometry.block_size != g.block_size() ||
-      !(info.formats == pool.formats()) || block >= pool.num_blocks() ||
-      info.payload_bytes != uint64_t{g.n_layers()} * (k_bytes + v_bytes)) {
-    return TierMiss::kIncompatible;
-  }
-  // The sections tile the payload (VerifyHeader); each must be the pool's size.
-  const uint8_t* sec = bytes.data() + kBlockObjectFixedHeader + tokens.size() * 4;
-  for (uint32_t l = 0; l < g.n_layers(); ++l) {
-    if (Get<uint64_t>(sec + 32 * l + 8) != k_bytes || Get<uint64_t>(sec + 32 * l + 24) != v_bytes) {
-      return TierMiss::kIncompatible;
-    }
-  }
+  const uint8_t* sec = Sections(bytes, tokens.size());
   // Copy a section, then hash the copy while it is in cache: one pass over
   // the object instead of a checksum pass and a copy pass.
   const uint8_t* body = bytes.data() + info.header_bytes;
@@ -355,15 +361,13 @@ std::optional<TierMiss> VerifyAndDecodeBlockObject(std::span<const uint8_t> byte
 
 Status DecodeBlockObjectInto(std::span<const uint8_t> bytes, BlockPool& pool, uint32_t block) {
   KV_ASSIGN_OR_RETURN(BlockObjectInfo info, ParseBlockObjectHeader(bytes, bytes.size()));
-  const Geometry& g = pool.geometry();
-  if (info.geometry.n_layers != g.n_layers() || info.geometry.n_kv_heads != g.n_kv_heads() ||
-      info.geometry.head_dim != g.head_dim() || info.geometry.block_size != g.block_size() ||
-      !(info.formats == pool.formats()) || block >= pool.num_blocks()) {
+  if (!FitsPool(info, pool, block)) {
     return Status::InvalidArgument("block object: not this pool's geometry or formats");
   }
+  const Geometry& g = pool.geometry();
   const size_t k_bytes = pool.block_stride(Side::kKey);
   const size_t v_bytes = pool.block_stride(Side::kValue);
-  const uint8_t* sec = bytes.data() + kBlockObjectFixedHeader + info.tokens.size() * 4;
+  const uint8_t* sec = Sections(bytes, info.tokens.size());
   for (uint32_t l = 0; l < g.n_layers(); ++l) {
     if (Get<uint64_t>(sec + 32 * l + 8) != k_bytes || Get<uint64_t>(sec + 32 * l + 24) != v_bytes ||
         Get<uint64_t>(sec + 32 * l) > info.payload_bytes - k_bytes ||

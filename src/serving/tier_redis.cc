@@ -231,7 +231,7 @@ class RedisTier final : public Tier {
     iov_.clear();
     for (const Piece& pc : pieces_) {
       const uint8_t* base = pc.ext != nullptr ? pc.ext : reinterpret_cast<const uint8_t*>(out_.data()) + pc.off;
-      if (pc.len > 0) iov_.push_back({const_cast<uint8_t*>(base), pc.len});
+      iov_.push_back({const_cast<uint8_t*>(base), pc.len});  // pieces are never empty
     }
     pieces_.clear();
     size_t first = 0;
@@ -306,9 +306,8 @@ class RedisTier final : public Tier {
     flush_text();
   }
 
-  Fault Append(std::span<const std::vector<std::string_view>> cmds) {
+  void Append(std::span<const std::vector<std::string_view>> cmds) {
     for (const auto& cmd : cmds) AppendOne(cmd);
-    return Fault::kNone;
   }
 
   Fault Connect(Clock::time_point deadline) {
@@ -327,7 +326,7 @@ class RedisTier final : public Tier {
     if (ep_.db != 0) setup.push_back({"SELECT", db});
     if (setup.empty()) return Fault::kNone;
     std::vector<Reply> replies;
-    if (Fault f = Append(setup); f != Fault::kNone) return f;
+    Append(setup);
     if (Fault f = Exchange(setup.size(), deadline, &replies); f != Fault::kNone) return f;
     for (const Reply& r : replies) {
       if (r.type == RType::kError) return Fault::kUnavailable;
@@ -342,7 +341,7 @@ class RedisTier final : public Tier {
     if (c_ == nullptr) {
       if (Fault f = Connect(deadline); f != Fault::kNone) return Fail(f);
     }
-    if (Fault f = Append(cmds); f != Fault::kNone) return Fail(f);
+    Append(cmds);
     if (Fault f = Exchange(cmds.size(), deadline, replies); f != Fault::kNone) return Fail(f);
     backoff_ = o_.backoff;
     return Fault::kNone;

@@ -5,7 +5,6 @@
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
-#include <xxhash.h>
 
 #include <cstring>
 #include <filesystem>
@@ -149,7 +148,7 @@ TEST(TierObject, EveryMismatchIsRejectedWithItsReason) {
     uint32_t header_bytes;
     std::memcpy(&header_bytes, b.data() + 8, 4);
     std::memset(b.data() + 112, 0, 8);
-    const uint64_t sum = XXH3_64bits(b.data(), header_bytes);
+    const uint64_t sum = BlockChecksum(std::span(b).first(header_bytes));
     std::memcpy(b.data() + 112, &sum, 8);
     return b;
   };
