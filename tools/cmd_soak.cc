@@ -68,6 +68,7 @@
 #include "kvcache/prefix_cache.h"
 #include "tools/command.h"
 #include "tools/heap_counter.h"
+#include "tools/tier_json.h"
 
 namespace kvcache::tools {
 namespace {
@@ -127,6 +128,7 @@ struct Shared {
   std::shared_ptr<BlockPool> pool;
   std::unique_ptr<PrefixCache> prefix;
   std::unique_ptr<OffloadCache> offload;  // --tiers only
+  size_t num_tiers = 0;
   std::shared_ptr<const HybridModel> hmodel;
   std::vector<std::shared_ptr<BlockPool>> hpools;
   std::vector<std::vector<TokenId>> system_prompts;
@@ -237,7 +239,7 @@ Result<size_t> Worker::Adopt(SequenceCache* c, std::span<const TokenId> prompt) 
   uint64_t sum = 0;
   for (uint64_t x : served) sum += x;
   if (m.num_tokens != m.blocks.size() * kBlock || m.num_tokens > prompt.size() ||
-      served.size() != 1 + s_->offload->stats().tiers.size() || sum != m.num_tokens) {
+      served.size() != 1 + s_->num_tiers || sum != m.num_tokens) {
     s_->Fail(fmt::format("tier acquire: {} tokens in {} blocks for a lookup of {}, served {}",
                          m.num_tokens, m.blocks.size(), prompt.size(), sum));
   }
@@ -533,6 +535,7 @@ Status SoakOnce(const SoakOptions& o, SoakNumbers* n) {
       }
       OffloadOptions oo;
       oo.model = "kvcache-soak";
+      s.num_tiers = tiers.size();
       KV_ASSIGN_OR_RETURN(s.offload,
                           OffloadCache::Create(s.pool, s.prefix.get(), std::move(tiers), oo));
     }
@@ -680,15 +683,11 @@ Result<nlohmann::json> RunSoak(const SoakOptions& o) {
     nlohmann::json tiers = nlohmann::json::array();
     for (size_t t = 0; t < n.num_tiers; ++t) {
       const SoakTier& x = n.tiers[t];
-      nlohmann::json misses;
-      for (size_t m = 0; m < kNumTierMisses; ++m) {
-        misses[std::string(TierMissName(static_cast<TierMiss>(m)))] = x.misses[m];
-      }
       tiers.push_back({{"name", x.name},
                        {"lookups", x.lookups},
                        {"hit_blocks", x.hit_blocks},
                        {"hit_tokens", x.hit_tokens},
-                       {"misses", misses},
+                       {"misses", TierMissesJson(x.misses)},
                        {"bytes_loaded", x.bytes_loaded},
                        {"bytes_stored", x.bytes_stored},
                        {"stored_blocks", x.stored_blocks},

@@ -1,9 +1,11 @@
-// One offload tier's counters as JSON (kvcache simulate / generate --tiers):
+// One offload tier's counters as JSON (kvcache simulate / generate --tiers;
+// soak prints its own subset, with the same misses object):
 // {"name", "lookups", "hit_blocks", "hit_tokens", "misses": {reason: n},
 //  "bytes_loaded", "bytes_stored", "stored_blocks", "load_p50_us",
 //  "load_p99_us", "dropped_stores", "objects", "evictions"}.
 #pragma once
 
+#include <span>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -12,11 +14,17 @@
 
 namespace kvcache::tools {
 
-inline nlohmann::json TierStatsJson(const TierStats& t) {
+// {reason: blocks} for every TierMiss.
+inline nlohmann::json TierMissesJson(std::span<const uint64_t, kNumTierMisses> misses) {
   nlohmann::json tm = nlohmann::json::object();
   for (size_t i = 0; i < kNumTierMisses; ++i) {
-    tm[std::string(TierMissName(static_cast<TierMiss>(i)))] = t.misses[i];
+    tm[std::string(TierMissName(static_cast<TierMiss>(i)))] = misses[i];
   }
+  return tm;
+}
+
+inline nlohmann::json TierStatsJson(const TierStats& t) {
+  const nlohmann::json tm = TierMissesJson(t.misses);
   return {{"name", t.name},
           {"lookups", t.lookups},
           {"hit_blocks", t.hit_blocks},
