@@ -358,6 +358,9 @@ Status HybridSequence::CompactWindows(uint32_t layer) {
 }
 
 Status HybridSequence::EnforceAllWindows() {
+  // Every attention layer is pending until its own pass succeeds: a failure
+  // in one layer leaves the layers after it uncompacted as well.
+  for (uint32_t l = 0; l < model_->n_layers(); ++l) window_pending_[l] = linear_[l] ? 0 : 1;
   for (uint32_t l = 0; l < model_->n_layers(); ++l) KV_RETURN_IF_ERROR(EnforceWindows(l));
   return Status::Ok();
 }

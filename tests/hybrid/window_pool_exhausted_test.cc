@@ -104,5 +104,44 @@ TEST(HybridWindow, CompactionPoolExhaustedKeepsInvariantsAndRetries) {
   EXPECT_TRUE(pool->CheckInvariants().ok());
 }
 
+// Two window layers: a Commit whose compaction of layer 0 runs out of blocks
+// leaves layer 1 uncompacted too; both are pending and the state is valid.
+TEST(HybridWindow, CommitCompactionPoolExhaustedMarksEveryLayer) {
+  auto geo = Geometry::Create({.n_layers = 2, .n_kv_heads = kH, .head_dim = kD, .block_size = kBlock});
+  ASSERT_TRUE(geo.ok());
+  auto model = HybridModel::Create(*geo, {Format::kF32, Format::kF32},
+                                   {LayerSpec::Window(1, 3), LayerSpec::Window(1, 3)});
+  ASSERT_TRUE(model.ok()) << model.status().ToString();
+  auto pools = (*model)->CreatePools(std::vector<uint32_t>{0, 4});
+  ASSERT_TRUE(pools.ok());
+  auto seq = HybridSequence::CreatePaged(*model, *pools);
+  ASSERT_TRUE(seq.ok());
+  const uint32_t kv = (*model)->geometry().kv_dim();
+  auto tokens = [&](uint32_t from, uint32_t n) {
+    std::vector<float> k, v;
+    for (uint32_t l = 0; l < 2; ++l) {
+      for (uint32_t p = from; p < from + n; ++p) {
+        const auto kr = TokenRows(5, l, p, 0, kv), vr = TokenRows(5, l, p, 1, kv);
+        k.insert(k.end(), kr.begin(), kr.end());
+        v.insert(v.end(), vr.begin(), vr.end());
+      }
+    }
+    return std::pair(k, v);
+  };
+  auto [k0, v0] = tokens(0, 7);
+  ASSERT_TRUE(seq->Append(k0, v0).ok());
+  auto fork = seq->Fork();
+  ASSERT_TRUE(fork.ok());
+  ASSERT_TRUE(seq->BeginDraft().ok());
+  auto [k1, v1] = tokens(7, 2);
+  ASSERT_TRUE(seq->Append(k1, v1).ok());
+  const Status st = seq->Commit(2);
+  EXPECT_EQ(st.code(), StatusCode::kPoolExhausted) << st.ToString();
+  EXPECT_TRUE(seq->window_compaction_pending());
+  EXPECT_TRUE(seq->CheckInvariants().ok()) << seq->CheckInvariants().ToString();
+  fork->Release();
+  seq->Release();
+}
+
 }  // namespace
 }  // namespace kvcache
