@@ -957,7 +957,7 @@ std::string World::OpHybrid() {
       const bool abort = in_.flag();
       const uint32_t a = abort ? 0 : in_.below(s.drafted + 2);
       Status st = abort ? q.Abort() : q.Commit(a);
-      note(abort ? "abort" : fmt::format("commit {}", a).c_str(), st);
+      if (trace_) note(abort ? "abort" : fmt::format("commit {}", a).c_str(), st);
       if (!abort && a > s.drafted) {
         if (st.code() != StatusCode::kOutOfRange) return "Commit past the draft: " + st.ToString();
         return "";
@@ -1052,7 +1052,7 @@ std::string World::OpHybrid() {
     case 7: {  // truncate (a linear layer refuses unless n == length)
       const uint32_t n = in_.below(q.num_tokens() + 1);
       Status st = q.Truncate(n);
-      note(fmt::format("truncate {}", n).c_str(), st);
+      if (trace_) note(fmt::format("truncate {}", n).c_str(), st);
       if (st.ok() && n != q.num_tokens()) return "truncate did not reach its length";
       if (st.ok() && s.twin) {
         if (!s.twin->Truncate(n).ok()) return "twin truncate";

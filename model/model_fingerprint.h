@@ -7,7 +7,7 @@
 // What it is: "xxh3-128:<32 hex>:<file size>", the XXH3-128 of the whole
 // file -- GGUF header, metadata (architecture, RoPE base, norms, vocabulary)
 // and tensor data; for a llama2.c checkpoint its config header and weights.
-// Hashing costs one pass over the mapped file (tens of ms for SmolLM2's
+// Hashing costs one pass over the mapped file (0.03 to 0.17 s for SmolLM2's
 // 98 MB GGUF in the page cache; generate --json reports it as
 // fingerprint_seconds); a name, path, size or mtime alone would not be sound.
 //

@@ -2,14 +2,12 @@
 // and the demo report function.
 #include <gtest/gtest.h>
 
-#include <array>
-#include <cstdio>
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "cli_runner.h"
 #include "model/demo_report.h"
 #include "model_fixture.h"
-#include "cli_runner.h"
 
 namespace kvcache::model {
 namespace {

@@ -9,22 +9,19 @@
 
 #include <unistd.h>
 
-#include <array>
-#include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <iterator>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
+#include "cli_runner.h"
 #include "kvcache/prefix_cache.h"
 #include "model/cache_kv.h"
 #include "model/decoder.h"
 #include "model/model_fingerprint.h"
 #include "model_fixture.h"
 #include "serving/redis_process.h"
-#include "cli_runner.h"
 
 namespace kvcache::model {
 namespace {
@@ -67,6 +64,15 @@ std::vector<int32_t> StoryPrompt(size_t n) {
   EXPECT_GE(ids.size(), n);
   ids.resize(std::min(ids.size(), n));
   return ids;
+}
+
+// Flips the low bit of the byte `from_end` bytes before the end of `path`.
+void FlipByteFromEnd(const fs::path& path, std::streamoff from_end) {
+  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekg(-from_end, std::ios::end);
+  const char c = static_cast<char>(f.peek());
+  f.seekp(-from_end, std::ios::end);
+  f.put(static_cast<char>(c ^ 0x01));
 }
 
 TEST(CacheKvAdoptPrefix, AdoptedBlocksGiveTheLogitsOfRecomputing) {
@@ -150,11 +156,7 @@ TEST(ModelFingerprint, ContentNotPath) {
   const std::string a = *fp;
   EXPECT_EQ(a.rfind("xxh3-128:", 0), 0u) << a;
   EXPECT_EQ(ModelFingerprint((dir / "copy.bin").string()).value(), a);
-  {  // one byte of tensor data changed, near the end of the file
-    std::fstream f(dir / "copy.bin", std::ios::in | std::ios::out | std::ios::binary);
-    f.seekp(-100, std::ios::end);
-    f.put('\x5a');
-  }
+  FlipByteFromEnd(dir / "copy.bin", 100);  // one byte of tensor data
   EXPECT_NE(ModelFingerprint((dir / "copy.bin").string()).value(), a);
   EXPECT_EQ(ModelFingerprint((dir / "missing.bin").string()).status().code(), StatusCode::kIoError);
   fs::remove_all(dir);
@@ -252,13 +254,7 @@ TEST_F(GenerateTiers, AnotherFormatOrModelMisses) {
   const fs::path same = dir_ / "same.bin", other = dir_ / "other.bin";
   fs::copy_file(testing::ModelDir() + "stories260K_v1.bin", same);
   fs::copy_file(testing::ModelDir() + "stories260K_v1.bin", other);
-  {
-    std::fstream f(other, std::ios::in | std::ios::out | std::ios::binary);
-    f.seekg(-200, std::ios::end);
-    const char c = static_cast<char>(f.peek());
-    f.seekp(-200, std::ios::end);
-    f.put(static_cast<char>(c ^ 0x01));
-  }
+  FlipByteFromEnd(other, 200);
   const nlohmann::json o = Generate("--tiers " + Disk(), "other.npy", other.string());
   EXPECT_EQ(o["prefix_tokens"], 0);
   EXPECT_NE(o["model_fingerprint"], bf16["model_fingerprint"]);

@@ -10,10 +10,10 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "cli_runner.h"
 #include "kvcache/format.h"
 #include "kvcache/npy.h"
 #include "model_smollm/smollm_fixture.h"
-#include "cli_runner.h"
 
 namespace kvcache::model {
 namespace {

@@ -7,16 +7,12 @@
 
 #include <unistd.h>
 
-#include <array>
-#include <cstdio>
 #include <filesystem>
-#include <fstream>
-#include <iterator>
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "model_smollm/smollm_fixture.h"
 #include "cli_runner.h"
+#include "model_smollm/smollm_fixture.h"
 
 namespace kvcache::model {
 namespace {
