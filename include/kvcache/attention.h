@@ -61,15 +61,18 @@ struct AttentionOptions {
   // runs on the calling thread.
   ThreadPool* pool = nullptr;
   // Quantized keys (q8, q8_0, q4_0) are scored by default with an integer
-  // dot product against the query rounded once per call to int16
+  // dot product against the query rounded to int16 once per K pass (a
+  // chunk of rows)
   // (docs/attention.md, "Integer K paths", for the bound on the scores);
   // float_query_keys scores them against the f32 query instead (decoded
-  // keys, FMAs), for comparison. Other formats ignore both flags.
+  // keys, FMAs), for comparison, and wins over int8_query_keys. Other
+  // formats ignore both flags.
   bool float_query_keys = false;
   // q8_0 and q4_0 keys (x86 SIMD targets): the query rounded to int8 per
   // 32-value block instead (u8 x i8 byte multiply-adds; vpdpbusd on
-  // AVX3_DL). Its score bound is ~250x the int16 path's and it was not
-  // faster on AVX2 (docs/attention.md); kept for machines with VNNI.
+  // AVX3_DL, which the default build does not compile). Its score bound is
+  // up to ~258x the int16 path's (65534 / 254) and it was not faster on AVX2
+  // (docs/attention.md); kept to measure on machines with VNNI.
   bool int8_query_keys = false;
 };
 

@@ -1,7 +1,7 @@
 // Decoders of the ggml block formats: q8_0 and q4_0 (32 values per block
 // behind an f16 scale). Scalar reference: format_internal::DecodeRowsScalar;
-// tested by tests/attention/decoders_test.cc. q8_0 keys usually take the
-// integer K path instead (kpass-inl.h).
+// tested by tests/attention/decoders_test.cc. q8_0 and q4_0 keys usually
+// take the integer K path instead (kpass-inl.h).
 //
 // Per-target header (Highway's -inl.h convention): included by a kernel .cc
 // after hwy/foreach_target.h, so once per compiled target, at file scope.

@@ -169,15 +169,17 @@ HWY_INLINE void E4M3Block(const uint8_t* p, VF* out) {
 #endif
 }
 
-// The f16 at p in every lane: one vcvtph2ps with F16C (AVX2 and up), the
-// scalar decode elsewhere. Both are exact.
-HWY_INLINE VF BroadcastF16(const uint8_t* p) {
+// The f16 at p in every lane of a D vector (DF unless given): one
+// vcvtph2ps with F16C (AVX2 and up), the scalar decode elsewhere. Both are
+// exact.
+template <class D = DF>
+HWY_INLINE hn::Vec<D> BroadcastF16(const uint8_t* p, D d = D()) {
 #if HWY_TARGET <= HWY_AVX2
-  const hn::Rebind<uint16_t, DF> d16;
-  const hn::Rebind<hwy::float16_t, DF> dh;
-  return hn::PromoteTo(DF(), hn::BitCast(dh, hn::Set(d16, fi::LoadU16(p))));
+  const hn::Rebind<uint16_t, D> d16;
+  const hn::Rebind<hwy::float16_t, D> dh;
+  return hn::PromoteTo(d, hn::BitCast(dh, hn::Set(d16, fi::LoadU16(p))));
 #else
-  return hn::Set(DF(), fi::F16ToFloat(fi::LoadU16(p)));
+  return hn::Set(d, fi::F16ToFloat(fi::LoadU16(p)));
 #endif
 }
 

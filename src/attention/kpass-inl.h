@@ -3,7 +3,7 @@
 // vector, for kQB query vectors per stored row (a row is decoded once per
 // block of queries). The f32 exact instance adds rounded products in the
 // reference order (reference.h); the others use FMAs. q8, q8_0 and q4_0
-// keys take the integer path: the query rounded to int16 once per call (or,
+// keys take the integer path: the query rounded to int16 once per K pass (or,
 // for q8_0/q4_0 with AttentionOptions::int8_query_keys, to int8 per 32
 // values).
 //
@@ -154,7 +154,7 @@ HWY_INLINE void MulAddCodes(const int8_t* codes, const int16_t* q16, hn::Vec<DI3
   s0 = hn::ReorderWidenMulAccumulate(DI32(), c, hn::LoadU(d16, q16), s0, s1);
 }
 
-// dots[j] ~= <q_j, k> for the int8 row at p (scales applied), kQB queries.
+// dots[j] ~= <q_j, k> for the q8, q8_0 or q4_0 row at p (scales applied), kQB queries.
 template <Format F, int kQB>
 HWY_INLINE void RowDotsInt(const uint8_t* p, uint32_t d, const int16_t* const* q16,
                            const float* qscale, float* dots) {
@@ -263,15 +263,8 @@ void RowDotsInt(const uint8_t* p, uint32_t d, const int16_t* const* q16, const f
 // vector; AVX3 uses its 256-bit forms of the same instructions), two
 // 128-bit vectors per block on SSE4.
 
-#undef KVCACHE_ATTN_INT8_KEYS
-#if KVCACHE_ATTN_X86_SIMD
-#define KVCACHE_ATTN_INT8_KEYS 1
-#else
-#define KVCACHE_ATTN_INT8_KEYS 0
-#endif
-
 template <Format F>
-constexpr bool kInt8Keys = KVCACHE_ATTN_INT8_KEYS && (F == Format::kQ8_0 || F == Format::kQ4_0);
+constexpr bool kInt8Keys = KVCACHE_ATTN_X86_SIMD && (F == Format::kQ8_0 || F == Format::kQ4_0);
 
 // One query vector quantized for the int8 path.
 struct Int8Query {
@@ -308,7 +301,7 @@ inline void QuantizeQuery8(const float* q, uint32_t d, Int8Query* out) {
   }
 }
 
-#if KVCACHE_ATTN_INT8_KEYS
+#if KVCACHE_ATTN_X86_SIMD
 #if HWY_TARGET == HWY_SSE4
 using D8 = hn::Full128<int8_t>;
 #else
@@ -344,25 +337,6 @@ HWY_INLINE V8 SignBytes(V8 b, V8 c) {
 #endif
 }
 
-// |c| as unsigned bytes (-128 -> 128).
-HWY_INLINE V8 AbsBytes(V8 c) {
-#if HWY_TARGET == HWY_SSE4
-  return V8{_mm_abs_epi8(c.raw)};
-#else
-  return V8{_mm256_abs_epi8(c.raw)};
-#endif
-}
-
-// The f16 at p in every lane of a D8F vector (exact).
-HWY_INLINE hn::Vec<D8F> BroadcastF16x(const uint8_t* p) {
-#if HWY_TARGET <= HWY_AVX2
-  const hn::Rebind<uint16_t, D8F> d16;
-  const hn::Rebind<hwy::float16_t, D8F> dh;
-  return hn::PromoteTo(D8F(), hn::BitCast(dh, hn::Set(d16, fi::LoadU16(p))));
-#else
-  return hn::Set(D8F(), fi::F16ToFloat(fi::LoadU16(p)));
-#endif
-}
 
 // Signed codes [32k + kB8 * v, ...) of block blk (vector v of kVecs8).
 template <Format F>
@@ -402,13 +376,13 @@ HWY_INLINE void RowDotsInt8(const uint8_t* p, uint32_t d, const Int8Query* const
     for (int j = 0; j < kQB; ++j) acc[j] = hn::Zero(D8I32());
     for (size_t v = 0; v < kVecs8; ++v) {
       const V8 c = BlockCodes<F>(b, v);
-      const V8 ac = AbsBytes(c);
+      const V8 ac = hn::Abs(c);  // vpabsb: -128 stays 0x80, read as unsigned 128
       for (int j = 0; j < kQB; ++j) {
         const V8 qv = hn::Load(d8, qq[j]->q + 32 * blk + v * kB8);
         acc[j] = DotBytes(ac, SignBytes(qv, c), acc[j]);
       }
     }
-    const auto ks = BroadcastF16x(b);
+    const auto ks = BroadcastF16(b, D8F());
     for (int j = 0; j < kQB; ++j) {
       const auto s = hn::Mul(ks, hn::Set(df, qq[j]->qs[blk]));
       tot[j] = hn::MulAdd(hn::ConvertTo(df, acc[j]), s, tot[j]);
@@ -427,7 +401,7 @@ void RowDotsInt8(const uint8_t* p, uint32_t d, const Int8Query* const* qq,
 #endif
 
 // The K pass proper, by key path: kFloat (decoded keys, FMAs), kInt16
-// (int8 keys through RowDotsInt with the queries already in q16, qscale),
+// (q8, q8_0, q4_0 keys through RowDotsInt with the queries already in q16, qscale),
 // kInt8 (ggml keys through RowDotsInt8 with the queries in q8).
 enum class KeyPath { kFloat, kInt16, kInt8 };
 
@@ -546,21 +520,23 @@ template <Format F, bool kExact, int kQB>
 void KPass(const KArgs& a) {
   const uint32_t d = a.plan->head_dim;
   const QueryVec* qv = a.plan->queries.data() + a.job->first_query + a.qi0;
-  if constexpr (kInt8Keys<F> && !kExact) {
-    if (a.plan->int8_keys && a.plan->int_keys && d % 32 == 0 && d <= kIntMaxDim) {
-      // ggml keys: the int8 path, the queries quantized once per call.
-      Int8Query qbuf[kQB];
-      const Int8Query* q8[kQB];
-      for (int j = 0; j < kQB; ++j) {
-        QuantizeQuery8(qv[j].q, d, &qbuf[j]);
-        q8[j] = &qbuf[j];
-      }
-      return KPassRows<F, kExact, kQB, KeyPath::kInt8>(a, nullptr, nullptr, q8);
-    }
-  }
   if constexpr (kIntKeys<F> && !kExact) {
     if (a.plan->int_keys && IntPathFits(d)) {
-      // int8 keys: the integer path, the queries quantized once per call.
+      if constexpr (kInt8Keys<F>) {
+        if (a.plan->int8_keys) {
+          // ggml keys, int8 query: the queries rounded once per K pass (a
+          // chunk of rows).
+          Int8Query qbuf[kQB];
+          const Int8Query* q8[kQB];
+          for (int j = 0; j < kQB; ++j) {
+            QuantizeQuery8(qv[j].q, d, &qbuf[j]);
+            q8[j] = &qbuf[j];
+          }
+          return KPassRows<F, kExact, kQB, KeyPath::kInt8>(a, nullptr, nullptr, q8);
+        }
+      }
+      // q8, q8_0, q4_0 keys in int16 lanes, the queries rounded once per K
+      // pass (a chunk of rows).
       alignas(64) int16_t q16_buf[kQB * kIntMaxDim];
       const int16_t* q16[kQB];
       float qscale[kQB];
