@@ -54,8 +54,10 @@
 #include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <numeric>
 #include <optional>
 #include <random>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -185,20 +187,32 @@ class Worker {
     const uint32_t n = r.cache.num_tokens();
     if (n == 0) return;
     const uint32_t pos[2] = {n - 1, static_cast<uint32_t>(rng_() % n)};
+    CheckPositions(r, pos, "");
+  }
+  // Every row of positions [0, n) reads back exactly (a prefix the tiers served).
+  void CheckAllRows(const Running& r, uint32_t n) {
+    std::vector<uint32_t> pos(n);
+    std::iota(pos.begin(), pos.end(), 0u);
+    CheckPositions(r, pos, "adopted prefix: ");
+  }
+  // The rows at `positions` of every layer and head equal RowValue's.
+  void CheckPositions(const Running& r, std::span<const uint32_t> positions, const char* what) {
+    const uint32_t n = r.cache.num_tokens();
     for (uint32_t l = 0; l < kLayers; ++l) {
       for (uint32_t h = 0; h < kHeads; ++h) {
         auto k = r.cache.HeadKeys(l, h);
         auto v = r.cache.HeadValues(l, h);
         s_->checks.fetch_add(1);
         if (!k.ok() || !v.ok() || k->size() != size_t{n} * kDim) {
-          s_->Fail("rows unreadable");
+          s_->Fail(fmt::format("{}rows unreadable", what));
           return;
         }
-        for (uint32_t p : pos) {
+        for (uint32_t p : positions) {
           for (uint32_t i = 0; i < kDim; ++i) {
             if ((*k)[size_t{p} * kDim + i] != RowValue(r.tokens[p], p, l, h, 0, i) ||
                 (*v)[size_t{p} * kDim + i] != RowValue(r.tokens[p], p, l, h, 1, i)) {
-              s_->Fail(fmt::format("layer {} head {} position {} reads back wrong rows", l, h, p));
+              s_->Fail(fmt::format("{}layer {} head {} position {} reads back wrong rows", what, l,
+                                   h, p));
               return;
             }
           }
@@ -218,7 +232,6 @@ class Worker {
   // --tiers) adopted into the empty `c`; tokens adopted.
   Result<size_t> Adopt(SequenceCache* c, std::span<const TokenId> prompt);
   Status Publish(Running& r);
-  void CheckAllRows(const Running& r, uint32_t n);
   void Admit();
   void Step(Running& r);
   void Finish(size_t i);
@@ -270,28 +283,6 @@ Status Worker::Publish(Running& r) {
   r.offered = full;
   r.publish_stopped = end < full;
   return Status::Ok();
-}
-
-// Every row of positions [0, n) reads back exactly (a prefix the tiers served).
-void Worker::CheckAllRows(const Running& r, uint32_t n) {
-  for (uint32_t l = 0; l < kLayers; ++l) {
-    for (uint32_t h = 0; h < kHeads; ++h) {
-      auto k = r.cache.HeadKeys(l, h);
-      auto v = r.cache.HeadValues(l, h);
-      s_->checks.fetch_add(1);
-      if (!k.ok() || !v.ok() || k->size() < size_t{n} * kDim) return s_->Fail("rows unreadable");
-      for (uint32_t p = 0; p < n; ++p) {
-        for (uint32_t i = 0; i < kDim; ++i) {
-          if ((*k)[size_t{p} * kDim + i] != RowValue(r.tokens[p], p, l, h, 0, i) ||
-              (*v)[size_t{p} * kDim + i] != RowValue(r.tokens[p], p, l, h, 1, i)) {
-            return s_->Fail(
-                fmt::format("adopted prefix: layer {} head {} position {} reads back wrong rows", l,
-                            h, p));
-          }
-        }
-      }
-    }
-  }
 }
 
 void Worker::Admit() {
