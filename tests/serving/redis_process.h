@@ -61,7 +61,7 @@ class RedisProcess {
       _exit(127);
     }
     for (int i = 0; i < 200; ++i) {
-      if (Ping()) return true;
+      if (Ping()) return running_ = true;
       ::usleep(20000);
     }
     return false;
@@ -72,6 +72,7 @@ class RedisProcess {
       ::waitpid(pid_, nullptr, 0);
     }
     pid_ = -1;
+    running_ = false;
   }
   bool Ping() const {
     redisContext* c = redisConnectWithTimeout("127.0.0.1", port_, {0, 200000});
@@ -84,6 +85,8 @@ class RedisProcess {
     if (c) redisFree(c);
     return ok;
   }
+  // Started and answered PING (false again after Stop()).
+  bool running() const { return running_; }
   int port() const { return port_; }
   std::string url() const { return "redis://127.0.0.1:" + std::to_string(port_); }
 
@@ -91,6 +94,7 @@ class RedisProcess {
   std::filesystem::path dir_;
   int port_ = 0;
   pid_t pid_ = -1;
+  bool running_ = false;
   static inline int starts_ = 0;  // folders are unique per process
 };
 

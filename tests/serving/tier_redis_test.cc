@@ -52,11 +52,8 @@ class RedisServer : public ::testing::Environment {
   }
   void TearDown() override { Stop(); }
 
-  bool Start() { return running_ = process_.Start(); }
-  void Stop() {
-    process_.Stop();
-    running_ = false;
-  }
+  bool Start() { return process_.Start(); }
+  void Stop() { process_.Stop(); }
   // A blocking command for tests (SETRANGE, CONFIG SET, FLUSHALL, ...).
   redisReply* Command(const std::vector<std::string>& args) {
     redisContext* c = redisConnectWithTimeout("127.0.0.1", process_.port(), {1, 0});
@@ -71,13 +68,12 @@ class RedisServer : public ::testing::Environment {
     redisFree(c);
     return r;
   }
-  bool running() const { return running_; }
+  bool running() const { return process_.running(); }
   std::string url() const { return process_.url(); }
 
  private:
   static inline RedisServer* instance_ = nullptr;
   testing::RedisProcess process_;
-  bool running_ = false;
 };
 
 [[maybe_unused]] ::testing::Environment* const kRedisEnv =
