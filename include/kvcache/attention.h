@@ -70,7 +70,7 @@ struct AttentionOptions {
   bool float_query_keys = false;
   // q8_0 and q4_0 keys (x86 SIMD targets): the query rounded to int8 per
   // 32-value block instead (u8 x i8 byte multiply-adds; vpdpbusd on
-  // AVX3_DL, which the default build does not compile). Its score bound is
+  // AVX3_DL, compiled only with -DKVCACHE_HWY_AVX3_DL=ON). Its score bound is
   // up to ~258x the int16 path's (65534 / 254) and it was not faster on AVX2
   // (docs/attention.md); kept to measure on machines with VNNI.
   bool int8_query_keys = false;
