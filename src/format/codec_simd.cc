@@ -36,13 +36,41 @@ namespace kvcache {
 namespace format_internal {
 namespace {
 
+// A turbo codebook as the encoder uses it. The nearest-level test fl(a / s) >
+// t_j (a = |x|) is done without the division: every E4M3 scale is s = M * 2^E
+// with M = 1 + m / 8 (m = its 3 top mantissa bits as a float), and abs_thr[j][m]
+// is the largest float a' with fl(a' / M) <= t_j (found with the division
+// itself, below). Then fl(a / s) > t_j iff a > abs_thr[j][m] * 2^E: when
+// a * 2^-E is a float, a / s and (a * 2^-E) / M are the same real number and
+// round alike, and fl(a' / M) > t_j iff a' > abs_thr (the division rounds
+// monotonically); otherwise a < 2^-117, below both sides' boundaries. The
+// product abs_thr * 2^E is exact (a normal float times a power of two, 2^-9 <=
+// s <= 448). A NaN a compares false on both sides.
 template <size_t L>
 struct LevelTable {
+  static constexpr size_t kT = L / 2 - 1;  // thresholds of the non-negative half
   alignas(64) float level[L];
-  float threshold[L / 2 - 1];  // midpoints of the non-negative half, as in codec_scalar.cc
+  float threshold[kT];  // midpoints of the non-negative half, as in codec_scalar.cc
+  alignas(32) float abs_thr[kT][8];
+  // perm_level[(8 - c) & 7] = level[L / 2 + c]: indexed by minus the count of
+  // thresholds below (a sum of all-ones compare masks), for L >= 8.
+  alignas(32) float perm_level[8] = {};
   explicit LevelTable(const std::array<float, L>& lv) {
     for (size_t k = 0; k < L; ++k) level[k] = lv[k];
-    for (size_t j = 0; j + 1 < L / 2; ++j) threshold[j] = (lv[L / 2 + j] + lv[L / 2 + j + 1]) / 2;
+    for (size_t j = 0; j < kT; ++j) threshold[j] = (lv[L / 2 + j] + lv[L / 2 + j + 1]) / 2;
+    for (size_t j = 0; j < kT; ++j) {
+      for (int m = 0; m < 8; ++m) {
+        const float mant = 1.0f + static_cast<float>(m) / 8.0f;
+        const float t = threshold[j];
+        float a = t * mant;
+        while (a / mant > t) a = std::nextafter(a, 0.0f);
+        while (std::nextafter(a, 4.0f) / mant <= t) a = std::nextafter(a, 4.0f);
+        abs_thr[j][m] = a;
+      }
+    }
+    if constexpr (L >= 8) {
+      for (size_t c = 0; c < L / 2; ++c) perm_level[(8 - c) & 7] = lv[L / 2 + c];
+    }
   }
 };
 const LevelTable<16>& Table4() {
@@ -292,26 +320,123 @@ HWY_INLINE void Transpose(const VT* r, VT* out) {
   }
 }
 
-// Level of the nearest code for |y| (a >= 0): a select chain over the
-// non-negative half of the codebook.
+// Lanes of an 8-entry table picked by idx (only its low 3 bits count).
+HWY_INLINE VT Lookup8(const float* tab8, VTI idx) {
+  const DT d;
+  const DTI di;
+#if HWY_TARGET == HWY_AVX2 || HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+  (void)di;
+  return VT{_mm256_permutevar8x32_ps(hn::Load(d, tab8).raw, idx.raw)};  // vpermps
+#else
+  if constexpr (kTL == 8) {
+    return hn::TableLookupLanes(hn::Load(d, tab8), hn::IndicesFromVec(d, hn::And(idx, hn::Set(di, 7))));
+  } else {
+    const auto ix = hn::IndicesFromVec(d, hn::And(idx, hn::Set(di, 3)));
+    const VT lo = hn::TableLookupLanes(hn::Load(d, tab8), ix);
+    const VT hi = hn::TableLookupLanes(hn::Load(d, tab8 + 4), ix);
+    const auto upper = hn::RebindMask(d, hn::TestBit(idx, hn::Set(di, 4)));
+    return hn::IfThenElse(upper, hi, lo);
+  }
+#endif
+}
+
+// The scale's thresholds in |x| space (see LevelTable): thr[j] lane g =
+// abs_thr[j][mantissa of s] * 2^exponent of s.
 template <size_t L>
-HWY_INLINE VT AbsLevel(const LevelTable<L>& t, VT a) {
+HWY_INLINE void AbsThresholds(const LevelTable<L>& t, VT s, VT* thr) {
+  const DT d;
+  const DTI di;
+  const VTI bits = hn::BitCast(di, s);
+  const VTI m = hn::ShiftRight<20>(bits);  // the exponent above bit 3 is ignored by Lookup8
+  // Times 2^E as an add to the exponent field (exact: the product is normal).
+  const VTI e = hn::Sub(hn::And(bits, hn::Set(di, 0x7F800000)), hn::Set(di, 127 << 23));
+  for (size_t j = 0; j < LevelTable<L>::kT; ++j) {
+    thr[j] = hn::BitCast(d, hn::Add(hn::BitCast(di, Lookup8(t.abs_thr[j], m)), e));
+  }
+}
+
+// The non-negative level nearest to fl(a / s), from the scale's |x|-space
+// thresholds: 8 lanes count the thresholds below a and look the level up
+// (turbo4, turbo3); 4 lanes and turbo2 run a select chain.
+template <size_t L>
+HWY_INLINE VT AbsLevel(const LevelTable<L>& t, const VT* thr, VT a) {
+  const DT d;
+  const DTI di;
+  constexpr size_t kT = LevelTable<L>::kT;
+  if constexpr (kTL == 8 && L >= 8) {
+    // Integer compares of the bits (non-negative floats order as their bits;
+    // they issue on more pipes than float compares). A NaN a compares above
+    // every threshold here and below them in the scalar code; its error is
+    // NaN with any level, so the choice of scale is the same.
+    const VTI ai = hn::BitCast(di, a);
+    VTI sum = hn::VecFromMask(di, ai > hn::BitCast(di, thr[0]));
+    for (size_t j = 1; j < kT; ++j) sum = hn::Add(sum, hn::VecFromMask(di, ai > hn::BitCast(di, thr[j])));
+    return Lookup8(t.perm_level, sum);
+  } else {
+    VT lv = hn::Set(d, t.level[L / 2]);
+    for (size_t j = 0; j < kT; ++j) lv = hn::IfThenElse(a > thr[j], hn::Set(d, t.level[L / 2 + j + 1]), lv);
+    return lv;
+  }
+}
+
+// Level of the nearest code for y = |x| / s (the quotient itself): a select
+// chain over the shared thresholds. 4-lane targets use it for turbo4, where
+// building the |x|-space thresholds (8-entry lookups in two halves) costs more
+// than the divisions (measured).
+template <size_t L>
+HWY_INLINE VT AbsLevelOfQuotient(const LevelTable<L>& t, VT y) {
   const DT d;
   VT lv = hn::Set(d, t.level[L / 2]);
-  for (size_t j = 0; j + 1 < L / 2; ++j) {
-    lv = hn::IfThenElse(a > hn::Set(d, t.threshold[j]), hn::Set(d, t.level[L / 2 + j + 1]), lv);
+  for (size_t j = 0; j < LevelTable<L>::kT; ++j) {
+    lv = hn::IfThenElse(y > hn::Set(d, t.threshold[j]), hn::Set(d, t.level[L / 2 + j + 1]), lv);
   }
   return lv;
 }
 
-// NearestCode of y, exactly as codec_scalar.cc (sign of y decides the half).
+template <size_t L>
+constexpr bool ByQuotient() {
+  return kTL == 4 && L == 16;
+}
+
+// The search's nearest non-negative level for a = |x| under scale s, given
+// AbsThresholds(s) (unused where ByQuotient).
+template <size_t L>
+HWY_INLINE VT SearchLevel(const LevelTable<L>& t, const VT* thr, VT a, VT s) {
+  if constexpr (ByQuotient<L>()) {
+    (void)thr;
+    return AbsLevelOfQuotient(t, hn::Div(a, s));
+  } else {
+    (void)s;
+    return AbsLevel(t, thr, a);
+  }
+}
+
+template <size_t L>
+void TurboSearchLevelsOf(const LevelTable<L>& t, size_t n, const float* a, const float* s, float* level) {
+  const DT d;
+  alignas(64) float pa[kTL], ps[kTL], pl[kTL];
+  for (size_t i = 0; i < n; i += kTL) {
+    const size_t cnt = std::min(kTL, n - i);
+    std::fill(pa, pa + kTL, 0.0f);
+    std::fill(ps, ps + kTL, 1.0f);
+    std::copy(a + i, a + i + cnt, pa);
+    std::copy(s + i, s + i + cnt, ps);
+    const VT vs = hn::Load(d, ps);
+    VT thr[LevelTable<L>::kT];
+    if constexpr (!ByQuotient<L>()) AbsThresholds(t, vs, thr);
+    hn::Store(SearchLevel(t, thr, hn::Load(d, pa), vs), d, pl);
+    std::copy(pl, pl + cnt, level + i);
+  }
+}
+
+// NearestCode of y = x / s, exactly as codec_scalar.cc (sign of y decides the half).
 template <size_t L>
 HWY_INLINE VTI CodesOf(const LevelTable<L>& t, VT y) {
   const DT d;
   const DTI di;
   const VT a = hn::Abs(y);
   VTI c = hn::Zero(di);
-  for (size_t j = 0; j + 1 < L / 2; ++j) {
+  for (size_t j = 0; j < LevelTable<L>::kT; ++j) {
     c = hn::Sub(c, hn::VecFromMask(di, hn::RebindMask(di, a > hn::Set(d, t.threshold[j]))));
   }
   const auto pos = hn::RebindMask(di, y > hn::Zero(d));
@@ -322,35 +447,40 @@ HWY_INLINE VTI CodesOf(const LevelTable<L>& t, VT y) {
 // One batch of kTL groups, v[i] lane g = value i of group g, a[i] = |v[i]|.
 // Picks each lane's scale code (as QuantizeTurboGroup) and the 16 codes.
 //
-// The candidates' errors use |x| / s and the non-negative level: the scalar
+// The candidates' errors use |x| and the non-negative level: the scalar
 // x - s * level(x / s) is the exact negation of that (division, products and
 // the subtraction are sign-symmetric, the codebook is symmetric), so the
 // squares are equal, except where the scalar code's sign choice differs: x > 0
 // whose quotient rounds to +0, which then takes the negative level. That needs
 // x <= s * 2^-150 <= 448 * 2^-150 < 2^-141, while s * level >= 2^-9 * 0.0507
 // (the smallest scale and level) has a half-ulp above 2^-39, so x + s * l and
-// x - s * l both round to +-(s * l): the squares are equal there too. The
-// final codes use the signed quotient, exactly the scalar expression.
+// x - s * l both round to +-(s * l): the squares are equal there too. In the
+// search the nearest level comes from |x|-space thresholds (no division, see
+// LevelTable; turbo4 on 4 lanes divides); the final codes divide, as the scalar code.
 template <size_t L>
 HWY_INLINE void QuantizeTurboBatch(const LevelTable<L>& t, const VT* v, const VT* a, VT amax,
                                    VTI* scale_code, VTI* codes) {
   const DT d;
   const DTI di;
   constexpr int kC = 2 * kTurboScaleSearch + 1;  // candidates c0-2 .. c0+2
+  constexpr size_t kT = LevelTable<L>::kT;
   const VTI c0 = EncodeE4M3T(d, amax);
   VTI cc[kC];
-  VT s[kC], err[kC];
+  VT s[kC], err[kC], thr[kC][kT];
+  constexpr bool kByQuotient = ByQuotient<L>();
   for (int k = 0; k < kC; ++k) {
     const VTI c = hn::Add(c0, hn::Set(di, k - kTurboScaleSearch));
     cc[k] = hn::Min(hn::Max(c, hn::Set(di, 1)), hn::Set(di, 0x7E));
     s[k] = DecodeE4M3T(d, cc[k]);
+    if constexpr (!kByQuotient) AbsThresholds(t, s[k], thr[k]);
     err[k] = hn::Zero(d);
   }
   // The candidates' error sums run side by side (each in the scalar order
   // over i): five independent add chains instead of one after another.
   for (int i = 0; i < 16; ++i) {
     for (int k = 0; k < kC; ++k) {
-      const VT dd = hn::Sub(a[i], hn::Mul(s[k], AbsLevel(t, hn::Div(a[i], s[k]))));
+      const VT lv = SearchLevel(t, thr[k], a[i], s[k]);
+      const VT dd = hn::Sub(a[i], hn::Mul(s[k], lv));
       err[k] = hn::Add(err[k], hn::Mul(dd, dd));
     }
   }
@@ -709,6 +839,30 @@ void EncodeRowsT(Format f, uint32_t d, size_t n, const float* HWY_RESTRICT x,
   }
 }
 
+void TurboSearchLevelsT(Format f, size_t n, const float* a, const float* s, float* level) {
+#if HWY_TARGET != HWY_SCALAR
+  switch (f) {
+    case Format::kTurbo4: TurboSearchLevelsOf(Table4(), n, a, s, level); return;
+    case Format::kTurbo3: TurboSearchLevelsOf(Table3(), n, a, s, level); return;
+    default: TurboSearchLevelsOf(Table2(), n, a, s, level); return;
+  }
+#else
+  // SCALAR encodes turbo with the reference: the level of NearestCode.
+  const LevelTable<16>& t4 = Table4();
+  const LevelTable<8>& t3 = Table3();
+  const LevelTable<4>& t2 = Table2();
+  for (size_t i = 0; i < n; ++i) {
+    const float y = a[i] / s[i];
+    const float* th = f == Format::kTurbo4 ? t4.threshold : f == Format::kTurbo3 ? t3.threshold : t2.threshold;
+    const float* lv = f == Format::kTurbo4 ? t4.level + 8 : f == Format::kTurbo3 ? t3.level + 4 : t2.level + 2;
+    const size_t nt = f == Format::kTurbo4 ? 7 : f == Format::kTurbo3 ? 3 : 1;
+    size_t c = 0;
+    for (size_t j = 0; j < nt; ++j) c += y > th[j] ? 1 : 0;
+    level[i] = lv[c];
+  }
+#endif
+}
+
 void EncodeRowsScatteredT(Format f, uint32_t d, size_t n, const float* HWY_RESTRICT x,
                           uint8_t* const* HWY_RESTRICT dst) {
   for (size_t r = 0; r < n; ++r) EncodeRowsT(f, d, 1, x + r * d, dst[r]);
@@ -833,6 +987,11 @@ HWY_EXPORT(EncodeRowsT);
 HWY_EXPORT(EncodeRowsScatteredT);
 HWY_EXPORT(DecodeRowsT);
 HWY_EXPORT(FirstNonFiniteT);
+HWY_EXPORT(TurboSearchLevelsT);
+
+void TurboSearchLevels(Format f, size_t n, const float* a, const float* s, float* level) {
+  HWY_DYNAMIC_DISPATCH(TurboSearchLevelsT)(f, n, a, s, level);
+}
 
 size_t FirstNonFinite(const float* x, size_t n) { return HWY_DYNAMIC_DISPATCH(FirstNonFiniteT)(x, n); }
 
