@@ -652,7 +652,7 @@ HWY_INLINE float BlockMaxAbs(const float* xb) {
   return hn::GetLane(hn::MaxOfLanes(df, m));
 }
 
-void EncodeQ8_0Blocks(size_t blocks, const float* HWY_RESTRICT x, uint8_t* HWY_RESTRICT out) {
+void EncodeQ8_0BlocksEach(size_t blocks, const float* HWY_RESTRICT x, uint8_t* HWY_RESTRICT out) {
   const DF df;
   const DI di;
   const size_t N = hn::Lanes(df);
@@ -680,7 +680,7 @@ HWY_INLINE VI Q4Code(VF v) {
   return hn::ConvertTo(di, hn::Min(v, hn::Set(df, 15.0f)));
 }
 
-void EncodeQ4_0Blocks(size_t blocks, const float* HWY_RESTRICT x, uint8_t* HWY_RESTRICT out) {
+void EncodeQ4_0BlocksEach(size_t blocks, const float* HWY_RESTRICT x, uint8_t* HWY_RESTRICT out) {
   const DF df;
   const size_t N = hn::Lanes(df);
   for (size_t b = 0; b < blocks; ++b) {
@@ -710,6 +710,126 @@ void EncodeQ4_0Blocks(size_t blocks, const float* HWY_RESTRICT x, uint8_t* HWY_R
       StoreI32AsU8(hn::Or(lo, hn::ShiftLeft<4>(hi)), ob + 2 + j);
     }
   }
+}
+
+// The batched encoders: kQB blocks at a time, their scales made in one
+// vector (d = amax / 127 or max / -8, id = 1 / d, the f16 of d: the scalar
+// expressions lane by lane), then each value's code. With id finite, |x * id|
+// <= 127 * (1 + 2^-22) (q8_0) or 8 * (1 + 2^-22) (q4_0) (x is at most the
+// block's amax, and id is 1 / d within two roundings), so the clamps cannot
+// bind and a truncating convert of x * id + copysign(0.49999997, x * id)
+// (q8_0, see RoundHalfAway) or of x * id + 8.5 (q4_0, >= 0.4999) is the
+// scalar code. A batch with a zero or an infinite id (a block whose d is 0 is
+// fine; one whose reciprocal overflows is not) takes the per-block code.
+constexpr size_t kQB = hn::MaxLanes(DF());
+
+// amax[kQB] (q8_0) or the signed first-largest value mx[kQB] (q4_0) -> the
+// f16 codes of d and the lanes of id; false if some id is not finite.
+HWY_INLINE bool BatchScales(const float* m, float divisor, uint16_t* f16, float* id) {
+  const DF df;
+  const VF dd = hn::Div(hn::Load(df, m), hn::Set(df, divisor));
+  const VF inv = hn::IfThenZeroElse(dd == hn::Zero(df), hn::Div(hn::Set(df, 1.0f), dd));
+  hn::Store(inv, df, id);
+  alignas(64) int32_t h[kQB];
+  hn::Store(EncodeF16(dd), DI(), h);
+  for (size_t b = 0; b < kQB; ++b) f16[b] = static_cast<uint16_t>(h[b]);
+  const DI di;
+  const VI e = hn::And(hn::BitCast(di, inv), hn::Set(di, 0x7F800000));
+  return hn::AllFalse(di, e == hn::Set(di, 0x7F800000));
+}
+
+// 32 int32 codes q[32 / N] -> 32 int8 bytes at o.
+HWY_INLINE void StoreCodes32(const VI* q, uint8_t* o) {
+  const DI di;
+  const size_t N = hn::Lanes(di);
+#if HWY_TARGET == HWY_SSE4
+  {
+    // packssdw of two vectors, then packsswb: 8 codes per pair.
+    const hn::Repartition<int16_t, DI> d16;
+    const hn::Rebind<int8_t, decltype(d16)> d8;
+    for (size_t i = 0; i < 32 / N; i += 2) {
+      hn::StoreU(hn::DemoteTo(d8, hn::ReorderDemote2To(d16, q[i], q[i + 1])), d8,
+                 reinterpret_cast<int8_t*>(o + i * N));
+    }
+  }
+#else
+  for (size_t i = 0; i < 32 / N; ++i) StoreI32AsI8(q[i], o + i * N);
+#endif
+}
+
+void EncodeQ8_0Blocks(size_t blocks, const float* HWY_RESTRICT x, uint8_t* HWY_RESTRICT out) {
+  const DF df;
+  const DI di;
+  const size_t N = hn::Lanes(df);
+  const VF half = hn::Set(df, 0.49999997f);
+  size_t b0 = 0;
+  for (; b0 + kQB <= blocks; b0 += kQB) {
+    alignas(64) float amax[kQB], id[kQB];
+    uint16_t f16[kQB];
+    for (size_t b = 0; b < kQB; ++b) amax[b] = BlockMaxAbs(x + 32 * (b0 + b));
+    if (!BatchScales(amax, 127.0f, f16, id)) {
+      EncodeQ8_0BlocksEach(kQB, x + 32 * b0, out + 34 * b0);
+      continue;
+    }
+    for (size_t b = 0; b < kQB; ++b) {
+      const float* xb = x + 32 * (b0 + b);
+      uint8_t* ob = out + 34 * (b0 + b);
+      StoreU16(f16[b], ob);
+      const VF vid = hn::Set(df, id[b]);
+      VI q[32 / kQB];
+      for (size_t i = 0; i < 32 / N; ++i) {
+        const VF v = hn::Mul(hn::LoadU(df, xb + i * N), vid);
+        q[i] = hn::ConvertTo(di, hn::Add(v, hn::CopySign(half, v)));
+      }
+      StoreCodes32(q, ob + 2);
+    }
+  }
+  EncodeQ8_0BlocksEach(blocks - b0, x + 32 * b0, out + 34 * b0);
+}
+
+void EncodeQ4_0Blocks(size_t blocks, const float* HWY_RESTRICT x, uint8_t* HWY_RESTRICT out) {
+  const DF df;
+  const DI di;
+  const size_t N = hn::Lanes(df);
+  const VF half = hn::Set(df, 8.5f);
+  const VI fifteen = hn::Set(di, 15);
+  size_t b0 = 0;
+  for (; b0 + kQB <= blocks; b0 += kQB) {
+    alignas(64) float mx[kQB], id[kQB];
+    uint16_t f16[kQB];
+    for (size_t b = 0; b < kQB; ++b) {
+      // The signed value of the first element of largest magnitude (0 if none).
+      const float* xb = x + 32 * (b0 + b);
+      const float amax = BlockMaxAbs(xb);
+      mx[b] = 0.0f;
+      if (amax != 0.0f) {
+        const VF va = hn::Set(df, amax);
+        for (size_t i = 0; i < 32; i += N) {
+          const intptr_t p = hn::FindFirstTrue(df, hn::Abs(hn::LoadU(df, xb + i)) == va);
+          if (p >= 0) {
+            mx[b] = xb[i + static_cast<size_t>(p)];
+            break;
+          }
+        }
+      }
+    }
+    if (!BatchScales(mx, -8.0f, f16, id)) {
+      EncodeQ4_0BlocksEach(kQB, x + 32 * b0, out + 18 * b0);
+      continue;
+    }
+    for (size_t b = 0; b < kQB; ++b) {
+      const float* xb = x + 32 * (b0 + b);
+      uint8_t* ob = out + 18 * (b0 + b);
+      StoreU16(f16[b], ob);
+      const VF vid = hn::Set(df, id[b]);
+      for (size_t j = 0; j < 16; j += N) {
+        const VI lo = hn::Min(hn::ConvertTo(di, hn::Add(hn::Mul(hn::LoadU(df, xb + j), vid), half)), fifteen);
+        const VI hi = hn::Min(hn::ConvertTo(di, hn::Add(hn::Mul(hn::LoadU(df, xb + 16 + j), vid), half)), fifteen);
+        StoreI32AsU8(hn::Or(lo, hn::ShiftLeft<4>(hi)), ob + 2 + j);
+      }
+    }
+  }
+  EncodeQ4_0BlocksEach(blocks - b0, x + 32 * b0, out + 18 * b0);
 }
 
 // ---- whole-row kernels ----
