@@ -719,8 +719,9 @@ void EncodeQ4_0BlocksEach(size_t blocks, const float* HWY_RESTRICT x, uint8_t* H
 // block's amax, and id is 1 / d within two roundings), so the clamps cannot
 // bind and a truncating convert of x * id + copysign(0.49999997, x * id)
 // (q8_0, see RoundHalfAway) or of x * id + 8.5 (q4_0, >= 0.4999) is the
-// scalar code. A batch with a zero or an infinite id (a block whose d is 0 is
-// fine; one whose reciprocal overflows is not) takes the per-block code.
+// scalar code. A batch with an infinite id (d so small that 1 / d overflows;
+// d = 0 gives id 0, which is fine) takes the per-block code. The last batch
+// may be partial (a single row of head_dim 128 is 4 blocks).
 constexpr size_t kQB = hn::MaxLanes(DF());
 
 // amax[kQB] (q8_0) or the signed first-largest value mx[kQB] (q4_0) -> the
@@ -762,16 +763,16 @@ void EncodeQ8_0Blocks(size_t blocks, const float* HWY_RESTRICT x, uint8_t* HWY_R
   const DI di;
   const size_t N = hn::Lanes(df);
   const VF half = hn::Set(df, 0.49999997f);
-  size_t b0 = 0;
-  for (; b0 + kQB <= blocks; b0 += kQB) {
-    alignas(64) float amax[kQB], id[kQB];
+  for (size_t b0 = 0; b0 < blocks; b0 += kQB) {
+    const size_t cnt = std::min(kQB, blocks - b0);  // lanes past cnt: amax 0, unused
+    alignas(64) float amax[kQB] = {}, id[kQB];
     uint16_t f16[kQB];
-    for (size_t b = 0; b < kQB; ++b) amax[b] = BlockMaxAbs(x + 32 * (b0 + b));
+    for (size_t b = 0; b < cnt; ++b) amax[b] = BlockMaxAbs(x + 32 * (b0 + b));
     if (!BatchScales(amax, 127.0f, f16, id)) {
-      EncodeQ8_0BlocksEach(kQB, x + 32 * b0, out + 34 * b0);
+      EncodeQ8_0BlocksEach(cnt, x + 32 * b0, out + 34 * b0);
       continue;
     }
-    for (size_t b = 0; b < kQB; ++b) {
+    for (size_t b = 0; b < cnt; ++b) {
       const float* xb = x + 32 * (b0 + b);
       uint8_t* ob = out + 34 * (b0 + b);
       StoreU16(f16[b], ob);
@@ -784,7 +785,6 @@ void EncodeQ8_0Blocks(size_t blocks, const float* HWY_RESTRICT x, uint8_t* HWY_R
       StoreCodes32(q, ob + 2);
     }
   }
-  EncodeQ8_0BlocksEach(blocks - b0, x + 32 * b0, out + 34 * b0);
 }
 
 void EncodeQ4_0Blocks(size_t blocks, const float* HWY_RESTRICT x, uint8_t* HWY_RESTRICT out) {
@@ -793,11 +793,11 @@ void EncodeQ4_0Blocks(size_t blocks, const float* HWY_RESTRICT x, uint8_t* HWY_R
   const size_t N = hn::Lanes(df);
   const VF half = hn::Set(df, 8.5f);
   const VI fifteen = hn::Set(di, 15);
-  size_t b0 = 0;
-  for (; b0 + kQB <= blocks; b0 += kQB) {
-    alignas(64) float mx[kQB], id[kQB];
+  for (size_t b0 = 0; b0 < blocks; b0 += kQB) {
+    const size_t cnt = std::min(kQB, blocks - b0);  // lanes past cnt: mx 0, unused
+    alignas(64) float mx[kQB] = {}, id[kQB];
     uint16_t f16[kQB];
-    for (size_t b = 0; b < kQB; ++b) {
+    for (size_t b = 0; b < cnt; ++b) {
       // The signed value of the first element of largest magnitude (0 if none).
       const float* xb = x + 32 * (b0 + b);
       const float amax = BlockMaxAbs(xb);
@@ -814,10 +814,10 @@ void EncodeQ4_0Blocks(size_t blocks, const float* HWY_RESTRICT x, uint8_t* HWY_R
       }
     }
     if (!BatchScales(mx, -8.0f, f16, id)) {
-      EncodeQ4_0BlocksEach(kQB, x + 32 * b0, out + 18 * b0);
+      EncodeQ4_0BlocksEach(cnt, x + 32 * b0, out + 18 * b0);
       continue;
     }
-    for (size_t b = 0; b < kQB; ++b) {
+    for (size_t b = 0; b < cnt; ++b) {
       const float* xb = x + 32 * (b0 + b);
       uint8_t* ob = out + 18 * (b0 + b);
       StoreU16(f16[b], ob);
@@ -829,7 +829,6 @@ void EncodeQ4_0Blocks(size_t blocks, const float* HWY_RESTRICT x, uint8_t* HWY_R
       }
     }
   }
-  EncodeQ4_0BlocksEach(blocks - b0, x + 32 * b0, out + 18 * b0);
 }
 
 // ---- whole-row kernels ----
