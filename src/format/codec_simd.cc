@@ -984,6 +984,14 @@ void TurboSearchLevelsT(Format f, size_t n, const float* a, const float* s, floa
 
 void EncodeRowsScatteredT(Format f, uint32_t d, size_t n, const float* HWY_RESTRICT x,
                           uint8_t* const* HWY_RESTRICT dst) {
+  // The rows go to n slots that are usually not in cache (a pool block per
+  // head): their lines are requested for writing up front, so the misses
+  // overlap instead of stalling each row's stores in turn.
+  const size_t rb = RowBytes(f, d);
+  for (size_t r = 0; r < n; ++r) {
+    for (size_t o = 0; o < rb; o += 64) __builtin_prefetch(dst[r] + o, 1, 3);
+    __builtin_prefetch(dst[r] + rb - 1, 1, 3);
+  }
   for (size_t r = 0; r < n; ++r) EncodeRowsT(f, d, 1, x + r * d, dst[r]);
 }
 
