@@ -9,10 +9,11 @@
 // Turbo4/3/2 encoding works on 8 (AVX2, AVX3) or 4 (SSE4, EMU128) groups at a
 // time (SCALAR: the reference): the groups' rows are transposed in registers
 // (group = lane), the scale search runs on |x| (QuantizeTurboBatch says why
-// that is exact), and the codes are packed into words in registers.
-// q8_0/q4_0 encoding follows llama.cpp's reference arithmetic per lane (the
-// block's amax reduced in a vector, round-half-away-from-zero done exactly
-// with Trunc).
+// that is exact) without dividing (LevelTable's |x|-space thresholds), and the
+// codes are packed into words in registers.
+// q8_0/q4_0 encoding follows llama.cpp's reference arithmetic per lane, a
+// batch of blocks at a time (one block's scale per lane; round-half-away-from-
+// zero done exactly with a truncating convert, see EncodeQ8_0Blocks).
 //
 // Dispatch happens once per EncodeRows/DecodeRows call.
 // Thread safety: pure functions. Requires a little-endian host.
