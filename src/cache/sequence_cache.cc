@@ -472,6 +472,8 @@ static Status AppendRows(SequenceCache::State& s, uint32_t l0, uint32_t nl, cons
       std::vector<float> rows;
     };
     thread_local Scratch sc;
+    const size_t head_stride[kSides] = {paged ? s.pool->head_stride(kSideOf[0]) : 0,
+                                        paged ? s.pool->head_stride(kSideOf[1]) : 0};
     sc.heads.resize(H);
     sc.dst.resize(H);
     sc.tf.resize(H);
@@ -503,9 +505,22 @@ static Status AppendRows(SequenceCache::State& s, uint32_t l0, uint32_t nl, cons
           if (lm.head_len[sc.heads[j]] == 0) calibrate(li, side, sc.heads[j], {x + size_t{j} * D, D});
         }
         const auto& tfv = transforms_of(li, side);
+        // Paged: heads of equal length share the block and slot; one lookup
+        // (and one division by the block size) per distinct length.
+        uint32_t last_len = UINT32_MAX;
+        const uint8_t* slot0 = nullptr;  // head 0's row in the block of last_len
         for (uint32_t j = 0; j < n; ++j) {
           const uint32_t h = sc.heads[j];
-          sc.dst[j] = row_dst(l, side, h, lm.head_len[h]);
+          const uint32_t r = lm.head_len[h];
+          if (!paged) {
+            sc.dst[j] = row_dst(l, side, h, r);
+          } else {
+            if (r != last_len) {
+              slot0 = row_dst(l, side, 0, r);
+              last_len = r;
+            }
+            sc.dst[j] = const_cast<uint8_t*>(slot0) + size_t{h} * head_stride[side];
+          }
           sc.tf[j] = (tfv && !(*tfv)[h].empty()) ? &(*tfv)[h] : nullptr;
         }
         const Status st =

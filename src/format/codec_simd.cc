@@ -9,10 +9,11 @@
 // Turbo4/3/2 encoding works on 8 (AVX2, AVX3) or 4 (SSE4, EMU128) groups at a
 // time (SCALAR: the reference): the groups' rows are transposed in registers
 // (group = lane), the scale search runs on |x| (QuantizeTurboBatch says why
-// that is exact), and the codes are packed into words in registers.
-// q8_0/q4_0 encoding follows llama.cpp's reference arithmetic per lane (the
-// block's amax reduced in a vector, round-half-away-from-zero done exactly
-// with Trunc).
+// that is exact) without dividing (LevelTable's |x|-space thresholds), and the
+// codes are packed into words in registers.
+// q8_0/q4_0 encoding follows llama.cpp's reference arithmetic per lane, a
+// batch of blocks at a time (one block's scale per lane; round-half-away-from-
+// zero done exactly with a truncating convert, see EncodeQ8_0Blocks).
 //
 // Dispatch happens once per EncodeRows/DecodeRows call.
 // Thread safety: pure functions. Requires a little-endian host.
@@ -36,13 +37,41 @@ namespace kvcache {
 namespace format_internal {
 namespace {
 
+// A turbo codebook as the encoder uses it. The nearest-level test fl(a / s) >
+// t_j (a = |x|) is done without the division: every E4M3 scale is s = M * 2^E
+// with M = 1 + m / 8 (m = its 3 top mantissa bits as a float), and abs_thr[j][m]
+// is the largest float a' with fl(a' / M) <= t_j (found with the division
+// itself, below). Then fl(a / s) > t_j iff a > abs_thr[j][m] * 2^E: when
+// a * 2^-E is a float, a / s and (a * 2^-E) / M are the same real number and
+// round alike, and fl(a' / M) > t_j iff a' > abs_thr (the division rounds
+// monotonically); otherwise a < 2^-117, below both sides' boundaries. The
+// product abs_thr * 2^E is exact (a normal float times a power of two, 2^-9 <=
+// s <= 448). A NaN a compares false on both sides.
 template <size_t L>
 struct LevelTable {
+  static constexpr size_t kT = L / 2 - 1;  // thresholds of the non-negative half
   alignas(64) float level[L];
-  float threshold[L / 2 - 1];  // midpoints of the non-negative half, as in codec_scalar.cc
+  float threshold[kT];  // midpoints of the non-negative half, as in codec_scalar.cc
+  alignas(32) float abs_thr[kT][8];
+  // perm_level[(8 - c) & 7] = level[L / 2 + c]: indexed by minus the count of
+  // thresholds below (a sum of all-ones compare masks), for L >= 8.
+  alignas(32) float perm_level[8] = {};
   explicit LevelTable(const std::array<float, L>& lv) {
     for (size_t k = 0; k < L; ++k) level[k] = lv[k];
-    for (size_t j = 0; j + 1 < L / 2; ++j) threshold[j] = (lv[L / 2 + j] + lv[L / 2 + j + 1]) / 2;
+    for (size_t j = 0; j < kT; ++j) threshold[j] = (lv[L / 2 + j] + lv[L / 2 + j + 1]) / 2;
+    for (size_t j = 0; j < kT; ++j) {
+      for (int m = 0; m < 8; ++m) {
+        const float mant = 1.0f + static_cast<float>(m) / 8.0f;
+        const float t = threshold[j];
+        float a = t * mant;
+        while (a / mant > t) a = std::nextafter(a, 0.0f);
+        while (std::nextafter(a, 4.0f) / mant <= t) a = std::nextafter(a, 4.0f);
+        abs_thr[j][m] = a;
+      }
+    }
+    if constexpr (L >= 8) {
+      for (size_t c = 0; c < L / 2; ++c) perm_level[(8 - c) & 7] = lv[L / 2 + c];
+    }
   }
 };
 const LevelTable<16>& Table4() {
@@ -292,26 +321,123 @@ HWY_INLINE void Transpose(const VT* r, VT* out) {
   }
 }
 
-// Level of the nearest code for |y| (a >= 0): a select chain over the
-// non-negative half of the codebook.
+// Lanes of an 8-entry table picked by idx (only its low 3 bits count).
+HWY_INLINE VT Lookup8(const float* tab8, VTI idx) {
+  const DT d;
+  const DTI di;
+#if HWY_TARGET == HWY_AVX2 || HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+  (void)di;
+  return VT{_mm256_permutevar8x32_ps(hn::Load(d, tab8).raw, idx.raw)};  // vpermps
+#else
+  if constexpr (kTL == 8) {
+    return hn::TableLookupLanes(hn::Load(d, tab8), hn::IndicesFromVec(d, hn::And(idx, hn::Set(di, 7))));
+  } else {
+    const auto ix = hn::IndicesFromVec(d, hn::And(idx, hn::Set(di, 3)));
+    const VT lo = hn::TableLookupLanes(hn::Load(d, tab8), ix);
+    const VT hi = hn::TableLookupLanes(hn::Load(d, tab8 + 4), ix);
+    const auto upper = hn::RebindMask(d, hn::TestBit(idx, hn::Set(di, 4)));
+    return hn::IfThenElse(upper, hi, lo);
+  }
+#endif
+}
+
+// The scale's thresholds in |x| space (see LevelTable): thr[j] lane g =
+// abs_thr[j][mantissa of s] * 2^exponent of s.
 template <size_t L>
-HWY_INLINE VT AbsLevel(const LevelTable<L>& t, VT a) {
+HWY_INLINE void AbsThresholds(const LevelTable<L>& t, VT s, VT* thr) {
+  const DT d;
+  const DTI di;
+  const VTI bits = hn::BitCast(di, s);
+  const VTI m = hn::ShiftRight<20>(bits);  // the exponent above bit 3 is ignored by Lookup8
+  // Times 2^E as an add to the exponent field (exact: the product is normal).
+  const VTI e = hn::Sub(hn::And(bits, hn::Set(di, 0x7F800000)), hn::Set(di, 127 << 23));
+  for (size_t j = 0; j < LevelTable<L>::kT; ++j) {
+    thr[j] = hn::BitCast(d, hn::Add(hn::BitCast(di, Lookup8(t.abs_thr[j], m)), e));
+  }
+}
+
+// The non-negative level nearest to fl(a / s), from the scale's |x|-space
+// thresholds: 8 lanes count the thresholds below a and look the level up
+// (turbo4, turbo3); 4 lanes and turbo2 run a select chain.
+template <size_t L>
+HWY_INLINE VT AbsLevel(const LevelTable<L>& t, const VT* thr, VT a) {
+  const DT d;
+  const DTI di;
+  constexpr size_t kT = LevelTable<L>::kT;
+  if constexpr (kTL == 8 && L >= 8) {
+    // Integer compares of the bits (non-negative floats order as their bits;
+    // they issue on more pipes than float compares). A NaN a compares above
+    // every threshold here and below them in the scalar code; its error is
+    // NaN with any level, so the choice of scale is the same.
+    const VTI ai = hn::BitCast(di, a);
+    VTI sum = hn::VecFromMask(di, ai > hn::BitCast(di, thr[0]));
+    for (size_t j = 1; j < kT; ++j) sum = hn::Add(sum, hn::VecFromMask(di, ai > hn::BitCast(di, thr[j])));
+    return Lookup8(t.perm_level, sum);
+  } else {
+    VT lv = hn::Set(d, t.level[L / 2]);
+    for (size_t j = 0; j < kT; ++j) lv = hn::IfThenElse(a > thr[j], hn::Set(d, t.level[L / 2 + j + 1]), lv);
+    return lv;
+  }
+}
+
+// Level of the nearest code for y = |x| / s (the quotient itself): a select
+// chain over the shared thresholds. 4-lane targets use it for turbo4, where
+// building the |x|-space thresholds (8-entry lookups in two halves) costs more
+// than the divisions (measured).
+template <size_t L>
+HWY_INLINE VT AbsLevelOfQuotient(const LevelTable<L>& t, VT y) {
   const DT d;
   VT lv = hn::Set(d, t.level[L / 2]);
-  for (size_t j = 0; j + 1 < L / 2; ++j) {
-    lv = hn::IfThenElse(a > hn::Set(d, t.threshold[j]), hn::Set(d, t.level[L / 2 + j + 1]), lv);
+  for (size_t j = 0; j < LevelTable<L>::kT; ++j) {
+    lv = hn::IfThenElse(y > hn::Set(d, t.threshold[j]), hn::Set(d, t.level[L / 2 + j + 1]), lv);
   }
   return lv;
 }
 
-// NearestCode of y, exactly as codec_scalar.cc (sign of y decides the half).
+template <size_t L>
+constexpr bool ByQuotient() {
+  return kTL == 4 && L == 16;
+}
+
+// The search's nearest non-negative level for a = |x| under scale s, given
+// AbsThresholds(s) (unused where ByQuotient).
+template <size_t L>
+HWY_INLINE VT SearchLevel(const LevelTable<L>& t, const VT* thr, VT a, VT s) {
+  if constexpr (ByQuotient<L>()) {
+    (void)thr;
+    return AbsLevelOfQuotient(t, hn::Div(a, s));
+  } else {
+    (void)s;
+    return AbsLevel(t, thr, a);
+  }
+}
+
+template <size_t L>
+void TurboSearchLevelsOf(const LevelTable<L>& t, size_t n, const float* a, const float* s, float* level) {
+  const DT d;
+  alignas(64) float pa[kTL], ps[kTL], pl[kTL];
+  for (size_t i = 0; i < n; i += kTL) {
+    const size_t cnt = std::min(kTL, n - i);
+    std::fill(pa, pa + kTL, 0.0f);
+    std::fill(ps, ps + kTL, 1.0f);
+    std::copy(a + i, a + i + cnt, pa);
+    std::copy(s + i, s + i + cnt, ps);
+    const VT vs = hn::Load(d, ps);
+    VT thr[LevelTable<L>::kT];
+    if constexpr (!ByQuotient<L>()) AbsThresholds(t, vs, thr);
+    hn::Store(SearchLevel(t, thr, hn::Load(d, pa), vs), d, pl);
+    std::copy(pl, pl + cnt, level + i);
+  }
+}
+
+// NearestCode of y = x / s, exactly as codec_scalar.cc (sign of y decides the half).
 template <size_t L>
 HWY_INLINE VTI CodesOf(const LevelTable<L>& t, VT y) {
   const DT d;
   const DTI di;
   const VT a = hn::Abs(y);
   VTI c = hn::Zero(di);
-  for (size_t j = 0; j + 1 < L / 2; ++j) {
+  for (size_t j = 0; j < LevelTable<L>::kT; ++j) {
     c = hn::Sub(c, hn::VecFromMask(di, hn::RebindMask(di, a > hn::Set(d, t.threshold[j]))));
   }
   const auto pos = hn::RebindMask(di, y > hn::Zero(d));
@@ -322,35 +448,40 @@ HWY_INLINE VTI CodesOf(const LevelTable<L>& t, VT y) {
 // One batch of kTL groups, v[i] lane g = value i of group g, a[i] = |v[i]|.
 // Picks each lane's scale code (as QuantizeTurboGroup) and the 16 codes.
 //
-// The candidates' errors use |x| / s and the non-negative level: the scalar
+// The candidates' errors use |x| and the non-negative level: the scalar
 // x - s * level(x / s) is the exact negation of that (division, products and
 // the subtraction are sign-symmetric, the codebook is symmetric), so the
 // squares are equal, except where the scalar code's sign choice differs: x > 0
 // whose quotient rounds to +0, which then takes the negative level. That needs
 // x <= s * 2^-150 <= 448 * 2^-150 < 2^-141, while s * level >= 2^-9 * 0.0507
 // (the smallest scale and level) has a half-ulp above 2^-39, so x + s * l and
-// x - s * l both round to +-(s * l): the squares are equal there too. The
-// final codes use the signed quotient, exactly the scalar expression.
+// x - s * l both round to +-(s * l): the squares are equal there too. In the
+// search the nearest level comes from |x|-space thresholds (no division, see
+// LevelTable; turbo4 on 4 lanes divides); the final codes divide, as the scalar code.
 template <size_t L>
 HWY_INLINE void QuantizeTurboBatch(const LevelTable<L>& t, const VT* v, const VT* a, VT amax,
                                    VTI* scale_code, VTI* codes) {
   const DT d;
   const DTI di;
   constexpr int kC = 2 * kTurboScaleSearch + 1;  // candidates c0-2 .. c0+2
+  constexpr size_t kT = LevelTable<L>::kT;
   const VTI c0 = EncodeE4M3T(d, amax);
   VTI cc[kC];
-  VT s[kC], err[kC];
+  VT s[kC], err[kC], thr[kC][kT];
+  constexpr bool kByQuotient = ByQuotient<L>();
   for (int k = 0; k < kC; ++k) {
     const VTI c = hn::Add(c0, hn::Set(di, k - kTurboScaleSearch));
     cc[k] = hn::Min(hn::Max(c, hn::Set(di, 1)), hn::Set(di, 0x7E));
     s[k] = DecodeE4M3T(d, cc[k]);
+    if constexpr (!kByQuotient) AbsThresholds(t, s[k], thr[k]);
     err[k] = hn::Zero(d);
   }
   // The candidates' error sums run side by side (each in the scalar order
   // over i): five independent add chains instead of one after another.
   for (int i = 0; i < 16; ++i) {
     for (int k = 0; k < kC; ++k) {
-      const VT dd = hn::Sub(a[i], hn::Mul(s[k], AbsLevel(t, hn::Div(a[i], s[k]))));
+      const VT lv = SearchLevel(t, thr[k], a[i], s[k]);
+      const VT dd = hn::Sub(a[i], hn::Mul(s[k], lv));
       err[k] = hn::Add(err[k], hn::Mul(dd, dd));
     }
   }
@@ -522,7 +653,7 @@ HWY_INLINE float BlockMaxAbs(const float* xb) {
   return hn::GetLane(hn::MaxOfLanes(df, m));
 }
 
-void EncodeQ8_0Blocks(size_t blocks, const float* HWY_RESTRICT x, uint8_t* HWY_RESTRICT out) {
+void EncodeQ8_0BlocksEach(size_t blocks, const float* HWY_RESTRICT x, uint8_t* HWY_RESTRICT out) {
   const DF df;
   const DI di;
   const size_t N = hn::Lanes(df);
@@ -550,7 +681,7 @@ HWY_INLINE VI Q4Code(VF v) {
   return hn::ConvertTo(di, hn::Min(v, hn::Set(df, 15.0f)));
 }
 
-void EncodeQ4_0Blocks(size_t blocks, const float* HWY_RESTRICT x, uint8_t* HWY_RESTRICT out) {
+void EncodeQ4_0BlocksEach(size_t blocks, const float* HWY_RESTRICT x, uint8_t* HWY_RESTRICT out) {
   const DF df;
   const size_t N = hn::Lanes(df);
   for (size_t b = 0; b < blocks; ++b) {
@@ -578,6 +709,125 @@ void EncodeQ4_0Blocks(size_t blocks, const float* HWY_RESTRICT x, uint8_t* HWY_R
       const VI lo = Q4Code(hn::Add(hn::Mul(hn::LoadU(df, xb + j), vid), half));
       const VI hi = Q4Code(hn::Add(hn::Mul(hn::LoadU(df, xb + 16 + j), vid), half));
       StoreI32AsU8(hn::Or(lo, hn::ShiftLeft<4>(hi)), ob + 2 + j);
+    }
+  }
+}
+
+// The batched encoders: kQB blocks at a time, their scales made in one
+// vector (d = amax / 127 or max / -8, id = 1 / d, the f16 of d: the scalar
+// expressions lane by lane), then each value's code. With id finite, |x * id|
+// <= 127 * (1 + 2^-22) (q8_0) or 8 * (1 + 2^-22) (q4_0) (x is at most the
+// block's amax, and id is 1 / d within two roundings), so the clamps cannot
+// bind and a truncating convert of x * id + copysign(0.49999997, x * id)
+// (q8_0, see RoundHalfAway) or of x * id + 8.5 (q4_0, >= 0.4999) is the
+// scalar code. A batch with an infinite id (d so small that 1 / d overflows;
+// d = 0 gives id 0, which is fine) takes the per-block code. The last batch
+// may be partial (a single row of head_dim 128 is 4 blocks).
+constexpr size_t kQB = hn::MaxLanes(DF());
+
+// amax[kQB] (q8_0) or the signed first-largest value mx[kQB] (q4_0) -> the
+// f16 codes of d and the lanes of id; false if some id is not finite.
+HWY_INLINE bool BatchScales(const float* m, float divisor, uint16_t* f16, float* id) {
+  const DF df;
+  const VF dd = hn::Div(hn::Load(df, m), hn::Set(df, divisor));
+  const VF inv = hn::IfThenZeroElse(dd == hn::Zero(df), hn::Div(hn::Set(df, 1.0f), dd));
+  hn::Store(inv, df, id);
+  alignas(64) int32_t h[kQB];
+  hn::Store(EncodeF16(dd), DI(), h);
+  for (size_t b = 0; b < kQB; ++b) f16[b] = static_cast<uint16_t>(h[b]);
+  const DI di;
+  const VI e = hn::And(hn::BitCast(di, inv), hn::Set(di, 0x7F800000));
+  return hn::AllFalse(di, e == hn::Set(di, 0x7F800000));
+}
+
+// 32 int32 codes q[32 / N] -> 32 int8 bytes at o.
+HWY_INLINE void StoreCodes32(const VI* q, uint8_t* o) {
+  const DI di;
+  const size_t N = hn::Lanes(di);
+#if HWY_TARGET == HWY_SSE4
+  {
+    // packssdw of two vectors, then packsswb: 8 codes per pair.
+    const hn::Repartition<int16_t, DI> d16;
+    const hn::Rebind<int8_t, decltype(d16)> d8;
+    for (size_t i = 0; i < 32 / N; i += 2) {
+      hn::StoreU(hn::DemoteTo(d8, hn::ReorderDemote2To(d16, q[i], q[i + 1])), d8,
+                 reinterpret_cast<int8_t*>(o + i * N));
+    }
+  }
+#else
+  for (size_t i = 0; i < 32 / N; ++i) StoreI32AsI8(q[i], o + i * N);
+#endif
+}
+
+void EncodeQ8_0Blocks(size_t blocks, const float* HWY_RESTRICT x, uint8_t* HWY_RESTRICT out) {
+  const DF df;
+  const DI di;
+  const size_t N = hn::Lanes(df);
+  const VF half = hn::Set(df, 0.49999997f);
+  for (size_t b0 = 0; b0 < blocks; b0 += kQB) {
+    const size_t cnt = std::min(kQB, blocks - b0);  // lanes past cnt: amax 0, unused
+    alignas(64) float amax[kQB] = {}, id[kQB];
+    uint16_t f16[kQB];
+    for (size_t b = 0; b < cnt; ++b) amax[b] = BlockMaxAbs(x + 32 * (b0 + b));
+    if (!BatchScales(amax, 127.0f, f16, id)) {
+      EncodeQ8_0BlocksEach(cnt, x + 32 * b0, out + 34 * b0);
+      continue;
+    }
+    for (size_t b = 0; b < cnt; ++b) {
+      const float* xb = x + 32 * (b0 + b);
+      uint8_t* ob = out + 34 * (b0 + b);
+      StoreU16(f16[b], ob);
+      const VF vid = hn::Set(df, id[b]);
+      VI q[32 / kQB];
+      for (size_t i = 0; i < 32 / N; ++i) {
+        const VF v = hn::Mul(hn::LoadU(df, xb + i * N), vid);
+        q[i] = hn::ConvertTo(di, hn::Add(v, hn::CopySign(half, v)));
+      }
+      StoreCodes32(q, ob + 2);
+    }
+  }
+}
+
+void EncodeQ4_0Blocks(size_t blocks, const float* HWY_RESTRICT x, uint8_t* HWY_RESTRICT out) {
+  const DF df;
+  const DI di;
+  const size_t N = hn::Lanes(df);
+  const VF half = hn::Set(df, 8.5f);
+  const VI fifteen = hn::Set(di, 15);
+  for (size_t b0 = 0; b0 < blocks; b0 += kQB) {
+    const size_t cnt = std::min(kQB, blocks - b0);  // lanes past cnt: mx 0, unused
+    alignas(64) float mx[kQB] = {}, id[kQB];
+    uint16_t f16[kQB];
+    for (size_t b = 0; b < cnt; ++b) {
+      // The signed value of the first element of largest magnitude (0 if none).
+      const float* xb = x + 32 * (b0 + b);
+      const float amax = BlockMaxAbs(xb);
+      mx[b] = 0.0f;
+      if (amax != 0.0f) {
+        const VF va = hn::Set(df, amax);
+        for (size_t i = 0; i < 32; i += N) {
+          const intptr_t p = hn::FindFirstTrue(df, hn::Abs(hn::LoadU(df, xb + i)) == va);
+          if (p >= 0) {
+            mx[b] = xb[i + static_cast<size_t>(p)];
+            break;
+          }
+        }
+      }
+    }
+    if (!BatchScales(mx, -8.0f, f16, id)) {
+      EncodeQ4_0BlocksEach(cnt, x + 32 * b0, out + 18 * b0);
+      continue;
+    }
+    for (size_t b = 0; b < cnt; ++b) {
+      const float* xb = x + 32 * (b0 + b);
+      uint8_t* ob = out + 18 * (b0 + b);
+      StoreU16(f16[b], ob);
+      const VF vid = hn::Set(df, id[b]);
+      for (size_t j = 0; j < 16; j += N) {
+        const VI lo = hn::Min(hn::ConvertTo(di, hn::Add(hn::Mul(hn::LoadU(df, xb + j), vid), half)), fifteen);
+        const VI hi = hn::Min(hn::ConvertTo(di, hn::Add(hn::Mul(hn::LoadU(df, xb + 16 + j), vid), half)), fifteen);
+        StoreI32AsU8(hn::Or(lo, hn::ShiftLeft<4>(hi)), ob + 2 + j);
+      }
     }
   }
 }
@@ -709,8 +959,40 @@ void EncodeRowsT(Format f, uint32_t d, size_t n, const float* HWY_RESTRICT x,
   }
 }
 
+void TurboSearchLevelsT(Format f, size_t n, const float* a, const float* s, float* level) {
+#if HWY_TARGET != HWY_SCALAR
+  switch (f) {
+    case Format::kTurbo4: TurboSearchLevelsOf(Table4(), n, a, s, level); return;
+    case Format::kTurbo3: TurboSearchLevelsOf(Table3(), n, a, s, level); return;
+    default: TurboSearchLevelsOf(Table2(), n, a, s, level); return;
+  }
+#else
+  // SCALAR encodes turbo with the reference: the level of NearestCode.
+  const LevelTable<16>& t4 = Table4();
+  const LevelTable<8>& t3 = Table3();
+  const LevelTable<4>& t2 = Table2();
+  for (size_t i = 0; i < n; ++i) {
+    const float y = a[i] / s[i];
+    const float* th = f == Format::kTurbo4 ? t4.threshold : f == Format::kTurbo3 ? t3.threshold : t2.threshold;
+    const float* lv = f == Format::kTurbo4 ? t4.level + 8 : f == Format::kTurbo3 ? t3.level + 4 : t2.level + 2;
+    const size_t nt = f == Format::kTurbo4 ? 7 : f == Format::kTurbo3 ? 3 : 1;
+    size_t c = 0;
+    for (size_t j = 0; j < nt; ++j) c += y > th[j] ? 1 : 0;
+    level[i] = lv[c];
+  }
+#endif
+}
+
 void EncodeRowsScatteredT(Format f, uint32_t d, size_t n, const float* HWY_RESTRICT x,
                           uint8_t* const* HWY_RESTRICT dst) {
+  // The rows go to n slots that are usually not in cache (a pool block per
+  // head): their lines are requested for writing up front, so the misses
+  // overlap instead of stalling each row's stores in turn.
+  const size_t rb = RowBytes(f, d);
+  for (size_t r = 0; r < n; ++r) {
+    for (size_t o = 0; o < rb; o += 64) __builtin_prefetch(dst[r] + o, 1, 3);
+    __builtin_prefetch(dst[r] + rb - 1, 1, 3);
+  }
   for (size_t r = 0; r < n; ++r) EncodeRowsT(f, d, 1, x + r * d, dst[r]);
 }
 
@@ -833,6 +1115,11 @@ HWY_EXPORT(EncodeRowsT);
 HWY_EXPORT(EncodeRowsScatteredT);
 HWY_EXPORT(DecodeRowsT);
 HWY_EXPORT(FirstNonFiniteT);
+HWY_EXPORT(TurboSearchLevelsT);
+
+void TurboSearchLevels(Format f, size_t n, const float* a, const float* s, float* level) {
+  HWY_DYNAMIC_DISPATCH(TurboSearchLevelsT)(f, n, a, s, level);
+}
 
 size_t FirstNonFinite(const float* x, size_t n) { return HWY_DYNAMIC_DISPATCH(FirstNonFiniteT)(x, n); }
 

@@ -321,5 +321,10 @@ Status EncodeHeadRows(const RowCodec& codec, size_t n, const float* x, uint8_t* 
                       const RowTransform* const* tf);
 void DecodeRowsScalar(Format format, uint32_t d, size_t n, const uint8_t* in, float* x);
 
+// For tests: the non-negative level the turbo4/3/2 scale search (dispatched,
+// SIMD) takes for |x| = a[i] under scale s[i] (an E4M3 value in [2^-9, 448]);
+// it must equal the level of NearestCode(a[i] / s[i]) in codec_scalar.cc.
+void TurboSearchLevels(Format format, size_t n, const float* a, const float* s, float* level);
+
 }  // namespace format_internal
 }  // namespace kvcache

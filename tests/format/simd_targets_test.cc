@@ -5,6 +5,7 @@
 #include <hwy/targets.h>
 
 #include <algorithm>
+#include <array>
 #include <cctype>
 #include <cmath>
 #include <cstring>
@@ -125,7 +126,20 @@ TEST(SimdTargets, EncodeDecodeMatchScalarForEveryFormat) {
 // groups, subnormals beside huge values (a positive value whose quotient by
 // the scale underflows to +0), exact rounding ties of q8_0 (d = 1), q4_0's
 // first-largest sign choice with +-a in one block, values sitting exactly on a
-// turbo threshold times an E4M3 scale, and magnitudes from 2^-149 to 2^127.
+// turbo threshold times an E4M3 scale, the two floats around each threshold's
+// rounding boundary of |x| / s (where the encoder's division-free test could
+// differ by one ulp), and magnitudes from 2^-149 to 2^127.
+// The midpoints between consecutive non-negative levels of turbo4, turbo3 and
+// turbo2, computed as codec_scalar.cc does.
+template <size_t L>
+std::vector<float> Midpoints(const std::array<float, L>& lv) {
+  std::vector<float> t;
+  for (size_t j = 0; j + 1 < L / 2; ++j) t.push_back((lv[L / 2 + j] + lv[L / 2 + j + 1]) / 2);
+  return t;
+}
+const std::vector<float> kAllTurboThresholds[3] = {Midpoints(kTurbo4Levels), Midpoints(kTurbo3Levels),
+                                                   Midpoints(kTurbo2Levels)};
+
 std::vector<float> EdgeRows(uint32_t d, size_t n, uint64_t seed) {
   std::mt19937_64 rng(seed);
   std::normal_distribution<float> nd;
@@ -182,6 +196,24 @@ std::vector<float> EdgeRows(uint32_t d, size_t n, uint64_t seed) {
                                : nd(rng) * 64.0f;
         }
         break;
+      case 7:  // the floats on either side of fl(|x| / s) > t for a scale s and a threshold t
+        for (uint32_t g = 0; g < d / 16; ++g) {
+          const int c = 1 + static_cast<int>(rng() % 0x7E);
+          const float s = E4M3ToFloat(static_cast<uint8_t>(c));
+          // The group's largest value puts s among the scales searched (c0 - 2 .. c0 + 2).
+          const int c_top = std::clamp(c + static_cast<int>(rng() % 5) - 2, 1, 0x7E);
+          row[16 * g] = ((rng() & 1) ? 1.0f : -1.0f) * E4M3ToFloat(static_cast<uint8_t>(c_top));
+          for (int i = 1; i < 16; ++i) {
+            const std::vector<float>& th = kAllTurboThresholds[rng() % 3];
+            const float t = th[rng() % th.size()];
+            float a = t * s;  // then the smallest a with a / s > t
+            while (a / s > t) a = std::nextafter(a, 0.0f);
+            while (!(a / s > t)) a = std::nextafter(a, 1e30f);
+            if (rng() & 1) a = std::nextafter(a, 0.0f);
+            row[16 * g + i] = ((rng() & 1) ? 1.0f : -1.0f) * a;
+          }
+        }
+        break;
       default: break;
     }
   }
@@ -215,6 +247,58 @@ TEST(SimdTargets, EncodersMatchScalarOnEdgeCases) {
       }
     }
   });
+}
+
+// The turbo scale search picks levels without dividing (|x|-space thresholds
+// per scale): for every E4M3 scale and every threshold, the floats around the
+// boundary of fl(a / s) > t, and a spread of magnitudes (subnormal to huge),
+// must get the level of the scalar NearestCode(a / s).
+TEST(SimdTargets, TurboSearchLevelsMatchNearestCode) {
+  const Format formats[3] = {Format::kTurbo4, Format::kTurbo3, Format::kTurbo2};
+  const float* levels[3] = {kTurbo4Levels.data() + 8, kTurbo3Levels.data() + 4, kTurbo2Levels.data() + 2};
+  std::mt19937_64 rng(5);
+  for (int fi = 0; fi < 3; ++fi) {
+    const std::vector<float>& th = kAllTurboThresholds[fi];
+    std::vector<float> a, s;
+    for (int c = 1; c <= 0x7E; ++c) {
+      const float sc = E4M3ToFloat(static_cast<uint8_t>(c));
+      for (float t : th) {
+        float b = t * sc;  // the smallest b with b / sc > t
+        while (b / sc > t) b = std::nextafter(b, 0.0f);
+        while (!(b / sc > t)) b = std::nextafter(b, 1e30f);
+        float lo = b;
+        for (int k = 0; k < 3; ++k) lo = std::nextafter(lo, 0.0f);
+        for (float v = lo; a.size() < 1000000 && v <= b * 1.000001f; v = std::nextafter(v, 1e30f)) {
+          a.push_back(v);
+          s.push_back(sc);
+        }
+      }
+      for (int k = 0; k < 40; ++k) {
+        a.push_back(BitsFloat(static_cast<uint32_t>(rng() % 0x7F800000u)));
+        s.push_back(sc);
+      }
+      a.push_back(0.0f);
+      s.push_back(sc);
+    }
+    std::vector<float> want(a.size());
+    for (size_t i = 0; i < a.size(); ++i) {
+      const float y = a[i] / s[i];
+      size_t c = 0;
+      for (float t : th) c += y > t ? 1 : 0;
+      want[i] = levels[fi][c];
+    }
+    ForEachTarget([&] {
+      SCOPED_TRACE(FormatName(formats[fi]));
+      std::vector<float> got(a.size(), -1.0f);
+      TurboSearchLevels(formats[fi], a.size(), a.data(), s.data(), got.data());
+      for (size_t i = 0; i < a.size(); ++i) {
+        if (got[i] != want[i]) {
+          ADD_FAILURE() << "a " << a[i] << " s " << s[i] << " want " << want[i] << " got " << got[i];
+          return;
+        }
+      }
+    });
+  }
 }
 
 TEST(SimdTargets, DecodeOfArbitraryBytesMatchesScalar) {
