@@ -25,6 +25,10 @@
 //   core_ghz: the core clock, from a chain of dependent adds timed by
 //     thread CPU time (CoreHzEstimate), median over the rounds: ns_per_row x
 //     core_ghz is core cycles per row, the unit of an instruction count.
+//   read_cycles_per_row: a row's K and V bytes at the streaming read
+//     bandwidth (ReadBandwidthProbe, 256 MiB, the same pool; CPU time, as
+//     read_bandwidth_cpu_gb_per_s), in TSC ticks of core time: the
+//     denominator of bench attention's bandwidth_fraction_cpu.
 //   pattern_cycles_per_row: the pattern read's CPU time over all threads
 //     in TSC ticks per row; k_/v_pattern_cycles_per_row split it by the K
 //     and V bytes: the memory floor of each pass.
@@ -55,6 +59,7 @@ using attention_internal::SyntheticKvOptions;
 
 constexpr uint32_t kQHeads = 32, kKvHeads = 8, kHeadDim = 128;
 constexpr size_t kFlushBytes = size_t{64} << 20;
+constexpr size_t kProbeBytes = size_t{256} << 20;  // as bench attention's default
 constexpr const char* kPassNames[4] = {"k", "exp", "v", "other"};
 
 double Median(std::vector<double> v) {
@@ -91,7 +96,10 @@ int RunAttentionPasses(const PassesOptions& o) {
   } restore{start_target};
   std::vector<std::unique_ptr<ThreadPool>> pools;
   for (uint32_t t : o.threads) pools.push_back(std::make_unique<ThreadPool>(t));
-  attention_internal::ReadBandwidthProbe flusher(kFlushBytes);
+  // Flushes the caches (its first kFlushBytes) and measures the streaming
+  // read bandwidth (all of it), the denominator of the bandwidth targets.
+  attention_internal::ReadBandwidthProbe flusher(kProbeBytes);
+  for (auto& p : pools) flusher.MeasureOnce(p.get());  // page faults
   const double tsc_hz = attention_internal::TscHz();
 
   std::vector<Case> cases;
@@ -135,8 +143,14 @@ int RunAttentionPasses(const PassesOptions& o) {
   }
 
   std::vector<double> core_hz;
+  std::vector<std::vector<double>> read_cpu_gbps(pools.size());  // per pool, per round
   for (uint32_t r = 0; r < o.repeats + 1; ++r) {
     core_hz.push_back(attention_internal::CoreHzEstimate());
+    for (size_t pi = 0; pi < pools.size(); ++pi) {
+      double cpu_gbps = 0;
+      flusher.MeasureOnce(pools[pi].get(), &cpu_gbps);
+      if (r > 0) read_cpu_gbps[pi].push_back(cpu_gbps);
+    }
     for (Case& c : cases) {
       (void)UseSimdTarget(c.target);  // validated by the caller
       AttentionOptions ao;
@@ -207,9 +221,10 @@ int RunAttentionPasses(const PassesOptions& o) {
         "ns = thread CPU ns per row; medians of {} rounds\n",
         kQHeads, kKvHeads, kHeadDim, tsc_hz / 1e9, core_ghz, o.repeats);
     fmt::print("{:<16} {:<10} {:>3} {:<6} {:<6} {:>6} | {:>7} {:>7} {:>7} {:>7} {:>7} | {:>6} "
-               "{:>6} {:>6} | {:>7} {:>7} {:>7} | {:>9} {:>9}\n",
+               "{:>6} {:>6} | {:>7} {:>7} {:>7} {:>7} | {:>9} {:>9}\n",
                "k:v", "layout/bs", "thr", "target", "where", "ctx", "K", "exp", "V", "other",
-               "total", "K_ns", "exp_ns", "V_ns", "patK", "patV", "pat", "step_us", "plain_us");
+               "total", "K_ns", "exp_ns", "V_ns", "patK", "patV", "pat", "read", "step_us",
+               "plain_us");
   }
   for (const Case& c : cases) {
     const LayerKvView& view = c.kv->view();
@@ -241,6 +256,12 @@ int RunAttentionPasses(const PassesOptions& o) {
     j["plain_step_cpu_us"] = Median(c.s.plain_cpu) * 1e6;
     j["k_row_bytes"] = view.k.row_bytes;
     j["v_row_bytes"] = view.v.row_bytes;
+    // The streaming read of the case's bytes at the probe's rate, as core
+    // time summed over the threads (the probe's rate is bytes per CPU
+    // second / threads).
+    const double read_gbps = Median(read_cpu_gbps[c.pool]);
+    j["read_bandwidth_cpu_gb_per_s"] = read_gbps;
+    j["read_cycles_per_row"] = (kb + vb) * pools[c.pool]->num_threads() / read_gbps * tsc_hz / 1e9;
     if (!c.in_cache) {
       const double pat = Median(c.s.pattern_cpu) * tsc_hz / rows;
       j["pattern_cycles_per_row"] = pat;
@@ -254,7 +275,7 @@ int RunAttentionPasses(const PassesOptions& o) {
         return j.contains(key) ? fmt::format("{:.1f}", j[key].get<double>()) : std::string("-");
       };
       fmt::print("{:<16} {:<10} {:>3} {:<6} {:<6} {:>6} | {:>7} {:>7} {:>7} {:>7} {:>7} | {:>6} "
-                 "{:>6} {:>6} | {:>7} {:>7} {:>7} | {:>9.1f} {:>9.1f}\n",
+                 "{:>6} {:>6} | {:>7} {:>7} {:>7} {:>7} | {:>9.1f} {:>9.1f}\n",
                  FormatPairName(c.fp),
                  c.block_size != 0 ? fmt::format("paged/{}", c.block_size) : "contiguous",
                  pools[c.pool]->num_threads(), c.target, c.in_cache ? "cache" : "memory",
@@ -263,6 +284,7 @@ int RunAttentionPasses(const PassesOptions& o) {
                  num("total_cycles_per_row"), num("k_ns_per_row"), num("exp_ns_per_row"),
                  num("v_ns_per_row"), num("k_pattern_cycles_per_row"),
                  num("v_pattern_cycles_per_row"), num("pattern_cycles_per_row"),
+                 num("read_cycles_per_row"),
                  j["step_us"].get<double>(), j["plain_step_us"].get<double>());
     }
     std::fflush(stdout);
