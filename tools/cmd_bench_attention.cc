@@ -32,6 +32,11 @@
 //   compute: the kernel on a cache-resident context of kWarmContext tokens
 //     (no flush), per stored row, times the case's rows: the arithmetic
 //     floor with memory out of the way.
+//
+// --passes: the time of each pass per stored row instead (K, exp, V, the
+// rest; TSC cycles and CPU ns), in memory and in cache, for every thread
+// count of --pass-threads, beside the pattern read split by K and V bytes:
+// cmd_bench_attention_passes.cc.
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -47,6 +52,7 @@
 #include "kvcache/attention.h"
 #include "kvcache/simd.h"
 #include "kvcache/thread_pool.h"
+#include "tools/cmd_bench_attention_passes.h"
 #include "tools/command.h"
 
 namespace kvcache::tools {
@@ -73,6 +79,9 @@ struct BenchOptions {
   std::vector<uint32_t> block_sizes = {16};  // paged layout: tokens per pool block
   std::vector<std::string> simd_targets;      // empty: the current one
   std::vector<std::string> key_paths = {"int"};  // int, int8, float (AttentionOptions)
+  bool passes = false;                 // per-pass profile (cmd_bench_attention_passes.cc)
+  std::vector<uint32_t> pass_threads;  // --passes thread counts; empty: --threads
+  uint32_t cache_context = 1024;       // --passes in-cache case
 };
 
 constexpr uint32_t kQHeads = 32, kKvHeads = 8, kHeadDim = 128;
@@ -144,6 +153,26 @@ int RunBench(const BenchOptions& o) {
     t = SimdTarget();  // canonical spelling
   }
   (void)UseSimdTarget(start_target);
+  if (o.passes) {
+    PassesOptions po;
+    po.json = o.json;
+    po.pairs = pairs;
+    po.layouts = layouts;
+    po.targets = targets;
+    po.threads = o.pass_threads.empty() ? std::vector<uint32_t>{o.threads} : o.pass_threads;
+    po.context = o.context;
+    po.cache_context = o.cache_context;
+    po.repeats = o.repeats;
+    po.small_pages = o.small_pages;
+    const bool zero_thread = std::find(po.threads.begin(), po.threads.end(), 0u) != po.threads.end();
+    if (o.cache_context == 0 || zero_thread || o.key_paths != std::vector<std::string>{"int"}) {
+      fmt::print(stderr,
+                 "kvcache bench attention --passes: --cache-context and --pass-threads must be "
+                 "> 0; --key-paths is not supported (default key paths only)\n");
+      return 2;
+    }
+    return RunAttentionPasses(po);
+  }
   std::vector<std::string> key_paths;
   for (const std::string& kp : o.key_paths) {
     if (kp != "int" && kp != "int8" && kp != "float") {
@@ -402,6 +431,17 @@ const bool kRegistered = RegisterCommand(
                       "query, default), int8 (q8_0/q4_0: int8 query per 32 values), float (f32 "
                       "query)")
           ->delimiter(',');
+      app->add_flag("--passes", o->passes,
+                    "Per-pass profile: K, exp, V and the rest per stored row (TSC cycles, CPU "
+                    "ns), in memory (--context) and in cache (--cache-context), beside the "
+                    "pattern-read floor");
+      app->add_option("--pass-threads", o->pass_threads,
+                      "--passes: thread counts, comma-separated, timed in the same rounds "
+                      "(default: --threads)")
+          ->delimiter(',');
+      app->add_option("--cache-context", o->cache_context,
+                      "--passes: context tokens of the in-cache case")
+          ->capture_default_str();
       return [o] { return RunBench(*o); };
     });
 

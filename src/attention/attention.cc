@@ -228,10 +228,11 @@ Plan NewPlan(const AttentionOptions& options, uint32_t head_dim) {
   return plan;
 }
 
-}  // namespace
-
-Status AttendMulti(const LayerKvView& view, uint32_t n_queries, std::span<const float> q,
-                   const AttentionOptions& options, const AttentionOutput& output) {
+// AttendMulti, and with profile non-null its profiled twin (plan.h
+// RunPlanProfiled).
+Status AttendMultiImpl(const LayerKvView& view, uint32_t n_queries, std::span<const float> q,
+                       const AttentionOptions& options, const AttentionOutput& output,
+                       attention_internal::PassProfile* profile) {
   KV_RETURN_IF_ERROR(CheckView(view));
   KV_RETURN_IF_ERROR(CheckOptions(options, view.n_kv_heads, view.num_tokens));
   if (n_queries == 0 || n_queries > view.num_tokens) {
@@ -255,9 +256,29 @@ Status AttendMulti(const LayerKvView& view, uint32_t n_queries, std::span<const 
               output.probs.empty() ? nullptr : output.probs.data(),
               output.kv_probs.empty() ? nullptr : output.kv_probs.data());
   PrepareQueries(plan);
-  attention_internal::RunPlan(plan);
+  if (profile != nullptr) {
+    attention_internal::RunPlanProfiled(plan, profile);
+  } else {
+    attention_internal::RunPlan(plan);
+  }
   return Status::Ok();
 }
+
+}  // namespace
+
+Status AttendMulti(const LayerKvView& view, uint32_t n_queries, std::span<const float> q,
+                   const AttentionOptions& options, const AttentionOutput& output) {
+  return AttendMultiImpl(view, n_queries, q, options, output, nullptr);
+}
+
+namespace attention_internal {
+Status AttendMultiProfiled(const LayerKvView& view, uint32_t n_queries, std::span<const float> q,
+                           const AttentionOptions& options, const AttentionOutput& output,
+                           PassProfile* profile) {
+  if (profile == nullptr) return Status::InvalidArgument("attention: no profile to fill");
+  return AttendMultiImpl(view, n_queries, q, options, output, profile);
+}
+}  // namespace attention_internal
 
 Status AttendDecode(const LayerKvView& view, std::span<const float> q,
                     const AttentionOptions& options, const AttentionOutput& output) {

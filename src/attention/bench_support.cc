@@ -7,9 +7,14 @@
 #include <cstring>
 #include <numeric>
 #include <random>
+#include <thread>
 
 #include <sys/mman.h>
 #include <time.h>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <x86intrin.h>
+#endif
 
 #include "attention/plan.h"
 
@@ -125,6 +130,58 @@ double ProcessCpuSeconds() {
   timespec ts;
   clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
   return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
+uint64_t ReadTsc() {
+#if defined(__x86_64__) || defined(__i386__)
+  return __rdtsc();
+#else
+  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                   std::chrono::steady_clock::now().time_since_epoch())
+                                   .count());
+#endif
+}
+
+double TscHz() {
+  static const double hz = [] {
+#if defined(__x86_64__) || defined(__i386__)
+    const auto t0 = std::chrono::steady_clock::now();
+    const uint64_t c0 = ReadTsc();
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    const uint64_t c1 = ReadTsc();
+    const auto t1 = std::chrono::steady_clock::now();
+    return static_cast<double>(c1 - c0) / std::chrono::duration<double>(t1 - t0).count();
+#else
+    return 1e9;
+#endif
+  }();
+  return hz;
+}
+
+double CoreHzEstimate() {
+#if defined(__x86_64__)
+  auto thread_cpu = [] {
+    timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+  };
+  constexpr uint64_t kIters = 8u << 20;  // 16 dependent adds each
+  uint64_t x = 0;
+  const double c0 = thread_cpu();
+  for (uint64_t i = 0; i < kIters; ++i) {
+    asm volatile(
+        "add $1, %0\n\tadd $1, %0\n\tadd $1, %0\n\tadd $1, %0\n\t"
+        "add $1, %0\n\tadd $1, %0\n\tadd $1, %0\n\tadd $1, %0\n\t"
+        "add $1, %0\n\tadd $1, %0\n\tadd $1, %0\n\tadd $1, %0\n\t"
+        "add $1, %0\n\tadd $1, %0\n\tadd $1, %0\n\tadd $1, %0"
+        : "+r"(x));
+  }
+  const double s = thread_cpu() - c0;
+  g_sink.fetch_add(x, std::memory_order_relaxed);
+  return static_cast<double>(16 * kIters) / s;
+#else
+  return 0.0;
+#endif
 }
 
 double ReadBandwidthProbe::MeasureOnce(ThreadPool* pool, double* cpu_gb_per_s) {

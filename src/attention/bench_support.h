@@ -83,6 +83,19 @@ double ProcessCpuSeconds();
 double ReadLikeAttention(const std::vector<LayerKvView>& views, ThreadPool* pool,
                          double* cpu_seconds = nullptr);
 
+// The CPU's time-stamp counter (rdtsc on x86; steady-clock nanoseconds
+// elsewhere, where TscHz() is then 1e9), and its rate in ticks per second,
+// measured once against the steady clock over ~50 ms (first call). The
+// per-pass ticks of RunPlanProfiled (plan.h) are these ticks.
+uint64_t ReadTsc();
+double TscHz();
+
+// The core clock this thread ran at, estimated from a chain of dependent
+// integer adds (one per cycle on every x86 core) timed by thread CPU time
+// over ~20 ms: under a hypervisor or with boost the core clock differs from
+// the TSC rate. 0 where not x86.
+double CoreHzEstimate();
+
 class ReadBandwidthProbe {
  public:
   explicit ReadBandwidthProbe(size_t bytes);

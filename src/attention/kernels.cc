@@ -28,7 +28,13 @@
 // per-segment partials, a barrier, then the in-order segment fold per job.
 // The result is the same for every split.
 //
-// Thread safety: scratch is thread_local; a Plan is only read.//
+// Profiling (RunPlanProfiled, for bench attention --passes): the same
+// steps instantiated with kProfile = true read the clocks around each pass
+// of each task (PassTimer); with kProfile = false, RunPlan's instances, the
+// timer is empty and compiles to nothing.
+//
+// Thread safety: scratch is thread_local; a Plan is only read.
+//
 // File layout: this file is the dispatch (one Highway dispatch per call) and
 // the job-level steps (exp pass, segment fold, outputs, threading). The
 // passes and decoders are per-target headers, instantiated one format family
@@ -52,12 +58,19 @@
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 #include <hwy/highway.h>
 
+#include <time.h>
+
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <limits>
 #include <vector>
+
+#if HWY_ARCH_X86
+#include <x86intrin.h>
+#endif
 
 #include "attention/kernel_common-inl.h"
 #include "attention/plan.h"
@@ -145,6 +158,65 @@ HWY_INLINE void ForQueryBlocks(uint32_t nq, const Fn& fn) {
   for (; qi + 2 <= nq; qi += 2) fn(qi, 2);
   for (; qi < nq; ++qi) fn(qi, 1);
 }
+
+// ---------------------------------------------------------------------------
+// Pass timing (RunPlanProfiled only).
+
+// Lap(t) adds the time since the last mark (Start or Lap) to *t and marks
+// again, so a task's laps cover its whole time. Empty for kProfile false.
+template <bool kProfile>
+struct PassTimer {
+  HWY_INLINE void Start() {}
+  HWY_INLINE void Lap(PassTime*) {}
+};
+template <>
+struct PassTimer<true> {
+  uint64_t ticks = 0, cpu_ns = 0;
+  static uint64_t Ticks() {
+#if HWY_ARCH_X86
+    return __rdtsc();
+#else
+    return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                     std::chrono::steady_clock::now().time_since_epoch())
+                                     .count());
+#endif
+  }
+  static uint64_t CpuNs() {
+    timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return static_cast<uint64_t>(ts.tv_sec) * 1000000000u + static_cast<uint64_t>(ts.tv_nsec);
+  }
+  void Start() {
+    cpu_ns = CpuNs();
+    ticks = Ticks();
+  }
+  void Lap(PassTime* t) {
+    const uint64_t t1 = Ticks(), c1 = CpuNs();
+    t->ticks += t1 - ticks;
+    t->cpu_ns += c1 - cpu_ns;
+    ticks = t1;
+    cpu_ns = c1;
+  }
+};
+
+// The tasks' profiles, added together across threads.
+struct ProfileSink {
+  std::atomic<uint64_t> sum[8] = {};
+  void Add(const PassProfile& p) {
+    const PassTime* t[4] = {&p.k, &p.exp, &p.v, &p.other};
+    for (int i = 0; i < 4; ++i) {
+      sum[2 * i].fetch_add(t[i]->ticks, std::memory_order_relaxed);
+      sum[2 * i + 1].fetch_add(t[i]->cpu_ns, std::memory_order_relaxed);
+    }
+  }
+  void AddTo(PassProfile* p) const {
+    PassTime* t[4] = {&p->k, &p->exp, &p->v, &p->other};
+    for (int i = 0; i < 4; ++i) {
+      t[i]->ticks += sum[2 * i].load(std::memory_order_relaxed);
+      t[i]->cpu_ns += sum[2 * i + 1].load(std::memory_order_relaxed);
+    }
+  }
+};
 
 // ---------------------------------------------------------------------------
 // Job-level steps.
@@ -252,8 +324,12 @@ thread_local Scratch tls_whole_scratch[kGroupHeads];  // RunWhole's, one per hea
 // bf16/f16 paged step took 0.81-0.88x the time (docs/attention.md). The
 // results do not depend on the grouping, bit for bit: a chunk is whole V
 // tiles inside one segment, and every sum still runs over the rows in
-// order.
-void RunWhole(const Plan& plan, const HeadJob* jobs, uint32_t n) {
+// order. kProfile: each pass timed into *sink (RunPlanProfiled).
+template <bool kProfile>
+void RunWhole(const Plan& plan, const HeadJob* jobs, uint32_t n, ProfileSink* sink) {
+  PassTimer<kProfile> timer;
+  PassProfile prof;
+  timer.Start();
   Scratch* s = tls_whole_scratch;
   const size_t pd = plan.padded_dim;
   uint32_t ends[kGroupHeads];
@@ -289,13 +365,16 @@ void RunWhole(const Plan& plan, const HeadJob* jobs, uint32_t n) {
     }
     return Prefetcher(hr, ends, n, 0, chunk);
   };
+  timer.Lap(&prof.other);
   {
     Prefetcher pf = stream(true);
     walk(0, max_rows, [&](uint32_t g, uint32_t a, uint32_t b) {
       RunK(plan, jobs[g], a, b, s[g].scores.data(), s[g].m.data(), &pf);
     });
   }
+  timer.Lap(&prof.k);
   for (uint32_t g = 0; g < n; ++g) RunExp(jobs[g], 0, jobs[g].rows, s[g].scores.data(), s[g].m.data());
+  timer.Lap(&prof.exp);
   Prefetcher pf = stream(false);
   for (uint32_t r0 = 0; r0 < max_rows; r0 += kSegmentRows) {
     const uint32_t r1 = std::min(max_rows, r0 + kSegmentRows);
@@ -312,10 +391,13 @@ void RunWhole(const Plan& plan, const HeadJob* jobs, uint32_t n) {
       AddInto(s[g].o.data(), s[g].o_seg.data(), jobs[g].nq * pd);
     }
   }
+  timer.Lap(&prof.v);
   for (uint32_t g = 0; g < n; ++g) {
     Finalize(plan, jobs[g], s[g].scores.data(), s[g].m.data(), s[g].l.data(), s[g].o.data(),
              s[0].tmp.data());
   }
+  timer.Lap(&prof.other);
+  if constexpr (kProfile) sink->Add(prof);
 }
 
 void ParallelFor(ThreadPool* pool, uint32_t n, const ThreadPool::Task& fn) {
@@ -326,8 +408,13 @@ void ParallelFor(ThreadPool* pool, uint32_t n, const ThreadPool::Task& fn) {
   }
 }
 
-// Jobs split into chunks of whole segments (flash-decoding).
-void RunSplit(const Plan& plan, uint32_t chunks_wanted) {
+// Jobs split into chunks of whole segments (flash-decoding). kProfile: as
+// for RunWhole.
+template <bool kProfile>
+void RunSplit(const Plan& plan, uint32_t chunks_wanted, ProfileSink* sink) {
+  PassTimer<kProfile> setup_timer;
+  PassProfile setup;
+  setup_timer.Start();
   const size_t pd = plan.padded_dim;
   struct JobSplit {
     uint32_t segments, seg_per_chunk, chunks;
@@ -367,15 +454,25 @@ void RunSplit(const Plan& plan, uint32_t chunks_wanted) {
   float* sc = scores.data();
   float* mx = maxes.data();
   float* pt = parts.data();
+  setup_timer.Lap(&setup.other);
+  if constexpr (kProfile) sink->Add(setup);
   ParallelFor(plan.pool, static_cast<uint32_t>(items.size()), [&](uint32_t i, uint32_t) {
+    PassTimer<kProfile> timer;
+    PassProfile prof;
+    timer.Start();
     const Item it = items[i];
     const HeadJob& job = plan.jobs[it.job];
     const JobSplit& js = split[it.job];
     uint32_t r0, r1;
     rows_of(it.job, it.chunk, &r0, &r1);
     RunK(plan, job, r0, r1, sc + js.scores_off, mx + js.max_off + static_cast<size_t>(it.chunk) * job.nq);
+    timer.Lap(&prof.k);
+    if constexpr (kProfile) sink->Add(prof);
   });
   ParallelFor(plan.pool, static_cast<uint32_t>(items.size()), [&](uint32_t i, uint32_t) {
+    PassTimer<kProfile> timer;
+    PassProfile prof;
+    timer.Start();
     const Item it = items[i];
     const HeadJob& job = plan.jobs[it.job];
     const JobSplit& js = split[it.job];
@@ -390,13 +487,19 @@ void RunSplit(const Plan& plan, uint32_t chunks_wanted) {
     rows_of(it.job, it.chunk, &r0, &r1);
     float* e = sc + js.scores_off;
     RunExp(job, r0, r1, e, s.m.data());
+    timer.Lap(&prof.exp);
     for (uint32_t seg = r0 / kSegmentRows; seg * kSegmentRows < r1; ++seg) {
       float* part = pt + js.part_off + static_cast<size_t>(seg) * job.nq * (pd + 1);
       RunVSegment(plan, job, seg * kSegmentRows, std::min(r1, (seg + 1) * kSegmentRows), e,
                   part, part + job.nq);
     }
+    timer.Lap(&prof.v);
+    if constexpr (kProfile) sink->Add(prof);
   });
   ParallelFor(plan.pool, static_cast<uint32_t>(plan.jobs.size()), [&](uint32_t j, uint32_t) {
+    PassTimer<kProfile> timer;
+    PassProfile prof;
+    timer.Start();
     const HeadJob& job = plan.jobs[j];
     const JobSplit& js = split[j];
     Scratch& s = tls_scratch;
@@ -416,10 +519,13 @@ void RunSplit(const Plan& plan, uint32_t chunks_wanted) {
       AddInto(s.o.data(), part + job.nq, static_cast<size_t>(job.nq) * pd);
     }
     Finalize(plan, job, sc + js.scores_off, s.m.data(), s.l.data(), s.o.data(), s.tmp.data());
+    timer.Lap(&prof.other);
+    if constexpr (kProfile) sink->Add(prof);
   });
 }
 
-void RunPlanImpl(const Plan& plan) {
+template <bool kProfile>
+void RunPlanT(const Plan& plan, ProfileSink* sink) {
   const uint32_t threads = plan.pool ? plan.pool->num_threads() : 1;
   const uint32_t n_jobs = static_cast<uint32_t>(plan.jobs.size());
   if (threads == 1 || n_jobs >= 2 * threads) {
@@ -439,11 +545,20 @@ void RunPlanImpl(const Plan& plan) {
     }
     starts.push_back(n_jobs);
     ParallelFor(plan.pool, static_cast<uint32_t>(starts.size() - 1), [&](uint32_t i, uint32_t) {
-      RunWhole(plan, plan.jobs.data() + starts[i], starts[i + 1] - starts[i]);
+      RunWhole<kProfile>(plan, plan.jobs.data() + starts[i], starts[i + 1] - starts[i], sink);
     });
     return;
   }
-  RunSplit(plan, (2 * threads + n_jobs - 1) / n_jobs);
+  RunSplit<kProfile>(plan, (2 * threads + n_jobs - 1) / n_jobs, sink);
+}
+
+void RunPlanImpl(const Plan& plan) { RunPlanT<false>(plan, nullptr); }
+
+void RunPlanProfiledImpl(const Plan& plan, PassProfile* profile) {
+  ProfileSink sink;
+  RunPlanT<true>(plan, &sink);
+  sink.AddTo(profile);
+  for (const HeadJob& job : plan.jobs) profile->rows += job.rows;
 }
 
 // Exposed for tests: the vector Exp on a buffer.
@@ -479,11 +594,15 @@ HWY_AFTER_NAMESPACE();
 namespace kvcache {
 namespace attention_internal {
 HWY_EXPORT(RunPlanImpl);
+HWY_EXPORT(RunPlanProfiledImpl);
 HWY_EXPORT(ExpBuffer);
 HWY_EXPORT(E4M3Decode);
 HWY_EXPORT(DecodeRowKernel);
 
 void RunPlan(const Plan& plan) { HWY_DYNAMIC_DISPATCH(RunPlanImpl)(plan); }
+void RunPlanProfiled(const Plan& plan, PassProfile* profile) {
+  HWY_DYNAMIC_DISPATCH(RunPlanProfiledImpl)(plan, profile);
+}
 void ExpBufferForTest(float* x, size_t n) { HWY_DYNAMIC_DISPATCH(ExpBuffer)(x, n); }
 void E4M3DecodeForTest(const uint8_t* codes, size_t n, float* out) {
   HWY_DYNAMIC_DISPATCH(E4M3Decode)(codes, n, out);

@@ -12,6 +12,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "attention/reference.h"
@@ -113,6 +114,44 @@ inline uint32_t HeadsPerTask(const LayerKvView& v, size_t n_jobs, uint32_t threa
 
 // Runs every job of the plan (one Highway dispatch).
 void RunPlan(const Plan& plan);
+
+// Time spent in one pass of a profiled run, summed over the threads that ran
+// it: ticks of the time-stamp counter (rdtsc on x86: constant rate, see
+// docs/attention.md; steady-clock nanoseconds elsewhere) and thread CPU
+// nanoseconds (CLOCK_THREAD_CPUTIME_ID).
+struct PassTime {
+  uint64_t ticks = 0;
+  uint64_t cpu_ns = 0;
+};
+
+// Where a profiled run's time went, per pass (kernels.cc's steps):
+//   k:     the K pass (decode, dot products, scores, running max, its
+//          prefetch stream)
+//   exp:   the exp pass (Exp(s - m) over every score)
+//   v:     the V pass, with the per-segment zeroing and fold of its partial
+//          sums
+//   other: per-task scratch setup, the final fold across chunks (split
+//          jobs) and Finalize (outputs, value transforms)
+// rows: stored rows of all jobs (sum of HeadJob::rows); every pass walks
+// each of them once.
+struct PassProfile {
+  PassTime k, exp, v, other;
+  uint64_t rows = 0;
+};
+
+// RunPlan with each pass timed into *profile (added to what it holds): the
+// same kernels, thread split, walk and order as RunPlan, so the outputs are
+// the same bit for bit (tests/attention/passes_test.cc). Two clock reads
+// per pass per task, none per row. For benchmarks only (bench attention
+// --passes).
+void RunPlanProfiled(const Plan& plan, PassProfile* profile);
+
+// AttendMulti (kvcache/attention.h), the same checks and plan, run by
+// RunPlanProfiled: the time of each pass is added to *profile (non-null,
+// else InvalidArgument). For benchmarks and their tests.
+Status AttendMultiProfiled(const LayerKvView& view, uint32_t n_queries, std::span<const float> q,
+                           const AttentionOptions& options, const AttentionOutput& output,
+                           PassProfile* profile);
 
 // The SIMD Exp of reference.h applied to x[n] in place (for tests).
 void ExpBufferForTest(float* x, size_t n);

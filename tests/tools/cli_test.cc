@@ -396,6 +396,63 @@ TEST(CliBenchEncode, JsonShapePerFormatAndTarget) {
   }
 }
 
+// `bench attention --passes --json` (tiny sizes): one row per format pair x
+// layout x (memory, cache) x target x thread count, in that order, the
+// per-pass figures adding up and the floors where they belong.
+TEST(CliBenchAttention, PassesJsonShapeAndConsistency) {
+  CliResult r = RunCli("info --json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto targets = nlohmann::json::parse(r.out)["simd_targets"].get<std::vector<std::string>>();
+  std::string list;
+  for (const std::string& t : targets) list += (list.empty() ? "" : ",") + t;
+  r = RunCli("bench attention --passes --json --formats bf16:bf16,q4_0:q4_0 --layout both "
+             "--context 256 --cache-context 128 --pass-threads 1,2 --repeats 1 --simd-targets " +
+             list);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto rows = JsonLines(r.out);
+  const size_t nt = targets.size();
+  ASSERT_EQ(rows.size(), 2 * 2 * 2 * nt * 2);
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const auto& j = rows[i];
+    const bool memory = (i / (2 * nt)) % 2 == 0;
+    EXPECT_EQ(j["k_format"], i < rows.size() / 2 ? "bf16" : "q4_0");
+    EXPECT_EQ(j["layout"], (i / (4 * nt)) % 2 == 0 ? "contiguous" : "paged");
+    EXPECT_EQ(j["where"], memory ? "memory" : "cache");
+    EXPECT_EQ(j["simd_target"].get<std::string>(), targets[(i / 2) % nt]);
+    EXPECT_EQ(j["threads"].get<uint32_t>(), i % 2 == 0 ? 1u : 2u);
+    EXPECT_EQ(j["context_tokens"].get<uint32_t>(), memory ? 256u : 128u);
+    EXPECT_DOUBLE_EQ(j["rows"].get<double>(), (memory ? 256.0 : 128.0) * 8);
+    double total = 0;
+    for (const char* pass : {"k", "exp", "v", "other"}) {
+      const std::string cyc = std::string(pass) + "_cycles_per_row";
+      const std::string ns = std::string(pass) + "_ns_per_row";
+      ASSERT_TRUE(j.contains(cyc) && j.contains(ns)) << pass << " in " << j.dump();
+      EXPECT_GE(j[ns].get<double>(), 0.0);
+      total += j[cyc].get<double>();
+    }
+    EXPECT_GT(j["k_cycles_per_row"].get<double>(), 0.0);
+    EXPECT_GT(j["v_cycles_per_row"].get<double>(), 0.0);
+    EXPECT_NEAR(j["total_cycles_per_row"].get<double>(), total, 1e-9 * total);
+    for (const char* key : {"tsc_ghz", "step_us", "plain_step_us", "step_cpu_us",
+                            "plain_step_cpu_us", "read_cycles_per_row"}) {
+      ASSERT_TRUE(j.contains(key)) << key << " in " << j.dump();
+      EXPECT_GT(j[key].get<double>(), 0.0) << key;
+    }
+    EXPECT_EQ(j.contains("pattern_cycles_per_row"), memory) << j.dump();
+    if (memory) {
+      EXPECT_NEAR(j["k_pattern_cycles_per_row"].get<double>() + j["v_pattern_cycles_per_row"].get<double>(),
+                  j["pattern_cycles_per_row"].get<double>(), 1e-9 * j["pattern_cycles_per_row"].get<double>());
+    }
+    EXPECT_EQ(j["k_row_bytes"].get<uint32_t>(), i < rows.size() / 2 ? 256u : 72u);
+  }
+  for (const char* args : {"--cache-context 0", "--pass-threads 1,0", "--key-paths float",
+                           "--formats bf16:nope"}) {
+    r = RunCli(std::string("bench attention --passes --context 64 ") + args);
+    EXPECT_EQ(r.exit_code, 2) << args;
+    EXPECT_NE(r.err.find("bench attention"), std::string::npos) << args << ": " << r.err;
+  }
+}
+
 TEST(CliBenchAttention, BadOptionsFailCleanly) {
   for (const char* args : {"--layout diagonal", "--formats bf16:nope", "--block-size 0",
                            "--block-size 16,0", "--repeats 0", "--simd-targets AVX2,NOPE"}) {
