@@ -133,7 +133,8 @@ struct HybridSlot {
 
 class World {
  public:
-  explicit World(Bytes& in) : in_(in) {}
+  World(Bytes& in, const ApiSequenceOptions& options)
+      : in_(in), check_all_(options.check_all || std::getenv("KVCACHE_FUZZ_CHECK_ALL") != nullptr) {}
   std::string Run();
 
  private:
@@ -215,9 +216,8 @@ class World {
   std::string pre_error_;
   // KVCACHE_FUZZ_TRACE=1 prints every operation (to follow a finding).
   const bool trace_ = std::getenv("KVCACHE_FUZZ_TRACE") != nullptr;
-  // KVCACHE_FUZZ_CHECK_ALL=1 checks everything after every operation (to
-  // find the operation behind a finding reported by a full check).
-  const bool check_all_ = std::getenv("KVCACHE_FUZZ_CHECK_ALL") != nullptr;
+  // Everything checked after every operation (ApiSequenceOptions).
+  const bool check_all_;
 };
 
 std::string World::Setup() {
@@ -1208,9 +1208,9 @@ std::string World::Run() {
 
 }  // namespace
 
-std::string RunApiSequence(const uint8_t* data, size_t size) {
+std::string RunApiSequence(const uint8_t* data, size_t size, const ApiSequenceOptions& options) {
   Bytes in(data, size);
-  World w(in);
+  World w(in, options);
   return w.Run();
 }
 
