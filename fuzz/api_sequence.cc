@@ -27,7 +27,15 @@ namespace {
 
 constexpr int kSlots = 6;
 constexpr int kHybridSlots = 3;
-constexpr size_t kMaxOps = 400;
+constexpr size_t kMaxOps = 48;
+// Every kFullCheckEvery operations (and after the last) everything is
+// checked; after the others, what the operation touched (see CheckAll).
+constexpr size_t kFullCheckEvery = 16;
+// Longest sequence the decoder builds (appends past it are skipped): the
+// checks read every row back, so lengths bound an input's cost. Paged
+// sequences are bounded by their pool first.
+constexpr uint32_t kMaxTokens = 32;
+constexpr uint32_t kMaxHybridTokens = 24;
 
 // Reads the input; past its end every read is 0 (and done() is true).
 class Bytes {
@@ -125,13 +133,16 @@ struct HybridSlot {
 
 class World {
  public:
-  explicit World(Bytes& in) : in_(in) {}
+  World(Bytes& in, const ApiSequenceOptions& options)
+      : in_(in), check_all_(options.check_all || std::getenv("KVCACHE_FUZZ_CHECK_ALL") != nullptr) {}
   std::string Run();
 
  private:
   // --- setup and checks ---
   std::string Setup();
-  std::string CheckAll();
+  std::string CheckAll(bool full);
+  std::string CheckSeq(int i, bool compare) const;
+  std::string CheckHybrid(int i) const;
   std::string CheckPoolAccounting();
   std::string CheckHybridAccounting();
   Snapshot Take(const SequenceCache& c) const;
@@ -154,19 +165,32 @@ class World {
   std::string OpHog();
   std::string OpHybrid();
 
+  // The sequence an operation works on; it is checked against its model
+  // before the operation (the first failure waits in pre_error_), so that
+  // nothing another operation did to it is absorbed or released unseen.
   Seq* PickSeq() {
     const int i = static_cast<int>(in_.below(kSlots));
-    if (trace_ && seqs_[i].cache) std::fprintf(stderr, "  on seq %d\n", i);
-    return seqs_[i].cache ? &seqs_[i] : nullptr;
+    if (!seqs_[i].cache) return nullptr;
+    if (trace_) std::fprintf(stderr, "  on seq %d\n", i);
+    touched_ |= 1u << i;
+    // Checked after the previous operation: nothing ran since.
+    if (pre_error_.empty() && !(checked_ >> i & 1)) {
+      const std::string e = CheckSeq(i, true);
+      if (!e.empty()) pre_error_ = "before the operation: " + e;
+    }
+    return &seqs_[i];
   }
   Seq* FreeSlot() {
     for (int i = 0; i < kSlots; ++i) {
       if (seqs_[i].cache) continue;
       if (trace_) std::fprintf(stderr, "  into seq %d\n", i);
+      touched_ |= 1u << i;
       return &seqs_[i];
     }
     return nullptr;
   }
+  // s->snap was just read back from the cache (and checked by the operation).
+  void Fresh(const Seq* s) { fresh_ |= 1u << (s - seqs_); }
   std::vector<float> Rows(const Seq& s, uint32_t first, std::span<const TokenId> toks, int side) const;
   std::vector<TokenId> RandomTokens(uint32_t n) {
     std::vector<TokenId> t(n);
@@ -187,9 +211,13 @@ class World {
   std::shared_ptr<const HybridModel> hmodel_;
   std::vector<std::shared_ptr<BlockPool>> hpools_;
   HybridSlot hybrids_[kHybridSlots];
-  std::string op_ = "setup";
+  uint32_t touched_ = 0, fresh_ = 0, htouched_ = 0;  // bit i: slot i, this operation
+  uint32_t checked_ = 0, hchecked_ = 0;  // bit i: slot i checked after the previous operation
+  std::string pre_error_;
   // KVCACHE_FUZZ_TRACE=1 prints every operation (to follow a finding).
   const bool trace_ = std::getenv("KVCACHE_FUZZ_TRACE") != nullptr;
+  // Everything checked after every operation (ApiSequenceOptions).
+  const bool check_all_;
 };
 
 std::string World::Setup() {
@@ -369,17 +397,42 @@ std::string World::CheckHybridTwin(const HybridSlot& s) const {
   return "";
 }
 
-std::string World::CheckAll() {
+std::string World::CheckSeq(int i, bool compare) const {
+  const Seq& s = seqs_[i];
+  if (!s.cache) return "";
+  Status st = s.cache->CheckInvariants();
+  if (!st.ok()) return fmt::format("seq {}: {}", i, st.ToString());
+  if (s.cache->num_tokens() != s.tokens.size()) {
+    return fmt::format("seq {} holds {} tokens, the model {}", i, s.cache->num_tokens(),
+                       s.tokens.size());
+  }
+  if (compare && !(Take(*s.cache) == s.snap)) return fmt::format("seq {} changed behind its back", i);
+  return "";
+}
+
+std::string World::CheckHybrid(int i) const {
+  const HybridSlot& s = hybrids_[i];
+  for (const std::optional<HybridSequence>* x : {&s.seq, &s.twin}) {
+    if (!*x) continue;
+    Status st = (*x)->CheckInvariants();
+    if (!st.ok()) return fmt::format("hybrid {}: {}", i, st.ToString());
+  }
+  return CheckHybridTwin(s);
+}
+
+// Full: every sequence read back and compared with its model, every hybrid
+// with its twin. Otherwise only the slots the operation touched (picked
+// ones were also compared before it, in PickSeq, unless this check had
+// just compared them after the previous operation; a sequence whose
+// snapshot the operation just took and checked is not read again). The
+// pools, the prefix cache and the exact accounting are checked every time.
+std::string World::CheckAll(bool full) {
+  checked_ = hchecked_ = 0;
   for (int i = 0; i < kSlots; ++i) {
-    const Seq& s = seqs_[i];
-    if (!s.cache) continue;
-    Status st = s.cache->CheckInvariants();
-    if (!st.ok()) return fmt::format("seq {}: {}", i, st.ToString());
-    if (s.cache->num_tokens() != s.tokens.size()) {
-      return fmt::format("seq {} holds {} tokens, the model {}", i, s.cache->num_tokens(),
-                         s.tokens.size());
-    }
-    if (!(Take(*s.cache) == s.snap)) return fmt::format("seq {} changed behind its back", i);
+    if (!full && !(touched_ >> i & 1)) continue;
+    std::string e = CheckSeq(i, !(fresh_ >> i & 1));
+    if (!e.empty()) return e;
+    checked_ |= 1u << i;
   }
   Status pst = pool_->CheckInvariants();
   if (!pst.ok()) return "pool: " + pst.ToString();
@@ -388,14 +441,10 @@ std::string World::CheckAll() {
   std::string e = CheckPoolAccounting();
   if (!e.empty()) return e;
   for (int i = 0; i < kHybridSlots; ++i) {
-    const HybridSlot& s = hybrids_[i];
-    for (const std::optional<HybridSequence>* x : {&s.seq, &s.twin}) {
-      if (!*x) continue;
-      Status st = (*x)->CheckInvariants();
-      if (!st.ok()) return fmt::format("hybrid {}: {}", i, st.ToString());
-    }
-    e = CheckHybridTwin(s);
+    if (!full && !(htouched_ >> i & 1)) continue;
+    e = CheckHybrid(i);
     if (!e.empty()) return e;
+    hchecked_ |= 1u << i;
   }
   return CheckHybridAccounting();
 }
@@ -431,6 +480,7 @@ std::string World::OpCreate() {
   s->tokens.clear();
   s->salt = in_.flag() ? "" : "tenant";
   s->snap = Take(*s->cache);
+  Fresh(s);
   return "";
 }
 
@@ -441,6 +491,7 @@ std::string World::OpAppend() {
   const uint32_t T = 1 + in_.below(2 * geo_.block_size());
   const std::vector<TokenId> toks = RandomTokens(T);
   const uint32_t first = c.num_tokens();
+  if (first + T > kMaxTokens) return "";
   const std::vector<float> k = Rows(*s, first, toks, 0), v = Rows(*s, first, toks, 1);
   std::vector<uint8_t> alive;
   if (in_.below(4) == 0) {
@@ -491,6 +542,7 @@ std::string World::OpAppend() {
     }
   }
   s->snap = std::move(now);
+  Fresh(s);
   return "";
 }
 
@@ -498,6 +550,7 @@ std::string World::OpAdvance() {
   Seq* s = PickSeq();
   if (!s) return "";
   const uint32_t n = in_.below(6);
+  if (s->cache->num_tokens() + n > kMaxTokens) return "";
   Status st = s->cache->AdvanceLen(n);
   if (!st.ok()) {
     if (st.code() != StatusCode::kPoolExhausted && st.code() != StatusCode::kCapacityExceeded &&
@@ -508,6 +561,7 @@ std::string World::OpAdvance() {
   }
   s->tokens.resize(s->tokens.size() + n, 0);
   s->snap = Take(*s->cache);
+  Fresh(s);
   return "";
 }
 
@@ -537,6 +591,7 @@ std::string World::OpTruncate() {
     }
   }
   s->snap = std::move(now);
+  Fresh(s);
   return "";
 }
 
@@ -555,6 +610,7 @@ std::string World::OpFork(bool clone) {
   d->tokens = s->tokens;
   d->salt = s->salt;
   d->snap = Take(*d->cache);
+  Fresh(d);
   if (!(d->snap == s->snap)) return clone ? "clone differs from its source" : "fork differs from its parent";
   if (clone && d->cache->layout() == CacheLayout::kPaged) {
     for (uint32_t b : d->cache->block_table()) {
@@ -711,6 +767,7 @@ std::string World::OpAdopt() {
   d->tokens.assign(toks.begin(), toks.begin() + *r);
   d->salt = salt;
   d->snap = Take(*d->cache);
+  Fresh(d);
   const std::vector<BlockHash> hashes = HashFullBlocks(d->tokens, bs, salt);
   return CheckAdopted(this, d->snap, hashes, *r / bs, bs, geo_.head_dim(), published_);
 }
@@ -763,6 +820,7 @@ std::string World::OpUseHeld() {
   d->tokens = h.tokens;
   d->salt = h.salt;
   d->snap = Take(*d->cache);
+  Fresh(d);
   const uint32_t bs = geo_.block_size();
   return CheckAdopted(this, d->snap, HashFullBlocks(d->tokens, bs, d->salt), h.blocks.size(), bs,
                       geo_.head_dim(), published_);
@@ -801,6 +859,7 @@ std::string World::OpKeepRows() {
   Snapshot now = Take(*s->cache);
   if (!(now == want)) return fmt::format("KeepRows on layer {} head {} kept the wrong rows", l, h);
   s->snap = std::move(now);
+  Fresh(s);
   return "";
 }
 
@@ -871,6 +930,11 @@ std::string World::OpHog() {
 std::string World::OpHybrid() {
   const int slot = static_cast<int>(in_.below(kHybridSlots));
   HybridSlot& s = hybrids_[slot];
+  htouched_ |= 1u << slot;
+  // As PickSeq: checked against its twin before anything changes it.
+  if (!(hchecked_ >> slot & 1)) {
+    if (std::string e = CheckHybrid(slot); !e.empty()) return "before the operation: " + e;
+  }
   const HybridModel& m = *hmodel_;
   const uint32_t L = m.n_layers(), H = m.geometry().n_kv_heads(), D = m.geometry().head_dim();
   auto tokens_rows = [&](uint32_t first, std::span<const TokenId> toks, int side) {
@@ -910,6 +974,7 @@ std::string World::OpHybrid() {
       const uint32_t n = 1 + in_.below(3);
       const std::vector<TokenId> toks = RandomTokens(n);
       const uint32_t first = q.num_tokens();
+      if (first + n > kMaxHybridTokens) return "";
       Status st = q.Append(tokens_rows(first, toks, 0), tokens_rows(first, toks, 1));
       note("append", st);
       if (!st.ok()) {
@@ -1033,6 +1098,7 @@ std::string World::OpHybrid() {
       for (HybridSlot& x : hybrids_)
         if (!x.seq) d = &x;
       if (!d) return "";
+      htouched_ |= 1u << (d - hybrids_);
       auto f = q.Fork();
       if (!f.ok()) {
         if (q.in_draft() && f.status().code() == StatusCode::kFailedPrecondition) return "";
@@ -1079,8 +1145,11 @@ std::string World::Run() {
         "create", "append", "append", "append", "advance", "truncate", "fork", "clone",
         "reserve", "release", "publish", "adopt", "acquire", "use-held", "keep-rows",
         "importance", "hog", "hybrid", "hybrid", "hybrid"};
-    op_ = fmt::format("op {} ({})", n, kNames[op]);
-    if (trace_) std::fprintf(stderr, "%s\n", op_.c_str());
+    // (formatted only when needed: this loop is the fuzzer's hot path)
+    auto op_name = [&] { return fmt::format("op {} ({})", n, kNames[op]); };
+    if (trace_) std::fprintf(stderr, "%s\n", op_name().c_str());
+    touched_ = fresh_ = htouched_ = 0;
+    pre_error_.clear();
     switch (op) {
       case 0: e = OpCreate(); break;
       case 1: case 2: case 3: e = OpAppend(); break;
@@ -1099,11 +1168,15 @@ std::string World::Run() {
       case 16: e = OpHog(); break;
       default: e = OpHybrid(); break;
     }
-    if (e.empty()) e = CheckAll();
-    if (!e.empty()) return op_ + ": " + e;
+    if (!pre_error_.empty()) e = pre_error_;  // it came first
+    const bool full = check_all_ || (n + 1) % kFullCheckEvery == 0 || n + 1 == kMaxOps || in_.done();
+    if (e.empty()) {
+      e = CheckAll(full);
+      if (!e.empty() && full && !check_all_) e += " (full check; KVCACHE_FUZZ_CHECK_ALL=1 finds the operation)";
+    }
+    if (!e.empty()) return op_name() + ": " + e;
   }
   // Everything released leaves every pool exactly full.
-  op_ = "final release";
   for (Seq& s : seqs_) s.cache.reset();
   for (Held& h : held_) {
     Status st = pool_->Release(h.blocks);
@@ -1116,7 +1189,7 @@ std::string World::Run() {
     s.seq.reset();
     s.twin.reset();
   }
-  e = CheckAll();
+  e = CheckAll(true);
   if (!e.empty()) return "final: " + e;
   const PoolStats st = pool_->stats();
   if (st.used_blocks != 0 || st.reserved_blocks != 0 || st.available_blocks != st.num_blocks) {
@@ -1135,9 +1208,9 @@ std::string World::Run() {
 
 }  // namespace
 
-std::string RunApiSequence(const uint8_t* data, size_t size) {
+std::string RunApiSequence(const uint8_t* data, size_t size, const ApiSequenceOptions& options) {
   Bytes in(data, size);
-  World w(in);
+  World w(in, options);
   return w.Run();
 }
 

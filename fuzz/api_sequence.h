@@ -14,7 +14,11 @@
 // release. Operations whose inputs are invalid are issued on purpose; the
 // library must refuse them with the documented Status and change nothing.
 //
-// Checked after every operation (the first failure is returned):
+// Checked (the first failure is returned), after every operation on what
+// it touched (a sequence or hybrid slot it picks is also compared before
+// it, so nothing done to it elsewhere is absorbed or released unseen), on
+// everything every 16 operations and after the last; the pools, the prefix
+// cache and the accounting after every operation:
 //   - CheckInvariants of every cache, hybrid sequence, pool, prefix cache;
 //   - exact pool accounting against a model built from the caches' block
 //     tables and the harness's own references: the refcount of every block,
@@ -30,6 +34,8 @@
 //   - hybrid drafts: after Commit / Abort the sequence equals a contiguous
 //     twin that appended only the kept tokens (rows, positions, linear state).
 // At the end everything is released and every pool must be exactly full.
+// An input runs at most 48 operations; sequences stop growing at 32 tokens,
+// hybrids at 24 (an input's cost is its operations times the rows read back).
 //
 // Thread safety: RunApiSequence is reentrant (all state is local).
 #pragma once
@@ -40,8 +46,15 @@
 
 namespace kvcache::fuzz {
 
+struct ApiSequenceOptions {
+  // Check everything after every operation (the replay test; the
+  // environment variable KVCACHE_FUZZ_CHECK_ALL=1 does the same, to find
+  // the operation behind a finding that a periodic full check reported).
+  bool check_all = false;
+};
+
 // Runs the operations `data` decodes to. Returns "" if every check held,
 // else a description of the first one that failed (and the operation).
-std::string RunApiSequence(const uint8_t* data, size_t size);
+std::string RunApiSequence(const uint8_t* data, size_t size, const ApiSequenceOptions& options = {});
 
 }  // namespace kvcache::fuzz

@@ -18,14 +18,20 @@
 //         pool's block gives the input back outside the fields the reader
 //         does not interpret (flags, padding, row bytes, checksums);
 //       - DecodeBlockObjectInto on any parsed (unverified) header: memory
-//         safe, a Status either way.
+//         safe, a Status either way;
+//       - the load path, VerifyAndDecodeBlockObject, against both
+//         expectations, into a pool of the header's geometry and into one
+//         of another (CheckLoadPath): the verdict of VerifyBlockObject (on
+//         another pool an intact header is incompatible), and an accepted
+//         object leaves the block holding what DecodeBlockObjectInto copies.
 //   round trip: a geometry and formats from the first bytes, a pool block
 //     filled from the input, EncodeBlockObject; the object verifies, its
-//     header parses to what was encoded, DecodeBlockObjectInto another block
-//     copies it bit-exact, and wrong expectations (compat, chain, parent, a
+//     header parses to what was encoded, the load path (and
+//     DecodeBlockObjectInto) into another block copies it bit-exact, and wrong expectations (compat, chain, parent, a
 //     token) give incompatible / corrupt / token_mismatch / token_mismatch.
 //     Then one mutation from the input (flip a byte, overwrite 8 bytes,
-//     truncate, extend): rejected unless the bytes are unchanged.
+//     truncate, extend): rejected unless the bytes are unchanged, by the
+//     load path too.
 //   disk file: the bytes written as one file of a DiskTier folder (named
 //     after its header's key when it parses), then OpenDiskTier: the file is
 //     either indexed (and Load returns it byte for byte) or discarded.
@@ -86,6 +92,71 @@ bool SameBlock(const BlockPool& a, uint32_t ba, const BlockPool& b, uint32_t bb)
   return true;
 }
 
+// Every byte of block `b` (all layers, K then V).
+std::vector<uint8_t> BlockBytes(const BlockPool& p, uint32_t b) {
+  std::vector<uint8_t> out;
+  for (uint32_t l = 0; l < p.geometry().n_layers(); ++l) {
+    for (Side s : {Side::kKey, Side::kValue}) {
+      const uint8_t* d = p.block_data(l, s, b);
+      out.insert(out.end(), d, d + p.block_stride(s));
+    }
+  }
+  return out;
+}
+
+// The load path, VerifyAndDecodeBlockObject into block `block` of `pool`
+// (two blocks), against the separate VerifyBlockObject + DecodeBlockObjectInto
+// with the same expectation. `info`: the object's parsed header, null if it
+// does not parse. The same verdict where the pool fits the object (or the
+// header does not parse); on another pool an intact header is kIncompatible
+// (a corrupt payload may be either), never accepted; accepted: the block
+// holds what DecodeBlockObjectInto copies; the other block is never written.
+void CheckLoadPath(std::span<const uint8_t> bytes, const BlockHash& compat, const BlockHash& chain,
+                   const BlockHash& parent, std::span<const TokenId> tokens,
+                   const BlockObjectInfo* info, BlockPool& pool, uint32_t block) {
+  const std::optional<TierMiss> want = VerifyBlockObject(bytes, compat, chain, parent, tokens);
+  const uint32_t other = block ^ 1;
+  for (uint32_t l = 0; l < pool.geometry().n_layers(); ++l) {
+    for (Side s : {Side::kKey, Side::kValue}) {
+      std::memset(pool.block_data(l, s, block), 0x5a, pool.block_stride(s));
+    }
+  }
+  const std::vector<uint8_t> other_before = BlockBytes(pool, other);
+  const std::optional<TierMiss> got =
+      VerifyAndDecodeBlockObject(bytes, compat, chain, parent, tokens, pool, block);
+  FUZZ_CHECK(BlockBytes(pool, other) == other_before);
+  const GeometryOptions* go = info ? &info->geometry : nullptr;
+  const Geometry& pg = pool.geometry();
+  const bool fits = go && go->n_layers == pg.n_layers() && go->n_kv_heads == pg.n_kv_heads() &&
+                    go->head_dim == pg.head_dim() && go->block_size == pg.block_size() &&
+                    info->formats == pool.formats();
+  auto name = [](const std::optional<TierMiss>& m) {
+    return m ? std::string(TierMissName(*m)) : std::string("accepted");
+  };
+  if (fits || !info) {
+    FUZZ_CHECK_MSG(got == want, "load path %s, verify %s", name(got).c_str(), name(want).c_str());
+  } else if (!want) {
+    FUZZ_CHECK_MSG(got == TierMiss::kIncompatible, "load path into another pool: %s",
+                   name(got).c_str());
+  } else if (*want == TierMiss::kCorrupt) {
+    FUZZ_CHECK(got == TierMiss::kCorrupt || got == TierMiss::kIncompatible);
+  } else {
+    FUZZ_CHECK_MSG(got == want, "load path %s, verify %s", name(got).c_str(), name(want).c_str());
+  }
+  if (got) return;
+  const std::vector<uint8_t> loaded = BlockBytes(pool, block);
+  FUZZ_CHECK(DecodeBlockObjectInto(bytes, pool, block).ok());
+  FUZZ_CHECK(BlockBytes(pool, block) == loaded);
+}
+
+// A pool no parsed header of the corpus has (the fixed geometry, f32): the
+// load path's pool for objects that do not parse or are too large to decode.
+BlockPool& FixedPool() {
+  static const std::shared_ptr<BlockPool> pool =
+      MakePool({2, 1, 32, 4}, {Format::kF32, Format::kF32}, 2);
+  return *pool;
+}
+
 // The header as a disk tier's rebuild reads it: its first H bytes (H from
 // the fixed header, bounded by the length), the whole length as total.
 Result<BlockObjectInfo> ParseAsRebuild(std::span<const uint8_t> bytes) {
@@ -115,6 +186,7 @@ void RawObject(std::span<const uint8_t> bytes) {
     FUZZ_CHECK(whole.status().code() == StatusCode::kCorruption ||
                whole.status().code() == StatusCode::kFailedPrecondition);
     FUZZ_CHECK(whole.status().code() == head.status().code());
+    CheckLoadPath(bytes, kCompat, kChain, kParent, kTokens, nullptr, FixedPool(), 0);
     return;
   }
   const BlockObjectInfo& info = *whole;
@@ -130,6 +202,8 @@ void RawObject(std::span<const uint8_t> bytes) {
   const std::optional<TierMiss> self =
       VerifyBlockObject(bytes, info.compat, info.chain, info.parent, info.tokens);
   FUZZ_CHECK(!self || *self == TierMiss::kCorrupt);
+  // The load path into a pool of another geometry (or this one's, by chance).
+  CheckLoadPath(bytes, info.compat, info.chain, info.parent, info.tokens, &info, FixedPool(), 0);
 
   // Decoding into a pool of that geometry (small ones only).
   const GeometryOptions& go = info.geometry;
@@ -137,6 +211,9 @@ void RawObject(std::span<const uint8_t> bytes) {
   if (rows == 0 || rows > 4096 || go.head_dim == 0 || go.head_dim > 1024) return;
   auto pool = MakePool(go, info.formats, 2);
   if (!pool) return;
+  // The load path into a pool that fits, against both expectations.
+  CheckLoadPath(bytes, info.compat, info.chain, info.parent, info.tokens, &info, *pool, 0);
+  CheckLoadPath(bytes, kCompat, kChain, kParent, kTokens, &info, *pool, 0);
   const Status st = DecodeBlockObjectInto(bytes, *pool, 1);
   if (!st.ok()) {
     FUZZ_CHECK(st.code() == StatusCode::kInvalidArgument);
@@ -199,7 +276,8 @@ void RoundTrip(std::span<const uint8_t> in) {
              uint64_t{go.n_layers} * (pool->block_stride(Side::kKey) + pool->block_stride(Side::kValue)));
   FUZZ_CHECK(info->key() == BlockKey(compat, chain));
   FUZZ_CHECK(ParseAsRebuild(bytes).ok());
-  FUZZ_CHECK(DecodeBlockObjectInto(bytes, *pool, 1).ok());
+  // The load path into block 1 (block 0, the source, untouched), accepted.
+  CheckLoadPath(bytes, compat, chain, parent, tokens, &*info, *pool, 1);
   FUZZ_CHECK(SameBlock(*pool, 0, *pool, 1));
   auto again = EncodeBlockObject(*pool, 1, compat, chain, parent, tokens);
   FUZZ_CHECK(again.ok() && *again == bytes);
@@ -241,6 +319,9 @@ void RoundTrip(std::span<const uint8_t> in) {
   const std::optional<TierMiss> v = VerifyBlockObject(mut, compat, chain, parent, tokens);
   FUZZ_CHECK_MSG(v.has_value() == (mut != bytes), "mutation %d at %u of %zu: %s", m[0] % 4, at,
                  bytes.size(), v ? std::string(TierMissName(*v)).c_str() : "accepted");
+  // The load path agrees on the mutated object (block 0 untouched).
+  auto mut_info = ParseBlockObjectHeader(mut, mut.size());
+  CheckLoadPath(mut, compat, chain, parent, tokens, mut_info.ok() ? &*mut_info : nullptr, *pool, 1);
 }
 
 void DiskFile(std::span<const uint8_t> bytes) {
