@@ -27,15 +27,12 @@ namespace {
 
 constexpr int kSlots = 6;
 constexpr int kHybridSlots = 3;
-constexpr size_t kMaxOps = 48;
 // Every kFullCheckEvery operations (and after the last) everything is
 // checked; after the others, what the operation touched (see CheckAll).
 constexpr size_t kFullCheckEvery = 16;
-// Longest sequence the decoder builds (appends past it are skipped): the
-// checks read every row back, so lengths bound an input's cost. Paged
-// sequences are bounded by their pool first.
-constexpr uint32_t kMaxTokens = 32;
-constexpr uint32_t kMaxHybridTokens = 24;
+// (The operation and length limits are ApiSequenceOptions': the checks read
+// every row back, so lengths bound an input's cost; paged sequences are
+// bounded by their pool first.)
 
 // Reads the input; past its end every read is 0 (and done() is true).
 class Bytes {
@@ -134,7 +131,11 @@ struct HybridSlot {
 class World {
  public:
   World(Bytes& in, const ApiSequenceOptions& options)
-      : in_(in), check_all_(options.check_all || std::getenv("KVCACHE_FUZZ_CHECK_ALL") != nullptr) {}
+      : in_(in),
+        check_all_(options.check_all || std::getenv("KVCACHE_FUZZ_CHECK_ALL") != nullptr),
+        max_ops_(options.max_ops),
+        max_tokens_(options.max_tokens),
+        max_hybrid_tokens_(options.max_hybrid_tokens) {}
   std::string Run();
 
  private:
@@ -218,6 +219,8 @@ class World {
   const bool trace_ = std::getenv("KVCACHE_FUZZ_TRACE") != nullptr;
   // Everything checked after every operation (ApiSequenceOptions).
   const bool check_all_;
+  const size_t max_ops_;
+  const uint32_t max_tokens_, max_hybrid_tokens_;
 };
 
 std::string World::Setup() {
@@ -491,7 +494,7 @@ std::string World::OpAppend() {
   const uint32_t T = 1 + in_.below(2 * geo_.block_size());
   const std::vector<TokenId> toks = RandomTokens(T);
   const uint32_t first = c.num_tokens();
-  if (first + T > kMaxTokens) return "";
+  if (first + T > max_tokens_) return "";
   const std::vector<float> k = Rows(*s, first, toks, 0), v = Rows(*s, first, toks, 1);
   std::vector<uint8_t> alive;
   if (in_.below(4) == 0) {
@@ -550,7 +553,7 @@ std::string World::OpAdvance() {
   Seq* s = PickSeq();
   if (!s) return "";
   const uint32_t n = in_.below(6);
-  if (s->cache->num_tokens() + n > kMaxTokens) return "";
+  if (s->cache->num_tokens() + n > max_tokens_) return "";
   Status st = s->cache->AdvanceLen(n);
   if (!st.ok()) {
     if (st.code() != StatusCode::kPoolExhausted && st.code() != StatusCode::kCapacityExceeded &&
@@ -974,7 +977,7 @@ std::string World::OpHybrid() {
       const uint32_t n = 1 + in_.below(3);
       const std::vector<TokenId> toks = RandomTokens(n);
       const uint32_t first = q.num_tokens();
-      if (first + n > kMaxHybridTokens) return "";
+      if (first + n > max_hybrid_tokens_) return "";
       Status st = q.Append(tokens_rows(first, toks, 0), tokens_rows(first, toks, 1));
       note("append", st);
       if (!st.ok()) {
@@ -1139,7 +1142,7 @@ std::string World::OpHybrid() {
 std::string World::Run() {
   std::string e = Setup();
   if (!e.empty()) return "setup: " + e;
-  for (size_t n = 0; n < kMaxOps && !in_.done(); ++n) {
+  for (size_t n = 0; n < max_ops_ && !in_.done(); ++n) {
     const uint32_t op = in_.below(20);
     static const char* const kNames[] = {
         "create", "append", "append", "append", "advance", "truncate", "fork", "clone",
@@ -1169,7 +1172,7 @@ std::string World::Run() {
       default: e = OpHybrid(); break;
     }
     if (!pre_error_.empty()) e = pre_error_;  // it came first
-    const bool full = check_all_ || (n + 1) % kFullCheckEvery == 0 || n + 1 == kMaxOps || in_.done();
+    const bool full = check_all_ || (n + 1) % kFullCheckEvery == 0 || n + 1 == max_ops_ || in_.done();
     if (e.empty()) {
       e = CheckAll(full);
       if (!e.empty() && full && !check_all_) e += " (full check; KVCACHE_FUZZ_CHECK_ALL=1 finds the operation)";

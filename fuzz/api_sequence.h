@@ -34,7 +34,7 @@
 //   - hybrid drafts: after Commit / Abort the sequence equals a contiguous
 //     twin that appended only the kept tokens (rows, positions, linear state).
 // At the end everything is released and every pool must be exactly full.
-// An input runs at most 48 operations; sequences stop growing at 32 tokens,
+// By default an input runs at most 48 operations; sequences stop growing at 32 tokens,
 // hybrids at 24 (an input's cost is its operations times the rows read back).
 //
 // Thread safety: RunApiSequence is reentrant (all state is local).
@@ -51,6 +51,14 @@ struct ApiSequenceOptions {
   // environment variable KVCACHE_FUZZ_CHECK_ALL=1 does the same, to find
   // the operation behind a finding that a periodic full check reported).
   bool check_all = false;
+  // An input runs at most max_ops operations; appends that would take a
+  // sequence past max_tokens (a hybrid past max_hybrid_tokens) are skipped.
+  // The fuzzer's limits keep an execution short; the regression replay runs
+  // the inputs found before these limits (400 operations, no length limit)
+  // as they ran then.
+  size_t max_ops = 48;
+  uint32_t max_tokens = 32;
+  uint32_t max_hybrid_tokens = 24;
 };
 
 // Runs the operations `data` decodes to. Returns "" if every check held,

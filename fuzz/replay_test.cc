@@ -6,7 +6,10 @@
 //                           FUZZ_CHECK fails the test);
 //   ApiSequence.FixedSeeds  runs the API-sequence decoder over inputs drawn
 //                           from fixed seeds, everything checked after every
-//                           operation, reporting the first broken check.
+//                           operation, reporting the first broken check;
+//   ApiSequence.RegressionInputsAtTheirOldLength  the corpus' regression-*
+//                           inputs, found when an input ran 400 operations
+//                           without length limits, run that way again.
 // The list of targets comes from fuzz/CMakeLists.txt (KVCACHE_FUZZ_TARGETS,
 // through the generated fuzz_targets.inc).
 #include <gtest/gtest.h>
@@ -80,6 +83,26 @@ TEST(ApiSequence, FixedSeeds) {
     EXPECT_EQ(failure, "") << "seed " << seed;
     if (!failure.empty()) break;
   }
+}
+
+TEST(ApiSequence, RegressionInputsAtTheirOldLength) {
+  // The fuzzer now stops an input at 48 operations and 32 tokens (so an
+  // execution stays short); these inputs found their bug further in.
+  kvcache::fuzz::ApiSequenceOptions old;
+  old.check_all = true;
+  old.max_ops = 400;
+  old.max_tokens = UINT32_MAX;
+  old.max_hybrid_tokens = UINT32_MAX;
+  size_t files = 0;
+  for (const auto& e :
+       std::filesystem::directory_iterator(std::string(KVCACHE_FUZZ_CORPUS_DIR) + "/api_sequence")) {
+    if (!e.path().filename().string().starts_with("regression-")) continue;
+    std::ifstream f(e.path(), std::ios::binary);
+    const std::vector<uint8_t> bytes{std::istreambuf_iterator<char>(f), {}};
+    EXPECT_EQ(kvcache::fuzz::RunApiSequence(bytes.data(), bytes.size(), old), "") << e.path();
+    ++files;
+  }
+  EXPECT_GE(files, 5u);
 }
 
 }  // namespace
