@@ -212,7 +212,6 @@ KVCACHE_FUZZ_TARGET(redis_reply) {
   const size_t staging = (data[0] >> 1) == 127 ? RespReader::kStagingBytes : 16 + (data[0] >> 1) * 3;
   const uint32_t seed = data[1];
   const std::string_view rest(reinterpret_cast<const char*>(data + 2), size - 2);
-  RespReader reader(kMaxBulk, staging);
   if (well_formed) {
     std::vector<Ref> want;
     const std::string s = WellFormed(rest.substr(0, 256), &want);
@@ -226,6 +225,7 @@ KVCACHE_FUZZ_TARGET(redis_reply) {
   }
   bool ref_failed = false;
   const std::vector<Ref> want = Reference(rest, staging, &ref_failed);
+  RespReader reader(kMaxBulk, staging);
   const std::vector<RespReply> got = Feed(reader, rest, seed);
   FUZZ_CHECK_MSG(reader.failed() == ref_failed, "reader failed %d, reference %d", reader.failed(),
                  ref_failed);
