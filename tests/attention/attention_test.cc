@@ -20,9 +20,12 @@
 #include "attention/test_views.h"
 #include "format/format_internal.h"
 #include "kvcache/thread_pool.h"
+#include "hwy_targets.h"
 
 namespace kvcache {
 namespace {
+
+using testing::ForEachHwyTarget;
 
 using testing::Layout;
 using testing::RandomVector;
@@ -63,17 +66,6 @@ bool BitsEqual(const std::vector<float>& a, const std::vector<float>& b, std::st
   return true;
 }
 
-// Runs fn once per SIMD target compiled in and supported here.
-template <class Fn>
-void ForEachTarget(const Fn& fn) {
-  for (int64_t target : hwy::SupportedAndGeneratedTargets()) {
-    hwy::SetSupportedTargetsForTest(target);
-    SCOPED_TRACE(hwy::TargetName(target));
-    fn();
-  }
-  hwy::SetSupportedTargetsForTest(0);
-}
-
 TEST(AttentionExp, VectorMatchesScalarBitForBit) {
   std::vector<float> x;
   for (float v = -90.0f; v <= 0.0f; v += 0.0137f) x.push_back(v);
@@ -84,7 +76,7 @@ TEST(AttentionExp, VectorMatchesScalarBitForBit) {
   x.push_back(-86.99999f);
   std::vector<float> want(x.size());
   for (size_t i = 0; i < x.size(); ++i) want[i] = attention_internal::Exp(x[i]);
-  ForEachTarget([&] {
+  ForEachHwyTarget([&] {
     std::vector<float> got = x;
     attention_internal::ExpBufferForTest(got.data(), got.size());
     std::string where;
@@ -107,7 +99,7 @@ TEST(AttentionFp8, KernelDecodeEqualsFormatOnEveryCode) {
   // value there.
   std::vector<uint8_t> codes(256);
   for (size_t i = 0; i < codes.size(); ++i) codes[i] = static_cast<uint8_t>(i);
-  ForEachTarget([&] {
+  ForEachHwyTarget([&] {
     std::vector<float> got(codes.size(), -1.0f);
     attention_internal::E4M3DecodeForTest(codes.data(), codes.size(), got.data());
     for (size_t i = 0; i < codes.size(); ++i) {
@@ -175,7 +167,7 @@ void RunExactCase(const Case& c, ThreadPool* pool) {
                               want.spans())
                   .ok());
   o.pool = pool;
-  ForEachTarget([&] {
+  ForEachHwyTarget([&] {
     Outputs got = MakeOutputs(view, c.n_q_heads, c.n_queries, true);
     const Status st = c.n_queries == 1 ? AttendDecode(view, q, o, got.spans())
                                        : AttendMulti(view, c.n_queries, q, o, got.spans());
@@ -325,7 +317,7 @@ void RunLossyCase(FormatPair fp, const ViewSpec& base, uint32_t n_q_heads, uint3
   for (const ReferenceHead& rh : (*tv)->reference_heads()) {
     for (float x : rh.values) v_max = std::max(v_max, std::fabs(static_cast<double>(x)));
   }
-  ForEachTarget([&] {
+  ForEachHwyTarget([&] {
     Outputs got = MakeOutputs(view, n_q_heads, n_queries, true);
     const Status st = AttendMulti(view, n_queries, q, o, got.spans());
     ASSERT_TRUE(st.ok()) << st.ToString();
@@ -689,7 +681,7 @@ TEST(AttentionGrouped, GroupedWalkEqualsHeadByHead) {
       EXPECT_TRUE(st.ok()) << st.ToString();
       return got;
     };
-    ForEachTarget([&] {
+    ForEachHwyTarget([&] {
       const Outputs want = run((*per_head)->view(), nullptr);
       for (ThreadPool* pool : {static_cast<ThreadPool*>(nullptr), &two, &three}) {
         const Outputs got = run((*paged)->view(), pool);

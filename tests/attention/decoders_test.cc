@@ -20,24 +20,17 @@
 #include "attention/reference.h"
 #include "format/format_internal.h"
 #include "kvcache/format.h"
+#include "hwy_targets.h"
 
 namespace kvcache {
 namespace {
+
+using testing::ForEachHwyTarget;
 
 using attention_internal::DecodeRowForTest;
 using attention_internal::FromNibbleOrder;
 using attention_internal::PaddedDim;
 using attention_internal::UsesNibbleOrder;
-
-template <class Fn>
-void ForEachTarget(const Fn& fn) {
-  for (int64_t target : hwy::SupportedAndGeneratedTargets()) {
-    hwy::SetSupportedTargetsForTest(target);
-    SCOPED_TRACE(hwy::TargetName(target));
-    fn();
-  }
-  hwy::SetSupportedTargetsForTest(0);
-}
 
 // n rows of d values: mostly normal with a per-row scale over 6 decades,
 // some exact zeros and a few large outliers.
@@ -71,7 +64,7 @@ void CheckFormat(Format format, uint32_t d) {
   std::vector<float> want(d * kRows);
   format_internal::DecodeRowsScalar(format, d, kRows, rows.data(), want.data());
   const float mul = format == Format::kFp8E4M3 ? 256.0f : 1.0f;
-  ForEachTarget([&] {
+  ForEachHwyTarget([&] {
     std::vector<float> got(PaddedDim(d));
     for (size_t r = 0; r < kRows; ++r) {
       std::fill(got.begin(), got.end(), std::nanf(""));

@@ -21,9 +21,12 @@
 #include "attention/plan.h"
 #include "kvcache/attention.h"
 #include "kvcache/thread_pool.h"
+#include "hwy_targets.h"
 
 namespace kvcache {
 namespace {
+
+using testing::ForEachHwyTarget;
 
 using attention_internal::AttendMultiProfiled;
 using attention_internal::PassProfile;
@@ -119,22 +122,12 @@ void ExpectSameAsPlain(FormatPair fp, bool paged, const Split& sp, uint32_t n_qu
   EXPECT_GT(prof.exp.ticks, 0u);
 }
 
-template <class Fn>
-void ForEachTarget(const Fn& fn) {
-  for (int64_t target : hwy::SupportedAndGeneratedTargets()) {
-    hwy::SetSupportedTargetsForTest(target);
-    SCOPED_TRACE(hwy::TargetName(target));
-    fn();
-  }
-  hwy::SetSupportedTargetsForTest(0);
-}
-
 TEST(PassesTest, ProfiledRunEqualsPlainRunForEveryFormatSplitAndTarget) {
   const Format formats[] = {Format::kBF16,   Format::kF16,    Format::kFp8E4M3,
                             Format::kQ8,     Format::kQ8_0,   Format::kQ4_0,
                             Format::kTurbo4, Format::kTurbo3, Format::kTurbo2,
                             Format::kTurbo8, Format::kF32};
-  ForEachTarget([&] {
+  ForEachHwyTarget([&] {
     for (Format f : formats) {
       for (bool paged : {false, true}) {
         for (const Split& sp : kSplits) ExpectSameAsPlain({f, f}, paged, sp, 1, 0);
@@ -144,7 +137,7 @@ TEST(PassesTest, ProfiledRunEqualsPlainRunForEveryFormatSplitAndTarget) {
 }
 
 TEST(PassesTest, ProfiledRunEqualsPlainRunWithMaskingAndMixedPairs) {
-  ForEachTarget([&] {
+  ForEachHwyTarget([&] {
     for (FormatPair fp : {FormatPair{Format::kBF16, Format::kTurbo4},
                           FormatPair{Format::kQ8_0, Format::kF16},
                           FormatPair{Format::kTurbo3, Format::kQ4_0}}) {

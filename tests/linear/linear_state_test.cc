@@ -13,9 +13,12 @@
 
 #include "kvcache/linear_state.h"
 #include "linear/linear_kernels.h"
+#include "hwy_targets.h"
 
 namespace kvcache {
 namespace {
+
+using testing::ForEachHwyTarget;
 
 constexpr LinearRule kRules[] = {LinearRule::kPlain, LinearRule::kDecay, LinearRule::kDelta};
 
@@ -40,25 +43,14 @@ bool BitEqual(std::span<const float> a, std::span<const float> b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
-// Runs fn once per SIMD target this CPU supports (and that was compiled).
-template <class Fn>
-void ForEachTarget(Fn fn) {
-  for (int64_t target : hwy::SupportedAndGeneratedTargets()) {
-    hwy::SetSupportedTargetsForTest(target);
-    SCOPED_TRACE(hwy::TargetName(target));
-    fn();
-  }
-  hwy::SetSupportedTargetsForTest(0);
-}
-
 TEST(LinearKernels, SimdEqualsReferenceOnEveryTarget) {
   struct Case { uint32_t heads, d_k, d_v; };
   const Case cases[] = {{1, 1, 1}, {2, 3, 5}, {1, 7, 17}, {3, 16, 16}, {2, 33, 12}, {1, 64, 64}};
-  ForEachTarget([&] {
+  ForEachHwyTarget([&] {
     std::mt19937 rng(7);
     for (LinearRule rule : kRules) {
       for (const Case& c : cases) {
-        SCOPED_TRACE(testing::Message() << LinearRuleName(rule) << " H=" << c.heads
+        SCOPED_TRACE(::testing::Message() << LinearRuleName(rule) << " H=" << c.heads
                                         << " dk=" << c.d_k << " dv=" << c.d_v);
         const linear::Shape s{c.heads, c.d_k, c.d_v};
         const size_t T = 9;
