@@ -83,11 +83,10 @@ double ProcessCpuSeconds();
 double ReadLikeAttention(const std::vector<LayerKvView>& views, ThreadPool* pool,
                          double* cpu_seconds = nullptr);
 
-// The CPU's time-stamp counter (rdtsc on x86; steady-clock nanoseconds
-// elsewhere, where TscHz() is then 1e9), and its rate in ticks per second,
-// measured once against the steady clock over ~50 ms (first call). The
-// per-pass ticks of RunPlanProfiled (plan.h) are these ticks.
-uint64_t ReadTsc();
+// The rate of ReadTsc (plan.h: rdtsc on x86, steady-clock nanoseconds
+// elsewhere, where this is 1e9) in ticks per second, measured once against
+// the steady clock over ~50 ms (first call). The per-pass ticks of
+// RunPlanProfiled are ReadTsc ticks.
 double TscHz();
 
 // The core clock this thread ran at, estimated from a chain of dependent

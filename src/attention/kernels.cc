@@ -62,15 +62,11 @@
 
 #include <algorithm>
 #include <atomic>
-#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <mutex>
 #include <vector>
-
-#if HWY_ARCH_X86
-#include <x86intrin.h>
-#endif
 
 #include "attention/kernel_common-inl.h"
 #include "attention/plan.h"
@@ -172,15 +168,6 @@ struct PassTimer {
 template <>
 struct PassTimer<true> {
   uint64_t ticks = 0, cpu_ns = 0;
-  static uint64_t Ticks() {
-#if HWY_ARCH_X86
-    return __rdtsc();
-#else
-    return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                     std::chrono::steady_clock::now().time_since_epoch())
-                                     .count());
-#endif
-  }
   static uint64_t CpuNs() {
     timespec ts;
     clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
@@ -188,10 +175,10 @@ struct PassTimer<true> {
   }
   void Start() {
     cpu_ns = CpuNs();
-    ticks = Ticks();
+    ticks = ReadTsc();
   }
   void Lap(PassTime* t) {
-    const uint64_t t1 = Ticks(), c1 = CpuNs();
+    const uint64_t t1 = ReadTsc(), c1 = CpuNs();
     t->ticks += t1 - ticks;
     t->cpu_ns += c1 - cpu_ns;
     ticks = t1;
@@ -199,22 +186,21 @@ struct PassTimer<true> {
   }
 };
 
-// The tasks' profiles, added together across threads.
-struct ProfileSink {
-  std::atomic<uint64_t> sum[8] = {};
-  void Add(const PassProfile& p) {
-    const PassTime* t[4] = {&p.k, &p.exp, &p.v, &p.other};
-    for (int i = 0; i < 4; ++i) {
-      sum[2 * i].fetch_add(t[i]->ticks, std::memory_order_relaxed);
-      sum[2 * i + 1].fetch_add(t[i]->cpu_ns, std::memory_order_relaxed);
-    }
+// *to += the pass times of from (rows not included).
+void AddPassTimes(const PassProfile& from, PassProfile* to) {
+  for (auto field : {&PassProfile::k, &PassProfile::exp, &PassProfile::v, &PassProfile::other}) {
+    (to->*field).ticks += (from.*field).ticks;
+    (to->*field).cpu_ns += (from.*field).cpu_ns;
   }
-  void AddTo(PassProfile* p) const {
-    PassTime* t[4] = {&p->k, &p->exp, &p->v, &p->other};
-    for (int i = 0; i < 4; ++i) {
-      t[i]->ticks += sum[2 * i].load(std::memory_order_relaxed);
-      t[i]->cpu_ns += sum[2 * i + 1].load(std::memory_order_relaxed);
-    }
+}
+
+// The tasks' profiles, added together across threads (once per task).
+struct ProfileSink {
+  std::mutex mu;
+  PassProfile sum;
+  void Add(const PassProfile& p) {
+    std::lock_guard<std::mutex> lock(mu);
+    AddPassTimes(p, &sum);
   }
 };
 
@@ -557,7 +543,7 @@ void RunPlanImpl(const Plan& plan) { RunPlanT<false>(plan, nullptr); }
 void RunPlanProfiledImpl(const Plan& plan, PassProfile* profile) {
   ProfileSink sink;
   RunPlanT<true>(plan, &sink);
-  sink.AddTo(profile);
+  AddPassTimes(sink.sum, profile);
   for (const HeadJob& job : plan.jobs) profile->rows += job.rows;
 }
 

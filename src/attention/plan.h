@@ -10,6 +10,7 @@
 // Thread safety: a Plan is read-only while kernels run.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -115,10 +116,21 @@ inline uint32_t HeadsPerTask(const LayerKvView& v, size_t n_jobs, uint32_t threa
 // Runs every job of the plan (one Highway dispatch).
 void RunPlan(const Plan& plan);
 
+// The CPU's time-stamp counter: rdtsc on x86 (constant rate, see
+// docs/attention.md; bench_support.h TscHz measures it), steady-clock
+// nanoseconds elsewhere.
+inline uint64_t ReadTsc() {
+#if defined(__x86_64__) || defined(__i386__)
+  return __builtin_ia32_rdtsc();  // GCC and clang; no intrinsics header here
+#else
+  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                   std::chrono::steady_clock::now().time_since_epoch())
+                                   .count());
+#endif
+}
+
 // Time spent in one pass of a profiled run, summed over the threads that ran
-// it: ticks of the time-stamp counter (rdtsc on x86: constant rate, see
-// docs/attention.md; steady-clock nanoseconds elsewhere) and thread CPU
-// nanoseconds (CLOCK_THREAD_CPUTIME_ID).
+// it: ReadTsc ticks and thread CPU nanoseconds (CLOCK_THREAD_CPUTIME_ID).
 struct PassTime {
   uint64_t ticks = 0;
   uint64_t cpu_ns = 0;
