@@ -653,6 +653,21 @@ HWY_INLINE float BlockMaxAbs(const float* xb) {
   return hn::GetLane(hn::MaxOfLanes(df, m));
 }
 
+// q4_0's scale source: the signed value of the block's first element of
+// largest magnitude (0 if every element is 0).
+HWY_INLINE float BlockSignedMax(const float* xb) {
+  const DF df;
+  const size_t N = hn::Lanes(df);
+  const float amax = BlockMaxAbs(xb);
+  if (amax == 0.0f) return 0.0f;
+  const VF va = hn::Set(df, amax);
+  for (size_t i = 0; i < 32; i += N) {
+    const intptr_t p = hn::FindFirstTrue(df, hn::Abs(hn::LoadU(df, xb + i)) == va);
+    if (p >= 0) return xb[i + static_cast<size_t>(p)];
+  }
+  return 0.0f;
+}
+
 void EncodeQ8_0BlocksEach(size_t blocks, const float* HWY_RESTRICT x, uint8_t* HWY_RESTRICT out) {
   const DF df;
   const DI di;
@@ -687,19 +702,7 @@ void EncodeQ4_0BlocksEach(size_t blocks, const float* HWY_RESTRICT x, uint8_t* H
   for (size_t b = 0; b < blocks; ++b) {
     const float* xb = x + 32 * b;
     uint8_t* ob = out + 18 * b;
-    const float amax = BlockMaxAbs(xb);
-    // The signed value of the first element of largest magnitude (0 if none).
-    float mx = 0.0f;
-    if (amax != 0.0f) {
-      const VF va = hn::Set(df, amax);
-      for (size_t i = 0; i < 32; i += N) {
-        const intptr_t p = hn::FindFirstTrue(df, hn::Abs(hn::LoadU(df, xb + i)) == va);
-        if (p >= 0) {
-          mx = xb[i + static_cast<size_t>(p)];
-          break;
-        }
-      }
-    }
+    const float mx = BlockSignedMax(xb);
     const float dd = mx / -8.0f;
     const float id = dd != 0.0f ? 1.0f / dd : 0.0f;
     StoreU16(FloatToF16(dd), ob);
@@ -798,22 +801,7 @@ void EncodeQ4_0Blocks(size_t blocks, const float* HWY_RESTRICT x, uint8_t* HWY_R
     const size_t cnt = std::min(kQB, blocks - b0);  // lanes past cnt: mx 0, unused
     alignas(64) float mx[kQB] = {}, id[kQB];
     uint16_t f16[kQB];
-    for (size_t b = 0; b < cnt; ++b) {
-      // The signed value of the first element of largest magnitude (0 if none).
-      const float* xb = x + 32 * (b0 + b);
-      const float amax = BlockMaxAbs(xb);
-      mx[b] = 0.0f;
-      if (amax != 0.0f) {
-        const VF va = hn::Set(df, amax);
-        for (size_t i = 0; i < 32; i += N) {
-          const intptr_t p = hn::FindFirstTrue(df, hn::Abs(hn::LoadU(df, xb + i)) == va);
-          if (p >= 0) {
-            mx[b] = xb[i + static_cast<size_t>(p)];
-            break;
-          }
-        }
-      }
-    }
+    for (size_t b = 0; b < cnt; ++b) mx[b] = BlockSignedMax(x + 32 * (b0 + b));
     if (!BatchScales(mx, -8.0f, f16, id)) {
       EncodeQ4_0BlocksEach(cnt, x + 32 * b0, out + 18 * b0);
       continue;
