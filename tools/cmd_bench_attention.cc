@@ -52,6 +52,7 @@
 #include "kvcache/attention.h"
 #include "kvcache/simd.h"
 #include "kvcache/thread_pool.h"
+#include "tools/bench_util.h"
 #include "tools/cmd_bench_attention_passes.h"
 #include "tools/command.h"
 
@@ -84,15 +85,7 @@ struct BenchOptions {
   uint32_t cache_context = 1024;       // --passes in-cache case
 };
 
-constexpr uint32_t kQHeads = 32, kKvHeads = 8, kHeadDim = 128;
-constexpr size_t kFlushBytes = size_t{64} << 20;
 constexpr uint32_t kWarmContext = 1024;
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 // Bytes of stored K and V rows a decode step over v reads.
 size_t KvBytes(const LayerKvView& v) {
@@ -246,7 +239,7 @@ int RunBench(const BenchOptions& o) {
     auto kv = SyntheticKv::Create(so);
     if (!kv.ok()) return 0.0;
     std::vector<float> q(kQHeads * kHeadDim), out(q.size());
-    for (size_t i = 0; i < q.size(); ++i) q[i] = 0.01f * static_cast<float>(i % 97) - 0.4f;
+    FillBenchQuery(&q, 97);
     AttentionOutput outs;
     outs.out = out;
     std::vector<double> cpu;
@@ -278,13 +271,7 @@ int RunBench(const BenchOptions& o) {
   std::vector<Case> cases;
   for (FormatPair fp : pairs) {
     for (uint32_t bs : layouts) {
-      SyntheticKvOptions so;
-      so.formats = fp;
-      so.n_kv_heads = kKvHeads;
-      so.head_dim = kHeadDim;
-      so.paged = bs != 0;
-      so.block_size = bs != 0 ? bs : 16;
-      so.huge_pages = !o.small_pages;
+      SyntheticKvOptions so = BenchKvOptions(fp, bs, o.small_pages);
       std::vector<double> per_row(variants.size());
       for (size_t ti = 0; ti < variants.size(); ++ti) {
         (void)UseSimdTarget(variants[ti].target);
@@ -310,9 +297,7 @@ int RunBench(const BenchOptions& o) {
         }
         c.q.resize(size_t{c.sequences} * kQHeads * kHeadDim);
         c.out.resize(c.q.size());
-        for (size_t i = 0; i < c.q.size(); ++i) {
-          c.q[i] = 0.01f * static_cast<float>(i % (batched ? 89 : 97)) - 0.4f;
-        }
+        FillBenchQuery(&c.q, batched ? 89 : 97);
         cases.push_back(std::move(c));
         const size_t first = cases.size() - 1;
         for (size_t ti = 1; ti < variants.size(); ++ti) {

@@ -48,6 +48,7 @@
 #include "kvcache/attention.h"
 #include "kvcache/simd.h"
 #include "kvcache/thread_pool.h"
+#include "tools/bench_util.h"
 
 namespace kvcache::tools {
 namespace {
@@ -57,17 +58,8 @@ using attention_internal::ProcessCpuSeconds;
 using attention_internal::SyntheticKv;
 using attention_internal::SyntheticKvOptions;
 
-constexpr uint32_t kQHeads = 32, kKvHeads = 8, kHeadDim = 128;
-constexpr size_t kFlushBytes = size_t{64} << 20;
 constexpr size_t kProbeBytes = size_t{256} << 20;  // as bench attention's default
 constexpr const char* kPassNames[4] = {"k", "exp", "v", "other"};
-
-double Median(std::vector<double> v) {
-  if (v.empty()) return 0.0;
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 struct Samples {
   std::array<std::vector<double>, 4> ticks, cpu_ns;  // per pass, whole step
@@ -106,13 +98,7 @@ int RunAttentionPasses(const PassesOptions& o) {
   for (const FormatPair& fp : o.pairs) {
     for (uint32_t bs : o.layouts) {
       for (bool in_cache : {false, true}) {
-        SyntheticKvOptions so;
-        so.formats = fp;
-        so.n_kv_heads = kKvHeads;
-        so.head_dim = kHeadDim;
-        so.paged = bs != 0;
-        so.block_size = bs != 0 ? bs : 16;
-        so.huge_pages = !o.small_pages;
+        SyntheticKvOptions so = BenchKvOptions(fp, bs, o.small_pages);
         so.num_tokens = in_cache ? o.cache_context : o.context;
         so.seed = in_cache ? 7 : 1;
         auto kv = SyntheticKv::Create(so);
@@ -134,7 +120,7 @@ int RunAttentionPasses(const PassesOptions& o) {
             c.kv = shared;
             c.q.resize(size_t{kQHeads} * kHeadDim);
             c.out.resize(c.q.size());
-            for (size_t i = 0; i < c.q.size(); ++i) c.q[i] = 0.01f * static_cast<float>(i % 97) - 0.4f;
+            FillBenchQuery(&c.q, 97);
             cases.push_back(std::move(c));
           }
         }

@@ -39,6 +39,7 @@
 #include "kvcache/codec.h"
 #include "kvcache/pool.h"
 #include "kvcache/simd.h"
+#include "tools/bench_util.h"
 #include "tools/command.h"
 
 namespace kvcache::tools {
@@ -60,12 +61,6 @@ double ThreadCpuSeconds() {
   timespec t;
   clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
   return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_nsec) * 1e-9;
-}
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 std::vector<float> Gaussian(size_t n, uint64_t seed) {

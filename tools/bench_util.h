@@ -1,0 +1,49 @@
+// Pieces the bench commands share: the median of a round's samples, and
+// `bench attention`'s case geometry, K/V storage options and queries (its
+// step mode in cmd_bench_attention.cc, its --passes mode in
+// cmd_bench_attention_passes.cc).
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "attention/bench_support.h"
+#include "kvcache/format.h"
+
+namespace kvcache::tools {
+
+// The median of v: the mean of the two middle values for an even count, 0
+// for none.
+inline double Median(std::vector<double> v) {
+  if (v.empty()) return 0.0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// bench attention: 32 q heads over 8 kv heads of head_dim 128 (Llama-3-8B),
+// a flush read of kFlushBytes before every out-of-cache step.
+constexpr uint32_t kQHeads = 32, kKvHeads = 8, kHeadDim = 128;
+constexpr size_t kFlushBytes = size_t{64} << 20;
+
+// A case's synthetic K/V storage: block_size 0 is the contiguous layout.
+inline attention_internal::SyntheticKvOptions BenchKvOptions(FormatPair formats, uint32_t block_size,
+                                                             bool small_pages) {
+  attention_internal::SyntheticKvOptions so;
+  so.formats = formats;
+  so.n_kv_heads = kKvHeads;
+  so.head_dim = kHeadDim;
+  so.paged = block_size != 0;
+  so.block_size = block_size != 0 ? block_size : 16;
+  so.huge_pages = !small_pages;
+  return so;
+}
+
+// The benches' queries: q[i] = 0.01 * (i % period) - 0.4.
+inline void FillBenchQuery(std::vector<float>* q, uint32_t period) {
+  for (size_t i = 0; i < q->size(); ++i) (*q)[i] = 0.01f * static_cast<float>(i % period) - 0.4f;
+}
+
+}  // namespace kvcache::tools
