@@ -56,6 +56,20 @@ std::vector<nlohmann::json> JsonLines(const std::string& text) {
   return lines;
 }
 
+// `info --json`'s simd_targets (what this CPU runs, best first) into *targets.
+void CliSimdTargets(std::vector<std::string>* targets) {
+  const CliResult r = RunCli("info --json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  *targets = nlohmann::json::parse(r.out)["simd_targets"].get<std::vector<std::string>>();
+}
+
+// "a,b,c" for a --simd-targets option.
+std::string CommaList(const std::vector<std::string>& names) {
+  std::string list;
+  for (const std::string& t : names) list += (list.empty() ? "" : ",") + t;
+  return list;
+}
+
 TEST(CliInfo, JsonListsEveryFormat) {
   const CliResult r = RunCli("info --json --layers 2 --kv-heads 4 --head-dim 64 --n-values 256");
   ASSERT_EQ(r.exit_code, 0) << r.err;
@@ -338,12 +352,10 @@ TEST(CliBenchAttention, SeveralBlockSizesGiveOnePagedCaseEach) {
 
 // --simd-targets: every case once per target, in the order given, same K/V.
 TEST(CliBenchAttention, SimdTargetsGiveOneRowPerTarget) {
-  CliResult r = RunCli("info --json");
-  ASSERT_EQ(r.exit_code, 0) << r.err;
-  const auto targets = nlohmann::json::parse(r.out)["simd_targets"].get<std::vector<std::string>>();
-  std::string list;
-  for (auto it = targets.rbegin(); it != targets.rend(); ++it) list += (list.empty() ? "" : ",") + *it;
-  r = RunCli("bench attention --json --formats q8_0:q8_0 --layout both --context 128 --batch-seqs 0 "
+  std::vector<std::string> targets;
+  ASSERT_NO_FATAL_FAILURE(CliSimdTargets(&targets));
+  const std::string list = CommaList({targets.rbegin(), targets.rend()});
+  CliResult r = RunCli("bench attention --json --formats q8_0:q8_0 --layout both --context 128 --batch-seqs 0 "
              "--repeats 1 --bandwidth-mib 64 --threads 1 --simd-targets " + list);
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const auto rows = JsonLines(r.out);
@@ -358,12 +370,10 @@ TEST(CliBenchAttention, SimdTargetsGiveOneRowPerTarget) {
 // `bench encode --json` (tiny sizes): one row per format and target, in that
 // order, with the fields and figures consistent with each other.
 TEST(CliBenchEncode, JsonShapePerFormatAndTarget) {
-  CliResult r = RunCli("info --json");
-  ASSERT_EQ(r.exit_code, 0) << r.err;
-  const auto targets = nlohmann::json::parse(r.out)["simd_targets"].get<std::vector<std::string>>();
-  std::string list;
-  for (const std::string& t : targets) list += (list.empty() ? "" : ",") + t;
-  r = RunCli("bench encode --json --formats q8_0,turbo4,f16 --rows 16 --append-tokens 2 --rounds 1 "
+  std::vector<std::string> targets;
+  ASSERT_NO_FATAL_FAILURE(CliSimdTargets(&targets));
+  const std::string list = CommaList(targets);
+  CliResult r = RunCli("bench encode --json --formats q8_0,turbo4,f16 --rows 16 --append-tokens 2 --rounds 1 "
              "--simd-targets " + list);
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const auto rows = JsonLines(r.out);
@@ -400,12 +410,10 @@ TEST(CliBenchEncode, JsonShapePerFormatAndTarget) {
 // layout x (memory, cache) x target x thread count, in that order, the
 // per-pass figures adding up and the floors where they belong.
 TEST(CliBenchAttention, PassesJsonShapeAndConsistency) {
-  CliResult r = RunCli("info --json");
-  ASSERT_EQ(r.exit_code, 0) << r.err;
-  const auto targets = nlohmann::json::parse(r.out)["simd_targets"].get<std::vector<std::string>>();
-  std::string list;
-  for (const std::string& t : targets) list += (list.empty() ? "" : ",") + t;
-  r = RunCli("bench attention --passes --json --formats bf16:bf16,q4_0:q4_0 --layout both "
+  std::vector<std::string> targets;
+  ASSERT_NO_FATAL_FAILURE(CliSimdTargets(&targets));
+  const std::string list = CommaList(targets);
+  CliResult r = RunCli("bench attention --passes --json --formats bf16:bf16,q4_0:q4_0 --layout both "
              "--context 256 --cache-context 128 --pass-threads 1,2 --repeats 1 --simd-targets " +
              list);
   ASSERT_EQ(r.exit_code, 0) << r.err;
