@@ -59,6 +59,19 @@ void BM_Decode(benchmark::State& state, Format f) {
   SetCounters(state, c);
 }
 
+// The quantizer alone (format_internal::EncodeRows: no rotation, no input
+// checks, no calibration) on the same rows: what docs/encode.md calls the
+// bare quantizer.
+void BM_EncodeBare(benchmark::State& state, Format f) {
+  const RowCodec c = RowCodec::Create(f, kHeadDim, Side::kKey).value();
+  const std::vector<float> x = Rows();
+  std::vector<uint8_t> out(kRows * c.row_bytes());
+  for (auto _ : state) {
+    format_internal::EncodeRows(f, kHeadDim, kRows, x.data(), out.data());
+    benchmark::ClobberMemory();
+  }
+  SetCounters(state, c);
+}
 
 void BM_Rotate(benchmark::State& state) {
   const uint32_t d = static_cast<uint32_t>(state.range(0));
@@ -79,6 +92,11 @@ const bool kRegistered = [] {
     const std::string name(FormatName(f));
     benchmark::RegisterBenchmark(("BM_Encode/" + name).c_str(), BM_Encode, f);
     benchmark::RegisterBenchmark(("BM_Decode/" + name).c_str(), BM_Decode, f);
+  }
+  for (Format f : {Format::kQ8_0, Format::kQ4_0, Format::kTurbo8, Format::kTurbo4,
+                   Format::kTurbo3, Format::kTurbo2}) {
+    benchmark::RegisterBenchmark(("BM_EncodeBare/" + std::string(FormatName(f))).c_str(),
+                                 BM_EncodeBare, f);
   }
   return true;
 }();
