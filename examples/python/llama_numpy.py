@@ -10,8 +10,8 @@ tests can check that the two agree (python/tests/test_example.py).
 
     python3 examples/python/llama_numpy.py CHECKPOINT.bin --tokens 1,403,407,261,378 --steps 8
 
-The checkpoint is not in the repository: stories260K lives in the shared models
-folder beside the checkout (../shared/models/stories260K/stories260K_v1.bin).
+The checkpoint ships with the repository as test data:
+testdata/stories260K/stories260K_v1.bin (see testdata/stories260K/README.md).
 """
 import argparse
 import sys

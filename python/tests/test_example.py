@@ -2,7 +2,7 @@
 C++ decoder (model/decoder.cc, through the kvcache CLI): the same greedy tokens and
 the same teacher-forced mean NLL within float rounding.
 
-Needs stories260K from the shared models folder beside the checkout, and the CLI
+Needs stories260K from the repository's testdata/ folder, and the CLI
 (KVCACHE_CLI, set by ctest). Without them the test says so and skips; under CI
 (CI=true) their absence is a failure."""
 import json
@@ -18,8 +18,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "examples" / "python"))
 import llama_numpy  # noqa: E402
 
-SHARED = pathlib.Path(os.environ.get("KVCACHE_SHARED_DIR", ROOT.parent / "shared"))
-MODEL = SHARED / "models" / "stories260K"
+TESTDATA = pathlib.Path(os.environ.get("KVCACHE_TESTDATA_DIR", ROOT / "testdata"))
+MODEL = TESTDATA / "stories260K"
 CLI = os.environ.get("KVCACHE_CLI", str(ROOT / "build" / "release" / "tools" / "kvcache"))
 PROMPT = "Once upon a time, there was a little dog named Tim. Tim liked to"
 

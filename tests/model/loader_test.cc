@@ -13,7 +13,7 @@
 namespace kvcache::model {
 namespace {
 
-const std::string kModelDir = std::string(KVCACHE_SHARED_DIR) + "/models/stories260K/";
+const std::string kModelDir = std::string(KVCACHE_TESTDATA_DIR) + "/stories260K/";
 const std::string kModelPath = kModelDir + "stories260K_v1.bin";
 const std::string kTokenizerPath = kModelDir + "tokenizer.bin";
 

@@ -1,5 +1,5 @@
 // Shared test fixture: stories260K and its tokenizer, loaded once per binary
-// from KVCACHE_SHARED_DIR (never copied into the repository).
+// from the repository's testdata/ (KVCACHE_TESTDATA_DIR).
 #pragma once
 
 #include <gtest/gtest.h>
@@ -14,7 +14,7 @@
 namespace kvcache::model::testing {
 
 inline const std::string& ModelDir() {
-  static const std::string dir = std::string(KVCACHE_SHARED_DIR) + "/models/stories260K/";
+  static const std::string dir = std::string(KVCACHE_TESTDATA_DIR) + "/stories260K/";
   return dir;
 }
 
