@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "attention/bench_support.h"
+#include "testing/bench_support.h"
 #include "kvcache/attention.h"
 #include "kvcache/simd.h"
 #include "kvcache/thread_pool.h"

@@ -9,7 +9,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "attention/bench_support.h"
+#include "testing/bench_support.h"
 #include "kvcache/format.h"
 
 namespace kvcache::tools {

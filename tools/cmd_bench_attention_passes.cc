@@ -43,7 +43,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 
-#include "attention/bench_support.h"
+#include "testing/bench_support.h"
 #include "attention/plan.h"
 #include "kvcache/attention.h"
 #include "kvcache/simd.h"

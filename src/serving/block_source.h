@@ -1,7 +1,7 @@
 // BlockSource: the block-pool operations the serving simulator uses, so that
-// it can run on the real BlockPool (PoolBlockSource) or on ModelBlockSource,
-// a deliberately simple reference model of the pool's block accounting that
-// tests compare against. Both follow the contracts in kvcache/pool.h.
+// it can run on the real BlockPool (PoolBlockSource) or on a deliberately
+// simple reference model of the pool's block accounting that tests compare
+// against (testing/model_block_source.h). Both follow the contracts in kvcache/pool.h.
 //
 // Thread safety: as the implementation (the pool is thread-safe; the model
 // is not and is used from one thread).
@@ -39,7 +39,5 @@ class BlockSource {
 // Over a real pool (kept alive by the source).
 std::unique_ptr<BlockSource> NewPoolBlockSource(std::shared_ptr<BlockPool> pool);
 
-// The reference model: metadata only, plain containers, obviously correct.
-std::unique_ptr<BlockSource> NewModelBlockSource(uint32_t num_blocks, uint32_t block_size);
 
 }  // namespace kvcache::serving

@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "attention/bench_support.h"
+#include "testing/bench_support.h"
 #include "attention/plan.h"
 #include "kvcache/attention.h"
 #include "kvcache/thread_pool.h"

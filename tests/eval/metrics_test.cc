@@ -1,13 +1,13 @@
 // Metrics against hand-computed cases, and the evaluator on f32 (exact) and
 // on the formats that exist.
-#include "eval/metrics.h"
+#include "testing/eval/metrics.h"
 
 #include <gtest/gtest.h>
 
 #include <cmath>
 
-#include "eval/eval.h"
-#include "eval/synthetic.h"
+#include "testing/eval/eval.h"
+#include "testing/eval/synthetic.h"
 
 namespace kvcache::eval {
 namespace {

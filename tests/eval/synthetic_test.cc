@@ -1,5 +1,5 @@
 // Synthetic eval data has the statistics synthetic.h promises.
-#include "eval/synthetic.h"
+#include "testing/eval/synthetic.h"
 
 #include <gtest/gtest.h>
 

@@ -3,8 +3,8 @@
 // not implemented in this build.
 #include <gtest/gtest.h>
 
-#include "eval/eval.h"
-#include "eval/synthetic.h"
+#include "testing/eval/eval.h"
+#include "testing/eval/synthetic.h"
 
 namespace kvcache::eval {
 namespace {

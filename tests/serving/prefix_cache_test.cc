@@ -12,6 +12,7 @@
 #include "kvcache/pool.h"
 #include "kvcache/prefix_cache.h"
 #include "serving/block_source.h"
+#include "testing/model_block_source.h"
 
 namespace kvcache {
 namespace {

@@ -10,7 +10,7 @@
 #include <sstream>
 #include <string>
 
-#include "eval/synthetic.h"
+#include "testing/eval/synthetic.h"
 #include "kvcache/format.h"
 #include "kvcache/npy.h"
 

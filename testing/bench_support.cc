@@ -1,5 +1,5 @@
 // SyntheticKv and ReadBandwidthProbe (bench_support.h).
-#include "attention/bench_support.h"
+#include "testing/bench_support.h"
 
 #include <algorithm>
 #include <atomic>

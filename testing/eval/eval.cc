@@ -1,5 +1,5 @@
 // Format-pair evaluation: see eval.h.
-#include "eval/eval.h"
+#include "testing/eval/eval.h"
 
 #include <fmt/format.h>
 

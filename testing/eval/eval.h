@@ -16,7 +16,7 @@
 #include <utility>
 #include <vector>
 
-#include "eval/metrics.h"
+#include "testing/eval/metrics.h"
 #include "kvcache/format.h"
 #include "kvcache/status.h"
 
