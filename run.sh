@@ -19,23 +19,59 @@ JOBS="${KVCACHE_JOBS:-$(nproc)}"
 # The project's Python environment (scripts/setup.sh makes it): first on PATH,
 # so CMake builds the extension for it and the tests run in it.
 export KVCACHE_VENV="${KVCACHE_VENV:-$ROOT/build/venv}"
+# One line per step on stderr, so a first run that takes minutes says what
+# it is doing.
+step() { echo "run.sh: $*" >&2; }
+
 setup() {
+  [ "${1:-}" = quiet ] || step "checking the Debian packages and the Python environment (installs what is missing)"
   "$ROOT/scripts/setup.sh"
   export VIRTUAL_ENV="$KVCACHE_VENV" PATH="$KVCACHE_VENV/bin:$PATH"
 }
-# --- issue 16: SmolLM2's GGUF, fetched once into ${KVCACHE_MODEL_DIR:-~/.cache/kvcache/models} ---
+# SmolLM2's GGUF, fetched once into ${KVCACHE_MODEL_DIR:-~/.cache/kvcache/models}.
 fetch_model() {
+  step "fetching SmolLM2-135M (once, about 93 MB, into ${KVCACHE_MODEL_DIR:-~/.cache/kvcache/models})"
   "$ROOT/scripts/fetch_model.sh" >/dev/null ||
     echo "run.sh: SmolLM2 could not be fetched; the model_smollm tests and the demo will fail" >&2
 }
 
-# build PRESET [TARGET...]
+# Reads ninja's "[done/total] ..." lines, prints one at every tenth.
+progress() {
+  local shown=0 line pct
+  while IFS= read -r line; do
+    if [[ $line =~ ^\[([0-9]+)/([0-9]+)\] ]]; then
+      pct=$((100 * BASH_REMATCH[1] / BASH_REMATCH[2] / 10 * 10))
+      if [ "$pct" -gt "$shown" ]; then
+        shown=$pct
+        echo "run.sh:   $pct% (${BASH_REMATCH[1]} of ${BASH_REMATCH[2]} steps)" >&2
+      fi
+    fi
+  done
+}
+
+# build PRESET [TARGET...]: the build's output goes to build/PRESET/build.log;
+# the screen gets a progress line at every tenth of the steps, and the log's
+# end if the build fails.
 build() {
   local preset="$1"; shift
-  if [ ! -f "build/$preset/build.ninja" ]; then
-    cmake --preset "$preset" >/dev/null
+  local dir="build/$preset" log="build/$preset/build.log"
+  if [ ! -f "$dir/build.ninja" ]; then
+    step "configuring $dir"
+    mkdir -p "$dir"
+    cmake --preset "$preset" >"$dir/configure.log" 2>&1 || { tail -30 "$dir/configure.log" >&2; return 1; }
   fi
-  cmake --build "build/$preset" -j "$JOBS" ${1:+--target "$@"}
+  if ninja -C "$dir" -n "$@" 2>/dev/null | grep -q '^ninja: no work to do'; then
+    return 0
+  fi
+  step "building $dir${1:+ ($*)} with $JOBS jobs (a first build takes about 10-15 minutes on 2 cores" \
+       "and 25 for everything the tests need; log: $log)"
+  local start=$SECONDS
+  if ! cmake --build "$dir" -j "$JOBS" ${1:+--target "$@"} 2>&1 | tee "$log" | progress; then
+    echo "run.sh: the build failed; the end of $log:" >&2
+    tail -40 "$log" >&2
+    return 1
+  fi
+  step "built in $((SECONDS - start)) s"
 }
 
 cmd="${1:-help}"; shift || true
@@ -43,23 +79,25 @@ case "$cmd" in
   demo)
     setup
     fetch_model
-    build release kvcache_cli >/dev/null
+    build release kvcache_cli
+    step "running kvcache demo (a minute or two)"
     exec "build/release/tools/kvcache" demo "$@"
     ;;
   test)
     setup
     fetch_model
     build release
+    step "running the tests (ctest, $JOBS at a time; about 10 minutes)"
     ctest --test-dir build/release -j "$JOBS" --output-on-failure "$@"
     ;;
   kvcache)
-    setup
-    build release kvcache_cli >/dev/null
+    setup quiet
+    build release kvcache_cli
     exec "build/release/tools/kvcache" "$@"
     ;;
   bench)
     setup
-    build release kvcache_bench >/dev/null
+    build release kvcache_bench
     exec "build/release/bench/kvcache_bench" --benchmark_min_time=0.05 "$@"
     ;;
   sanitize)
@@ -68,7 +106,7 @@ case "$cmd" in
     case "$preset" in
       asan)  # address + undefined behaviour: the whole suite
         build asan
-        # (model_smollm: the SmolLM2 tests, minutes under a sanitizer; issue 16)
+        # (model_smollm: the SmolLM2 tests, minutes under a sanitizer)
         ctest --test-dir build/asan -j "$JOBS" --output-on-failure -LE '^(slow|model_smollm)$' "$@"
         ;;
       tsan)  # threads: the layers whose tests run concurrent work
@@ -88,10 +126,10 @@ case "$cmd" in
     ;;
   report)  # measure here and draw docs/img/*.png (scripts/report.sh; --full for 32k context)
     setup
-    build release kvcache_cli kvcache_python_package >/dev/null
+    build release kvcache_cli kvcache_python_package
     exec "$ROOT/scripts/report.sh" "$@"
     ;;
-  # --- fuzz (issue 19): the targets named (default: every one in
+  # --- fuzz: the targets named (default: every one in
   # fuzz/CMakeLists.txt), SECONDS each, on top of fuzz/corpus/<target>/
   # (read only: new inputs go to build/fuzz/work/, crashes to
   # build/fuzz/artifacts/). Builds only what those targets need. Fails on
@@ -104,7 +142,11 @@ case "$cmd" in
       bins=("${@/#/build/fuzz/fuzz/fuzz_}")
     else
       build fuzz kvcache_fuzz_targets
-      bins=(build/fuzz/fuzz/fuzz_*)
+      # every built target (the folder also holds generated files)
+      bins=()
+      for f in build/fuzz/fuzz/fuzz_*; do
+        [[ -f "$f" && -x "$f" ]] && bins+=("$f")
+      done
     fi
     status=0
     for bin in "${bins[@]}"; do
