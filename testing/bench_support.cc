@@ -98,9 +98,9 @@ namespace {
 // Sums n bytes at p as 16-byte vector words (any alignment), four
 // independent sums so the loop is load-bound, not add-latency bound. Wide
 // loads matter: with 8-byte loads a walk over scattered 4 KiB pieces keeps
-// fewer cache lines in flight and measured ~1.6x slower than the same walk
-// with 16- or 32-byte loads (2026-11-29, this project's 2-vCPU Zen 3 VM),
-// which would overstate the memory floor of the paged layout.
+// fewer cache lines in flight and is markedly slower than the same walk
+// with 16- or 32-byte loads (docs/perf/attention.md), which would overstate
+// the memory floor of the paged layout.
 uint64_t ReadBytes(const uint8_t* p, size_t n) {
   using V2 = uint64_t __attribute__((vector_size(16)));
   V2 a = {0, 0}, b = a, c = a, d = a;
