@@ -71,7 +71,7 @@ int RunDemo(const DemoOptions& o) {
 }
 
 const bool kRegistered = RegisterCommand(
-    "demo", "The main job: a story on the cache, quality per format, a serving simulation",
+    "demo", "SmolLM2 answers a chat prompt on the cache (plain and speculative), quality and memory per KV format, a serving simulation",
     [](CLI::App* app) -> Runner {
       auto o = std::make_shared<DemoOptions>();
       app->add_option("--model", o->model, "SmolLM2 GGUF (scripts/fetch_model.sh fetches it)")

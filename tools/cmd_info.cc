@@ -129,7 +129,7 @@ int RunInfo(const InfoOptions& o) {
 }
 
 const bool kRegistered = RegisterCommand(
-    "info", "List the formats, their sizes for a geometry, and the SIMD target",
+    "info", "The formats and their bytes per token for a geometry, and the SIMD targets this CPU runs",
     [](CLI::App* app) -> Runner {
       auto o = std::make_shared<InfoOptions>();
       app->add_flag("--json", o->json, "Print JSON");

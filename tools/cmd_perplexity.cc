@@ -199,7 +199,7 @@ int RunPerplexity(const PerplexityCliOptions& o) {
 }
 
 const bool kRegistered = RegisterCommand(
-    "perplexity", "Teacher-forced perplexity and KL vs the f32 cache for one KV format",
+    "perplexity", "Teacher-forced perplexity, KL vs the f32 cache and top-1 agreement per KV format (or eviction budget) on a text",
     [](CLI::App* app) -> Runner {
       auto o = std::make_shared<PerplexityCliOptions>();
       app->add_option("--model", o->model_path, "GGUF file, or llama2.c v1 checkpoint")->required();

@@ -24,6 +24,20 @@ bool RegisterCommand(std::string name, std::string description, Configure config
   return true;
 }
 
+namespace {
+// The help line of a command group ("bench"): its commands' names.
+std::string GroupDescription(const std::string& group) {
+  std::string names;
+  const std::string prefix = group + " ";
+  for (const CommandSpec& spec : Registry()) {
+    if (spec.name.starts_with(prefix)) {
+      names += (names.empty() ? "" : ", ") + spec.name.substr(prefix.size());
+    }
+  }
+  return (group == "bench" ? "Benchmarks: " : "Commands: ") + names;
+}
+}  // namespace
+
 }  // namespace kvcache::tools
 
 int main(int argc, char** argv) {
@@ -47,7 +61,7 @@ int main(int argc, char** argv) {
       path += (path.empty() ? "" : " ") + parts[i];
       auto it = nodes.find(path);
       if (it == nodes.end()) {
-        CLI::App* node = parent->add_subcommand(parts[i], parts[i] + " commands");
+        CLI::App* node = parent->add_subcommand(parts[i], GroupDescription(parts[i]));
         node->require_subcommand(1);
         it = nodes.emplace(path, node).first;
       }
