@@ -117,8 +117,7 @@ Result<SequenceCache> SequenceCache::CreatePaged(std::shared_ptr<BlockPool> pool
   auto st = NewState(pool->geometry(), pool->formats());
   st->codec[0] = pool->shared_codec(Side::kKey);
   st->codec[1] = pool->shared_codec(Side::kValue);
-  st->store = std::make_unique<PagedStore>(pool);
-  st->pool = std::move(pool);
+  st->store = std::make_unique<PagedStore>(std::move(pool));
   SequenceCache cache(std::move(st));
   if (options.reserve_tokens > 0) {
     Status s = cache.Reserve(options.reserve_tokens);
@@ -152,7 +151,7 @@ uint32_t SequenceCache::n_layers() const { return s_->geometry.n_layers(); }
 uint32_t SequenceCache::n_kv_heads() const { return s_->geometry.n_kv_heads(); }
 uint32_t SequenceCache::head_dim() const { return s_->geometry.head_dim(); }
 uint32_t SequenceCache::block_size() const { return s_->store->block_size(); }
-const std::shared_ptr<BlockPool>& SequenceCache::pool() const { return s_->pool; }
+const std::shared_ptr<BlockPool>& SequenceCache::pool() const { return s_->store->pool(); }
 const RowCodec& SequenceCache::codec(Side side) const {
   return *s_->codec[static_cast<int>(side)];
 }
@@ -276,7 +275,6 @@ Result<SequenceCache> SequenceCache::Clone(const CloneOptions& options) const {
   KV_ASSIGN_OR_RETURN(st->store, options.layout == CloneLayout::kSame
                                      ? s.store->Clone(s.layers)
                                      : s.store->CloneContiguous(s.layers));
-  if (st->store->layout() == CacheLayout::kPaged) st->pool = s.pool;
   st->Touch();
   return SequenceCache(std::move(st));
 }
@@ -286,7 +284,6 @@ Result<SequenceCache> SequenceCache::Fork() {
   if (s.released) return UsedAfterRelease();
   auto child = CopyMeta(s);
   KV_ASSIGN_OR_RETURN(child->store, s.store->Fork(s.layers));
-  child->pool = s.pool;
   child->Touch();
   return SequenceCache(std::move(child));
 }

@@ -150,6 +150,10 @@ class RowStore {
   // Gives back reserved blocks the reservation target no longer needs.
   virtual void TrimReservation(std::span<const LayerMeta> /*layers*/) {}
   virtual std::span<const uint32_t> block_table() const { return {}; }
+  virtual const std::shared_ptr<BlockPool>& pool() const {
+    static const std::shared_ptr<BlockPool> kNone;
+    return kNone;
+  }
   virtual Status SetBlockHash(uint32_t /*logical_block*/, uint64_t /*hash*/,
                               std::span<const LayerMeta> /*layers*/) {
     return Status::FailedPrecondition("cache: block hashes need the paged layout");
@@ -169,7 +173,6 @@ struct SequenceCache::State {
   bool released = false;
   std::vector<LayerMeta> layers;
   std::unique_ptr<RowStore> store;
-  std::shared_ptr<BlockPool> pool;  // paged only (the store holds it too)
   uint32_t context_len[1] = {0};
 
   // Scratch (not state): gathered input rows.

@@ -53,6 +53,7 @@ class PagedStore final : public RowStore {
   bool is_fully_reserved(std::span<const LayerMeta> layers) const override;
   void TrimReservation(std::span<const LayerMeta> layers) override;
   std::span<const uint32_t> block_table() const override { return table_; }
+  const std::shared_ptr<BlockPool>& pool() const override { return pool_; }
   Status SetBlockHash(uint32_t logical_block, uint64_t hash,
                       std::span<const LayerMeta> layers) override;
   Status AdoptBlocks(std::span<const uint32_t> blocks) override;
