@@ -16,6 +16,8 @@
 // The one-token path (decode) is hot: per layer and side one RowAddressing,
 // one finiteness check and one dispatched encode for all alive heads; no
 // allocation once its thread-local scratch has grown.
+//
+// Thread safety: as cache.h (mutating calls; the scratch is per thread).
 #include <fmt/format.h>
 
 #include <algorithm>

@@ -3,6 +3,8 @@
 // An append replaces the buffers it grows at once (rows copied over), so
 // that it encodes through Rows() like any other write; the old buffers wait
 // in replaced_ and come back on undo, or are freed on commit.
+//
+// Thread safety: one mutator at a time, as SequenceCache.
 #include "cache/contiguous_store.h"
 
 #include <fmt/format.h>

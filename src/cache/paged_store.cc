@@ -11,6 +11,8 @@
 // Reservations. Appends draw from the reservation first; blocks freed by
 // Shrink go back into it (atomically, ReleaseAndReserve), topped up best
 // effort for blocks that stay shared with a fork.
+//
+// Thread safety: one mutator at a time, as SequenceCache.
 #include "cache/paged_store.h"
 
 #include <fmt/format.h>
