@@ -36,8 +36,8 @@
 // (copy-on-write; with all heads alive only the partial last block is ever
 // copied). Fork of a 32k-token sequence = block-table copy + refcount bumps.
 // Clone() is a detached deep copy: by default it is contiguous and holds no
-// pool blocks (the seed's semantics), or, with CloneOptions, paged with its
-// own fresh blocks from the same pool (all or nothing).
+// pool blocks, or, with CloneOptions, paged with its own fresh blocks from
+// the same pool (all or nothing).
 //
 // Reservations (paged, admission control). Reserve(max_tokens) promises, up
 // front, every block that appending up to max_tokens rows in every head
@@ -58,6 +58,10 @@
 // (PoolExhausted: no layer gets a partial append), any use after Release
 // (FailedPrecondition). Release is idempotent and also done on destruction;
 // blocks go back exactly once (back to front, see pool.h for why).
+//
+// Implementation: src/cache/cache.cc (with cache_append.cc and
+// cache_keep_rows.cc); the two layouts are src/cache/contiguous_store.* and
+// src/cache/paged_store.*.
 //
 // Thread safety: a SequenceCache is mutated by one thread at a time
 // (external synchronization); its const methods (View, HeadKeys, ...) may run
@@ -105,11 +109,10 @@ struct ContiguousOptions {
 struct PagedOptions {
   // If > 0, Reserve(reserve_tokens) at creation (admission control: fails
   // with PoolExhausted, creating nothing, if the pool cannot promise it).
-  // 0 reserves nothing: blocks are taken as appends need them. The seed's
-  // with_pool(max_seq_len) takes at least one block even for 0; its
-  // counterpart here is reserve_tokens = max(max_seq_len, 1). 0 is kept
-  // for "no admission control" so that an idle sequence (a prefix-cache
-  // probe, a fork that only reads) withholds no block from the pool.
+  // 0 reserves nothing: blocks are taken as appends need them, so that an
+  // idle sequence (a prefix-cache probe, a fork that only reads) withholds
+  // no block from the pool. A caller that wants the first block promised
+  // even for an empty plan passes max(planned_tokens, 1).
   uint32_t reserve_tokens = 0;
 };
 
@@ -122,7 +125,7 @@ struct AppendOptions {
 };
 
 enum class CloneLayout : uint8_t {
-  kContiguous,  // detached: holds no pool blocks (default; the seed's Clone)
+  kContiguous,  // detached: holds no pool blocks (default)
   kSame,        // same layout as the source; a paged clone draws its own blocks
 };
 struct CloneOptions {
@@ -139,14 +142,16 @@ struct Calibration {
   std::vector<RowTransform> transforms;
 };
 
-// A handle on one layer of a SequenceCache: the seed's LayerKvCache.
+// A handle on one layer of a SequenceCache; each method is the
+// SequenceCache method of the same name for this layer.
 // Cheap to copy; invalidated when its SequenceCache is moved or destroyed.
+// Thread safety: that of the SequenceCache it came from.
 class LayerCache {
  public:
   uint32_t layer() const { return layer_; }
   uint32_t n_kv_heads() const;
   uint32_t head_dim() const;
-  uint32_t num_tokens() const;  // seq_len of the seed: positions appended to this layer
+  uint32_t num_tokens() const;  // positions appended to this layer
 
   // k, v: [n_tokens][n_kv_heads][head_dim]. One token or a chunk.
   Status Append(std::span<const float> k, std::span<const float> v,
@@ -168,7 +173,9 @@ class LayerCache {
   std::vector<float> Importance() const;
   // The view attention reads. FailedPrecondition after Release.
   Result<LayerKvView> View() const;
-  size_t allocated_bytes() const;  // memory_bytes of the seed (contiguous: own buffers)
+  // Bytes resident for this layer: contiguous: its buffers; paged: the
+  // table's blocks * this layer's share of a block (K + V).
+  size_t allocated_bytes() const;
   size_t used_bytes() const;       // stored rows * row bytes, K + V
 
  private:
@@ -180,12 +187,14 @@ class LayerCache {
 
 class SequenceCache {
  public:
-  // A contiguous cache (KvCache::new / with_capacity of the seed).
-  // InvalidArgument if a format cannot take geometry.head_dim().
+  // Returns an empty contiguous cache (options: planned capacity, policy,
+  // rotation seed of the turbo formats). InvalidArgument if a format cannot
+  // take geometry.head_dim() or options.capacity_tokens exceeds 2^30.
   static Result<SequenceCache> CreateContiguous(const Geometry& geometry, FormatPair formats,
                                                 const ContiguousOptions& options = {});
-  // A paged cache on `pool` (KvCache::with_pool of the seed when
-  // options.reserve_tokens > 0).
+  // Returns an empty paged cache on `pool`, with Reserve(reserve_tokens)
+  // done when options.reserve_tokens > 0 (PoolExhausted, creating nothing,
+  // if the pool cannot promise it). InvalidArgument for a null pool.
   static Result<SequenceCache> CreatePaged(std::shared_ptr<BlockPool> pool,
                                            const PagedOptions& options = {});
 
@@ -202,7 +211,7 @@ class SequenceCache {
   uint32_t n_layers() const;
   uint32_t n_kv_heads() const;
   uint32_t head_dim() const;
-  // Paged: positions per block; 0 for contiguous (as in the seed).
+  // Paged: positions per block; 0 for contiguous.
   uint32_t block_size() const;
   const std::shared_ptr<BlockPool>& pool() const;  // null for contiguous
   const RowCodec& codec(Side side) const;
@@ -242,21 +251,18 @@ class SequenceCache {
   // go back to the pool (into the reservation first). OutOfRange if
   // num_tokens > this->num_tokens().
   Status Truncate(uint32_t num_tokens);
-  // Drops the last n_drop positions (the seed's truncate_last).
+  // Drops the last n_drop positions: Truncate(num_tokens() - n_drop).
+  // OutOfRange if n_drop > num_tokens().
   Status TruncateLast(uint32_t n_drop);
   // Back to empty: rows, calibration and importance dropped; paged blocks
   // released (into the reservation while Reserve's target asks for them).
   // Keeps the layout, pool and reservation target.
   Status Clear();
-  // Gives everything back (blocks, reservation, buffers); afterwards every
-  // operation but accessors fails with FailedPrecondition. Idempotent.
-  // Unlike the seed's release_to_pool (a no-op without a pool), this also
-  // frees a contiguous cache's buffers: the one call that ends any cache's
-  // life before its destructor. ReleaseToPool is the seed's call.
+  // Gives everything back (blocks, reservation, contiguous buffers);
+  // afterwards every operation but accessors fails with
+  // FailedPrecondition. Idempotent; the destructor calls it. The one call
+  // that ends any cache's life before its destructor.
   void Release();
-  // The seed's release_to_pool: Release() for a paged cache, a no-op (the
-  // cache stays usable) for a contiguous one. Idempotent.
-  void ReleaseToPool();
 
   // --- copies ------------------------------------------------------------
   // Paged: shares every block (refcount +1 each) and copies the table and
@@ -275,9 +281,11 @@ class SequenceCache {
   bool is_fully_reserved() const;
 
   // --- paged exports (empty spans for contiguous) ---------------------------
-  // [num_blocks] logical -> physical block ids: paged_block_indices / block_table of the seed.
+  // [num_blocks] logical -> physical block ids (what a paged-attention
+  // kernel indexes); empty for contiguous.
   std::span<const uint32_t> block_table() const;
-  // [1] the sequence length as u32: context_lens of the seed.
+  // [1] the sequence length as u32 (a paged-attention kernel's context
+  // lengths); empty for contiguous.
   std::span<const uint32_t> context_lens() const;
   // Names logical block `logical_block` (which must be full in every head)
   // by its content hash in the pool (prefix reuse); the block is treated as
@@ -304,7 +312,7 @@ class SequenceCache {
   Status AccumulateImportance(uint32_t layer, uint32_t head, std::span<const float> probs);
   std::vector<float> HeadImportance(uint32_t layer, uint32_t head) const;
   std::vector<float> Importance(uint32_t layer) const;
-  // Eviction (added for hybrid.h): keeps only stored rows `rows` (strictly
+  // Eviction (hybrid.h evicts through it): keeps only stored rows `rows` (strictly
   // ascending, each < head_len) of one head, compacted to rows 0..k-1 in that
   // order; each keeps its original position (HeadPositions) and importance.
   // Paged: blocks written are copied first if shared (copy-on-write), blocks

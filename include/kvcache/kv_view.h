@@ -19,7 +19,12 @@
 // head with no rows); row r of head h is at head_base[h] + r * row_bytes, and
 // base / block_stride / head_stride are unused (0). block_size is then the
 // largest head capacity, block_table = {0}, num_blocks = 1, so code that walks
-// "blocks" sees one block per head. row_ptr() handles both forms.
+// "blocks" sees one block per head.
+//
+// RowAddressing below is this rule, written once: row_ptr() reads through it
+// and SequenceCache writes its rows through it.
+//
+// Thread safety: plain data; concurrent reads are safe.
 #pragma once
 
 #include <cstddef>
@@ -29,6 +34,38 @@
 #include "kvcache/format.h"
 
 namespace kvcache {
+
+// Where the rows of one side of one layer live, in either form (the rule of
+// the file comment). Byte is const uint8_t for readers and uint8_t for the
+// cache, which writes rows through the same rule attention reads them with.
+template <typename Byte>
+struct RowAddressing {
+  Byte* base = nullptr;              // block form: the arena
+  Byte* const* head_base = nullptr;  // per-head form: [n_kv_heads] buffers, else nullptr
+  const uint32_t* block_table = nullptr;
+  uint32_t block_size = 0;
+  size_t block_stride = 0;
+  size_t head_stride = 0;
+  size_t row_bytes = 0;
+
+  // Offset of row `row` from the start of a head's storage: the same for
+  // every head, so heads of equal length can share one lookup.
+  size_t offset(uint32_t row) const {
+    if (head_base) return static_cast<size_t>(row) * row_bytes;
+    return static_cast<size_t>(block_table[row / block_size]) * block_stride +
+           static_cast<size_t>(row % block_size) * row_bytes;
+  }
+  // The row at `offset` (from offset()) of kv head `head`.
+  Byte* at(uint32_t head, size_t offset) const {
+    return (head_base ? head_base[head] : base + static_cast<size_t>(head) * head_stride) + offset;
+  }
+  Byte* row(uint32_t head, uint32_t row) const { return at(head, offset(row)); }
+  // How many rows from `row` on lie back to back in memory (to the end of
+  // its block; unbounded in the per-head form).
+  uint32_t run(uint32_t row) const {
+    return head_base ? UINT32_MAX - row : block_size - row % block_size;
+  }
+};
 
 struct KvSideView {
   Format format = Format::kF32;
@@ -65,12 +102,13 @@ struct LayerKvView {
   uint32_t position(uint32_t head, uint32_t row) const {
     return positions ? positions[head][row] : row;
   }
+  RowAddressing<const uint8_t> addressing(const KvSideView& side) const {
+    return {side.base,        side.head_base,  block_table, block_size,
+            side.block_stride, side.head_stride, side.row_bytes};
+  }
   // Start of stored row `row` of kv head `head` on one side.
   const uint8_t* row_ptr(const KvSideView& side, uint32_t head, uint32_t row) const {
-    if (side.head_base) return side.head_base[head] + static_cast<size_t>(row) * side.row_bytes;
-    return side.base + static_cast<size_t>(block_table[row / block_size]) * side.block_stride +
-           static_cast<size_t>(head) * side.head_stride +
-           static_cast<size_t>(row % block_size) * side.row_bytes;
+    return addressing(side).row(head, row);
   }
 };
 

@@ -36,6 +36,14 @@ std::vector<float> Tokens(const Geometry& g, uint32_t first, uint32_t T, float a
   return out;
 }
 
+// A paged cache on `pool` holding tokens [0, T) of Tokens() in every layer.
+Result<SequenceCache> PagedHolding(const std::shared_ptr<BlockPool>& pool, uint32_t T) {
+  KV_ASSIGN_OR_RETURN(SequenceCache c, SequenceCache::CreatePaged(pool));
+  const Geometry& g = pool->geometry();
+  KV_RETURN_IF_ERROR(c.Append(Tokens(g, 0, T), Tokens(g, 0, T)));
+  return c;
+}
+
 float At(const std::vector<float>& rows, uint32_t row, uint32_t dim, uint32_t i) {
   return rows[size_t{row} * dim + i];
 }
@@ -143,9 +151,8 @@ TEST(SequenceCacheTest, PagedViewAndExports) {
 TEST(SequenceCacheTest, ForkSharesBlocksAndCopiesOnWrite) {
   const Geometry g = Geo(2, 2, 8, 4);
   auto pool = Pool(g, 16);
-  auto parent = SequenceCache::CreatePaged(pool);
+  auto parent = PagedHolding(pool, 10);  // 2 full + 1 partial
   ASSERT_TRUE(parent.ok());
-  ASSERT_TRUE(parent->Append(Tokens(g, 0, 10), Tokens(g, 0, 10)).ok());  // 2 full + 1 partial
   EXPECT_EQ(pool->num_used_blocks(), 3u);
   auto child = parent->Fork();
   ASSERT_TRUE(child.ok());
@@ -179,9 +186,8 @@ TEST(SequenceCacheTest, ForkSharesBlocksAndCopiesOnWrite) {
 TEST(SequenceCacheTest, CloneIsDetached) {
   const Geometry g = Geo(2, 2, 8, 4);
   auto pool = Pool(g, 8);
-  auto c = SequenceCache::CreatePaged(pool);
+  auto c = PagedHolding(pool, 7);
   ASSERT_TRUE(c.ok());
-  ASSERT_TRUE(c->Append(Tokens(g, 0, 7), Tokens(g, 0, 7)).ok());
   ASSERT_TRUE(c->AccumulateImportance(0, 1, std::vector<float>(7, 0.25f)).ok());
   auto clone = c->Clone();
   ASSERT_TRUE(clone.ok());
@@ -196,9 +202,8 @@ TEST(SequenceCacheTest, CloneIsDetached) {
   ASSERT_TRUE(clone->Append(Tokens(g, 7, 1), Tokens(g, 7, 1)).ok());
   EXPECT_EQ(pool->num_used_blocks(), 0u);
   // A paged clone draws its own blocks, all or nothing.
-  auto c2 = SequenceCache::CreatePaged(pool);
+  auto c2 = PagedHolding(pool, 16);  // 4 blocks
   ASSERT_TRUE(c2.ok());
-  ASSERT_TRUE(c2->Append(Tokens(g, 0, 16), Tokens(g, 0, 16)).ok());  // 4 blocks
   auto paged = c2->Clone({CloneLayout::kSame});
   ASSERT_TRUE(paged.ok());
   EXPECT_EQ(pool->num_used_blocks(), 8u);
@@ -220,9 +225,8 @@ TEST(SequenceCacheTest, ReservationIsAdmissionControl) {
   EXPECT_TRUE(b.status().IsPoolExhausted());
   EXPECT_EQ(pool->num_reserved_blocks(), 5u);
   // Someone else takes the only unreserved block...
-  auto greedy = SequenceCache::CreatePaged(pool);
+  auto greedy = PagedHolding(pool, 4);
   ASSERT_TRUE(greedy.ok());
-  ASSERT_TRUE(greedy->Append(Tokens(g, 0, 4), Tokens(g, 0, 4)).ok());
   EXPECT_TRUE(greedy->Append(Tokens(g, 4, 1), Tokens(g, 4, 1)).IsPoolExhausted());
   // ...yet the reserved sequence appends all 20 tokens, with speculative
   // rejects in between, without ever failing.
@@ -245,9 +249,8 @@ TEST(SequenceCacheTest, ReservationIsAdmissionControl) {
 TEST(SequenceCacheTest, ExhaustionMidAppendChangesNothing) {
   const Geometry g = Geo(3, 2, 8, 2);
   auto pool = Pool(g, 3);
-  auto c = SequenceCache::CreatePaged(pool);
+  auto c = PagedHolding(pool, 5);  // 3 blocks
   ASSERT_TRUE(c.ok());
-  ASSERT_TRUE(c->Append(Tokens(g, 0, 5), Tokens(g, 0, 5)).ok());  // 3 blocks
   const auto before = *c->HeadKeys(2, 1);
   EXPECT_TRUE(c->Append(Tokens(g, 5, 2), Tokens(g, 5, 2)).IsPoolExhausted());
   // Per-layer too: layer 0 cannot grow past the pool either.
@@ -302,9 +305,8 @@ TEST(SequenceCacheTest, ImportanceSumsOverHeadsByPosition) {
 TEST(SequenceCacheTest, PublishedPrefixIsAdoptedBySharing) {
   const Geometry g = Geo(2, 1, 8, 4);
   auto pool = Pool(g, 6);
-  auto a = SequenceCache::CreatePaged(pool);
+  auto a = PagedHolding(pool, 9);
   ASSERT_TRUE(a.ok());
-  ASSERT_TRUE(a->Append(Tokens(g, 0, 9), Tokens(g, 0, 9)).ok());
   ASSERT_TRUE(a->SetBlockHash(0, 111).ok());
   ASSERT_TRUE(a->SetBlockHash(1, 222).ok());
   EXPECT_EQ(a->SetBlockHash(2, 333).code(), StatusCode::kFailedPrecondition);  // partial
@@ -337,14 +339,12 @@ TEST(SequenceCacheTest, MovesAndDestructionReleaseOnce) {
   const Geometry g = Geo(1, 1, 8, 4);
   auto pool = Pool(g, 4);
   {
-    auto a = SequenceCache::CreatePaged(pool);
+    auto a = PagedHolding(pool, 5);
     ASSERT_TRUE(a.ok());
-    ASSERT_TRUE(a->Append(Tokens(g, 0, 5), Tokens(g, 0, 5)).ok());
     SequenceCache moved = std::move(*a);
     EXPECT_EQ(pool->num_used_blocks(), 2u);
-    auto b = SequenceCache::CreatePaged(pool);
+    auto b = PagedHolding(pool, 1);
     ASSERT_TRUE(b.ok());
-    ASSERT_TRUE(b->Append(Tokens(g, 0, 1), Tokens(g, 0, 1)).ok());
     EXPECT_EQ(pool->num_used_blocks(), 3u);
     moved = std::move(*b);  // releases what `moved` held
     EXPECT_EQ(pool->num_used_blocks(), 1u);

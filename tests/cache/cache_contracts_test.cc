@@ -1,8 +1,11 @@
-// Regression tests for the defects that acceptance tests of the public API
-// found (issue 19), and for the documented counterparts of the seed's
-// behaviour where the library differs on purpose: non-finite importance,
-// reservations after a fork's child is gone, with_pool(0), release_to_pool,
-// attend's per-row probabilities and turbo formats' head_dim condition.
+// Contract edge cases of the caches, one per test: importance refuses
+// non-finite probabilities (sequence and hybrid, changing nothing);
+// reservations see exclusivity regained once a fork's child is gone; a block
+// holding compacted rows cannot be named by content; reserve_tokens 0
+// reserves nothing while 1 promises a block; Release is idempotent and gives
+// everything back; attention's per-row probabilities are those of the stored
+// rows padded with zeros; turbo formats need head_dim (not kv_dim) a
+// multiple of 16.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -40,7 +43,7 @@ const float kBad[] = {std::numeric_limits<float>::quiet_NaN(),
 
 // --- AccumulateImportance refuses non-finite probabilities, changing nothing.
 
-TEST(AcceptanceDefectsTest, SequenceImportanceRejectsNonFinite) {
+TEST(CacheContractsTest, SequenceImportanceRejectsNonFinite) {
   const Geometry g = Geo(2, 2, 8, 4);
   for (bool paged : {false, true}) {
     auto pool = BlockPool::Create(g, {}, {.num_blocks = 8});
@@ -71,7 +74,7 @@ TEST(AcceptanceDefectsTest, SequenceImportanceRejectsNonFinite) {
   }
 }
 
-TEST(AcceptanceDefectsTest, HybridImportanceRejectsNonFiniteAndEvictStillWorks) {
+TEST(CacheContractsTest, HybridImportanceRejectsNonFiniteAndEvictStillWorks) {
   const Geometry g = Geo(1, 1, 8, 4);
   auto model = HybridModel::Create(
       g, {}, {LayerSpec::FullWithPolicies({EvictionPolicy::HeavyHitter(2, 1)})});
@@ -95,7 +98,7 @@ TEST(AcceptanceDefectsTest, HybridImportanceRejectsNonFiniteAndEvictStillWorks) 
 
 // --- Reserve after a fork's child is gone.
 
-TEST(AcceptanceDefectsTest, ReserveSeesExclusivityRegainedAfterChildIsGone) {
+TEST(CacheContractsTest, ReserveSeesExclusivityRegainedAfterChildIsGone) {
   const Geometry g = Geo(1, 1, 8, 4);
   auto pool = BlockPool::Create(g, {}, {.num_blocks = 2});
   ASSERT_TRUE(pool.ok());
@@ -118,7 +121,7 @@ TEST(AcceptanceDefectsTest, ReserveSeesExclusivityRegainedAfterChildIsGone) {
   EXPECT_TRUE(c->CheckInvariants().ok());
 }
 
-TEST(AcceptanceDefectsTest, ReservationWithheldForAForkIsReturnedByReserve) {
+TEST(CacheContractsTest, ReservationWithheldForAForkIsReturnedByReserve) {
   const Geometry g = Geo(1, 1, 8, 4);
   auto pool = BlockPool::Create(g, {}, {.num_blocks = 3});
   ASSERT_TRUE(pool.ok());
@@ -143,10 +146,10 @@ TEST(AcceptanceDefectsTest, ReservationWithheldForAForkIsReturnedByReserve) {
   EXPECT_TRUE(c->CheckInvariants().ok());
 }
 
-// --- Found by the API-sequence fuzzer: a block whose rows were compacted
-// was named by the hash of positions it does not hold.
+// --- A block whose rows were compacted cannot be named by the hash of
+// positions it does not hold.
 
-TEST(AcceptanceDefectsTest, CompactedBlockCannotBeNamedByContent) {
+TEST(CacheContractsTest, CompactedBlockCannotBeNamedByContent) {
   const Geometry g = Geo(1, 2, 8, 4);
   auto pool = BlockPool::Create(g, {}, {.num_blocks = 8});
   ASSERT_TRUE(pool.ok());
@@ -173,9 +176,9 @@ TEST(AcceptanceDefectsTest, CompactedBlockCannotBeNamedByContent) {
   EXPECT_TRUE(d->CheckInvariants().ok());
 }
 
-// --- The seed's behaviours and their counterparts.
+// --- Creation-time reservations and Release.
 
-TEST(AcceptanceDefectsTest, WithPoolZeroCounterpartReservesOneBlock) {
+TEST(CacheContractsTest, ReserveTokensZeroReservesNothingOneReservesABlock) {
   const Geometry g = Geo(1, 1, 8, 4);
   auto pool = BlockPool::Create(g, {}, {.num_blocks = 2});
   ASSERT_TRUE(pool.ok());
@@ -183,44 +186,45 @@ TEST(AcceptanceDefectsTest, WithPoolZeroCounterpartReservesOneBlock) {
   ASSERT_TRUE(lazy.ok());
   EXPECT_EQ(lazy->reserved_blocks(), 0u);
   EXPECT_EQ((*pool)->num_available_blocks(), 2u);
-  // with_pool(0) of the seed: reserve_tokens = max(0, 1).
-  auto seed = SequenceCache::CreatePaged(*pool, {.reserve_tokens = 1});
-  ASSERT_TRUE(seed.ok());
-  EXPECT_EQ(seed->reserved_blocks(), 1u);
+  // An empty plan with the first block promised: reserve_tokens = max(0, 1).
+  auto eager = SequenceCache::CreatePaged(*pool, {.reserve_tokens = 1});
+  ASSERT_TRUE(eager.ok());
+  EXPECT_EQ(eager->reserved_blocks(), 1u);
   EXPECT_EQ((*pool)->num_available_blocks(), 1u);
   // That block is a promise: the first append cannot fail.
   auto other = SequenceCache::CreatePaged(*pool, {.reserve_tokens = 4});
   ASSERT_TRUE(other.ok());
   EXPECT_EQ((*pool)->num_available_blocks(), 0u);
   EXPECT_EQ(lazy->Append(Rows(g, 1, 0, 1), Rows(g, 1, 0, 1)).code(), StatusCode::kPoolExhausted);
-  EXPECT_TRUE(seed->Append(Rows(g, 1, 0, 1), Rows(g, 1, 0, 1)).ok());
+  EXPECT_TRUE(eager->Append(Rows(g, 1, 0, 1), Rows(g, 1, 0, 1)).ok());
 }
 
-TEST(AcceptanceDefectsTest, ReleaseToPoolIsANoOpWithoutAPool) {
+TEST(CacheContractsTest, ReleaseIsIdempotentAndGivesEverythingBack) {
   const Geometry g = Geo(1, 1, 8, 4);
   auto c = SequenceCache::CreateContiguous(g, {});
   ASSERT_TRUE(c.ok());
   ASSERT_TRUE(c->Append(Rows(g, 1, 0, 3), Rows(g, 1, 0, 3)).ok());
-  c->ReleaseToPool();
-  c->ReleaseToPool();
-  EXPECT_FALSE(c->released());
-  EXPECT_EQ(c->num_tokens(), 3u);
-  EXPECT_TRUE(c->Append(Rows(g, 1, 3, 1), Rows(g, 1, 3, 1)).ok());
+  c->Release();
+  c->Release();  // idempotent
+  EXPECT_TRUE(c->released());
+  EXPECT_EQ(c->num_tokens(), 0u);
+  EXPECT_EQ(c->allocated_bytes(), 0u);  // a contiguous cache frees its buffers too
+  EXPECT_EQ(c->Append(Rows(g, 1, 3, 1), Rows(g, 1, 3, 1)).code(), StatusCode::kFailedPrecondition);
 
   auto pool = BlockPool::Create(g, {}, {.num_blocks = 2});
   ASSERT_TRUE(pool.ok());
   auto p = SequenceCache::CreatePaged(*pool, {.reserve_tokens = 8});
   ASSERT_TRUE(p.ok());
   ASSERT_TRUE(p->Append(Rows(g, 1, 0, 3), Rows(g, 1, 0, 3)).ok());
-  p->ReleaseToPool();
-  p->ReleaseToPool();  // idempotent
+  p->Release();
+  p->Release();  // idempotent
   EXPECT_TRUE(p->released());
   EXPECT_EQ((*pool)->num_free_blocks(), 2u);
   EXPECT_EQ((*pool)->num_reserved_blocks(), 0u);
   EXPECT_TRUE((*pool)->CheckInvariants().ok());
 }
 
-TEST(AcceptanceDefectsTest, AttendHeadProbsAreThoseOfStoredRowsPaddedWithZeros) {
+TEST(CacheContractsTest, AttendHeadProbsAreThoseOfStoredRowsPaddedWithZeros) {
   const Geometry g = Geo(1, 2, 16, 4);
   auto c = SequenceCache::CreateContiguous(g, {});
   ASSERT_TRUE(c.ok());
@@ -240,7 +244,7 @@ TEST(AcceptanceDefectsTest, AttendHeadProbsAreThoseOfStoredRowsPaddedWithZeros) 
   o.probs = probs;
   o.kv_probs = kv_probs;
   ASSERT_TRUE(AttendDecodeHead(*view, 1, q, {.n_q_heads = 2}, o).ok());
-  // The reference over head 1's own rows (the seed's attend over its storage).
+  // A reference softmax over head 1's own stored rows.
   auto keys = c->HeadKeys(0, 1);
   ASSERT_TRUE(keys.ok());
   std::vector<double> s(3);
@@ -256,13 +260,13 @@ TEST(AcceptanceDefectsTest, AttendHeadProbsAreThoseOfStoredRowsPaddedWithZeros) 
   EXPECT_EQ(probs[3], 0.0f);
   EXPECT_EQ(probs[4], 0.0f);
   EXPECT_EQ(kv_probs, probs);  // group 1
-  // The seed's probs [stored] feed the importance counters directly.
+  // The first head_len probabilities feed the importance counters directly.
   EXPECT_TRUE(c->AccumulateImportance(0, 1, std::span<const float>(kv_probs).first(3)).ok());
   EXPECT_EQ(c->AccumulateImportance(0, 1, kv_probs).code(), StatusCode::kInvalidArgument);
 }
 
-TEST(AcceptanceDefectsTest, TurboNeedsHeadDimMultipleOf16NotKvDim) {
-  // head_dim 8 x 2 heads: kv_dim 16 would do for the seed, not here.
+TEST(CacheContractsTest, TurboNeedsHeadDimMultipleOf16NotKvDim) {
+  // head_dim 8 x 2 heads: kv_dim is 16, but the condition is on head_dim.
   const Geometry g = Geo(1, 2, 8, 4);
   for (Format f : {Format::kTurbo8, Format::kTurbo4, Format::kTurbo3, Format::kTurbo2}) {
     EXPECT_EQ(CheckHeadDim(f, 8).code(), StatusCode::kInvalidArgument);
