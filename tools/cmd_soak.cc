@@ -247,39 +247,24 @@ class Worker {
 Result<size_t> Worker::Adopt(SequenceCache* c, std::span<const TokenId> prompt) {
   if (!s_->offload) return s_->prefix->AdoptInto(c, prompt, "");
   std::vector<uint64_t> served;
-  PrefixMatch m = s_->offload->Acquire(prompt, "", &served);
+  KV_ASSIGN_OR_RETURN(const size_t adopted, s_->offload->AdoptInto(c, prompt, "", &served));
   s_->checks.fetch_add(1);
   uint64_t sum = 0;
   for (uint64_t x : served) sum += x;
-  if (m.num_tokens != m.blocks.size() * kBlock || m.num_tokens > prompt.size() ||
-      served.size() != 1 + s_->num_tiers || sum != m.num_tokens) {
-    s_->Fail(fmt::format("tier acquire: {} tokens in {} blocks for a lookup of {}, served {}",
-                         m.num_tokens, m.blocks.size(), prompt.size(), sum));
+  if (adopted % kBlock != 0 || adopted != c->num_tokens() || adopted > prompt.size() ||
+      served.size() != 1 + s_->num_tiers || sum != adopted) {
+    s_->Fail(fmt::format("tier acquire: {} tokens adopted ({} held) for a lookup of {}, served {}",
+                         adopted, c->num_tokens(), prompt.size(), sum));
   }
   s_->tier_tokens.fetch_add(sum - (served.empty() ? 0 : served[0]));
-  if (m.blocks.empty()) return size_t{0};
-  Status st = c->AdoptPrefix(m.blocks, m.calibration);
-  if (!st.ok()) {
-    std::vector<uint32_t> back(m.blocks.rbegin(), m.blocks.rend());
-    (void)s_->pool->Release(back);
-    return st;
-  }
-  return m.num_tokens;
+  return adopted;
 }
 
 Status Worker::Publish(Running& r) {
   if (!s_->offload) return s_->prefix->PublishSequence(&r.cache, r.tokens, "").status();
   const size_t full = r.tokens.size() / kBlock;
   if (r.publish_stopped || full <= r.offered) return Status::Ok();
-  const std::vector<BlockHash> hashes = HashFullBlocks(r.tokens, kBlock, "");
-  const std::span<const uint32_t> blocks(r.cache.block_table().data(), full);
-  SequenceCache* seq = &r.cache;
-  KV_ASSIGN_OR_RETURN(const size_t end,
-                      s_->offload->Publish(hashes, blocks, r.offered, r.tokens, "",
-                                           seq->calibration(), [seq](size_t logical, uint64_t hash) {
-                                             return seq->SetBlockHash(
-                                                 static_cast<uint32_t>(logical), hash);
-                                           }));
+  KV_ASSIGN_OR_RETURN(const size_t end, s_->offload->PublishSequence(&r.cache, r.tokens, "", r.offered));
   r.offered = full;
   r.publish_stopped = end < full;
   return Status::Ok();

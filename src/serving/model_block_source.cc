@@ -10,7 +10,7 @@
 
 #include <fmt/format.h>
 
-#include "serving/block_source.h"
+#include "serving/sim/block_source.h"
 
 namespace kvcache::serving {
 namespace {
