@@ -21,6 +21,7 @@
 #include "kvcache/hybrid.h"
 #include "kvcache/pool.h"
 #include "kvcache/prefix_cache.h"
+#include "testing/harness.h"
 
 namespace kvcache::fuzz {
 namespace {
@@ -54,22 +55,8 @@ class Bytes {
   size_t n_, i_ = 0;
 };
 
-// Deterministic row values: a function of (token, position, layer, head,
-// side, element) only, so identical token prefixes have identical K/V.
-float RowValue(TokenId token, uint32_t pos, uint32_t layer, uint32_t head, int side, uint32_t i) {
-  uint64_t x = (uint64_t{token} * 0x9E3779B97F4A7C15ull) ^ (uint64_t{pos} << 20) ^
-               (uint64_t{layer} << 40) ^ (uint64_t{head} << 48) ^ (uint64_t(side) << 56) ^ i;
-  x ^= x >> 31;
-  x *= 0xBF58476D1CE4E5B9ull;
-  x ^= x >> 29;
-  return static_cast<float>(static_cast<int>(x % 2001) - 1000) / 1000.0f;
-}
-
-HybridModelOptions DraftOptions() {
-  HybridModelOptions o;
-  o.max_draft_tokens = 8;
-  return o;
-}
+using harness::DraftOptions;
+using harness::RowValue;
 
 struct Config {
   GeometryOptions geo;
@@ -278,14 +265,7 @@ Snapshot World::Take(const SequenceCache& c) const {
 std::vector<float> World::Rows(const Seq& s, uint32_t first, std::span<const TokenId> toks,
                                int side) const {
   (void)s;
-  const uint32_t L = geo_.n_layers(), H = geo_.n_kv_heads(), D = geo_.head_dim();
-  std::vector<float> out;
-  out.reserve(size_t{L} * toks.size() * H * D);
-  for (uint32_t l = 0; l < L; ++l)
-    for (uint32_t t = 0; t < toks.size(); ++t)
-      for (uint32_t h = 0; h < H; ++h)
-        for (uint32_t i = 0; i < D; ++i) out.push_back(RowValue(toks[t], first + t, l, h, side, i));
-  return out;
+  return harness::TokenRows(toks, first, side, geo_.n_layers(), geo_.n_kv_heads(), geo_.head_dim());
 }
 
 std::string World::CheckPoolAccounting() {
@@ -941,12 +921,7 @@ std::string World::OpHybrid() {
   const HybridModel& m = *hmodel_;
   const uint32_t L = m.n_layers(), H = m.geometry().n_kv_heads(), D = m.geometry().head_dim();
   auto tokens_rows = [&](uint32_t first, std::span<const TokenId> toks, int side) {
-    std::vector<float> out;
-    for (uint32_t l = 0; l < L; ++l)
-      for (uint32_t t = 0; t < toks.size(); ++t)
-        for (uint32_t h = 0; h < H; ++h)
-          for (uint32_t i = 0; i < D; ++i) out.push_back(RowValue(toks[t], first + t, l, h, side, i));
-    return out;
+    return harness::TokenRows(toks, first, side, L, H, D);
   };
   if (!s.seq) {
     auto seq = in_.flag() ? HybridSequence::CreatePaged(hmodel_, hpools_, {})

@@ -1,4 +1,4 @@
-// Fuzz target `redis_reply`: RedisTier's reply reader (src/serving/
+// Fuzz target `redis_reply`: RedisTier's reply reader (kvcache/
 // resp_reader.h) on arbitrary server bytes, fed in arbitrary pieces through
 // ReadBuffer/Commit (the socket path: bulk payloads land in their blobs).
 //
@@ -19,12 +19,12 @@
 #include <vector>
 
 #include "fuzz/fuzz_target.h"
-#include "serving/resp_reader.h"
+#include "kvcache/resp_reader.h"
 
 namespace {
 
-using kvcache::internal::RespReader;
-using kvcache::internal::RespReply;
+using kvcache::RespReader;
+using kvcache::RespReply;
 using Type = RespReply::Type;
 
 constexpr size_t kMaxBulk = 1 << 20;

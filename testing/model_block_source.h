@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <memory>
 
-#include "serving/block_source.h"
+#include "serving/sim/block_source.h"
 
 namespace kvcache::serving {
 

@@ -193,7 +193,7 @@ int RunGenerate(const GenerateCliOptions& o) {
   std::unique_ptr<TierRun> tier_run;  // declared before kv: destroyed after it
   model::CacheKv* paged = nullptr;    // kv, when it runs over tier_run's pool
   Result<std::unique_ptr<model::KvBackend>> kv = Status::Internal("no kv backend");
-  PrefixMatch match;
+  size_t adopted_blocks = 0;  // the prompt's prefix blocks adopted from the pool or the tiers
   Clock::time_point start = Clock::now();
   if (!o.tiers.empty()) {
     if (o.layout_given && kv_options.layout != CacheLayout::kPaged) {
@@ -214,15 +214,14 @@ int RunGenerate(const GenerateCliOptions& o) {
     // The longest cached prefix of the prompt but its last token.
     start = Clock::now();
     const std::vector<TokenId> ids = AsTokenIds(prompt);
-    match = tier_run->offload->Acquire(std::span<const TokenId>(ids).first(ids.size() - 1), "",
-                                       &tier_run->served);
-    if (!match.blocks.empty()) {
-      Status adopted = paged->AdoptPrefix(match.blocks, match.calibration);
-      if (!adopted.ok()) {
-        (void)tier_run->pool->Release(match.blocks);
-        return Fail(adopted);
-      }
-    }
+    auto adopted = tier_run->offload->AcquireInto(
+        std::span<const TokenId>(ids).first(ids.size() - 1), "",
+        [paged](std::span<const uint32_t> blocks, std::shared_ptr<const Calibration> calibration) {
+          return paged->AdoptPrefix(blocks, std::move(calibration));
+        },
+        &tier_run->served);
+    if (!adopted.ok()) return Fail(adopted.status());
+    adopted_blocks = *adopted / kv_options.block_size;
     tier_run->lookup_seconds = SecondsBetween(start, Clock::now());
   } else {
     kv = model::CreateKvBackend(shape, kv_options);
@@ -310,20 +309,13 @@ int RunGenerate(const GenerateCliOptions& o) {
       committed.insert(committed.end(), r->tokens.begin(),
                        r->tokens.begin() + static_cast<ptrdiff_t>(held - prompt.size()));
     }
-    const uint32_t B = kv_options.block_size;
-    const std::vector<BlockHash> hashes = HashFullBlocks(committed, B, "");
-    const std::span<const uint32_t> table = paged->cache().block_table();
-    if (table.size() < hashes.size()) {
-      return Fail(Status::Internal("generate: the block table is shorter than the committed tokens"));
-    }
-    auto published = tier_run->offload->Publish(
-        hashes, table.first(hashes.size()), match.blocks.size(), committed, "",
-        paged->cache().calibration(),
+    auto published = tier_run->offload->PublishBlocks(
+        committed, paged->cache().block_table(), adopted_blocks, "", paged->cache().calibration(),
         [paged](size_t logical, uint64_t hash) {
           return paged->SetBlockHash(static_cast<uint32_t>(logical), hash);
         });
     if (!published.ok()) return Fail(published.status());
-    tier_run->published_blocks = *published > match.blocks.size() ? *published - match.blocks.size() : 0;
+    tier_run->published_blocks = *published > adopted_blocks ? *published - adopted_blocks : 0;
     tier_run->offload->Flush();
   }
   const std::vector<std::string> served_names = ServedNames(tier_run ? tier_run->offload.get() : nullptr);

@@ -68,6 +68,7 @@
 #include "kvcache/offload.h"
 #include "kvcache/pool.h"
 #include "kvcache/prefix_cache.h"
+#include "testing/harness.h"
 #include "tools/command.h"
 #include "tools/heap_counter.h"
 #include "tools/tier_json.h"
@@ -88,25 +89,10 @@ struct SoakOptions {
 
 constexpr uint32_t kLayers = 2, kHeads = 2, kDim = 32, kBlock = 16, kQHeads = 4;
 
-float RowValue(TokenId token, uint32_t pos, uint32_t layer, uint32_t head, int side, uint32_t i) {
-  uint64_t x = (uint64_t{token} * 0x9E3779B97F4A7C15ull) ^ (uint64_t{pos} << 20) ^
-               (uint64_t{layer} << 40) ^ (uint64_t{head} << 48) ^ (uint64_t(side) << 56) ^ i;
-  x ^= x >> 31;
-  x *= 0xBF58476D1CE4E5B9ull;
-  x ^= x >> 29;
-  return static_cast<float>(static_cast<int>(x % 2001) - 1000) / 1000.0f;
-}
-
 // [n_layers][T][H][D] rows of tokens [first, first + T).
 std::vector<float> Rows(std::span<const TokenId> toks, uint32_t first, int side,
                         uint32_t layers = kLayers) {
-  std::vector<float> out;
-  out.reserve(size_t{layers} * toks.size() * kHeads * kDim);
-  for (uint32_t l = 0; l < layers; ++l)
-    for (uint32_t t = 0; t < toks.size(); ++t)
-      for (uint32_t h = 0; h < kHeads; ++h)
-        for (uint32_t i = 0; i < kDim; ++i) out.push_back(RowValue(toks[t], first + t, l, h, side, i));
-  return out;
+  return harness::TokenRows(toks, first, side, layers, kHeads, kDim);
 }
 
 size_t RssBytes() {
@@ -119,12 +105,6 @@ size_t RssBytes() {
 }
 
 size_t HeapInUse() { return LiveHeapBytes(); }
-
-HybridModelOptions DraftOptions() {
-  HybridModelOptions o;
-  o.max_draft_tokens = 8;
-  return o;
-}
 
 struct Shared {
   std::shared_ptr<BlockPool> pool;
@@ -209,8 +189,8 @@ class Worker {
         }
         for (uint32_t p : positions) {
           for (uint32_t i = 0; i < kDim; ++i) {
-            if ((*k)[size_t{p} * kDim + i] != RowValue(r.tokens[p], p, l, h, 0, i) ||
-                (*v)[size_t{p} * kDim + i] != RowValue(r.tokens[p], p, l, h, 1, i)) {
+            if ((*k)[size_t{p} * kDim + i] != harness::RowValue(r.tokens[p], p, l, h, 0, i) ||
+                (*v)[size_t{p} * kDim + i] != harness::RowValue(r.tokens[p], p, l, h, 1, i)) {
               s_->Fail(fmt::format("{}layer {} head {} position {} reads back wrong rows", what, l,
                                    h, p));
               return;
@@ -247,39 +227,24 @@ class Worker {
 Result<size_t> Worker::Adopt(SequenceCache* c, std::span<const TokenId> prompt) {
   if (!s_->offload) return s_->prefix->AdoptInto(c, prompt, "");
   std::vector<uint64_t> served;
-  PrefixMatch m = s_->offload->Acquire(prompt, "", &served);
+  KV_ASSIGN_OR_RETURN(const size_t adopted, s_->offload->AdoptInto(c, prompt, "", &served));
   s_->checks.fetch_add(1);
   uint64_t sum = 0;
   for (uint64_t x : served) sum += x;
-  if (m.num_tokens != m.blocks.size() * kBlock || m.num_tokens > prompt.size() ||
-      served.size() != 1 + s_->num_tiers || sum != m.num_tokens) {
-    s_->Fail(fmt::format("tier acquire: {} tokens in {} blocks for a lookup of {}, served {}",
-                         m.num_tokens, m.blocks.size(), prompt.size(), sum));
+  if (adopted % kBlock != 0 || adopted != c->num_tokens() || adopted > prompt.size() ||
+      served.size() != 1 + s_->num_tiers || sum != adopted) {
+    s_->Fail(fmt::format("tier acquire: {} tokens adopted ({} held) for a lookup of {}, served {}",
+                         adopted, c->num_tokens(), prompt.size(), sum));
   }
   s_->tier_tokens.fetch_add(sum - (served.empty() ? 0 : served[0]));
-  if (m.blocks.empty()) return size_t{0};
-  Status st = c->AdoptPrefix(m.blocks, m.calibration);
-  if (!st.ok()) {
-    std::vector<uint32_t> back(m.blocks.rbegin(), m.blocks.rend());
-    (void)s_->pool->Release(back);
-    return st;
-  }
-  return m.num_tokens;
+  return adopted;
 }
 
 Status Worker::Publish(Running& r) {
   if (!s_->offload) return s_->prefix->PublishSequence(&r.cache, r.tokens, "").status();
   const size_t full = r.tokens.size() / kBlock;
   if (r.publish_stopped || full <= r.offered) return Status::Ok();
-  const std::vector<BlockHash> hashes = HashFullBlocks(r.tokens, kBlock, "");
-  const std::span<const uint32_t> blocks(r.cache.block_table().data(), full);
-  SequenceCache* seq = &r.cache;
-  KV_ASSIGN_OR_RETURN(const size_t end,
-                      s_->offload->Publish(hashes, blocks, r.offered, r.tokens, "",
-                                           seq->calibration(), [seq](size_t logical, uint64_t hash) {
-                                             return seq->SetBlockHash(
-                                                 static_cast<uint32_t>(logical), hash);
-                                           }));
+  KV_ASSIGN_OR_RETURN(const size_t end, s_->offload->PublishSequence(&r.cache, r.tokens, "", r.offered));
   r.offered = full;
   r.publish_stopped = end < full;
   return Status::Ok();
@@ -532,7 +497,7 @@ Status SoakOnce(const SoakOptions& o, SoakNumbers* n) {
     }
     KV_ASSIGN_OR_RETURN(s.hmodel, HybridModel::Create(
                                       g, {}, {LayerSpec::Full(), LayerSpec::Window(4, 32)},
-                                      DraftOptions()));
+                                      harness::DraftOptions()));
     const uint32_t hblocks[2] = {o.blocks / 2 + 8, o.blocks / 4 + 8};
     KV_ASSIGN_OR_RETURN(s.hpools, s.hmodel->CreatePools(hblocks));
     KV_RETURN_IF_ERROR(PreFault(*s.pool));

@@ -37,6 +37,7 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -112,6 +113,50 @@ class OffloadCache {
                          size_t start, std::span<const TokenId> tokens, std::string_view salt,
                          std::shared_ptr<const Calibration> calibration = nullptr,
                          const PrefixCache::SetHashFn& set_hash = nullptr);
+
+  // Sequence-level calls: the tiered counterparts of PrefixCache::AdoptInto
+  // and PublishSequence, for a caller that serves requests from paged
+  // sequences.
+  //
+  // AdoptInto: Acquire(tokens, salt, served_by_tier), then the blocks are
+  // adopted into the empty paged `seq` (SequenceCache::AdoptPrefix), which
+  // takes over the references. Returns the tokens adopted: a multiple of the
+  // block size, at most tokens.size() (0: nothing cached; `seq` untouched).
+  // FailedPrecondition, before any lookup, unless `seq` is empty and paged.
+  // If the adoption fails, its status is returned, the references go back to
+  // the pool (tail first) and `seq` is unchanged; blocks loaded from the
+  // tiers stay cached in the pool, as after any Acquire.
+  Result<size_t> AdoptInto(SequenceCache* seq, std::span<const TokenId> tokens,
+                           std::string_view salt, std::vector<uint64_t>* served_by_tier = nullptr);
+  // The same for a holder of a paged sequence that adopts through its own
+  // call (it wraps SequenceCache::AdoptPrefix): `adopt(blocks, calibration)`
+  // is called once, only if blocks were found, and must take over the
+  // references exactly when it returns Ok.
+  using AdoptFn = std::function<Status(std::span<const uint32_t> blocks,
+                                       std::shared_ptr<const Calibration> calibration)>;
+  Result<size_t> AcquireInto(std::span<const TokenId> tokens, std::string_view salt,
+                             const AdoptFn& adopt, std::vector<uint64_t>* served_by_tier = nullptr);
+
+  // PublishSequence: Publish for the paged `seq` whose committed tokens are
+  // `tokens` (its first tokens.size() positions): its full blocks from block
+  // `start` are named and queued for the tiers; blocks [0, start) must be
+  // ones this caller published or adopted before (0: the whole sequence).
+  // Returns end as Publish does: blocks [0, end) are now cached as seq's, and
+  // end < tokens.size() / block_size means publication stopped at a
+  // duplicate (later calls get no further). FailedPrecondition unless paged,
+  // InvalidArgument if tokens.size() > seq->num_tokens(); on either nothing
+  // is published.
+  Result<size_t> PublishSequence(SequenceCache* seq, std::span<const TokenId> tokens,
+                                 std::string_view salt, size_t start = 0);
+  // The same for a holder that names its blocks through its own call:
+  // `block_table` holds the committed `tokens` (block i: tokens [i*B,
+  // (i+1)*B)), `calibration` is what they were encoded with and `set_hash`
+  // names one (Publish). InvalidArgument, publishing nothing, if the table is
+  // shorter than the full blocks of `tokens`.
+  Result<size_t> PublishBlocks(std::span<const TokenId> tokens, std::span<const uint32_t> block_table,
+                               size_t start, std::string_view salt,
+                               std::shared_ptr<const Calibration> calibration,
+                               const PrefixCache::SetHashFn& set_hash);
 
   // Waits until every queued store has been written (tests, end of a run).
   void Flush();

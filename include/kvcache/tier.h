@@ -193,8 +193,9 @@ struct BlockCompat {
   GeometryOptions geometry;
   FormatPair formats;
   // What rotated (turbo) formats' bytes depend on besides the format: a
-  // digest of the rotation seed's effect. OffloadCache uses RotationDigest
-  // of its pool; 0 when neither side rotates (the seed changes nothing then).
+  // digest of the rotation signs the pool's rotation_seed produced.
+  // OffloadCache uses RotationDigest of its pool; it is 0 when neither side
+  // rotates, so pools that differ only in rotation_seed are then compatible.
   uint64_t rotation = 0;
   BlockHash calibration{};  // CalibrationDigest, or zero for none
 };

@@ -482,35 +482,19 @@ void BindServing(nb::module_& m) {
       .def(
           "publish_sequence",
           [](PyOffload& oc, PyCache& seq, const InU32& tokens, const std::string& salt) {
-            SequenceCache& c = seq.Mut();
-            std::vector<TokenId> t = Tokens(tokens);
-            if (t.size() > c.num_tokens()) ThrowInvalid("more tokens than the sequence holds");
-            const auto hashes = HashFullBlocks(t, c.block_size(), salt);
-            auto table = c.block_table();
-            const size_t n = std::min(hashes.size(), table.size());
-            return Unwrap(oc.cache->Publish(
-                std::span(hashes).first(n), table.first(n), 0, t, salt, c.calibration(),
-                [&c](size_t logical, uint64_t hash) {
-                  return c.SetBlockHash(static_cast<uint32_t>(logical), hash);
-                }));
+            return Unwrap(oc.cache->PublishSequence(&seq.Mut(), Tokens(tokens), salt));
           },
           "seq"_a, "tokens"_a, "salt"_a = "",
           "Publishes seq's full blocks and queues them for the tiers; returns blocks published.")
       .def(
           "adopt_into",
           [](PyOffload& oc, PyCache& seq, const InU32& tokens, const std::string& salt) {
-            SequenceCache& c = seq.Mut();
             std::vector<uint64_t> served;
-            PrefixMatch match = oc.cache->Acquire(Tokens(tokens), salt, &served);
-            Status st = c.AdoptPrefix(match.blocks, match.calibration);
-            if (!st.ok()) {
-              (void)c.pool()->Release(match.blocks);
-              Throw(st);
-            }
+            const size_t adopted = Unwrap(oc.cache->AdoptInto(&seq.Mut(), Tokens(tokens), salt, &served));
             nb::dict by;
             by["pool"] = served.empty() ? 0 : served[0];
             for (size_t t = 0; t + 1 < served.size(); ++t) by[oc.tiers[t]->name().c_str()] = served[t + 1];
-            return nb::make_tuple(match.num_tokens, by);
+            return nb::make_tuple(adopted, by);
           },
           "seq"_a, "tokens"_a, "salt"_a = "",
           "Starts an empty paged seq with the longest prefix the pool or the tiers hold; "

@@ -16,8 +16,6 @@
 // calling a tier, the pool or the prefix cache, except PrefixCache-free
 // pool calls that cannot call back (Retain). Tiers have their own locks.
 #include <algorithm>
-#include <cctype>
-#include <cstdlib>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -64,6 +62,20 @@ double Percentile(std::vector<float> v, double q) {
   return v[k];
 }
 
+// One Acquire's lookup in the tiers: chain blocks [i0, i0 + n), the ones
+// after the pool's hit (j below counts from i0).
+struct TierLookup {
+  size_t i0 = 0, n = 0;
+  std::vector<BlockHash> hashes;  // chain hashes of blocks [0, i0 + n)
+  BlockHash root;                 // ChainRoot(salt)
+  std::vector<std::string> keys;  // [n] object keys
+  std::vector<int> src;           // [n] the first tier that holds it, or -1
+  std::vector<std::vector<std::optional<TierMiss>>> have;  // [tier][n]; empty: not asked
+  std::vector<std::array<uint64_t, kNumTierMisses>> miss;  // [tier] misses to count
+  std::vector<TierBlobPtr> objects;                        // [end of the run] fetched
+  const BlockHash& Parent(size_t i) const { return i == 0 ? root : hashes[i - 1]; }
+};
+
 bool SameCalibration(const Calibration* a, const Calibration* b) {
   if (a == b) return true;
   if (a == nullptr || b == nullptr) return false;
@@ -102,6 +114,12 @@ struct OffloadCache::State {
 
   void WriterLoop();
   void StoreBatch(std::vector<Job>& jobs);
+  // The steps of Acquire past the pool's hit, in order (see Acquire).
+  void FindHolders(TierLookup& l);
+  size_t RunEnd(TierLookup& l);
+  void Fetch(TierLookup& l, size_t end);
+  std::vector<uint32_t> Stage(TierLookup& l, std::span<const TokenId> tokens);
+  void Account(const TierLookup& l, size_t ok, std::vector<uint64_t>* served_by_tier);
 };
 
 void OffloadCache::State::WriterLoop() {
@@ -253,6 +271,159 @@ Result<size_t> OffloadCache::Publish(std::span<const BlockHash> hashes,
   return end;
 }
 
+// Which tier holds each looked-up block: the first that says it has it (one
+// batched Exists per tier, asking only for the blocks no earlier tier holds).
+void OffloadCache::State::FindHolders(TierLookup& l) {
+  const size_t T = tiers.size();
+  l.src.assign(l.n, -1);
+  l.have.assign(T, {});
+  for (size_t t = 0; t < T; ++t) {
+    std::vector<std::string> ask;
+    std::vector<size_t> pos;
+    for (size_t j = 0; j < l.n; ++j) {
+      if (l.src[j] < 0) {
+        ask.push_back(l.keys[j]);
+        pos.push_back(j);
+      }
+    }
+    if (ask.empty()) break;
+    const std::vector<std::optional<TierMiss>> got = tiers[t]->Exists(ask);
+    l.have[t].assign(l.n, std::nullopt);
+    for (size_t k = 0; k < pos.size(); ++k) {
+      if (!got[k].has_value()) l.src[pos[k]] = static_cast<int>(t);
+      l.have[t][pos[k]] = got[k].has_value() ? got[k] : std::nullopt;
+    }
+    std::lock_guard<std::mutex> lock(mu);
+    ++counters[t].s.lookups;
+  }
+}
+
+// The contiguous run some tier holds, no longer than the pool could take
+// now: bytes fetched for blocks that then cannot be allocated are wasted
+// (and a waiting request asks again). The block that ends the run is a miss
+// for every tier that was asked for it.
+size_t OffloadCache::State::RunEnd(TierLookup& l) {
+  size_t end = 0;
+  while (end < l.n && l.src[end] >= 0) ++end;
+  const size_t room = pool->num_available_blocks();
+  if (end > room) {
+    std::lock_guard<std::mutex> lock(mu);
+    ++totals.load_alloc_failures;
+    end = room;
+  }
+  l.miss.assign(tiers.size(), {});
+  if (end < l.n) {
+    for (size_t t = 0; t < tiers.size(); ++t) {
+      if (!l.have[t].empty() && l.have[t][end].has_value()) {
+        ++l.miss[t][static_cast<size_t>(*l.have[t][end])];
+      }
+    }
+  }
+  return end;
+}
+
+// Loads blocks [0, end) of the run, one batched Load per tier.
+void OffloadCache::State::Fetch(TierLookup& l, size_t end) {
+  l.objects.assign(end, nullptr);
+  for (size_t t = 0; t < tiers.size() && end > 0; ++t) {
+    std::vector<std::string> ask;
+    std::vector<size_t> pos;
+    for (size_t j = 0; j < end; ++j) {
+      if (l.src[j] == static_cast<int>(t)) {
+        ask.push_back(l.keys[j]);
+        pos.push_back(j);
+      }
+    }
+    if (ask.empty()) continue;
+    const auto t0 = std::chrono::steady_clock::now();
+    std::vector<TierGet> got = tiers[t]->Load(ask);
+    const double us =
+        std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+    uint64_t bytes = 0;
+    for (size_t k = 0; k < pos.size(); ++k) {
+      if (got[k].bytes == nullptr) {
+        ++l.miss[t][static_cast<size_t>(got[k].miss)];
+        continue;
+      }
+      bytes += got[k].bytes->size();
+      l.objects[pos[k]] = std::move(got[k].bytes);
+    }
+    std::lock_guard<std::mutex> lock(mu);
+    counters[t].s.bytes_loaded += bytes;
+    counters[t].AddLatency(us);
+  }
+}
+
+// Staging blocks for the fetched run (all or nothing): nobody else can read
+// them until they are named. Each object is verified and copied into its
+// block in one pass (VerifyAndDecodeBlockObject); the first that fails ends
+// the prefix and its block and the later ones are given back. Objects after
+// the one that ended the prefix (or all of them, when the staging blocks
+// could not be allocated) are not used, but a failing one is still counted
+// and erased from its tier. Returns the verified blocks, chain order.
+std::vector<uint32_t> OffloadCache::State::Stage(TierLookup& l, std::span<const TokenId> tokens) {
+  const uint32_t B = pool->block_size();
+  const size_t end = l.objects.size();
+  size_t ok = 0;
+  while (ok < end && l.objects[ok] != nullptr) ++ok;
+  std::vector<uint32_t> fresh(ok);
+  if (ok > 0 && !pool->Allocate(fresh).ok()) {
+    std::lock_guard<std::mutex> lock(mu);
+    ++totals.load_alloc_failures;
+    ok = 0;
+    fresh.clear();
+  }
+  std::vector<std::vector<std::string>> erase(tiers.size());
+  auto reject = [&](size_t j, TierMiss why) {
+    const size_t t = static_cast<size_t>(l.src[j]);
+    ++l.miss[t][static_cast<size_t>(why)];
+    erase[t].push_back(l.keys[j]);
+  };
+  size_t good = 0;
+  for (; good < ok; ++good) {
+    const size_t i = l.i0 + good;
+    const std::optional<TierMiss> why = VerifyAndDecodeBlockObject(
+        *l.objects[good], compat, l.hashes[i], l.Parent(i), tokens.subspan(i * B, B), *pool, fresh[good]);
+    if (why.has_value()) {
+      reject(good, *why);
+      break;
+    }
+  }
+  for (size_t j = good < ok ? good + 1 : good; j < end; ++j) {
+    if (l.objects[j] == nullptr) continue;
+    const size_t i = l.i0 + j;
+    const std::optional<TierMiss> why =
+        VerifyBlockObject(*l.objects[j], compat, l.hashes[i], l.Parent(i), tokens.subspan(i * B, B));
+    if (why.has_value()) reject(j, *why);
+  }
+  if (good < ok) {
+    (void)pool->Release(std::span<const uint32_t>(fresh.data() + good, ok - good));
+    fresh.resize(good);
+  }
+  for (size_t t = 0; t < tiers.size(); ++t) {
+    if (!erase[t].empty()) tiers[t]->Erase(erase[t]);
+  }
+  return fresh;
+}
+
+// Adds the lookup's misses and the `ok` blocks it supplied to the counters.
+void OffloadCache::State::Account(const TierLookup& l, size_t ok,
+                                  std::vector<uint64_t>* served_by_tier) {
+  const uint32_t B = pool->block_size();
+  std::lock_guard<std::mutex> lock(mu);
+  for (size_t t = 0; t < tiers.size(); ++t) {
+    for (size_t r = 0; r < kNumTierMisses; ++r) counters[t].s.misses[r] += l.miss[t][r];
+  }
+  for (size_t j = 0; j < ok; ++j) {
+    const size_t t = static_cast<size_t>(l.src[j]);
+    TierStats& s = counters[t].s;
+    ++s.hit_blocks;
+    s.hit_tokens += B;
+    if (served_by_tier != nullptr) (*served_by_tier)[1 + t] += B;
+    Remember(l.hashes[l.i0 + j]);
+  }
+}
+
 PrefixMatch OffloadCache::Acquire(std::span<const TokenId> tokens, std::string_view salt,
                                   std::vector<uint64_t>* served_by_tier) {
   State& st = *state_;
@@ -262,152 +433,83 @@ PrefixMatch OffloadCache::Acquire(std::span<const TokenId> tokens, std::string_v
   if (served_by_tier != nullptr) (*served_by_tier)[0] = m.num_tokens;
   const uint32_t B = st.pool->block_size();
   const size_t full = tokens.size() / B;
-  const size_t i0 = m.blocks.size();
-  if (T == 0 || i0 >= full) return m;
-  const size_t n = std::min<size_t>(full - i0, st.o.max_load_blocks);
-  const std::vector<BlockHash> hashes = HashFullBlocks(tokens.first((i0 + n) * B), B, salt);
-  const BlockHash root = ChainRoot(salt);
-  std::vector<std::string> keys(n);
-  for (size_t j = 0; j < n; ++j) keys[j] = BlockKey(st.compat, hashes[i0 + j]);
-
-  // Which tier holds each block: the first that says it has it.
-  std::vector<int> src(n, -1);
-  std::vector<std::vector<std::optional<TierMiss>>> have(T);
-  for (size_t t = 0; t < T; ++t) {
-    std::vector<std::string> ask;
-    std::vector<size_t> pos;
-    for (size_t j = 0; j < n; ++j) {
-      if (src[j] < 0) {
-        ask.push_back(keys[j]);
-        pos.push_back(j);
-      }
-    }
-    if (ask.empty()) break;
-    const std::vector<std::optional<TierMiss>> got = st.tiers[t]->Exists(ask);
-    have[t].assign(n, std::nullopt);
-    for (size_t k = 0; k < pos.size(); ++k) {
-      if (!got[k].has_value()) src[pos[k]] = static_cast<int>(t);
-      have[t][pos[k]] = got[k].has_value() ? got[k] : std::nullopt;
-    }
-    std::lock_guard<std::mutex> lock(st.mu);
-    ++st.counters[t].s.lookups;
-  }
-  size_t end = 0;
-  while (end < n && src[end] >= 0) ++end;
-  // Load no more than the pool could take now: bytes fetched for blocks that
-  // then cannot be allocated are wasted (and a waiting request asks again).
-  const size_t room = st.pool->num_available_blocks();
-  if (end > room) {
-    std::lock_guard<std::mutex> lock(st.mu);
-    ++st.totals.load_alloc_failures;
-    end = room;
-  }
-  // The block that ends the run: a miss for every tier that was asked for it.
-  std::vector<std::array<uint64_t, kNumTierMisses>> miss(T);
-  if (end < n) {
-    for (size_t t = 0; t < T; ++t) {
-      if (!have[t].empty() && have[t][end].has_value()) ++miss[t][static_cast<size_t>(*have[t][end])];
-    }
-  }
-  // Fetch the run, tier by tier.
-  std::vector<TierBlobPtr> objects(end);
-  for (size_t t = 0; t < T && end > 0; ++t) {
-    std::vector<std::string> ask;
-    std::vector<size_t> pos;
-    for (size_t j = 0; j < end; ++j) {
-      if (src[j] == static_cast<int>(t)) {
-        ask.push_back(keys[j]);
-        pos.push_back(j);
-      }
-    }
-    if (ask.empty()) continue;
-    const auto t0 = std::chrono::steady_clock::now();
-    std::vector<TierGet> got = st.tiers[t]->Load(ask);
-    const double us =
-        std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
-    uint64_t bytes = 0;
-    for (size_t k = 0; k < pos.size(); ++k) {
-      if (got[k].bytes == nullptr) {
-        ++miss[t][static_cast<size_t>(got[k].miss)];
-        continue;
-      }
-      bytes += got[k].bytes->size();
-      objects[pos[k]] = std::move(got[k].bytes);
-    }
-    std::lock_guard<std::mutex> lock(st.mu);
-    st.counters[t].s.bytes_loaded += bytes;
-    st.counters[t].AddLatency(us);
-  }
-  size_t ok = 0;
-  while (ok < end && objects[ok] != nullptr) ++ok;
-  // Staging blocks for the fetched run (all or nothing): nobody else can
-  // read them until they are named below. Each object is verified and copied
-  // into its block in one pass (VerifyAndDecodeBlockObject); the first that
-  // fails ends the prefix and its block and the later ones are given back.
-  std::vector<uint32_t> fresh(ok);
-  if (ok > 0 && !st.pool->Allocate(fresh).ok()) {
-    std::lock_guard<std::mutex> lock(st.mu);
-    ++st.totals.load_alloc_failures;
-    ok = 0;
-    fresh.clear();
-  }
-  std::vector<std::vector<std::string>> erase(T);
-  auto reject = [&](size_t j, TierMiss why) {
-    const size_t t = static_cast<size_t>(src[j]);
-    ++miss[t][static_cast<size_t>(why)];
-    erase[t].push_back(keys[j]);
-  };
-  size_t good = 0;
-  for (; good < ok; ++good) {
-    const size_t j = good;
-    const std::optional<TierMiss> why = VerifyAndDecodeBlockObject(
-        *objects[j], st.compat, hashes[i0 + j], i0 + j == 0 ? root : hashes[i0 + j - 1],
-        tokens.subspan((i0 + j) * B, B), *st.pool, fresh[j]);
-    if (why.has_value()) {
-      reject(j, *why);
-      break;
-    }
-  }
-  // Objects after the one that ended the prefix (or all of them, when the
-  // staging blocks could not be allocated) are not used, but a failing one
-  // is still counted and erased from its tier.
-  for (size_t j = good < ok ? good + 1 : good; j < end; ++j) {
-    if (objects[j] == nullptr) continue;
-    const std::optional<TierMiss> why =
-        VerifyBlockObject(*objects[j], st.compat, hashes[i0 + j],
-                          i0 + j == 0 ? root : hashes[i0 + j - 1], tokens.subspan((i0 + j) * B, B));
-    if (why.has_value()) reject(j, *why);
-  }
-  if (good < ok) {
-    (void)st.pool->Release(std::span<const uint32_t>(fresh.data() + good, ok - good));
-    fresh.resize(good);
-    ok = good;
-  }
-  for (size_t t = 0; t < T; ++t) {
-    if (!erase[t].empty()) st.tiers[t]->Erase(erase[t]);
-  }
-  {
-    std::lock_guard<std::mutex> lock(st.mu);
-    for (size_t t = 0; t < T; ++t) {
-      for (size_t r = 0; r < kNumTierMisses; ++r) st.counters[t].s.misses[r] += miss[t][r];
-    }
-    for (size_t j = 0; j < ok; ++j) {
-      TierStats& s = st.counters[static_cast<size_t>(src[j])].s;
-      ++s.hit_blocks;
-      s.hit_tokens += B;
-      if (served_by_tier != nullptr) (*served_by_tier)[1 + static_cast<size_t>(src[j])] += B;
-      st.Remember(hashes[i0 + j]);
-    }
-  }
-  if (ok == 0) return m;
+  if (T == 0 || m.blocks.size() >= full) return m;
+  TierLookup l;
+  l.i0 = m.blocks.size();
+  l.n = std::min<size_t>(full - l.i0, st.o.max_load_blocks);
+  l.hashes = HashFullBlocks(tokens.first((l.i0 + l.n) * B), B, salt);
+  l.root = ChainRoot(salt);
+  for (size_t j = 0; j < l.n; ++j) l.keys.push_back(BlockKey(st.compat, l.hashes[l.i0 + j]));
+  st.FindHolders(l);
+  st.Fetch(l, st.RunEnd(l));
+  const std::vector<uint32_t> fresh = st.Stage(l, tokens);
+  st.Account(l, fresh.size(), served_by_tier);
+  if (fresh.empty()) return m;
   m.blocks.insert(m.blocks.end(), fresh.begin(), fresh.end());
   m.num_tokens = m.blocks.size() * B;
   if (m.calibration == nullptr) m.calibration = st.o.calibration;
   // Name the loaded blocks so that the pool serves the next lookup. A chain
   // someone published meanwhile stops this; the blocks stay ours, unnamed.
-  (void)st.cache->PublishHashed(std::span<const BlockHash>(hashes.data(), i0 + ok), m.blocks, i0,
-                                tokens.first(B), salt, m.calibration);
+  (void)st.cache->PublishHashed(std::span<const BlockHash>(l.hashes.data(), m.blocks.size()), m.blocks,
+                                l.i0, tokens.first(B), salt, m.calibration);
   return m;
+}
+
+Result<size_t> OffloadCache::AcquireInto(std::span<const TokenId> tokens, std::string_view salt,
+                                         const AdoptFn& adopt, std::vector<uint64_t>* served_by_tier) {
+  PrefixMatch m = Acquire(tokens, salt, served_by_tier);
+  if (m.blocks.empty()) return size_t{0};
+  Status status = adopt(m.blocks, m.calibration);
+  if (!status.ok()) {
+    std::vector<uint32_t> back(m.blocks.rbegin(), m.blocks.rend());  // tail first
+    (void)state_->pool->Release(back);
+    return status;
+  }
+  return m.num_tokens;
+}
+
+Result<size_t> OffloadCache::AdoptInto(SequenceCache* seq, std::span<const TokenId> tokens,
+                                       std::string_view salt, std::vector<uint64_t>* served_by_tier) {
+  if (seq == nullptr || seq->layout() != CacheLayout::kPaged || seq->num_tokens() != 0) {
+    return Status::FailedPrecondition("offload: AdoptInto needs an empty paged sequence");
+  }
+  return AcquireInto(
+      tokens, salt,
+      [seq](std::span<const uint32_t> blocks, std::shared_ptr<const Calibration> calibration) {
+        return seq->AdoptPrefix(blocks, std::move(calibration));
+      },
+      served_by_tier);
+}
+
+Result<size_t> OffloadCache::PublishBlocks(std::span<const TokenId> tokens,
+                                           std::span<const uint32_t> block_table, size_t start,
+                                           std::string_view salt,
+                                           std::shared_ptr<const Calibration> calibration,
+                                           const PrefixCache::SetHashFn& set_hash) {
+  const uint32_t B = state_->pool->block_size();
+  const size_t full = tokens.size() / B;
+  if (block_table.size() < full) {
+    return Status::InvalidArgument(fmt::format(
+        "offload: {} committed tokens fill {} blocks but the block table has {}", tokens.size(), full,
+        block_table.size()));
+  }
+  const std::vector<BlockHash> hashes = HashFullBlocks(tokens, B, salt);
+  return Publish(hashes, block_table.first(full), start, tokens, salt, std::move(calibration), set_hash);
+}
+
+Result<size_t> OffloadCache::PublishSequence(SequenceCache* seq, std::span<const TokenId> tokens,
+                                             std::string_view salt, size_t start) {
+  if (seq == nullptr || seq->layout() != CacheLayout::kPaged) {
+    return Status::FailedPrecondition("offload: PublishSequence needs a paged sequence");
+  }
+  if (tokens.size() > seq->num_tokens()) {
+    return Status::InvalidArgument(fmt::format("offload: {} committed tokens but the sequence holds {}",
+                                               tokens.size(), seq->num_tokens()));
+  }
+  return PublishBlocks(tokens, seq->block_table(), start, salt, seq->calibration(),
+                       [seq](size_t logical, uint64_t hash) {
+                         return seq->SetBlockHash(static_cast<uint32_t>(logical), hash);
+                       });
 }
 
 void OffloadCache::Flush() {
@@ -429,59 +531,6 @@ OffloadStats OffloadCache::stats() const {
     s.load_p99_us = Percentile(st.counters[t].latency_us, 0.99);
     s.usage = usage[t];
     out.tiers.push_back(std::move(s));
-  }
-  return out;
-}
-
-Result<uint64_t> ParseByteSize(std::string_view text) {
-  size_t i = 0;
-  while (i < text.size() && (std::isdigit(static_cast<unsigned char>(text[i])) || text[i] == '.')) ++i;
-  const std::string num(text.substr(0, i));
-  const std::string_view unit = text.substr(i);
-  char* endp = nullptr;
-  const double v = num.empty() ? -1 : std::strtod(num.c_str(), &endp);
-  static constexpr std::pair<std::string_view, double> kUnits[] = {
-      {"", 1}, {"B", 1}, {"KiB", 1024.0}, {"MiB", 1048576.0}, {"GiB", 1073741824.0},
-      {"TiB", 1099511627776.0}};
-  for (const auto& [name, scale] : kUnits) {
-    if (unit == name && v >= 0 && endp == num.c_str() + num.size()) {
-      return static_cast<uint64_t>(v * scale);
-    }
-  }
-  return Status::InvalidArgument(
-      fmt::format("size '{}': expected a number with B, KiB, MiB, GiB or TiB", text));
-}
-
-Result<std::vector<std::shared_ptr<Tier>>> MakeTiers(std::string_view specs) {
-  std::vector<std::shared_ptr<Tier>> out;
-  while (!specs.empty()) {
-    const size_t comma = specs.find(',');
-    const std::string_view spec = specs.substr(0, comma);
-    specs = comma == std::string_view::npos ? std::string_view() : specs.substr(comma + 1);
-    if (spec.starts_with("host:")) {
-      KV_ASSIGN_OR_RETURN(const uint64_t bytes, ParseByteSize(spec.substr(5)));
-      out.push_back(NewHostTier({.capacity_bytes = bytes}));
-    } else if (spec.starts_with("disk:")) {
-      const std::string_view rest = spec.substr(5);
-      const size_t colon = rest.rfind(':');
-      if (colon == std::string_view::npos || colon == 0) {
-        return Status::InvalidArgument(fmt::format("tier '{}': expected disk:PATH:SIZE", spec));
-      }
-      KV_ASSIGN_OR_RETURN(const uint64_t bytes, ParseByteSize(rest.substr(colon + 1)));
-      DiskTierOptions d;
-      d.path = std::string(rest.substr(0, colon));
-      d.capacity_bytes = bytes;
-      KV_ASSIGN_OR_RETURN(std::unique_ptr<Tier> t, OpenDiskTier(d));
-      out.push_back(std::move(t));
-    } else if (spec.starts_with("redis://")) {
-      RedisTierOptions r;
-      r.url = std::string(spec);
-      KV_ASSIGN_OR_RETURN(std::unique_ptr<Tier> t, NewRedisTier(r));
-      out.push_back(std::move(t));
-    } else {
-      return Status::InvalidArgument(fmt::format(
-          "tier '{}': expected host:SIZE, disk:PATH:SIZE or redis://[:password@]host:port[/db]", spec));
-    }
   }
   return out;
 }

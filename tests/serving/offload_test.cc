@@ -1,13 +1,17 @@
 // OffloadCache: blocks published in one pool come back bit-exact into
 // another pool (a restart) from each tier; isolation; poisoned and corrupt
-// objects are refused and counted; several threads sharing one chain.
+// objects are refused and counted; several threads sharing one chain; the
+// sequence-level AdoptInto / PublishSequence (what is adopted, refcounts,
+// refusals that change nothing).
 #include <gtest/gtest.h>
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <thread>
 
+#include "kvcache/cache.h"
 #include "kvcache/offload.h"
 #include "serving/tier_test_util.h"
 
@@ -47,6 +51,147 @@ struct Node {  // one "process": a pool, its prefix cache, the offload layer
     EXPECT_TRUE(pool->Release(blocks).ok());
   }
 };
+
+// K/V rows of `tokens` at positions [0, n): a function of token and
+// position, stored exactly (f32).
+Status AppendRows(SequenceCache& seq, std::span<const TokenId> tokens) {
+  const uint32_t L = kGeo.n_layers, H = kGeo.n_kv_heads, D = kGeo.head_dim;
+  const size_t n = tokens.size();
+  std::vector<float> k(size_t{L} * n * H * D), v(k.size());
+  for (size_t i = 0; i < k.size(); ++i) {
+    const size_t t = i / (size_t{H} * D) % n;
+    k[i] = static_cast<float>(tokens[t] % 89) + 0.001f * static_cast<float>(i % 997);
+    v[i] = -k[i] - static_cast<float>(t);
+  }
+  return seq.Append(k, v);
+}
+
+// Every layer's and head's rows of positions [0, n) equal in a and b.
+void ExpectSameRows(const SequenceCache& a, const SequenceCache& b, uint32_t n) {
+  const size_t D = kGeo.head_dim;
+  for (uint32_t l = 0; l < kGeo.n_layers; ++l) {
+    for (uint32_t h = 0; h < kGeo.n_kv_heads; ++h) {
+      const std::vector<float> ka = a.HeadKeys(l, h).value(), kb = b.HeadKeys(l, h).value();
+      const std::vector<float> va = a.HeadValues(l, h).value(), vb = b.HeadValues(l, h).value();
+      ASSERT_GE(ka.size(), n * D);
+      ASSERT_EQ(kb.size(), n * D);
+      EXPECT_TRUE(std::equal(kb.begin(), kb.end(), ka.begin())) << l << " " << h;
+      EXPECT_TRUE(std::equal(vb.begin(), vb.end(), va.begin())) << l << " " << h;
+    }
+  }
+}
+
+constexpr FormatPair kExact{Format::kF32, Format::kF32};
+
+// A sequence published in pool a, in two steps (start = the blocks already
+// offered), is adopted whole into an empty sequence of pool b from the tier,
+// row for row; b's sequence then holds the only reference on each adopted
+// block, which stays named: released, it serves the next adoption from b's
+// pool.
+TEST(Offload, AdoptIntoAndPublishSequenceRoundTripThroughATier) {
+  std::shared_ptr<Tier> host = NewHostTier({});
+  const std::vector<TokenId> t = Tokens(16 * 5 + 3);
+  Node a({host}, kExact);
+  SequenceCache sa = SequenceCache::CreatePaged(a.pool).value();
+  ASSERT_TRUE(AppendRows(sa, t).ok());
+  EXPECT_EQ(a.off->PublishSequence(&sa, std::span(t).first(16 * 2 + 5), "").value(), 2u);
+  EXPECT_EQ(a.off->PublishSequence(&sa, t, "", 2).value(), 5u);
+  a.off->Flush();
+  EXPECT_EQ(a.off->stats().queued_blocks, 5u);
+  EXPECT_EQ(a.off->stats().tiers[0].stored_blocks, 5u);
+  EXPECT_EQ(a.cache->num_cached_blocks(), 5u);
+
+  Node b({host}, kExact);
+  SequenceCache sb = SequenceCache::CreatePaged(b.pool).value();
+  std::vector<uint64_t> served;
+  EXPECT_EQ(b.off->AdoptInto(&sb, t, "", &served).value(), 80u);
+  EXPECT_EQ(served, (std::vector<uint64_t>{0, 80}));
+  ASSERT_EQ(sb.num_tokens(), 80u);
+  ASSERT_EQ(sb.block_table().size(), 5u);
+  ExpectSameRows(sa, sb, 80);
+  for (uint32_t block : sb.block_table()) {
+    EXPECT_EQ(b.pool->refcount(block), 1u) << block;
+    EXPECT_TRUE(b.cache->IsCached(block)) << block;
+  }
+  EXPECT_EQ(b.pool->stats().used_blocks, 5u);
+  EXPECT_EQ(b.off->stats().tiers[0].hit_blocks, 5u);
+  sb.Release();
+  EXPECT_EQ(b.pool->stats().used_blocks, 0u);
+  EXPECT_EQ(b.pool->stats().cached_blocks, 5u);
+  // A lookup of a shorter prompt adopts only its full blocks, from the pool.
+  SequenceCache again = SequenceCache::CreatePaged(b.pool).value();
+  EXPECT_EQ(b.off->AdoptInto(&again, std::span(t).first(16 * 3 + 15), "", &served).value(), 48u);
+  EXPECT_EQ(served, (std::vector<uint64_t>{48, 0}));
+  ExpectSameRows(sa, again, 48);
+  EXPECT_EQ(b.off->stats().tiers[0].hit_blocks, 5u);
+  // Under another salt nothing is cached: 0 tokens, the sequence untouched.
+  SequenceCache salted = SequenceCache::CreatePaged(b.pool).value();
+  EXPECT_EQ(b.off->AdoptInto(&salted, t, "tenant-b").value(), 0u);
+  EXPECT_EQ(salted.num_tokens(), 0u);
+  again.Release();
+  sa.Release();
+  EXPECT_TRUE(a.pool->CheckInvariants().ok());
+  EXPECT_TRUE(b.pool->CheckInvariants().ok());
+}
+
+// Refusals: each returns its status and changes nothing (no lookup counted,
+// no reference taken, nothing published or queued). A failing adoption
+// gives its references back; the loaded blocks stay cached in the pool.
+TEST(Offload, SequenceCallsRefuseWithoutChangingAnything) {
+  std::shared_ptr<Tier> host = NewHostTier({});
+  const std::vector<TokenId> t = Tokens(16 * 3);
+  {
+    Node a({host}, kExact);
+    SequenceCache sa = SequenceCache::CreatePaged(a.pool).value();
+    ASSERT_TRUE(AppendRows(sa, t).ok());
+    // More committed tokens than the sequence holds; a contiguous sequence;
+    // a block table shorter than the tokens' full blocks.
+    const std::vector<TokenId> longer = Tokens(16 * 4);
+    EXPECT_EQ(a.off->PublishSequence(&sa, longer, "").status().code(), StatusCode::kInvalidArgument);
+    SequenceCache flat = SequenceCache::CreateContiguous(sa.geometry(), kExact).value();
+    EXPECT_EQ(a.off->PublishSequence(&flat, {}, "").status().code(), StatusCode::kFailedPrecondition);
+    EXPECT_EQ(a.off->PublishBlocks(t, sa.block_table().first(2), 0, "", nullptr, nullptr).status().code(),
+              StatusCode::kInvalidArgument);
+    EXPECT_EQ(a.cache->num_cached_blocks(), 0u);
+    EXPECT_EQ(a.off->stats().queued_blocks, 0u);
+    EXPECT_EQ(a.off->PublishSequence(&sa, t, "").value(), 3u);
+    a.off->Flush();
+  }
+  Node b({host}, kExact);
+  SequenceCache held = SequenceCache::CreatePaged(b.pool).value();
+  ASSERT_TRUE(AppendRows(held, std::span(t).first(3)).ok());
+  const PoolStats before = b.pool->stats();
+  EXPECT_EQ(b.off->AdoptInto(&held, t, "").status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(b.off->AdoptInto(nullptr, t, "").status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(b.off->stats().tiers[0].lookups, 0u);
+  EXPECT_EQ(b.pool->stats().used_blocks, before.used_blocks);
+  EXPECT_EQ(held.num_tokens(), 3u);
+  // An adoption that fails: its status comes back, the references go back.
+  std::vector<uint32_t> offered;
+  auto refused = b.off->AcquireInto(t, "", [&](std::span<const uint32_t> blocks,
+                                                std::shared_ptr<const Calibration>) {
+    offered.assign(blocks.begin(), blocks.end());
+    return Status::FailedPrecondition("not now");
+  });
+  EXPECT_EQ(refused.status().code(), StatusCode::kFailedPrecondition);
+  ASSERT_EQ(offered.size(), 3u);
+  for (uint32_t block : offered) {
+    EXPECT_EQ(b.pool->refcount(block), 0u) << block;
+    EXPECT_EQ(b.pool->state(block), BlockState::kCached) << block;
+  }
+  EXPECT_EQ(b.pool->stats().used_blocks, before.used_blocks);
+  // Nothing to adopt: the function is not called.
+  bool called = false;
+  EXPECT_EQ(b.off->AcquireInto(Tokens(15), "", [&](std::span<const uint32_t>,
+                                                    std::shared_ptr<const Calibration>) {
+                 called = true;
+                 return Status::Ok();
+               }).value(),
+            0u);
+  EXPECT_FALSE(called);
+  held.Release();
+  EXPECT_TRUE(b.pool->CheckInvariants().ok());
+}
 
 TEST(Offload, EachTierServesABitExactPrefixToAFreshPool) {
   const std::string dir = "/tmp/kvc_offload_" + std::to_string(::getpid());

@@ -1,12 +1,12 @@
-// RespReader (src/serving/resp_reader.h): RedisTier's reply reader.
-#include "serving/resp_reader.h"
+// RespReader (kvcache/resp_reader.h): RedisTier's reply reader.
+#include "kvcache/resp_reader.h"
 
 #include <gtest/gtest.h>
 
 #include <cstring>
 #include <string>
 
-namespace kvcache::internal {
+namespace kvcache {
 namespace {
 
 std::span<const uint8_t> Bytes(const std::string& s) {
@@ -76,4 +76,4 @@ TEST(RespReader, ProtocolErrorsStopTheReaderForGood) {
 }
 
 }  // namespace
-}  // namespace kvcache::internal
+}  // namespace kvcache

@@ -6,7 +6,7 @@
 
 #include "kvcache/pool.h"
 #include "kvcache/simulator.h"
-#include "serving/simulator_internal.h"
+#include "serving/sim/simulator_internal.h"
 #include "testing/model_block_source.h"
 
 namespace kvcache {

@@ -134,6 +134,21 @@ struct PrefixCache::State {
     evicted.erase(h);  // its FIFO slot goes stale; erasing it again later is harmless
   }
 
+  // Undoes Insert(block, ...) when `block` is the newest of its chain (its
+  // parent's last child, no children of its own): un-named in the pool,
+  // and not remembered as evicted.
+  void Uninsert(uint32_t block, PrefixCacheBackend* backend) {
+    (void)backend->ClearBlockHash(block);
+    Entry& e = entries[block];
+    if (e.parent != kNoParent) entries[e.parent].children.pop_back();
+    if (e.first) {
+      auto it = first_blocks.find(e.first_unsalted);
+      if (--it->second == 0) first_blocks.erase(it);
+    }
+    by_hash.erase(e.hash);
+    e = Entry{};
+  }
+
   // Forgets `block` and, first, every cached descendant; descendants are also
   // un-named in the pool (they can never be found again). Appends nothing.
   void Forget(uint32_t block, PrefixCacheBackend* backend, bool is_orphan) {
@@ -316,17 +331,7 @@ Result<size_t> PrefixCache::PublishHashed(std::span<const BlockHash> hashes,
   }
   if (!status.ok()) {
     // Undo this call's blocks, tail first, so nothing changed.
-    for (size_t j = first_new + published; j-- > first_new;) {
-      (void)backend_->ClearBlockHash(blocks[j]);
-      State::Entry& e = s.entries[blocks[j]];
-      if (e.parent != kNoParent) s.entries[e.parent].children.pop_back();
-      if (e.first) {
-        auto it = s.first_blocks.find(e.first_unsalted);
-        if (--it->second == 0) s.first_blocks.erase(it);
-      }
-      s.by_hash.erase(e.hash);
-      e = State::Entry{};
-    }
+    for (size_t j = first_new + published; j-- > first_new;) s.Uninsert(blocks[j], backend_.get());
     return status;
   }
   s.stats.published_blocks += published;

@@ -1,6 +1,7 @@
-// The RESP2 reply reader of RedisTier (tier_redis.cc), a seam of its own so
-// that tests and the libFuzzer target fuzz/redis_reply_fuzz.cc can feed it
-// arbitrary server bytes. Internal: not installed.
+// RespReader: an incremental reader of RESP2 replies (the Redis protocol),
+// the one RedisTier (tier.h) reads its server with. Public so that a tool,
+// a test or a fuzzer can feed it arbitrary server bytes exactly as the tier
+// does; nothing else in the library depends on it.
 //
 // Replies it understands: simple strings (+OK), errors (-ERR ...), integers
 // (:1), bulk strings ($<len>\r\n<len bytes>\r\n) and the nil bulk ($-1).
@@ -32,7 +33,7 @@
 
 #include "kvcache/tier.h"
 
-namespace kvcache::internal {
+namespace kvcache {
 
 struct RespReply {
   enum class Type : uint8_t { kStatus, kError, kInteger, kNil, kBulk };
@@ -82,4 +83,4 @@ class RespReader {
   std::deque<RespReply> done_;
 };
 
-}  // namespace kvcache::internal
+}  // namespace kvcache

@@ -1,12 +1,12 @@
 // RespReader (resp_reader.h): an incremental RESP2 reply parser whose bulk
 // payloads are read straight into their final buffers.
-#include "serving/resp_reader.h"
+#include "kvcache/resp_reader.h"
 
 #include <algorithm>
 #include <charconv>
 #include <cstring>
 
-namespace kvcache::internal {
+namespace kvcache {
 
 RespReader::RespReader(size_t max_bulk, size_t staging_bytes)
     : max_bulk_(max_bulk), staging_(std::max<size_t>(staging_bytes, 16)) {}
@@ -146,4 +146,4 @@ bool RespReader::ParseStaging() {
   return true;
 }
 
-}  // namespace kvcache::internal
+}  // namespace kvcache

@@ -125,8 +125,17 @@ class ChainLru {
   }
 
   uint64_t total_bytes() const { return total_; }
-  size_t size() const { return map_.size(); }
-  uint64_t evictions() const { return evictions_; }
+  // The counters every local tier reports (objects, bytes, evictions), with
+  // the tier's capacity and failed stores.
+  TierUsage Usage(uint64_t capacity_bytes, uint64_t store_failures) const {
+    TierUsage u;
+    u.objects = map_.size();
+    u.bytes = total_;
+    u.capacity_bytes = capacity_bytes;
+    u.evictions = evictions_;
+    u.store_failures = store_failures;
+    return u;
+  }
 
  private:
   std::unordered_map<std::string, Entry> map_;
@@ -194,13 +203,7 @@ class HostTier final : public Tier {
 
   TierUsage usage() const override {
     std::lock_guard<std::mutex> lock(mu_);
-    TierUsage u;
-    u.objects = lru_.size();
-    u.bytes = lru_.total_bytes();
-    u.capacity_bytes = o_.capacity_bytes;
-    u.evictions = lru_.evictions();
-    u.store_failures = store_failures_;
-    return u;
+    return lru_.Usage(o_.capacity_bytes, store_failures_);
   }
 
  private:
@@ -357,12 +360,7 @@ class DiskTier final : public Tier {
 
   TierUsage usage() const override {
     std::lock_guard<std::mutex> lock(mu_);
-    TierUsage u;
-    u.objects = lru_.size();
-    u.bytes = lru_.total_bytes();
-    u.capacity_bytes = o_.capacity_bytes;
-    u.evictions = lru_.evictions();
-    u.store_failures = store_failures_;
+    TierUsage u = lru_.Usage(o_.capacity_bytes, store_failures_);
     u.recovered_objects = recovered_;
     u.discarded_files = discarded_;
     return u;

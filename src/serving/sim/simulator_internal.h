@@ -5,7 +5,7 @@
 #include <span>
 
 #include "kvcache/simulator.h"
-#include "serving/block_source.h"
+#include "serving/sim/block_source.h"
 
 namespace kvcache::serving {
 

@@ -6,7 +6,7 @@
 
 #include "kvcache/pool.h"
 #include "kvcache/simulator.h"
-#include "serving/simulator_internal.h"
+#include "serving/sim/simulator_internal.h"
 
 namespace kvcache {
 

@@ -15,7 +15,7 @@
 #include <fmt/format.h>
 #include <xxhash.h>
 
-#include "serving/simulator_internal.h"
+#include "serving/sim/simulator_internal.h"
 
 namespace kvcache {
 
@@ -72,6 +72,21 @@ uint32_t TargetOutputs(const Request& r) {
   return r.output.empty() ? r.max_new_tokens : static_cast<uint32_t>(r.output.size());
 }
 
+// The requests by arrival (stable); InvalidArgument names a malformed one.
+Result<std::vector<const Request*>> ArrivalOrder(std::span<const Request> requests) {
+  std::vector<const Request*> order;
+  for (const Request& r : requests) {
+    if (r.prompt.empty() || r.max_new_tokens == 0 || r.num_samples == 0 ||
+        r.output.size() > r.max_new_tokens) {
+      return Status::InvalidArgument(fmt::format("simulate: request {} is malformed", r.id));
+    }
+    order.push_back(&r);
+  }
+  std::stable_sort(order.begin(), order.end(),
+                   [](const Request* a, const Request* b) { return a->arrival < b->arrival; });
+  return order;
+}
+
 class Sim {
  public:
   Sim(BlockSource* src, PrefixCache* cache, OffloadCache* offload, const SimulateOptions& o)
@@ -85,6 +100,13 @@ class Sim {
     return CeilDiv(prompt_len + remaining + o_.draft_tokens, bs_);
   }
   Result<bool> TryAdmit(const Pending& p, double now);
+  // TryAdmit's steps: the cached prefix of the prompt but its last token
+  // (the caller holds its blocks), each sample's reservation, and samples
+  // 1.. as forks of the admitted sample 0.
+  PrefixMatch AcquirePrefix(const Request& r, std::span<const TokenId> prompt);
+  std::vector<uint32_t> Shares(const Pending& p, uint64_t len, uint32_t remaining,
+                               uint32_t hit_blocks) const;
+  Status ForkSamples(const Pending& p, const Seq& s, std::span<const uint32_t> shares);
   // Appends `tokens.size()` rows; PoolExhausted changes nothing.
   Status AppendRows(Seq& s, uint32_t n);
   Status TruncateRows(Seq& s, uint32_t new_length);
@@ -92,6 +114,11 @@ class Sim {
   Status ReleaseSeq(Seq& s);
   Status Preempt(Seq& s);
   Status DecodeStep(Seq& s, bool* preempted_self);
+  // One decode step of every live sequence; adds the requests that finished.
+  Status DecodeAll(uint64_t* finished);
+  // The report's totals once every request is done.
+  void Finish(uint64_t finished, uint64_t concurrent_sum, double util_sum,
+              std::chrono::steady_clock::time_point t0);
   Status Check() const;
 
   BlockSource* src_;
@@ -184,6 +211,52 @@ Status Sim::Preempt(Seq& s) {
   return ReleaseSeq(s);
 }
 
+PrefixMatch Sim::AcquirePrefix(const Request& r, std::span<const TokenId> prompt) {
+  if (cache_ == nullptr) return {};
+  const std::span<const TokenId> lookup = prompt.first(prompt.size() - 1);
+  if (offload_ == nullptr) return cache_->Acquire(lookup, r.salt);
+  PrefixMatch match = offload_->Acquire(lookup, r.salt, &served_);
+  for (size_t t = 1; t < served_.size(); ++t) rep_.tier_hit_tokens += served_[t];
+  return match;
+}
+
+std::vector<uint32_t> Sim::Shares(const Pending& p, uint64_t len, uint32_t remaining,
+                                  uint32_t hit_blocks) const {
+  // Sample 0 owns the prompt blocks.
+  std::vector<uint32_t> share(p.num_samples);
+  if (o_.admission == AdmissionPolicy::kReserveWorstCase) {
+    share[0] = WorstCaseBlocks(len, remaining) - hit_blocks;
+    for (uint32_t i = 1; i < p.num_samples; ++i) {
+      share[i] = WorstCaseBlocks(len, remaining) - static_cast<uint32_t>(len / bs_);
+    }
+  } else {
+    share[0] = CeilDiv(len, bs_) - hit_blocks;  // the prefill's blocks
+    for (uint32_t i = 1; i < p.num_samples; ++i) share[i] = 1;
+  }
+  return share;
+}
+
+Status Sim::ForkSamples(const Pending& p, const Seq& s, std::span<const uint32_t> shares) {
+  for (uint32_t i = 1; i < p.num_samples; ++i) {
+    Seq f;
+    f.req = s.req;
+    f.sample = p.first_sample + i;
+    f.admit_order = s.admit_order;
+    f.tokens = s.tokens;
+    f.generated = p.done;
+    f.target = s.target;
+    f.length = s.length;
+    f.table = s.table;
+    f.reserved = shares[i];
+    f.offered = s.offered;
+    f.publish_stopped = s.publish_stopped;
+    f.hashes = s.hashes;
+    KV_RETURN_IF_ERROR(src_->Retain(f.table));  // fork: share every block
+    running_.push_back(std::move(f));
+  }
+  return Status::Ok();
+}
+
 Result<bool> Sim::TryAdmit(const Pending& p, double now) {
   const Request& r = *p.req;
   const uint32_t target = TargetOutputs(r);
@@ -200,29 +273,9 @@ Result<bool> Sim::TryAdmit(const Pending& p, double now) {
   }
   if (running_.size() + p.num_samples > o_.max_running) return false;
 
-  PrefixMatch match;
-  if (cache_ != nullptr) {
-    const std::span<const TokenId> lookup(prompt.data(), len - 1);
-    if (offload_ != nullptr) {
-      match = offload_->Acquire(lookup, r.salt, &served_);
-      for (size_t t = 1; t < served_.size(); ++t) rep_.tier_hit_tokens += served_[t];
-    } else {
-      match = cache_->Acquire(lookup, r.salt);
-    }
-  }
+  PrefixMatch match = AcquirePrefix(r, prompt);
   const uint32_t hit_blocks = static_cast<uint32_t>(match.blocks.size());
-  const uint32_t prefill_blocks = CeilDiv(len, bs_) - hit_blocks;
-  // Reservation per sample: sample 0 owns the prompt blocks.
-  std::vector<uint32_t> share(p.num_samples);
-  if (o_.admission == AdmissionPolicy::kReserveWorstCase) {
-    share[0] = WorstCaseBlocks(len, remaining) - hit_blocks;
-    for (uint32_t i = 1; i < p.num_samples; ++i) {
-      share[i] = WorstCaseBlocks(len, remaining) - static_cast<uint32_t>(len / bs_);
-    }
-  } else {
-    share[0] = prefill_blocks;
-    for (uint32_t i = 1; i < p.num_samples; ++i) share[i] = 1;
-  }
+  const std::vector<uint32_t> share = Shares(p, len, remaining, hit_blocks);
   uint32_t total = 0;
   for (uint32_t x : share) total += x;
   Status reserve = src_->Reserve(total);
@@ -247,26 +300,10 @@ Result<bool> Sim::TryAdmit(const Pending& p, double now) {
   s.length = static_cast<uint32_t>(match.num_tokens);
   s.reserved = share[0];
   const uint32_t computed = static_cast<uint32_t>(len - match.num_tokens);
-  KV_RETURN_IF_ERROR(AppendRows(s, computed));  // draws prefill_blocks from the reservation
+  KV_RETURN_IF_ERROR(AppendRows(s, computed));  // draws the prefill's blocks from the reservation
   rep_.prefill_tokens += computed;
   KV_RETURN_IF_ERROR(Publish(s));
-  for (uint32_t i = 1; i < p.num_samples; ++i) {
-    Seq f;
-    f.req = &r;
-    f.sample = p.first_sample + i;
-    f.admit_order = s.admit_order;
-    f.tokens = s.tokens;
-    f.generated = p.done;
-    f.target = target;
-    f.length = s.length;
-    f.table = s.table;
-    f.reserved = share[i];
-    f.offered = s.offered;
-    f.publish_stopped = s.publish_stopped;
-    f.hashes = s.hashes;
-    KV_RETURN_IF_ERROR(src_->Retain(f.table));  // fork: share every block
-    running_.push_back(std::move(f));
-  }
+  KV_RETURN_IF_ERROR(ForkSamples(p, s, share));
   running_.insert(running_.end() - (p.num_samples - 1), std::move(s));
   return true;
 }
@@ -326,18 +363,48 @@ Status Sim::Check() const {
   return Status::Ok();
 }
 
+Status Sim::DecodeAll(uint64_t* finished) {
+  for (size_t i = 0; i < running_.size(); ++i) {
+    Seq& s = running_[i];
+    if (!s.alive) continue;
+    bool self = false;
+    KV_RETURN_IF_ERROR(DecodeStep(s, &self));
+    if (!self && s.generated >= s.target) {
+      KV_RETURN_IF_ERROR(ReleaseSeq(s));
+      ++rep_.sequences;
+      // A request is done when its last live sample is.
+      bool last = true;
+      for (const Seq& o : running_) last &= !(o.alive && o.req == s.req);
+      for (const Pending& p : waiting_) last &= p.req != s.req;
+      if (last) ++*finished;
+    }
+  }
+  return Status::Ok();
+}
+
+void Sim::Finish(uint64_t finished, uint64_t concurrent_sum, double util_sum,
+                 std::chrono::steady_clock::time_point t0) {
+  rep_.requests = finished;
+  rep_.mean_concurrent = rep_.steps ? double(concurrent_sum) / double(rep_.steps) : 0;
+  rep_.pool_utilization = rep_.steps ? util_sum / double(rep_.steps) : 0;
+  rep_.evicted_blocks = src_->stats().evictions;
+  if (cache_ != nullptr) {
+    rep_.prefix = cache_->stats();
+    rep_.prefix_hit_rate = rep_.prefix.hit_rate();
+  }
+  if (offload_ != nullptr) {
+    offload_->Flush();
+    rep_.offload = offload_->stats();
+  }
+  rep_.mean_queue_steps = queue_count_ ? queue_steps_sum_ / double(queue_count_) : 0;
+  rep_.wall_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  rep_.sim_tokens_per_second =
+      rep_.wall_seconds > 0 ? double(rep_.tokens_appended) / rep_.wall_seconds : 0;
+}
+
 Result<SimulateReport> Sim::Run(std::span<const Request> requests) {
   const auto t0 = std::chrono::steady_clock::now();
-  std::vector<const Request*> order;
-  for (const Request& r : requests) {
-    if (r.prompt.empty() || r.max_new_tokens == 0 || r.num_samples == 0 ||
-        r.output.size() > r.max_new_tokens) {
-      return Status::InvalidArgument(fmt::format("simulate: request {} is malformed", r.id));
-    }
-    order.push_back(&r);
-  }
-  std::stable_sort(order.begin(), order.end(),
-                   [](const Request* a, const Request* b) { return a->arrival < b->arrival; });
+  KV_ASSIGN_OR_RETURN(const std::vector<const Request*> order, ArrivalOrder(requests));
   size_t next_arrival = 0;
   uint64_t finished = 0, concurrent_sum = 0;
   double util_sum = 0;
@@ -370,21 +437,7 @@ Result<SimulateReport> Sim::Run(std::span<const Request> requests) {
       concurrent_sum += live;
       rep_.peak_concurrent = std::max(rep_.peak_concurrent, live);
     }
-    for (size_t i = 0; i < running_.size(); ++i) {
-      Seq& s = running_[i];
-      if (!s.alive) continue;
-      bool self = false;
-      KV_RETURN_IF_ERROR(DecodeStep(s, &self));
-      if (!self && s.generated >= s.target) {
-        KV_RETURN_IF_ERROR(ReleaseSeq(s));
-        ++rep_.sequences;
-        // A request is done when its last live sample is.
-        bool last = true;
-        for (const Seq& o : running_) last &= !(o.alive && o.req == s.req);
-        for (const Pending& p : waiting_) last &= p.req != s.req;
-        if (last) ++finished;
-      }
-    }
+    KV_RETURN_IF_ERROR(DecodeAll(&finished));
     const PoolStats ps = src_->stats();
     if (live > 0) {
       const double util = double(ps.used_blocks) / double(ps.num_blocks);
@@ -400,22 +453,7 @@ Result<SimulateReport> Sim::Run(std::span<const Request> requests) {
     }
   }
   if (o_.progress) o_.progress(1.0);
-  rep_.requests = finished;
-  rep_.mean_concurrent = rep_.steps ? double(concurrent_sum) / double(rep_.steps) : 0;
-  rep_.pool_utilization = rep_.steps ? util_sum / double(rep_.steps) : 0;
-  rep_.evicted_blocks = src_->stats().evictions;
-  if (cache_ != nullptr) {
-    rep_.prefix = cache_->stats();
-    rep_.prefix_hit_rate = rep_.prefix.hit_rate();
-  }
-  if (offload_ != nullptr) {
-    offload_->Flush();
-    rep_.offload = offload_->stats();
-  }
-  rep_.mean_queue_steps = queue_count_ ? queue_steps_sum_ / double(queue_count_) : 0;
-  rep_.wall_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  rep_.sim_tokens_per_second =
-      rep_.wall_seconds > 0 ? double(rep_.tokens_appended) / rep_.wall_seconds : 0;
+  Finish(finished, concurrent_sum, util_sum, t0);
   return rep_;
 }
 
