@@ -1,4 +1,4 @@
-// The randomized Walsh-Hadamard rotation of turbo rows (see format_internal.h).
+// The randomized Walsh-Hadamard rotation of turbo rows (see turbo.h).
 //
 // Operation order (identical in the scalar reference and every SIMD target, so
 // rotated rows are bit-identical everywhere): multiply by the signs; in each
@@ -15,10 +15,10 @@
 #include <cstring>
 #include <vector>
 
-#include "format/format_internal.h"
+#include "format/turbo/turbo.h"
 
 #undef HWY_TARGET_INCLUDE
-#define HWY_TARGET_INCLUDE "format/rotation.cc"
+#define HWY_TARGET_INCLUDE "format/turbo/rotation.cc"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 #include <hwy/highway.h>
 
