@@ -153,6 +153,7 @@ HWY_INLINE void CopyFloats(const float* HWY_RESTRICT src, size_t n, float* HWY_R
 #include "format/fp8_q8/encode-inl.h"
 #include "format/turbo/encode-inl.h"
 #include "format/ggml/encode-inl.h"
+#include "format/turbo/rotate-inl.h"
 
 // ---- whole-row kernels ----
 
@@ -224,10 +225,10 @@ HWY_INLINE void StoreNatural(VF* v, float* HWY_RESTRICT out) {
   if constexpr (!EvenOdd<F>()) {
     for (size_t i = 0; i < kVecs; ++i) hn::StoreU(v[i], df, out + i * kN);
   } else if constexpr (kVecs == 1) {
-#if HWY_TARGET != HWY_SCALAR
-    const hn::Half<DF> dh;
-    hn::StoreInterleaved2(hn::LowerHalf(dh, v[0]), hn::UpperHalf(dh, v[0]), dh, out);
-#endif
+    // 16 lanes: one permutation, lane 2i from lane i and lane 2i + 1 from 8 + i.
+    alignas(64) static constexpr int32_t kInterleave[16] = {0, 8,  1, 9,  2, 10, 3, 11,
+                                                            4, 12, 5, 13, 6, 14, 7, 15};
+    hn::StoreU(hn::TableLookupLanes(v[0], hn::SetTableIndices(df, kInterleave)), df, out);
   } else {
     for (size_t i = 0; i < kVecs / 2; ++i) {
       hn::StoreInterleaved2(v[i], v[kVecs / 2 + i], df, out + 2 * i * kN);
@@ -294,6 +295,8 @@ HWY_EXPORT(EncodeRowsScatteredT);
 HWY_EXPORT(DecodeRowsT);
 HWY_EXPORT(FirstNonFiniteT);
 HWY_EXPORT(TurboSearchLevelsT);
+HWY_EXPORT(RotateRowsT);
+HWY_EXPORT(InverseRotateRowsT);
 
 void TurboSearchLevels(Format f, size_t n, const float* a, const float* s, float* level) {
   HWY_DYNAMIC_DISPATCH(TurboSearchLevelsT)(f, n, a, s, level);
@@ -309,6 +312,19 @@ void EncodeRowsScattered(Format f, uint32_t d, size_t n, const float* x, uint8_t
 }
 void DecodeRows(Format f, uint32_t d, size_t n, const uint8_t* in, float* x) {
   HWY_DYNAMIC_DISPATCH(DecodeRowsT)(f, d, n, in, x);
+}
+
+void RotateRows(const float* signs, uint32_t head_dim, size_t n, float* x) {
+  HWY_DYNAMIC_DISPATCH(RotateRowsT)(signs, head_dim, n, x);
+}
+void InverseRotateRows(const float* signs, uint32_t head_dim, size_t n, float* x) {
+  HWY_DYNAMIC_DISPATCH(InverseRotateRowsT)(signs, head_dim, n, x);
+}
+void RotateInPlace(const float* signs, uint32_t head_dim, float* x) {
+  RotateRows(signs, head_dim, 1, x);
+}
+void InverseRotateInPlace(const float* signs, uint32_t head_dim, float* x) {
+  InverseRotateRows(signs, head_dim, 1, x);
 }
 
 }  // namespace format_internal

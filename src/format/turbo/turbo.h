@@ -23,7 +23,9 @@
 // This family's files: turbo.h (layout, codebooks, scalar reference),
 // scalar.cc (the reference rows, the encoder's level tables), encode-inl.h
 // (SIMD encoder, part of codec_simd.cc), decode-inl.h (Decoder<kTurbo8/4/3/2>,
-// part of format/decoders-inl.h) and rotation.cc.
+// part of format/decoders-inl.h), rotation.cc (the rotation's signs and
+// scalar reference) and rotate-inl.h (the SIMD rotation, part of
+// codec_simd.cc).
 //
 // Thread safety: pure functions and constant data.
 #pragma once
@@ -142,12 +144,20 @@ void EncodeTurboRow(Format format, uint32_t d, const float* x, uint8_t* out);
 void DecodeTurboRow(Format format, uint32_t d, const uint8_t* in, float* x);
 
 // ---------------------------------------------------------------------------
-// Rotation (rotation.cc): x -> H_blocks * (signs ⊙ x). head_dim (a multiple
+// Rotation (rotation.cc, rotate-inl.h): x -> H_blocks * (signs ⊙ x). head_dim (a multiple
 // of 16) is split greedily into power-of-two blocks, largest first (128 ->
 // 128; 96 -> 64+32; 80 -> 64+16); each block gets an unnormalized fast
 // Walsh-Hadamard transform scaled by 1/sqrt(block). The transform is
 // orthonormal, so q.k is preserved when both sides are rotated. Inverse: the
 // same blocks' transform (it is its own inverse), then multiply by the signs.
+
+// The size of the next block when `remaining` values (a multiple of 16, at
+// least 16) are left: the largest power of two not above it.
+inline uint32_t RotationBlockAt(uint32_t remaining) {
+  uint32_t b = 16;
+  while (b * 2 <= remaining) b *= 2;
+  return b;
+}
 
 // The +-1 signs for a seed: [head_dim], deterministic (SplitMix64 bits).
 std::vector<float> RotationSigns(uint64_t seed, uint32_t head_dim);
