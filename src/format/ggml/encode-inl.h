@@ -136,62 +136,61 @@ HWY_INLINE void StoreCodes32(const VI* q, uint8_t* o) {
 #endif
 }
 
-void EncodeQ8_0Blocks(size_t blocks, const float* HWY_RESTRICT x, uint8_t* HWY_RESTRICT out) {
-  const DF df;
-  const DI di;
-  const size_t N = hn::Lanes(df);
-  const VF half = hn::Set(df, 0.49999997f);
+// The batch loop of both formats: kQB blocks of kBytes bytes at a time, each
+// block's scale source (Source: the amax, or q4_0's signed max) divided by
+// `divisor`; Codes(xb, vid, ob) writes one block's codes after its f16 d;
+// Each(cnt, x, out) is the per-block encoder for a batch with an infinite id.
+template <size_t kBytes, class Source, class Codes, class Each>
+HWY_INLINE void EncodeBlockBatches(size_t blocks, const float* HWY_RESTRICT x,
+                                   uint8_t* HWY_RESTRICT out, float divisor, const Source& source,
+                                   const Codes& codes, const Each& each) {
   for (size_t b0 = 0; b0 < blocks; b0 += kQB) {
-    const size_t cnt = std::min(kQB, blocks - b0);  // lanes past cnt: amax 0, unused
-    alignas(64) float amax[kQB] = {}, id[kQB];
+    const size_t cnt = std::min(kQB, blocks - b0);  // lanes past cnt: source 0, unused
+    alignas(64) float m[kQB] = {}, id[kQB];
     uint16_t f16[kQB];
-    for (size_t b = 0; b < cnt; ++b) amax[b] = BlockMaxAbs(x + 32 * (b0 + b));
-    if (!BatchScales(amax, 127.0f, f16, id)) {
-      EncodeQ8_0BlocksEach(cnt, x + 32 * b0, out + 34 * b0);
+    for (size_t b = 0; b < cnt; ++b) m[b] = source(x + 32 * (b0 + b));
+    if (!BatchScales(m, divisor, f16, id)) {
+      each(cnt, x + 32 * b0, out + kBytes * b0);
       continue;
     }
     for (size_t b = 0; b < cnt; ++b) {
-      const float* xb = x + 32 * (b0 + b);
-      uint8_t* ob = out + 34 * (b0 + b);
+      uint8_t* ob = out + kBytes * (b0 + b);
       StoreU16(f16[b], ob);
-      const VF vid = hn::Set(df, id[b]);
-      VI q[32 / kQB];
-      for (size_t i = 0; i < 32 / N; ++i) {
-        const VF v = hn::Mul(hn::LoadU(df, xb + i * N), vid);
-        q[i] = hn::ConvertTo(di, hn::Add(v, hn::CopySign(half, v)));
-      }
-      StoreCodes32(q, ob + 2);
+      codes(x + 32 * (b0 + b), hn::Set(DF(), id[b]), ob + 2);
     }
   }
+}
+
+void EncodeQ8_0Blocks(size_t blocks, const float* HWY_RESTRICT x, uint8_t* HWY_RESTRICT out) {
+  const DF df;
+  const DI di;
+  const VF half = hn::Set(df, 0.49999997f);
+  auto codes = [&](const float* HWY_RESTRICT xb, VF vid, uint8_t* HWY_RESTRICT o) HWY_ATTR {
+    VI q[32 / kQB];
+    for (size_t i = 0; i < 32 / kN; ++i) {
+      const VF v = hn::Mul(hn::LoadU(df, xb + i * kN), vid);
+      q[i] = hn::ConvertTo(di, hn::Add(v, hn::CopySign(half, v)));
+    }
+    StoreCodes32(q, o);
+  };
+  auto source = [](const float* xb) HWY_ATTR { return BlockMaxAbs(xb); };
+  EncodeBlockBatches<34>(blocks, x, out, 127.0f, source, codes, EncodeQ8_0BlocksEach);
 }
 
 void EncodeQ4_0Blocks(size_t blocks, const float* HWY_RESTRICT x, uint8_t* HWY_RESTRICT out) {
   const DF df;
   const DI di;
-  const size_t N = hn::Lanes(df);
   const VF half = hn::Set(df, 8.5f);
   const VI fifteen = hn::Set(di, 15);
-  for (size_t b0 = 0; b0 < blocks; b0 += kQB) {
-    const size_t cnt = std::min(kQB, blocks - b0);  // lanes past cnt: mx 0, unused
-    alignas(64) float mx[kQB] = {}, id[kQB];
-    uint16_t f16[kQB];
-    for (size_t b = 0; b < cnt; ++b) mx[b] = BlockSignedMax(x + 32 * (b0 + b));
-    if (!BatchScales(mx, -8.0f, f16, id)) {
-      EncodeQ4_0BlocksEach(cnt, x + 32 * b0, out + 18 * b0);
-      continue;
+  auto codes = [&](const float* HWY_RESTRICT xb, VF vid, uint8_t* HWY_RESTRICT o) HWY_ATTR {
+    for (size_t j = 0; j < 16; j += kN) {
+      const VI lo = hn::Min(hn::ConvertTo(di, hn::Add(hn::Mul(hn::LoadU(df, xb + j), vid), half)), fifteen);
+      const VI hi = hn::Min(hn::ConvertTo(di, hn::Add(hn::Mul(hn::LoadU(df, xb + 16 + j), vid), half)), fifteen);
+      StoreI32AsU8(hn::Or(lo, hn::ShiftLeft<4>(hi)), o + j);
     }
-    for (size_t b = 0; b < cnt; ++b) {
-      const float* xb = x + 32 * (b0 + b);
-      uint8_t* ob = out + 18 * (b0 + b);
-      StoreU16(f16[b], ob);
-      const VF vid = hn::Set(df, id[b]);
-      for (size_t j = 0; j < 16; j += N) {
-        const VI lo = hn::Min(hn::ConvertTo(di, hn::Add(hn::Mul(hn::LoadU(df, xb + j), vid), half)), fifteen);
-        const VI hi = hn::Min(hn::ConvertTo(di, hn::Add(hn::Mul(hn::LoadU(df, xb + 16 + j), vid), half)), fifteen);
-        StoreI32AsU8(hn::Or(lo, hn::ShiftLeft<4>(hi)), ob + 2 + j);
-      }
-    }
-  }
+  };
+  auto source = [](const float* xb) HWY_ATTR { return BlockSignedMax(xb); };
+  EncodeBlockBatches<18>(blocks, x, out, -8.0f, source, codes, EncodeQ4_0BlocksEach);
 }
 
 // The rows of q8_0 or q4_0 (total = n * d values).
