@@ -8,7 +8,6 @@
 #include <string>
 #include <vector>
 
-#include "format/format_internal.h"
 #include "kvcache/codec.h"
 #include "kvcache/simd.h"
 
@@ -59,7 +58,7 @@ void BM_Decode(benchmark::State& state, Format f) {
   SetCounters(state, c);
 }
 
-// The quantizer alone (format_internal::EncodeRows: no rotation, no input
+// The quantizer alone (RowCodec::EncodePrepared: no rotation, no value
 // checks, no calibration) on the same rows: what docs/encode.md calls the
 // bare quantizer.
 void BM_EncodeBare(benchmark::State& state, Format f) {
@@ -67,7 +66,7 @@ void BM_EncodeBare(benchmark::State& state, Format f) {
   const std::vector<float> x = Rows();
   std::vector<uint8_t> out(kRows * c.row_bytes());
   for (auto _ : state) {
-    format_internal::EncodeRows(f, kHeadDim, kRows, x.data(), out.data());
+    benchmark::DoNotOptimize(c.EncodePrepared(x, out).ok());
     benchmark::ClobberMemory();
   }
   SetCounters(state, c);
@@ -75,10 +74,10 @@ void BM_EncodeBare(benchmark::State& state, Format f) {
 
 void BM_Rotate(benchmark::State& state) {
   const uint32_t d = static_cast<uint32_t>(state.range(0));
-  const std::vector<float> signs = format_internal::RotationSigns(3, d);
+  const RowCodec c = RowCodec::Create(Format::kTurbo4, d, Side::kKey, 3).value();
   std::vector<float> x(kRows * d, 1.0f);
   for (auto _ : state) {
-    format_internal::RotateRows(signs.data(), d, kRows, x.data());
+    benchmark::DoNotOptimize(c.RotateRows(x).ok());
     benchmark::ClobberMemory();
   }
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * kRows * d * 4));

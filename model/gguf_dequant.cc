@@ -12,6 +12,7 @@
 #include <cstring>
 #include <string>
 
+#include "kvcache/float16.h"
 #include "model/gguf.h"
 #include "model/matmul.h"
 
@@ -46,29 +47,7 @@ inline Status CheckRow(GgmlType type, size_t n) {
 
 }  // namespace dequant_internal
 
-float HalfToFloat(uint16_t h) {
-  const uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16;
-  const uint32_t exp = (h >> 10) & 0x1F;
-  uint32_t mant = h & 0x3FF;
-  uint32_t bits;
-  if (exp == 0x1F) {
-    bits = sign | 0x7F800000u | (mant << 13);  // inf / nan
-  } else if (exp != 0) {
-    bits = sign | ((exp + 112) << 23) | (mant << 13);
-  } else if (mant == 0) {
-    bits = sign;
-  } else {  // subnormal: normalize
-    int e = -1;
-    do {
-      ++e;
-      mant <<= 1;
-    } while ((mant & 0x400) == 0);
-    bits = sign | ((112 - e) << 23) | ((mant & 0x3FF) << 13);
-  }
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
-}
+float HalfToFloat(uint16_t h) { return F16ToFloat(h); }
 
 Status DequantizeRowScalar(GgmlType type, const uint8_t* src, size_t n, float* dst) {
   KV_RETURN_IF_ERROR(dequant_internal::CheckRow(type, n));

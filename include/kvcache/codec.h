@@ -8,9 +8,9 @@
 // transform, so decoded rows are in the caller's original space.
 //
 // Turbo formats rotate each row with a randomized Walsh-Hadamard transform
-// (fixed +-1 signs from the codec's seed, then H/sqrt(d) per power-of-two
-// block) after the mean is subtracted; Rotate/InverseRotate expose it so
-// attention can rotate the query and un-rotate the output.
+// (fixed +-1 signs from the codec's rotation seed, then H/sqrt(d) per
+// power-of-two block) after the mean is subtracted; Rotate/InverseRotate
+// expose it so attention can rotate the query and un-rotate the output.
 //
 // Thread safety: a RowCodec is immutable after Create; share it freely.
 #pragma once
@@ -70,9 +70,20 @@ class RowCodec {
   Status Decode(std::span<const uint8_t> in, std::span<float> rows,
                 const RowTransform* transform = nullptr) const;
 
+  // The quantizer alone: rows [n][head_dim] already in storage space (any
+  // transform applied, and rotated for turbo formats, e.g. by RotateRows)
+  // -> out [n][row_bytes]; the bytes Encode writes for rows it would have
+  // prepared the same way. Only the sizes are checked (InvalidArgument, `out`
+  // untouched): a NaN/Inf value gives unspecified bytes where Encode refuses
+  // it. For callers that prepare rows themselves, and benchmarks.
+  Status EncodePrepared(std::span<const float> rows, std::span<uint8_t> out) const;
+
   // In-place rotation of one [head_dim] vector; identity for unrotated formats.
   void Rotate(float* x) const;
   void InverseRotate(float* x) const;
+  // Rotate on each row of rows [n][head_dim], in place, in one call;
+  // InvalidArgument (rows untouched) unless rows is whole rows.
+  Status RotateRows(std::span<float> rows) const;
   // The +-1 signs of the rotation ([head_dim]); empty for unrotated formats.
   const std::vector<float>& rotation_signs() const { return signs_; }
 

@@ -77,13 +77,12 @@ bool IsRotated(Format format);
 
 // OK iff `format` can store rows of head_dim values (turbo needs a multiple
 // of 16, q8_0/q4_0 of 32); otherwise InvalidArgument naming both.
-// Differs from the seed on purpose: the seed's turbo caches need kv_dim
-// (n_kv_heads * head_dim) % 16 and let a 16-value group straddle two heads.
-// Here a row is one head's head_dim values: each head is rotated, scaled,
-// evicted, dead or alive on its own, so a group cannot span heads, and the
-// condition is on head_dim. A model whose head_dim is not a multiple of 16
-// (the seed would take head_dim 8 x 2 heads) stores its rows in a format
-// with group size 1 (f32, f16, bf16, fp8_e4m3, q8) instead.
+// The condition is on head_dim, not on a layer's n_kv_heads * head_dim: a
+// row is one head's head_dim values, and each head is rotated, scaled,
+// evicted, dead or alive on its own, so a scale group never spans two heads.
+// A model whose head_dim is not a multiple of 16 (head_dim 8, say, even with
+// 2 heads) stores its rows in a format with group size 1 (f32, f16, bf16,
+// fp8_e4m3, q8) instead.
 Status CheckHeadDim(Format format, uint32_t head_dim);
 
 // Bytes of one stored row, scales included. REQUIRES: CheckHeadDim ok.

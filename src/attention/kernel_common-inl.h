@@ -3,11 +3,12 @@
 // reference-order reductions, the row walk (HeadRows, Prefetcher,
 // Visibility), the K/V pass argument blocks and the family entry points.
 //
-// A decoder (decode_<family>-inl.h) is Decoder<F>: Prepare(row, d) once per
-// row, Block(row, b, out) writes values [16b, 16b + 16) of the row, in
-// kernel order (plan.h) with its scales applied, into kVecs vectors of kN
-// lanes; formats that allow any head_dim (kTail) also give Value(row, i)
-// for the last partial block. Decoders hold only constants: thread-safe.
+// A decoder is the format's Decoder<F> (format/decoders-inl.h, one per
+// format, shared with the codec): Prepare(row, d) once per row, Block(row,
+// b, out) writes values [16b, 16b + 16) of the row, in kernel order (plan.h)
+// with its scales applied, into kVecs vectors of kN lanes; formats that
+// allow any head_dim (kTail) also give Value(row, i) for the last partial
+// block. Decoders hold only constants: thread-safe.
 //
 // Per-target header (Highway's -inl.h convention): included by a kernel .cc
 // after hwy/foreach_target.h, so once per compiled target, at file scope.
@@ -21,6 +22,7 @@
 
 #include "attention/plan.h"
 #include "attention/reference.h"
+#include "format/decoders-inl.h"
 #include "format/format_internal.h"
 
 #if defined(KVCACHE_SRC_ATTENTION_KERNEL_COMMON_INL_H_) == defined(HWY_TARGET_TOGGLE)
@@ -38,184 +40,24 @@ namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 namespace fi = format_internal;
 
-using DF = hn::ScalableTag<float>;
-using VF = hn::Vec<DF>;
-using DU = hn::RebindToUnsigned<DF>;
-using DI = hn::RebindToSigned<DF>;
-constexpr size_t kN = hn::MaxLanes(DF());
-constexpr size_t kVecs = kDotLanes / kN;  // vectors per 16-value block
-static_assert(kN <= kDotLanes && kDotLanes % kN == 0, "lane count must divide 16");
+// The vector types and the decoders' pieces the kernels use.
+using fi::HWY_NAMESPACE::BroadcastF16;
+using fi::HWY_NAMESPACE::Decoder;
+using fi::HWY_NAMESPACE::DF;
+using fi::HWY_NAMESPACE::DI;
+using fi::HWY_NAMESPACE::DU;
+using fi::HWY_NAMESPACE::E4M3Block;
+using fi::HWY_NAMESPACE::kE4M3BlockMul;
+using fi::HWY_NAMESPACE::kN;
+using fi::HWY_NAMESPACE::kVecs;
+using fi::HWY_NAMESPACE::MakeDecoder;
+using fi::HWY_NAMESPACE::RowRef;
+using fi::HWY_NAMESPACE::TailBlock;
+using fi::HWY_NAMESPACE::ValueMul;
+using fi::HWY_NAMESPACE::VF;
+static_assert(fi::HWY_NAMESPACE::kBlockValues == kDotLanes, "a decoder block is one dot block");
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-constexpr float kTwo112 = 5.192296858534827628530496329220096e33f;  // 2^112
-
-// ---------------------------------------------------------------------------
-// Table lookups on small float tables (idx in u32 lanes, already < size).
-
-template <size_t kSize>
-struct Table {
-  // kSize <= 8: one vector when kN >= 8, else two 4-lane halves; a plain
-  // array on single-lane targets.
-  VF lo, hi;
-  float raw[8] = {};
-  explicit Table(const float* t) {
-    // Entries repeat with period kSize, so a lookup that reads only the low
-    // 3 bits of an index (Permute8) sees the right value for any index whose
-    // low log2(kSize) bits are the code.
-    alignas(64) float buf[2 * kDotLanes] = {};
-    for (size_t i = 0; i < kDotLanes; ++i) buf[i] = t[i % kSize];
-    for (size_t i = 0; i < 8; ++i) raw[i] = buf[i];
-    const DF df;
-    if constexpr (kN < 4) {
-      lo = hi = hn::Zero(df);
-    } else if constexpr (kN >= 8) {
-      lo = hn::Load(df, buf);
-      hi = lo;
-    } else {
-      lo = hn::Load(df, buf);
-      hi = hn::Load(df, buf + 4);
-    }
-  }
-  HWY_INLINE VF Lookup(hn::Vec<DU> idx) const {
-    const DF df;
-    const DI di;
-    if constexpr (kN < 4) {
-      alignas(64) uint32_t ib[kDotLanes];
-      alignas(64) float fb[kDotLanes];
-      hn::Store(idx, DU(), ib);
-      for (size_t i = 0; i < kN; ++i) fb[i] = raw[ib[i] & 7];
-      return hn::Load(df, fb);
-    } else if constexpr (kN >= 8 || kSize <= 4) {
-      return hn::TableLookupLanes(lo, hn::IndicesFromVec(df, hn::BitCast(di, idx)));
-    } else {
-      const auto i3 = hn::BitCast(di, hn::And(idx, hn::Set(DU(), 3)));
-      const VF a = hn::TableLookupLanes(lo, hn::IndicesFromVec(df, i3));
-      const VF b = hn::TableLookupLanes(hi, hn::IndicesFromVec(df, i3));
-      // bit 2 of idx selects the upper half
-      const auto upper = hn::RebindMask(df, hn::TestBit(idx, hn::Set(DU(), 4u)));
-      return hn::IfThenElse(upper, b, a);
-    }
-  }
-};
-
-// table[idx & 7] per lane, for tables of at most 8 entries: on AVX2 one
-// vpermps, which reads only the low 3 bits of each index, so callers skip
-// masking the code out of its packed word; on AVX-512 (16 lanes) one
-// vpermps over the 16-lane table, which reads the low 4 bits, the same
-// entry since the table repeats with period kSize (<= 8); elsewhere
-// Table::Lookup on the masked index.
-template <size_t kSize>
-HWY_INLINE VF Permute8(const Table<kSize>& t, hn::Vec<DU> idx) {
-#if HWY_TARGET == HWY_AVX2
-  return VF{_mm256_permutevar8x32_ps(t.lo.raw, idx.raw)};
-#elif HWY_TARGET <= HWY_AVX3 && HWY_ARCH_X86
-  static_assert(kN == 16, "AVX-512 targets have 16 f32 lanes");
-  return VF{_mm512_permutexvar_ps(idx.raw, t.lo.raw)};
-#else
-  return t.Lookup(hn::And(idx, hn::Set(DU(), static_cast<uint32_t>(kSize - 1))));
-#endif
-}
-
-// ---------------------------------------------------------------------------
-// Decoders: Block(row, b, out) writes values [16b, 16b + 16) of a stored row,
-// scales applied, into kVecs vectors. Tail formats (any head_dim) also
-// provide Value(row, i) for the last partial block.
-
-struct RowRef {
-  const uint8_t* p;
-  float scale;  // q8 row scale; unused elsewhere
-};
-
-HWY_INLINE hn::Vec<DU> LoadBytesU32(const uint8_t* p) {
-  const hn::Rebind<uint8_t, DF> du8;
-  return hn::PromoteTo(DU(), hn::LoadU(du8, p));
-}
-
-HWY_INLINE VF E4M3Bits(hn::Vec<DU> u) {
-  // sign -> bit 31, exponent+mantissa -> bits 20..26: the value times 2^-120
-  // (subnormal codes become f32 subnormals, exactly).
-  const DU du;
-  const auto mag = hn::ShiftLeft<20>(hn::And(u, hn::Set(du, 0x7Fu)));
-  const auto sign = hn::ShiftLeft<24>(hn::And(u, hn::Set(du, 0x80u)));
-  return hn::BitCast(DF(), hn::Or(mag, sign));
-}
-
-// What E4M3Block's values must be multiplied by to be the code values.
-constexpr float kE4M3BlockMul = 256.0f;
-
-// The values of 16 E4M3 codes at p times 2^-8 (exact: the 2^8 goes into a
-// scale the caller applies anyway, see ValueMul). With F16C (AVX2 and up)
-// each code becomes an f16 by moving its bits (sign stays at bit 15,
-// exponent and mantissa shift right by one: the f16 is the value times
-// 2^-8, subnormals included), one conversion per 8 values. Without F16C,
-// E4M3Bits: the value times 2^-120, then times 2^112.
-HWY_INLINE void E4M3Block(const uint8_t* p, VF* out) {
-#if HWY_TARGET <= HWY_AVX2
-  const hn::FixedTag<uint8_t, 16> d8;
-  const hn::FixedTag<int16_t, 16> d16;
-  const hn::FixedTag<hwy::float16_t, 16> dh;
-  const auto w = hn::BitCast(d16, hn::ShiftLeft<8>(hn::PromoteTo(hn::RebindToUnsigned<decltype(d16)>(), hn::LoadU(d8, p))));
-  const auto h = hn::BitCast(dh, hn::And(hn::ShiftRight<1>(w), hn::Set(d16, static_cast<int16_t>(0xBFFF))));
-#if HWY_TARGET == HWY_AVX2
-  const hn::FixedTag<hwy::float16_t, 8> dh8;
-  out[0] = hn::PromoteTo(DF(), hn::LowerHalf(dh8, h));
-  out[1] = hn::PromoteTo(DF(), hn::UpperHalf(dh8, h));
-#else
-  out[0] = hn::PromoteTo(DF(), h);
-#endif
-#else
-  const VF m = hn::Set(DF(), kTwo112);
-  for (size_t v = 0; v < kVecs; ++v) out[v] = hn::Mul(E4M3Bits(LoadBytesU32(p + v * kN)), m);
-#endif
-}
-
-// The f16 at p in every lane of a D vector (DF unless given): one
-// vcvtph2ps with F16C (AVX2 and up), the scalar decode elsewhere. Both are
-// exact.
-template <class D = DF>
-HWY_INLINE hn::Vec<D> BroadcastF16(const uint8_t* p, D d = D()) {
-#if HWY_TARGET <= HWY_AVX2
-  const hn::Rebind<uint16_t, D> d16;
-  const hn::Rebind<hwy::float16_t, D> dh;
-  return hn::PromoteTo(d, hn::BitCast(dh, hn::Set(d16, fi::LoadU16(p))));
-#else
-  return hn::Set(d, fi::F16ToFloat(fi::LoadU16(p)));
-#endif
-}
-
-HWY_INLINE uint32_t LoadU32(const uint8_t* p) {
-  uint32_t w;
-  std::memcpy(&w, p, 4);
-  return w;
-}
-
-template <Format F>
-struct Decoder;
-
-// What a format's decoded values must be multiplied by to be the stored
-// values (a power of two).
-constexpr float ValueMul(Format f) { return f == Format::kFp8E4M3 ? kE4M3BlockMul : 1.0f; }
-
-
-template <Format F>
-HWY_INLINE Decoder<F> MakeDecoder(uint32_t d) {
-  if constexpr (F == Format::kTurbo8 || F == Format::kTurbo4 || F == Format::kTurbo3 ||
-                F == Format::kTurbo2) {
-    return Decoder<F>(d);
-  } else {
-    (void)d;
-    return Decoder<F>();
-  }
-}
-
-// Values [16b, head_dim) of a tail block, zero padded.
-template <Format F>
-HWY_INLINE void TailBlock(const Decoder<F>& dec, const RowRef& r, uint32_t b, uint32_t head_dim,
-                          VF* out) {
-  alignas(64) float buf[kDotLanes] = {};
-  for (uint32_t i = b * kDotLanes; i < head_dim; ++i) buf[i - b * kDotLanes] = dec.Value(r, i);
-  for (size_t v = 0; v < kVecs; ++v) out[v] = hn::Load(DF(), buf + v * kN);
-}
 
 // ---------------------------------------------------------------------------
 // The reference reduction of 16 running sums held as kVecs vectors.

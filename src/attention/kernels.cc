@@ -38,15 +38,16 @@
 // File layout: this file is the dispatch (one Highway dispatch per call) and
 // the job-level steps (exp pass, segment fold, outputs, threading). The
 // passes and decoders are per-target headers, instantiated one format family
-// per file so the families compile in parallel and a change to one
-// recompiles only it:
+// per file so the families compile in parallel:
 //   kernel_common-inl.h   types, lookups, reductions, the row walk
 //   kpass-inl.h           K pass (and the integer path for int8 keys)
 //   vpass-inl.h           V pass
-//   decode_plain-inl.h    f32, f16, bf16        -> kernels_plain.cc
-//   decode_fp8_q8-inl.h   fp8_e4m3, q8          -> kernels_fp8_q8.cc
-//   decode_ggml-inl.h     q8_0, q4_0            -> kernels_ggml.cc
-//   decode_turbo-inl.h    turbo8/4/3/2          -> kernels_turbo.cc
+//   family-inl.h          a family's K/V passes and DecodeRow, by format
+//   format/<family>/decode-inl.h (the decoders, shared with the codec):
+//     plain    f32, f16, bf16        -> kernels_plain.cc
+//     fp8_q8   fp8_e4m3, q8          -> kernels_fp8_q8.cc
+//     ggml     q8_0, q4_0            -> kernels_ggml.cc
+//     turbo    turbo8/4/3/2          -> kernels_turbo.cc
 #pragma GCC optimize("fp-contract=off")
 
 // SSSE3 adds compile time and nothing over SSE4 for these kernels.

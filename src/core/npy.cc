@@ -18,6 +18,8 @@
 #include <optional>
 #include <variant>
 
+#include "kvcache/float16.h"
+
 namespace kvcache {
 namespace {
 
@@ -25,38 +27,11 @@ constexpr char kMagic[] = "\x93NUMPY";
 constexpr size_t kMagicLen = 6;
 constexpr uint64_t kMaxElements = uint64_t{1} << 40;
 
-float HalfToFloat(uint16_t h) {
-  const uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16;
-  const uint32_t exp = (h >> 10) & 0x1F;
-  const uint32_t mant = h & 0x3FF;
-  if (exp == 0) {  // zero or subnormal: mant * 2^-24, exact in float
-    const float v = std::ldexp(static_cast<float>(mant), -24);
-    return sign ? -v : v;
-  }
-  uint32_t bits;
-  if (exp == 31) {
-    bits = sign | 0x7F800000u | (mant << 13);
-  } else {
-    bits = sign | ((exp + 112) << 23) | (mant << 13);
-  }
-  return std::bit_cast<float>(bits);
-}
-
+// f16 for a float, as FloatToF16 (kvcache/float16.h) except that every NaN
+// is written as the canonical quiet NaN of its sign.
 uint16_t FloatToHalf(float f) {
-  const uint32_t x = std::bit_cast<uint32_t>(f);
-  const uint16_t sign = static_cast<uint16_t>((x >> 16) & 0x8000);
-  const uint32_t abs = x & 0x7FFFFFFFu;
-  if (abs > 0x7F800000u) return sign | 0x7E00;  // NaN
-  if (abs >= 0x477FF000u) return sign | 0x7C00;  // rounds to >= 65520: inf
-  if (abs < 0x38800000u) {  // below the smallest normal half: subnormal or zero
-    // value / 2^-24, rounded to nearest even.
-    const float scaled = std::bit_cast<float>(abs) * 16777216.0f;  // exact
-    return sign | static_cast<uint16_t>(std::nearbyint(scaled));
-  }
-  // Normal: drop 13 mantissa bits with round-to-nearest-even.
-  const uint32_t rebased = abs - (112u << 23);
-  const uint32_t lsb = (rebased >> 13) & 1u;
-  return sign | static_cast<uint16_t>((rebased + 0x0FFFu + lsb) >> 13);
+  if (std::isnan(f)) return std::signbit(f) ? 0xFE00 : 0x7E00;
+  return FloatToF16(f);
 }
 
 // --- a tiny parser for the header's Python dict literal ---
@@ -255,7 +230,7 @@ Result<NpyArray> ParseNpy(std::span<const uint8_t> bytes) {
   if (elem_bytes == 4) {
     for (uint64_t i = 0; i < n; ++i) out.data[i] = std::bit_cast<float>(ReadLe(p + 4 * i, 4));
   } else {
-    for (uint64_t i = 0; i < n; ++i) out.data[i] = HalfToFloat(static_cast<uint16_t>(ReadLe(p + 2 * i, 2)));
+    for (uint64_t i = 0; i < n; ++i) out.data[i] = F16ToFloat(static_cast<uint16_t>(ReadLe(p + 2 * i, 2)));
   }
   return out;
 }

@@ -154,21 +154,30 @@ Status PrepareRow(Format f, size_t d, const float* x, const RowTransform* t, siz
   return Status::Ok();
 }
 
+// InvalidArgument unless `values` floats are whole rows of d and `bytes` is
+// their n * row_bytes; *n = the rows. op: "encode" or "decode".
+Status CheckRows(const char* op, Format f, size_t d, size_t row_bytes, size_t values, size_t bytes,
+                 size_t* n) {
+  if (values % d != 0) {
+    return Status::InvalidArgument(fmt::format("{} {}: {} values is not a whole number of rows of {}",
+                                               op, FormatName(f), values, d));
+  }
+  *n = values / d;
+  if (bytes != *n * row_bytes) {
+    const char* what = op[0] == 'e' ? "output" : "input";
+    return Status::InvalidArgument(fmt::format("{} {}: {} has {} bytes, {} rows need {}", op,
+                                               FormatName(f), what, bytes, *n, *n * row_bytes));
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 Status RowCodec::Encode(std::span<const float> rows, std::span<uint8_t> out,
                         const RowTransform* transform) const {
   const size_t d = head_dim_;
-  if (rows.size() % d != 0) {
-    return Status::InvalidArgument(fmt::format(
-        "encode {}: {} values is not a whole number of rows of {}", FormatName(format_),
-        rows.size(), d));
-  }
-  const size_t n = rows.size() / d;
-  if (out.size() != n * row_bytes_) {
-    return Status::InvalidArgument(fmt::format("encode {}: output has {} bytes, {} rows need {}",
-                                               FormatName(format_), out.size(), n, n * row_bytes_));
-  }
+  size_t n = 0;
+  KV_RETURN_IF_ERROR(CheckRows("encode", format_, d, row_bytes_, rows.size(), out.size(), &n));
   KV_RETURN_IF_ERROR(CheckTransform(transform, head_dim_));
   if (const size_t i = fi::FirstNonFinite(rows.data(), rows.size()); i != rows.size()) {
     return Status::InvalidArgument(fmt::format("encode {}: non-finite value at row {}, index {}",
@@ -216,16 +225,8 @@ Status fi::EncodeHeadRows(const RowCodec& codec, size_t n, const float* x, uint8
 Status RowCodec::Decode(std::span<const uint8_t> in, std::span<float> rows,
                         const RowTransform* transform) const {
   const size_t d = head_dim_;
-  if (rows.size() % d != 0) {
-    return Status::InvalidArgument(fmt::format(
-        "decode {}: {} values is not a whole number of rows of {}", FormatName(format_),
-        rows.size(), d));
-  }
-  const size_t n = rows.size() / d;
-  if (in.size() != n * row_bytes_) {
-    return Status::InvalidArgument(fmt::format("decode {}: input has {} bytes, {} rows need {}",
-                                               FormatName(format_), in.size(), n, n * row_bytes_));
-  }
+  size_t n = 0;
+  KV_RETURN_IF_ERROR(CheckRows("decode", format_, d, row_bytes_, rows.size(), in.size(), &n));
   KV_RETURN_IF_ERROR(CheckTransform(transform, head_dim_));
   fi::DecodeRows(format_, head_dim_, n, in.data(), rows.data());
   if (IsRotated(format_)) fi::InverseRotateRows(signs_.data(), head_dim_, n, rows.data());
@@ -242,6 +243,22 @@ Status RowCodec::Decode(std::span<const uint8_t> in, std::span<float> rows,
       }
     }
   }
+  return Status::Ok();
+}
+
+Status RowCodec::EncodePrepared(std::span<const float> rows, std::span<uint8_t> out) const {
+  size_t n = 0;
+  KV_RETURN_IF_ERROR(CheckRows("encode", format_, head_dim_, row_bytes_, rows.size(), out.size(), &n));
+  fi::EncodeRows(format_, head_dim_, n, rows.data(), out.data());
+  return Status::Ok();
+}
+
+Status RowCodec::RotateRows(std::span<float> rows) const {
+  if (rows.size() % head_dim_ != 0) {
+    return Status::InvalidArgument(fmt::format("rotate: {} values is not a whole number of rows of {}",
+                                               rows.size(), head_dim_));
+  }
+  if (!signs_.empty()) fi::RotateRows(signs_.data(), head_dim_, rows.size() / head_dim_, rows.data());
   return Status::Ok();
 }
 

@@ -290,5 +290,35 @@ TEST(Codec, BadInput) {
   }
 }
 
+// EncodePrepared is Encode without the preparation: rows rotated by
+// RotateRows (turbo; other formats: unchanged) encode to Encode's bytes.
+TEST(Codec, EncodePreparedAndRotateRowsMatchEncodeAndRotate) {
+  const uint32_t d = 64;
+  const size_t n = 5;
+  for (Format f : kAllFormats) {
+    SCOPED_TRACE(FormatName(f));
+    const RowCodec c = Make(f, d);
+    const std::vector<float> x = Gaussian(n * d, 11);
+    std::vector<float> prep = x;
+    ASSERT_TRUE(c.RotateRows(prep).ok());
+    for (size_t r = 0; r < n; ++r) {
+      std::vector<float> one(x.begin() + r * d, x.begin() + (r + 1) * d);
+      c.Rotate(one.data());
+      ASSERT_EQ(0, std::memcmp(one.data(), prep.data() + r * d, d * sizeof(float))) << r;
+    }
+    std::vector<uint8_t> want(n * c.row_bytes()), got(n * c.row_bytes(), 0xAB);
+    ASSERT_TRUE(c.Encode(x, want).ok());
+    ASSERT_TRUE(c.EncodePrepared(prep, got).ok());
+    EXPECT_EQ(want, got);
+    const std::vector<uint8_t> before = got;
+    EXPECT_EQ(c.EncodePrepared(std::span<const float>(prep).first(d + 1), got).code(),
+              StatusCode::kInvalidArgument);
+    EXPECT_EQ(c.EncodePrepared(prep, std::span<uint8_t>(got).first(c.row_bytes())).code(),
+              StatusCode::kInvalidArgument);
+    EXPECT_EQ(got, before);
+    EXPECT_EQ(c.RotateRows(std::span<float>(prep).first(d - 1)).code(), StatusCode::kInvalidArgument);
+  }
+}
+
 }  // namespace
 }  // namespace kvcache

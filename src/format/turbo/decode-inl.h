@@ -1,25 +1,12 @@
-// Decoders of the rotated turbo formats: turbo8 (E4M3 codes), turbo4 (in
-// nibble order), turbo3 and turbo2 (packed codes through in-register level
-// tables), one scale per 16-value group. They return rotated-space values:
-// the query is rotated instead. Scalar reference:
-// format_internal::DecodeRowsScalar; tested by tests/attention/decoders_test.cc.
+// Decoder<F> of the rotated turbo formats: turbo8 (E4M3 codes), turbo4 (in
+// even/odd order: low nibbles, then high nibbles), turbo3 and turbo2 (packed
+// codes through in-register level tables), one scale per 16-value group.
+// They return rotated-space values (the attention kernels rotate the query
+// instead). Scalar reference: turbo/scalar.cc.
 //
-// Per-target header (Highway's -inl.h convention): included by a kernel .cc
-// after hwy/foreach_target.h, so once per compiled target, at file scope.
-
-#include "attention/kernel_common-inl.h"
-
-#if defined(KVCACHE_SRC_ATTENTION_DECODE_TURBO_INL_H_) == defined(HWY_TARGET_TOGGLE)
-#ifdef KVCACHE_SRC_ATTENTION_DECODE_TURBO_INL_H_
-#undef KVCACHE_SRC_ATTENTION_DECODE_TURBO_INL_H_
-#else
-#define KVCACHE_SRC_ATTENTION_DECODE_TURBO_INL_H_
-#endif
-
-HWY_BEFORE_NAMESPACE();
-namespace kvcache {
-namespace attention_internal {
-namespace HWY_NAMESPACE {
+// A fragment of format/decoders-inl.h, which includes it inside namespace
+// kvcache::format_internal::HWY_NAMESPACE once per target (the contract and
+// the shared helpers are there); include that header, not this one.
 
 // Turbo rows: codes, then one scale per 16-value group at scales_offset.
 template <>
@@ -31,39 +18,46 @@ struct Decoder<Format::kTurbo8> {
   HWY_INLINE void Block(const RowRef& r, uint32_t b, VF* out) const {
     // The codes come out times 2^-8, so the group scale goes in times 2^8.
     const VF s =
-        hn::Set(DF(), kE4M3BlockMul * fi::BF16ToFloat(fi::LoadU16(r.p + scales_offset + 2 * b)));
-    E4M3Block(r.p + b * kDotLanes, out);
+        hn::Set(DF(), kE4M3BlockMul * BF16ToFloat(LoadU16(r.p + scales_offset + 2 * b)));
+    E4M3Block(r.p + b * kBlockValues, out);
     for (size_t v = 0; v < kVecs; ++v) out[v] = hn::Mul(out[v], s);
   }
   HWY_INLINE float Value(const RowRef&, uint32_t) const { return 0.0f; }
+  // Finite codes, and a scale for which 2^8 * scale is finite (then the two
+  // products round as the reference's one).
+  HWY_INLINE bool Regular(const RowRef& r, uint32_t b) const {
+    const float s = BF16ToFloat(LoadU16(r.p + scales_offset + 2 * b));
+    return !HasE4M3NaN(r.p + b * kBlockValues) && std::fabs(s) < 0x1p120f;
+  }
 };
 
 // Per-lane shift counts for packed codes of vector v of a block: value
 // i = v * kN + lane sits at bit kBits * (i % kPeriod) of its 32-bit word.
 template <uint32_t kBits, uint32_t kPeriod>
 HWY_INLINE hn::Vec<DU> LaneShifts(size_t v) {
-  alignas(64) uint32_t buf[kDotLanes];
+  alignas(64) uint32_t buf[kBlockValues];
   for (size_t i = 0; i < kN; ++i) buf[i] = kBits * static_cast<uint32_t>((v * kN + i) % kPeriod);
   return hn::Load(DU(), buf);
 }
 
-// turbo4 in nibble order (plan.h): vector v of a group holds the low
+// turbo4 in even/odd order: vector v of a group holds the low
 // nibbles (v * kN < 8) or the high nibbles of kN consecutive code bytes.
 template <>
 struct Decoder<Format::kTurbo4> {
   static constexpr bool kTail = false;
+  static constexpr bool kEvenOdd = true;
   uint32_t scales_offset;
   Table<8> neg, pos;  // levels 0..7 and 8..15
   VF all;             // 16 lanes: levels 0..15 (the first kN elsewhere, unused)
   explicit Decoder(uint32_t d)
       : scales_offset(d / 2),
-        neg(fi::kTurbo4Levels.data()),
-        pos(fi::kTurbo4Levels.data() + 8),
-        all(hn::LoadU(DF(), fi::kTurbo4Levels.data())) {}
+        neg(kTurbo4Levels.data()),
+        pos(kTurbo4Levels.data() + 8),
+        all(hn::LoadU(DF(), kTurbo4Levels.data())) {}
   HWY_INLINE RowRef Prepare(const uint8_t* p, uint32_t) const { return {p, 1.0f}; }
   HWY_INLINE void Block(const RowRef& r, uint32_t b, VF* out) const {
     const uint8_t* c = r.p + 8 * b;
-    const VF sv = hn::Set(DF(), fi::E4M3ToFloat(r.p[scales_offset + b]));
+    const VF sv = hn::Set(DF(), E4M3ToFloat(r.p[scales_offset + b]));
 #if HWY_TARGET == HWY_AVX2
     // Low nibbles, then high nibbles, of the 8 code bytes: two vpermps on
     // the code's low 3 bits, its bit 3 moved to the sign bit picks the half.
@@ -107,14 +101,14 @@ struct Decoder<Format::kTurbo3> {
   uint32_t scales_offset;
   Table<8> levels;
   hn::Vec<DU> shifts[kVecs];
-  explicit Decoder(uint32_t d) : scales_offset(6 * (d / 16)), levels(fi::kTurbo3Levels.data()) {
+  explicit Decoder(uint32_t d) : scales_offset(6 * (d / 16)), levels(kTurbo3Levels.data()) {
     for (size_t v = 0; v < kVecs; ++v) shifts[v] = LaneShifts<3, 8>(v);
   }
   HWY_INLINE RowRef Prepare(const uint8_t* p, uint32_t) const { return {p, 1.0f}; }
   HWY_INLINE void Block(const RowRef& r, uint32_t b, VF* out) const {
     const DU du;
     const uint8_t* c = r.p + 6 * b;
-    const VF sv = hn::Set(DF(), fi::E4M3ToFloat(r.p[scales_offset + b]));
+    const VF sv = hn::Set(DF(), E4M3ToFloat(r.p[scales_offset + b]));
     // Values 0..7 are bits 0..23 of bytes 0..3, values 8..15 bits 0..23 of
     // bytes 3..6 (byte 6 is still inside the row: next group or a scale).
     for (size_t v = 0; v < kVecs; ++v) {
@@ -136,25 +130,17 @@ struct Decoder<Format::kTurbo2> {
   uint32_t scales_offset;
   Table<4> levels;
   hn::Vec<DU> shifts[kVecs];
-  explicit Decoder(uint32_t d) : scales_offset(d / 4), levels(fi::kTurbo2Levels.data()) {
+  explicit Decoder(uint32_t d) : scales_offset(d / 4), levels(kTurbo2Levels.data()) {
     for (size_t v = 0; v < kVecs; ++v) shifts[v] = LaneShifts<2, 16>(v);
   }
   HWY_INLINE RowRef Prepare(const uint8_t* p, uint32_t) const { return {p, 1.0f}; }
   HWY_INLINE void Block(const RowRef& r, uint32_t b, VF* out) const {
     const DU du;
     const auto w = hn::Set(du, LoadU32(r.p + 4 * b));
-    const VF sv = hn::Set(DF(), fi::E4M3ToFloat(r.p[scales_offset + b]));
+    const VF sv = hn::Set(DF(), E4M3ToFloat(r.p[scales_offset + b]));
     for (size_t v = 0; v < kVecs; ++v) {
       out[v] = hn::Mul(Permute8(levels, w >> shifts[v]), sv);
     }
   }
   HWY_INLINE float Value(const RowRef&, uint32_t) const { return 0.0f; }
 };
-
-
-}  // namespace HWY_NAMESPACE
-}  // namespace attention_internal
-}  // namespace kvcache
-HWY_AFTER_NAMESPACE();
-
-#endif  // KVCACHE_SRC_ATTENTION_DECODE_TURBO_INL_H_

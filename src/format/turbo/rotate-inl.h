@@ -1,4 +1,5 @@
-// The randomized Walsh-Hadamard rotation of turbo rows (see format_internal.h).
+// The SIMD rotation of turbo rows (see turbo.h); its scalar reference and
+// the signs are in rotation.cc.
 //
 // Operation order (identical in the scalar reference and every SIMD target, so
 // rotated rows are bit-identical everywhere): multiply by the signs; in each
@@ -10,41 +11,9 @@
 // up to 16 vectors (d <= 128 on AVX2, 256 on AVX3) stay in registers through
 // all the stages; larger ones make one pass through memory per stage.
 //
-// Thread safety: pure functions.
-#include <cmath>
-#include <cstring>
-#include <vector>
-
-#include "format/format_internal.h"
-
-#undef HWY_TARGET_INCLUDE
-#define HWY_TARGET_INCLUDE "format/rotation.cc"
-#include <hwy/foreach_target.h>  // IWYU pragma: keep
-#include <hwy/highway.h>
-
-#ifndef KVCACHE_FORMAT_ROTATION_ONCE
-#define KVCACHE_FORMAT_ROTATION_ONCE
-namespace kvcache {
-namespace format_internal {
-namespace {
-
-// Largest power of two <= n (n >= 16).
-inline uint32_t BlockAt(uint32_t remaining) {
-  uint32_t b = 16;
-  while (b * 2 <= remaining) b *= 2;
-  return b;
-}
-
-}  // namespace
-}  // namespace format_internal
-}  // namespace kvcache
-#endif
-
-HWY_BEFORE_NAMESPACE();
-namespace kvcache {
-namespace format_internal {
-namespace HWY_NAMESPACE {
-namespace hn = hwy::HWY_NAMESPACE;
+// A fragment of codec_simd.cc, which includes it inside namespace
+// kvcache::format_internal::HWY_NAMESPACE once per target and exports
+// RotateRowsT / InverseRotateRowsT; no other file includes it.
 
 // Hadamard-transforms x[0, block) in place (unnormalized), block a power of two >= 16.
 void WhtBlock(float* HWY_RESTRICT x, uint32_t block) {
@@ -138,7 +107,7 @@ void RotateRow(const float* HWY_RESTRICT signs, uint32_t head_dim, float* HWY_RE
   const hn::CappedTag<float, 16> d;
   constexpr size_t N = hn::MaxLanes(d);
   for (uint32_t off = 0; off < head_dim;) {
-    const uint32_t b = BlockAt(head_dim - off);
+    const uint32_t b = RotationBlockAt(head_dim - off);
     const float scale = 1.0f / std::sqrt(static_cast<float>(b));
     float* x = row + off;
     const float* sg = signs + off;
@@ -167,76 +136,3 @@ void RotateRowsT(const float* signs, uint32_t head_dim, size_t n, float* x) {
 void InverseRotateRowsT(const float* signs, uint32_t head_dim, size_t n, float* x) {
   for (size_t r = 0; r < n; ++r) RotateRow<true>(signs, head_dim, x + r * head_dim);
 }
-
-}  // namespace HWY_NAMESPACE
-}  // namespace format_internal
-}  // namespace kvcache
-HWY_AFTER_NAMESPACE();
-
-#if HWY_ONCE
-namespace kvcache {
-namespace format_internal {
-
-HWY_EXPORT(RotateRowsT);
-HWY_EXPORT(InverseRotateRowsT);
-
-std::vector<float> RotationSigns(uint64_t seed, uint32_t head_dim) {
-  std::vector<float> s(head_dim);
-  uint64_t state = seed;
-  for (uint32_t i = 0; i < head_dim; ++i) {
-    // SplitMix64.
-    uint64_t z = (state += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    z ^= z >> 31;
-    s[i] = (z >> 63) ? -1.0f : 1.0f;
-  }
-  return s;
-}
-
-void RotateRows(const float* signs, uint32_t head_dim, size_t n, float* x) {
-  HWY_DYNAMIC_DISPATCH(RotateRowsT)(signs, head_dim, n, x);
-}
-void InverseRotateRows(const float* signs, uint32_t head_dim, size_t n, float* x) {
-  HWY_DYNAMIC_DISPATCH(InverseRotateRowsT)(signs, head_dim, n, x);
-}
-void RotateInPlace(const float* signs, uint32_t head_dim, float* x) {
-  RotateRows(signs, head_dim, 1, x);
-}
-void InverseRotateInPlace(const float* signs, uint32_t head_dim, float* x) {
-  InverseRotateRows(signs, head_dim, 1, x);
-}
-
-namespace {
-void ScalarTransformBlocks(uint32_t head_dim, float* x) {
-  for (uint32_t off = 0; off < head_dim;) {
-    const uint32_t b = BlockAt(head_dim - off);
-    float* blk = x + off;
-    for (uint32_t half = 1; half < b; half *= 2) {
-      for (uint32_t base = 0; base < b; base += 2 * half) {
-        for (uint32_t k = 0; k < half; ++k) {
-          const float a = blk[base + k], bb = blk[base + half + k];
-          blk[base + k] = a + bb;
-          blk[base + half + k] = a - bb;
-        }
-      }
-    }
-    const float s = 1.0f / std::sqrt(static_cast<float>(b));
-    for (uint32_t i = 0; i < b; ++i) blk[i] *= s;
-    off += b;
-  }
-}
-}  // namespace
-
-void RotateInPlaceScalar(const float* signs, uint32_t head_dim, float* x) {
-  for (uint32_t i = 0; i < head_dim; ++i) x[i] *= signs[i];
-  ScalarTransformBlocks(head_dim, x);
-}
-void InverseRotateInPlaceScalar(const float* signs, uint32_t head_dim, float* x) {
-  ScalarTransformBlocks(head_dim, x);
-  for (uint32_t i = 0; i < head_dim; ++i) x[i] *= signs[i];
-}
-
-}  // namespace format_internal
-}  // namespace kvcache
-#endif

@@ -1,24 +1,11 @@
-// Decoders of the ggml block formats: q8_0 and q4_0 (32 values per block
-// behind an f16 scale). Scalar reference: format_internal::DecodeRowsScalar;
-// tested by tests/attention/decoders_test.cc. q8_0 and q4_0 keys usually
-// take the integer K path instead (kpass-inl.h).
+// Decoder<F> of the ggml block formats: q8_0 and q4_0 (32 values per block
+// behind an f16 scale; Block b is half of block b / 2). Scalar reference:
+// ggml/scalar.cc. (The attention kernels usually take an integer K path for
+// q8_0 and q4_0 keys instead.)
 //
-// Per-target header (Highway's -inl.h convention): included by a kernel .cc
-// after hwy/foreach_target.h, so once per compiled target, at file scope.
-
-#include "attention/kernel_common-inl.h"
-
-#if defined(KVCACHE_SRC_ATTENTION_DECODE_GGML_INL_H_) == defined(HWY_TARGET_TOGGLE)
-#ifdef KVCACHE_SRC_ATTENTION_DECODE_GGML_INL_H_
-#undef KVCACHE_SRC_ATTENTION_DECODE_GGML_INL_H_
-#else
-#define KVCACHE_SRC_ATTENTION_DECODE_GGML_INL_H_
-#endif
-
-HWY_BEFORE_NAMESPACE();
-namespace kvcache {
-namespace attention_internal {
-namespace HWY_NAMESPACE {
+// A fragment of format/decoders-inl.h, which includes it inside namespace
+// kvcache::format_internal::HWY_NAMESPACE once per target (the contract and
+// the shared helpers are there); include that header, not this one.
 
 template <>
 struct Decoder<Format::kQ8_0> {
@@ -54,10 +41,3 @@ struct Decoder<Format::kQ4_0> {
   }
   HWY_INLINE float Value(const RowRef&, uint32_t) const { return 0.0f; }
 };
-
-}  // namespace HWY_NAMESPACE
-}  // namespace attention_internal
-}  // namespace kvcache
-HWY_AFTER_NAMESPACE();
-
-#endif  // KVCACHE_SRC_ATTENTION_DECODE_GGML_INL_H_
