@@ -5,7 +5,7 @@ Runs a llama2.c "version 1" checkpoint (stories260K: dim 64, 5 layers, 8 q heads
 projections, RoPE (pairs (2i, 2i+1) rotated by pos * 10000^(-i/head_dim)),
 K/V appended to a kvcache.SequenceCache, GQA attention by kvcache.attend_decode,
 the output projection and a SwiGLU MLP; then the final norm and the classifier.
-This is the same model as model/decoder.cc, written independently in numpy, so
+This is the same model as model/decoder/decoder.cc, written independently in numpy, so
 tests can check that the two agree (python/tests/test_example.py).
 
     python3 examples/python/llama_numpy.py CHECKPOINT.bin --tokens 1,403,407,261,378 --steps 8
