@@ -163,7 +163,7 @@ HWY_INLINE void ForQueryBlocks(uint32_t nq, const Fn& fn) {
 template <bool kProfile>
 struct PassTimer {
   HWY_INLINE void Start() {}
-  HWY_INLINE void Lap(PassTime*) {}
+  HWY_INLINE void Lap(AttentionPassTime*) {}
 };
 template <>
 struct PassTimer<true> {
@@ -177,7 +177,7 @@ struct PassTimer<true> {
     cpu_ns = CpuNs();
     ticks = ReadTsc();
   }
-  void Lap(PassTime* t) {
+  void Lap(AttentionPassTime* t) {
     const uint64_t t1 = ReadTsc(), c1 = CpuNs();
     t->ticks += t1 - ticks;
     t->cpu_ns += c1 - cpu_ns;
@@ -187,8 +187,9 @@ struct PassTimer<true> {
 };
 
 // *to += the pass times of from (rows not included).
-void AddPassTimes(const PassProfile& from, PassProfile* to) {
-  for (auto field : {&PassProfile::k, &PassProfile::exp, &PassProfile::v, &PassProfile::other}) {
+void AddPassTimes(const AttentionPassProfile& from, AttentionPassProfile* to) {
+  using P = AttentionPassProfile;
+  for (auto field : {&P::k, &P::exp, &P::v, &P::other}) {
     (to->*field).ticks += (from.*field).ticks;
     (to->*field).cpu_ns += (from.*field).cpu_ns;
   }
@@ -197,8 +198,8 @@ void AddPassTimes(const PassProfile& from, PassProfile* to) {
 // The tasks' profiles, added together across threads (once per task).
 struct ProfileSink {
   std::mutex mu;
-  PassProfile sum;
-  void Add(const PassProfile& p) {
+  AttentionPassProfile sum;
+  void Add(const AttentionPassProfile& p) {
     std::lock_guard<std::mutex> lock(mu);
     AddPassTimes(p, &sum);
   }
@@ -314,7 +315,7 @@ thread_local Scratch tls_whole_scratch[kGroupHeads];  // RunWhole's, one per hea
 template <bool kProfile>
 void RunWhole(const Plan& plan, const HeadJob* jobs, uint32_t n, ProfileSink* sink) {
   PassTimer<kProfile> timer;
-  PassProfile prof;
+  AttentionPassProfile prof;
   timer.Start();
   Scratch* s = tls_whole_scratch;
   const size_t pd = plan.padded_dim;
@@ -399,7 +400,7 @@ void ParallelFor(ThreadPool* pool, uint32_t n, const ThreadPool::Task& fn) {
 template <bool kProfile>
 void RunSplit(const Plan& plan, uint32_t chunks_wanted, ProfileSink* sink) {
   PassTimer<kProfile> setup_timer;
-  PassProfile setup;
+  AttentionPassProfile setup;
   setup_timer.Start();
   const size_t pd = plan.padded_dim;
   struct JobSplit {
@@ -444,7 +445,7 @@ void RunSplit(const Plan& plan, uint32_t chunks_wanted, ProfileSink* sink) {
   if constexpr (kProfile) sink->Add(setup);
   ParallelFor(plan.pool, static_cast<uint32_t>(items.size()), [&](uint32_t i, uint32_t) {
     PassTimer<kProfile> timer;
-    PassProfile prof;
+    AttentionPassProfile prof;
     timer.Start();
     const Item it = items[i];
     const HeadJob& job = plan.jobs[it.job];
@@ -457,7 +458,7 @@ void RunSplit(const Plan& plan, uint32_t chunks_wanted, ProfileSink* sink) {
   });
   ParallelFor(plan.pool, static_cast<uint32_t>(items.size()), [&](uint32_t i, uint32_t) {
     PassTimer<kProfile> timer;
-    PassProfile prof;
+    AttentionPassProfile prof;
     timer.Start();
     const Item it = items[i];
     const HeadJob& job = plan.jobs[it.job];
@@ -484,7 +485,7 @@ void RunSplit(const Plan& plan, uint32_t chunks_wanted, ProfileSink* sink) {
   });
   ParallelFor(plan.pool, static_cast<uint32_t>(plan.jobs.size()), [&](uint32_t j, uint32_t) {
     PassTimer<kProfile> timer;
-    PassProfile prof;
+    AttentionPassProfile prof;
     timer.Start();
     const HeadJob& job = plan.jobs[j];
     const JobSplit& js = split[j];
@@ -540,7 +541,7 @@ void RunPlanT(const Plan& plan, ProfileSink* sink) {
 
 void RunPlanImpl(const Plan& plan) { RunPlanT<false>(plan, nullptr); }
 
-void RunPlanProfiledImpl(const Plan& plan, PassProfile* profile) {
+void RunPlanProfiledImpl(const Plan& plan, AttentionPassProfile* profile) {
   ProfileSink sink;
   RunPlanT<true>(plan, &sink);
   AddPassTimes(sink.sum, profile);
@@ -586,7 +587,7 @@ HWY_EXPORT(E4M3Decode);
 HWY_EXPORT(DecodeRowKernel);
 
 void RunPlan(const Plan& plan) { HWY_DYNAMIC_DISPATCH(RunPlanImpl)(plan); }
-void RunPlanProfiled(const Plan& plan, PassProfile* profile) {
+void RunPlanProfiled(const Plan& plan, AttentionPassProfile* profile) {
   HWY_DYNAMIC_DISPATCH(RunPlanProfiledImpl)(plan, profile);
 }
 void ExpBufferForTest(float* x, size_t n) { HWY_DYNAMIC_DISPATCH(ExpBuffer)(x, n); }

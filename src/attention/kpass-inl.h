@@ -413,7 +413,7 @@ void KPassRows(const KArgs& a, const int16_t* const* q16, const float* qscale,
   const LayerKvView& view = *job.view;
   const uint32_t d = plan.head_dim;
   const Decoder<F> dec = MakeDecoder<F>(d);
-  const Visibility vis = MakeVisibility(plan, job);
+  const Visibility vis = MakeVisibility(job);
   const QueryVec* qv = plan.queries.data() + job.first_query + a.qi0;
   const float* q[kQB];
   float* s[kQB];

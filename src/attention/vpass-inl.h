@@ -32,7 +32,7 @@ void VPass(const VArgs& a) {
   const uint32_t n_blocks = pd / kDotLanes;
   const uint32_t full_blocks = d / kDotLanes;
   const Decoder<F> dec = MakeDecoder<F>(d);
-  const Visibility vis = MakeVisibility(plan, job);
+  const Visibility vis = MakeVisibility(job);
   const QueryVec* qv = plan.queries.data() + job.first_query + a.qi0;
   const float* e[kQB];
   float* o[kQB];
