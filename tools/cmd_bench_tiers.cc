@@ -46,6 +46,7 @@
 #include <thread>
 
 #include "kvcache/pool.h"
+#include "kvcache/thread_pool.h"
 #include "kvcache/tier.h"
 #include "model/decoder/matmul.h"
 #include "tools/command.h"
@@ -155,7 +156,7 @@ double MatMulFlops(uint32_t tokens, uint32_t* threads_out) {
   m.cols = kDim;
   m.row_bytes = size_t{kDim} * 2;
   const uint32_t threads = std::max(1u, std::thread::hardware_concurrency());
-  model::ThreadPool pool(threads);
+  ThreadPool pool(threads);
   *threads_out = threads;
   model::MatMul(m, x.data(), tokens, out.data(), &pool);  // warm up
   std::vector<double> t;

@@ -1,9 +1,10 @@
-// Weight products: row ranges split over a small thread pool; the SIMD row
-// loop lives in gguf_dequant.cc (dispatch once per part).
+// Weight products: row ranges split over the caller's ThreadPool; the SIMD
+// row loop lives in gguf_dequant.cc (dispatch once per part).
 #include "model/decoder/matmul.h"
 
 #include <algorithm>
 #include <cassert>
+#include <vector>
 
 namespace kvcache::model {
 namespace dequant_internal {
@@ -29,56 +30,6 @@ void WeightMatrix::DecodeRows(uint32_t r, uint32_t n, float* out) const {
   (void)s;
 }
 
-ThreadPool::ThreadPool(uint32_t num_threads) {
-  for (uint32_t p = 1; p < num_threads; ++p) workers_.emplace_back([this, p] { Work(p); });
-}
-
-ThreadPool::~ThreadPool() {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    stop_ = true;
-  }
-  start_cv_.notify_all();
-  for (std::thread& t : workers_) t.join();
-}
-
-void ThreadPool::Work(uint32_t part) {
-  uint64_t seen = 0;
-  for (;;) {
-    void (*fn)(void*, uint32_t, uint32_t);
-    void* ctx;
-    {
-      std::unique_lock<std::mutex> lock(mu_);
-      start_cv_.wait(lock, [&] { return stop_ || generation_ != seen; });
-      if (stop_) return;
-      seen = generation_;
-      fn = fn_;
-      ctx = ctx_;
-    }
-    fn(ctx, part, num_threads());
-    std::lock_guard<std::mutex> lock(mu_);
-    if (--pending_ == 0) done_cv_.notify_one();
-  }
-}
-
-void ThreadPool::Run(void (*fn)(void*, uint32_t, uint32_t), void* ctx) {
-  if (workers_.empty()) {
-    fn(ctx, 0, 1);
-    return;
-  }
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    fn_ = fn;
-    ctx_ = ctx;
-    pending_ = static_cast<uint32_t>(workers_.size());
-    ++generation_;
-  }
-  start_cv_.notify_all();
-  fn(ctx, 0, num_threads());
-  std::unique_lock<std::mutex> lock(mu_);
-  done_cv_.wait(lock, [&] { return pending_ == 0; });
-}
-
 namespace {
 
 struct MatMulJob {
@@ -88,8 +39,8 @@ struct MatMulJob {
   float* out;
 };
 
-void RunPart(void* ctx, uint32_t part, uint32_t num_parts) {
-  const MatMulJob& j = *static_cast<const MatMulJob*>(ctx);
+// Rows [rows * part / num_parts, rows * (part + 1) / num_parts) of the job.
+void RunPart(const MatMulJob& j, uint32_t part, uint32_t num_parts) {
   const uint32_t rows = j.w->rows;
   const uint32_t r0 = static_cast<uint32_t>(uint64_t{rows} * part / num_parts);
   const uint32_t r1 = static_cast<uint32_t>(uint64_t{rows} * (part + 1) / num_parts);
@@ -101,12 +52,13 @@ void RunPart(void* ctx, uint32_t part, uint32_t num_parts) {
 }  // namespace
 
 void MatMul(const WeightMatrix& w, const float* x, uint32_t n, float* out, ThreadPool* pool) {
-  MatMulJob job{&w, x, n, out};
+  const MatMulJob job{&w, x, n, out};
   if (pool == nullptr) {
-    RunPart(&job, 0, 1);
-  } else {
-    pool->Run(&RunPart, &job);
+    RunPart(job, 0, 1);
+    return;
   }
+  const uint32_t parts = pool->num_threads();
+  pool->ParallelFor(parts, [&](uint32_t part, uint32_t) { RunPart(job, part, parts); });
 }
 
 void MatMulScalar(const WeightMatrix& w, const float* x, uint32_t n, float* out) {

@@ -10,22 +10,17 @@
 // (t, r) pair with its own accumulator fed in index order. Every (t, r) is
 // computed by the same sequence of operations whatever n, the thread count
 // or the row split, so a chunked pass is bit-identical to single-token
-// passes and to any thread count. Rows are split between the
-// calling thread and the pool's workers in contiguous ranges.
+// passes and to any thread count.
 //
-// Thread safety: MatMul with a pool must not be called concurrently on the
-// same pool; without one it is reentrant.
+// Thread safety: reentrant (calls that share a pool are serialized by it).
 #pragma once
 
-#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
-#include <mutex>
 #include <span>
-#include <thread>
-#include <vector>
 
 #include "kvcache/status.h"
+#include "kvcache/thread_pool.h"
 #include "model/io/gguf.h"
 
 namespace kvcache::model {
@@ -45,33 +40,9 @@ struct WeightMatrix {
   void DecodeRows(uint32_t r, uint32_t n, float* out) const;
 };
 
-// A fixed set of worker threads for MatMul (num_threads - 1 workers: the
-// calling thread takes a share). num_threads <= 1 starts none.
-class ThreadPool {
- public:
-  explicit ThreadPool(uint32_t num_threads);
-  ~ThreadPool();
-  ThreadPool(const ThreadPool&) = delete;
-  ThreadPool& operator=(const ThreadPool&) = delete;
-  uint32_t num_threads() const { return static_cast<uint32_t>(workers_.size()) + 1; }
-
-  // Runs fn(ctx, part, num_parts) for part in [0, num_threads) and waits
-  // for all of them; the caller runs part 0.
-  void Run(void (*fn)(void* ctx, uint32_t part, uint32_t num_parts), void* ctx);
-
- private:
-  void Work(uint32_t part);
-  std::vector<std::thread> workers_;
-  std::mutex mu_;
-  std::condition_variable start_cv_, done_cv_;
-  uint64_t generation_ = 0;  // guarded by mu_
-  uint32_t pending_ = 0;     // workers still running this generation
-  bool stop_ = false;
-  void (*fn_)(void*, uint32_t, uint32_t) = nullptr;
-  void* ctx_ = nullptr;
-};
-
-// x: [n][w.cols], out: [n][w.rows] (row stride w.rows). pool may be null.
+// x: [n][w.cols], out: [n][w.rows] (row stride w.rows). pool may be null;
+// with one, the rows are split into pool->num_threads() contiguous parts
+// (one ParallelFor task each).
 void MatMul(const WeightMatrix& w, const float* x, uint32_t n, float* out, ThreadPool* pool);
 // The scalar reference: the same decoded rows, a plain double-free f32 loop
 // in index order (differs from MatMul by summation order only).
