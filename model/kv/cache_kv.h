@@ -19,6 +19,7 @@
 #include "kvcache/format.h"
 #include "kvcache/pool.h"
 #include "model/kv/kv_backend.h"
+#include "model/kv/sequence_kv.h"
 
 namespace kvcache::model {
 
@@ -32,19 +33,15 @@ struct CacheKvOptions {
   uint32_t pool_blocks = 0;
 };
 
-class CacheKv final : public KvBackend {
+class CacheKv final : public SequenceKv<SequenceCache> {
  public:
   // InvalidArgument if a format cannot take shape.head_dim (the cache's
   // message names format and head_dim).
   static Result<std::unique_ptr<CacheKv>> Create(const AttentionShape& shape,
                                                  const CacheKvOptions& options);
 
-  uint32_t num_tokens() const override { return base_ + pass_; }
-  Status Extend(uint32_t n) override;
   Status Store(uint32_t layer, std::span<const float> k, std::span<const float> v) override;
   Status Attend(uint32_t layer, std::span<const float> q, std::span<float> out) override;
-  Status Truncate(uint32_t num_tokens) override;
-  Result<std::unique_ptr<KvBackend>> Fork() override;
 
   // Prefix reuse (paged only): starts an empty sequence with `blocks`, full
   // blocks of positions [0, blocks.size() * block_size) found in a prefix
@@ -58,18 +55,17 @@ class CacheKv final : public KvBackend {
   // Names logical block `logical_block` in the pool (SequenceCache::
   // SetBlockHash): the set_hash callback of PrefixCache / OffloadCache::Publish.
   Status SetBlockHash(uint32_t logical_block, uint64_t hash) {
-    return cache_.SetBlockHash(logical_block, hash);
+    return seq_.SetBlockHash(logical_block, hash);
   }
 
-  const SequenceCache& cache() const { return cache_; }
+  const SequenceCache& cache() const { return seq_; }
 
  private:
   CacheKv(const AttentionShape& shape, SequenceCache cache)
-      : shape_(shape), cache_(std::move(cache)) {}
-  AttentionShape shape_;
-  SequenceCache cache_;
-  uint32_t base_ = 0;  // positions before the open pass
-  uint32_t pass_ = 0;  // positions of the open pass
+      : SequenceKv("cache kv", shape, std::move(cache)) {}
+  std::unique_ptr<SequenceKv> WithSequence(SequenceCache cache) const override {
+    return std::unique_ptr<SequenceKv>(new CacheKv(shape_, std::move(cache)));
+  }
 };
 
 }  // namespace kvcache::model

@@ -75,34 +75,23 @@ Result<std::unique_ptr<EvictKv>> EvictKv::Create(const AttentionShape& shape, Fo
   return std::unique_ptr<EvictKv>(new EvictKv(shape, spec, std::move(seq)));
 }
 
-Status EvictKv::Extend(uint32_t n) {
-  const uint32_t len = seq_.num_tokens();
-  if (static_cast<uint64_t>(len) + n > shape_.max_seq_len) {
-    return Status::CapacityExceeded("evict kv: " + std::to_string(len + n) + " positions exceed max_seq_len " +
-                                    std::to_string(shape_.max_seq_len));
-  }
+Status EvictKv::BeforePass(uint32_t len, uint32_t n) {
   if (spec_.kind == EvictionSpec::Kind::kStreaming && n > spec_.max_chunk_tokens) {
     return Status::InvalidArgument("evict kv: a pass of " + std::to_string(n) + " tokens exceeds max_chunk_tokens " +
                                    std::to_string(spec_.max_chunk_tokens));
   }
   // H2O: the importance of every earlier pass is in; evict before adding more.
   if (spec_.kind == EvictionSpec::Kind::kH2o && len > 0) KV_RETURN_IF_ERROR(seq_.Evict());
-  base_ = len;
-  pass_ = n;
   return Status::Ok();
 }
 
 Status EvictKv::Store(uint32_t layer, std::span<const float> k, std::span<const float> v) {
-  if (seq_.num_tokens(layer) != base_) {
-    return Status::FailedPrecondition("evict kv: layer " + std::to_string(layer) + " holds " +
-                                      std::to_string(seq_.num_tokens(layer)) + " positions, the pass starts at " +
-                                      std::to_string(base_));
-  }
+  KV_RETURN_IF_ERROR(CheckStore(layer));
   return seq_.AppendLayer(layer, {.k = k, .v = v});
 }
 
 Status EvictKv::Attend(uint32_t layer, std::span<const float> q, std::span<float> out) {
-  if (seq_.num_tokens(layer) != base_ + pass_) return Status::FailedPrecondition("evict kv: attend before store");
+  KV_RETURN_IF_ERROR(CheckAttend(layer));
   AttentionOptions options;
   options.n_q_heads = shape_.n_heads;
   AttentionOutput output;
@@ -114,7 +103,7 @@ Status EvictKv::Attend(uint32_t layer, std::span<const float> q, std::span<float
     kv_probs_.assign(static_cast<size_t>(shape_.n_kv_heads) * rows, 0.0f);
     output.kv_probs = kv_probs_;
   }
-  KV_RETURN_IF_ERROR(seq_.Attend(layer, pass_, q, options, output));
+  KV_RETURN_IF_ERROR(seq_.Attend(layer, pass_tokens(), q, options, output));
   if (h2o) {
     for (uint32_t h = 0; h < shape_.n_kv_heads; ++h) {
       std::span<const float> p(kv_probs_.data() + static_cast<size_t>(h) * rows, seq_.head_len(layer, h));
@@ -122,21 +111,6 @@ Status EvictKv::Attend(uint32_t layer, std::span<const float> q, std::span<float
     }
   }
   return Status::Ok();
-}
-
-Status EvictKv::Truncate(uint32_t num_tokens) {
-  KV_RETURN_IF_ERROR(seq_.Truncate(num_tokens));
-  base_ = num_tokens;
-  pass_ = 0;
-  return Status::Ok();
-}
-
-Result<std::unique_ptr<KvBackend>> EvictKv::Fork() {
-  KV_ASSIGN_OR_RETURN(HybridSequence copy, seq_.Fork());
-  std::unique_ptr<EvictKv> kv(new EvictKv(shape_, spec_, std::move(copy)));
-  kv->base_ = base_;
-  kv->pass_ = pass_;
-  return std::unique_ptr<KvBackend>(std::move(kv));
 }
 
 }  // namespace kvcache::model

@@ -18,10 +18,12 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "kvcache/format.h"
 #include "kvcache/hybrid.h"
 #include "model/kv/kv_backend.h"
+#include "model/kv/sequence_kv.h"
 
 namespace kvcache::model {
 
@@ -40,28 +42,26 @@ struct EvictionSpec {
 // "streaming:SINKS,WINDOW" | "h2o:BUDGET,RECENT" | "none" (or "").
 Result<EvictionSpec> ParseEvictionSpec(std::string_view text);
 
-class EvictKv final : public KvBackend {
+class EvictKv final : public SequenceKv<HybridSequence> {
  public:
   static Result<std::unique_ptr<EvictKv>> Create(const AttentionShape& shape, FormatPair formats,
                                                  const EvictionSpec& spec);
 
-  uint32_t num_tokens() const override { return base_ + pass_; }
-  Status Extend(uint32_t n) override;
   Status Store(uint32_t layer, std::span<const float> k, std::span<const float> v) override;
   Status Attend(uint32_t layer, std::span<const float> q, std::span<float> out) override;
-  Status Truncate(uint32_t num_tokens) override;
-  Result<std::unique_ptr<KvBackend>> Fork() override;
 
   const HybridSequence& sequence() const { return seq_; }
 
  private:
   EvictKv(const AttentionShape& shape, const EvictionSpec& spec, HybridSequence seq)
-      : shape_(shape), spec_(spec), seq_(std::move(seq)) {}
-  AttentionShape shape_;
+      : SequenceKv("evict kv", shape, std::move(seq)), spec_(spec) {}
+  std::unique_ptr<SequenceKv> WithSequence(HybridSequence seq) const override {
+    return std::unique_ptr<SequenceKv>(new EvictKv(shape_, spec_, std::move(seq)));
+  }
+  // Streaming: a pass no larger than max_chunk_tokens. H2O: evicts first.
+  Status BeforePass(uint32_t len, uint32_t n) override;
+
   EvictionSpec spec_;
-  HybridSequence seq_;
-  uint32_t base_ = 0;
-  uint32_t pass_ = 0;
   std::vector<float> kv_probs_;  // [n_kv_heads][stored rows] scratch (h2o)
 };
 
