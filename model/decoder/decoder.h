@@ -54,6 +54,12 @@ class Decoder {
                  const ForwardOptions& options = {});
 
  private:
+  // Forward's checks (the errors documented there).
+  Status CheckPass(std::span<const int32_t> tokens, const KvBackend& kv,
+                   std::span<const float> logits, const ForwardOptions& options) const;
+  // Layer l of a pass of n tokens from position start: x_ in, x_ out.
+  Status ForwardLayer(uint32_t l, uint32_t n, uint32_t start, KvBackend& kv);
+
   const Model* model_;
   std::unique_ptr<ThreadPool> pool_;  // null for one thread
   // Scratch, sized for n tokens on demand: [n][dim], [n][q_dim], [n][kv_dim], [n][hidden].

@@ -14,11 +14,12 @@ class GgufModelLoader {
 };
 
 namespace {
-std::string Num(uint64_t v) { return std::to_string(v); }
-}  // namespace
 
-Result<Model> GgufModelLoader::Load(std::shared_ptr<const GgufFile> file, const GgufLoadOptions& options) {
-  const GgufFile& g = *file;
+std::string Num(uint64_t v) { return std::to_string(v); }
+
+// The hyperparameters from the llama.* metadata (the keys and defaults in
+// gguf_model.h), validated.
+Result<ModelConfig> ReadConfig(const GgufFile& g, const GgufLoadOptions& options) {
   KV_ASSIGN_OR_RETURN(std::string arch, g.GetString("general.architecture"));
   if (arch != "llama") {
     return Status::Unimplemented("GGUF " + g.path() + ": architecture '" + arch +
@@ -62,7 +63,14 @@ Result<Model> GgufModelLoader::Load(std::shared_ptr<const GgufFile> file, const 
                                    " != head_dim " + Num(c.head_dim()) + " (partial RoPE is not supported)");
     }
   }
+  return c;
+}
 
+}  // namespace
+
+Result<Model> GgufModelLoader::Load(std::shared_ptr<const GgufFile> file, const GgufLoadOptions& options) {
+  const GgufFile& g = *file;
+  KV_ASSIGN_OR_RETURN(const ModelConfig c, ReadConfig(g, options));
   Model m;
   m.config_ = c;
   const uint64_t d = c.dim, hid = c.hidden_dim, kv = c.kv_dim(), v = c.vocab_size;

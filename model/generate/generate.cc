@@ -91,6 +91,25 @@ std::vector<int32_t> NgramDraft(std::span<const int32_t> context, uint32_t ngram
   return {};
 }
 
+namespace {
+
+// The tokens drafted after context for the next pass, generated tokens
+// already emitted: no more than fit before max_seq_len (the pass covers
+// positions size-1 .. size-1+k) and the token budget (drafting past it is
+// wasted).
+Result<std::vector<int32_t>> Draft(Decoder& decoder, KvBackend& kv,
+                                   const std::vector<int32_t>& context, size_t generated,
+                                   const GenerateOptions& options) {
+  const size_t room = std::min<size_t>(decoder.config().max_seq_len - context.size(),
+                                       options.max_new_tokens - generated - 1);
+  const uint32_t want = static_cast<uint32_t>(std::min<size_t>(options.draft_tokens, room));
+  if (options.draft_kind == DraftKind::kNgram) return NgramDraft(context, options.ngram_max, want);
+  if (want == 0) return std::vector<int32_t>{};
+  return EarlyExitDraft(decoder, kv, context.back(), options.draft_layers, want);
+}
+
+}  // namespace
+
 Result<GenerateResult> Generate(Decoder& decoder, KvBackend& kv, std::span<const int32_t> prompt,
                                 const GenerateOptions& options) {
   const ModelConfig& c = decoder.config();
@@ -143,18 +162,8 @@ Result<GenerateResult> Generate(Decoder& decoder, KvBackend& kv, std::span<const
   while (!done) {
     pass.assign(1, context.back());
     if (options.draft_tokens > 0) {
-      // Room left: the pass covers positions size-1 .. size-1+k < max_seq_len,
-      // and drafting past the token budget is wasted.
-      const size_t room = std::min<size_t>(
-          c.max_seq_len - context.size(), options.max_new_tokens - result.tokens.size() - 1);
-      const uint32_t want = static_cast<uint32_t>(std::min<size_t>(options.draft_tokens, room));
-      std::vector<int32_t> draft;
-      if (options.draft_kind == DraftKind::kNgram) {
-        draft = NgramDraft(context, options.ngram_max, want);
-      } else if (want > 0) {
-        KV_ASSIGN_OR_RETURN(draft, EarlyExitDraft(decoder, kv, context.back(),
-                                                  options.draft_layers, want));
-      }
+      KV_ASSIGN_OR_RETURN(const std::vector<int32_t> draft,
+                          Draft(decoder, kv, context, result.tokens.size(), options));
       pass.insert(pass.end(), draft.begin(), draft.end());
       result.drafted_tokens += static_cast<uint32_t>(draft.size());
     }

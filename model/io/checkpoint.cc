@@ -64,7 +64,11 @@ std::string ModelConfig::ToString() const {
          " seq=" + Num(max_seq_len);
 }
 
-Result<Model> ParseModel(std::span<const uint8_t> bytes) {
+namespace {
+
+// The llama2.c v1 header: magic, version, seven positive fields and the
+// shared-classifier byte, validated.
+Result<ModelConfig> ParseHeader(std::span<const uint8_t> bytes) {
   if (bytes.size() < kCheckpointHeaderBytes) {
     return Status::Corruption("checkpoint truncated: " + Num(bytes.size()) +
                               " bytes, the header alone is " + Num(kCheckpointHeaderBytes));
@@ -106,7 +110,14 @@ Result<Model> ParseModel(std::span<const uint8_t> bytes) {
   }
   c.shared_classifier = shared == 1;
   KV_RETURN_IF_ERROR(c.Validate());
+  return c;
+}
 
+}  // namespace
+
+Result<Model> ParseModel(std::span<const uint8_t> bytes) {
+  KV_ASSIGN_OR_RETURN(const ModelConfig c, ParseHeader(bytes));
+  const uint8_t* h = bytes.data();
   const size_t want = kCheckpointHeaderBytes + c.NumWeights() * sizeof(float);
   if (bytes.size() != want) {
     return Status::Corruption("checkpoint size mismatch: " + c.ToString() + " needs " + Num(want) +

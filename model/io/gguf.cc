@@ -161,6 +161,94 @@ std::string IntIn(const GgufValue& v, T* out) {
   return "";
 }
 
+// The prefix of an error at byte `offset` of the file at `path`.
+std::string WhereIn(const std::string& path, uint64_t offset) {
+  return "GGUF " + path + " (byte " + Num(offset) + "): ";
+}
+
+// The header: magic, version (2 or 3), the tensor and metadata counts
+// (bounded by what the file can hold). An empty string on success, else the
+// error.
+std::string ReadHeader(Cursor& c, const std::string& path, uint32_t* version,
+                       uint64_t* n_tensors, uint64_t* n_kv) {
+  uint32_t magic = 0;
+  if (!c.Read(&magic) || magic != kMagic) return "GGUF " + path + ": not a GGUF file (bad magic)";
+  if (!c.Read(version)) return WhereIn(path, c.pos()) + "truncated header";
+  if (*version != 2 && *version != 3) {
+    return "GGUF " + path + ": version " + Num(*version) + " is not supported (only 2 and 3)";
+  }
+  if (!c.Read(n_tensors) || !c.Read(n_kv)) return WhereIn(path, c.pos()) + "truncated header";
+  // Each key takes at least 12 bytes, each tensor info at least 28.
+  if (*n_kv > c.left() / 12 || *n_tensors > c.left() / 28) {
+    return WhereIn(path, c.pos()) + "header claims " + Num(*n_tensors) + " tensors and " +
+           Num(*n_kv) + " metadata keys, more than the file holds";
+  }
+  return "";
+}
+
+// Metadata entry k (key, type, value) into *out; a key already in *seen is
+// an error. An empty string on success, else the error.
+std::string ReadMetadataEntry(Cursor& c, const std::string& path, uint64_t k,
+                              std::unordered_set<std::string>* seen,
+                              std::pair<std::string, GgufValue>* out) {
+  const uint64_t at = c.pos();
+  std::string key;
+  uint32_t t;
+  if (!c.ReadString(&key) || !c.Read(&t)) {
+    return WhereIn(path, at) + "truncated metadata key " + Num(k);
+  }
+  if (!seen->insert(key).second) return WhereIn(path, at) + "duplicate metadata key '" + key + "'";
+  GgufValue v;
+  const std::string e = ReadValue(c, static_cast<GgufType>(t), 0, &v);
+  if (!e.empty()) return "GGUF " + path + ": metadata '" + key + "': " + e;
+  *out = {std::move(key), std::move(v)};
+  return "";
+}
+
+// Tensor info k (name, dims, type, offset) into *t with its byte size: a
+// name already in *seen, an unknown type, bad dims, a row that is not whole
+// blocks or an offset off the alignment is an error. An empty string on
+// success, else the error.
+std::string ReadTensorInfo(Cursor& c, const std::string& path, uint64_t k, uint32_t alignment,
+                           std::unordered_set<std::string>* seen, GgufTensor* t) {
+  const uint64_t at = c.pos();
+  const std::string where = WhereIn(path, at);
+  uint32_t nd = 0, type = 0;
+  if (!c.ReadString(&t->name) || !c.Read(&nd)) return where + "truncated tensor info " + Num(k);
+  if (nd == 0 || nd > kMaxDims) {
+    return where + "tensor '" + t->name + "' has " + Num(nd) + " dims (1 to 4 allowed)";
+  }
+  t->dims.resize(nd);
+  for (uint32_t d = 0; d < nd; ++d) {
+    if (!c.Read(&t->dims[d])) return where + "truncated tensor info '" + t->name + "'";
+  }
+  if (!c.Read(&type) || !c.Read(&t->offset)) return where + "truncated tensor info '" + t->name + "'";
+  t->type = static_cast<GgmlType>(type);
+  if (!seen->insert(t->name).second) return where + "duplicate tensor '" + t->name + "'";
+  const GgmlTypeSize s = GgmlTypeSizeOf(t->type);
+  if (s.block_values == 0) {
+    return where + "tensor '" + t->name + "' has unknown ggml type " + Num(type);
+  }
+  // Sizes: positive dims whose product stays far from overflow.
+  uint64_t values = 1;
+  for (uint64_t d : t->dims) {
+    if (d == 0 || d > (uint64_t{1} << 40) || values > (uint64_t{1} << 62) / d) {
+      return where + "tensor '" + t->name + "' has bad dims " + t->DimsString();
+    }
+    values *= d;
+  }
+  if (t->dims[0] % s.block_values != 0) {
+    return where + "tensor '" + t->name + "' (" + GgmlTypeName(t->type) + ") row of " +
+           Num(t->dims[0]) + " values is not a multiple of the block size " + Num(s.block_values);
+  }
+  t->num_bytes = values / s.block_values * s.block_bytes;
+  if (t->offset % alignment != 0) {
+    return where + "tensor '" + t->name + "' offset " + Num(t->offset) +
+           " is not a multiple of the alignment " + Num(alignment);
+  }
+  return "";
+}
+
 }  // namespace
 
 std::string GgufTypeName(GgufType type) {
@@ -314,46 +402,21 @@ GgufFile::~GgufFile() {
   if (mapped_) ::munmap(const_cast<uint8_t*>(map_), size_);
 }
 
-std::string GgufFile::Where(uint64_t offset) const {
-  return "GGUF " + path_ + " (byte " + Num(offset) + "): ";
-}
+std::string GgufFile::Where(uint64_t offset) const { return WhereIn(path_, offset); }
 
 Status GgufFile::Parse() {
   Cursor c(map_, size_);
-  uint32_t magic = 0;
   uint64_t n_tensors = 0, n_kv = 0;
-  if (!c.Read(&magic) || magic != kMagic) {
-    return Status::Corruption("GGUF " + path_ + ": not a GGUF file (bad magic)");
-  }
-  if (!c.Read(&version_)) return Status::Corruption(Where(c.pos()) + "truncated header");
-  if (version_ != 2 && version_ != 3) {
-    return Status::Corruption("GGUF " + path_ + ": version " + Num(version_) +
-                              " is not supported (only 2 and 3)");
-  }
-  if (!c.Read(&n_tensors) || !c.Read(&n_kv)) {
-    return Status::Corruption(Where(c.pos()) + "truncated header");
-  }
-  // Each key takes at least 12 bytes, each tensor info at least 28.
-  if (n_kv > c.left() / 12 || n_tensors > c.left() / 28) {
-    return Status::Corruption(Where(c.pos()) + "header claims " + Num(n_tensors) +
-                              " tensors and " + Num(n_kv) + " metadata keys, more than the file holds");
+  if (const std::string e = ReadHeader(c, path_, &version_, &n_tensors, &n_kv); !e.empty()) {
+    return Status::Corruption(e);
   }
   std::unordered_set<std::string> seen;
   metadata_.reserve(n_kv);
   for (uint64_t k = 0; k < n_kv; ++k) {
-    const uint64_t at = c.pos();
-    std::string key;
-    uint32_t t;
-    if (!c.ReadString(&key) || !c.Read(&t)) {
-      return Status::Corruption(Where(at) + "truncated metadata key " + Num(k));
-    }
-    if (!seen.insert(key).second) {
-      return Status::Corruption(Where(at) + "duplicate metadata key '" + key + "'");
-    }
-    GgufValue v;
-    const std::string e = ReadValue(c, static_cast<GgufType>(t), 0, &v);
-    if (!e.empty()) return Status::Corruption("GGUF " + path_ + ": metadata '" + key + "': " + e);
-    metadata_.emplace_back(std::move(key), std::move(v));
+    std::pair<std::string, GgufValue> entry;
+    const std::string e = ReadMetadataEntry(c, path_, k, &seen, &entry);
+    if (!e.empty()) return Status::Corruption(e);
+    metadata_.push_back(std::move(entry));
   }
   if (const GgufValue* a = Find("general.alignment")) {
     uint32_t al = 0;
@@ -365,49 +428,9 @@ Status GgufFile::Parse() {
   seen.clear();
   tensors_.reserve(n_tensors);
   for (uint64_t k = 0; k < n_tensors; ++k) {
-    const uint64_t at = c.pos();
     GgufTensor t;
-    uint32_t nd = 0, type = 0;
-    if (!c.ReadString(&t.name) || !c.Read(&nd)) {
-      return Status::Corruption(Where(at) + "truncated tensor info " + Num(k));
-    }
-    if (nd == 0 || nd > kMaxDims) {
-      return Status::Corruption(Where(at) + "tensor '" + t.name + "' has " + Num(nd) +
-                                " dims (1 to 4 allowed)");
-    }
-    t.dims.resize(nd);
-    for (uint32_t d = 0; d < nd; ++d) {
-      if (!c.Read(&t.dims[d])) return Status::Corruption(Where(at) + "truncated tensor info '" + t.name + "'");
-    }
-    if (!c.Read(&type) || !c.Read(&t.offset)) {
-      return Status::Corruption(Where(at) + "truncated tensor info '" + t.name + "'");
-    }
-    t.type = static_cast<GgmlType>(type);
-    if (!seen.insert(t.name).second) {
-      return Status::Corruption(Where(at) + "duplicate tensor '" + t.name + "'");
-    }
-    const GgmlTypeSize s = GgmlTypeSizeOf(t.type);
-    if (s.block_values == 0) {
-      return Status::Corruption(Where(at) + "tensor '" + t.name + "' has unknown ggml type " + Num(type));
-    }
-    // Sizes: positive dims whose product stays far from overflow.
-    uint64_t values = 1;
-    for (uint64_t d : t.dims) {
-      if (d == 0 || d > (uint64_t{1} << 40) || values > (uint64_t{1} << 62) / d) {
-        return Status::Corruption(Where(at) + "tensor '" + t.name + "' has bad dims " + t.DimsString());
-      }
-      values *= d;
-    }
-    if (t.dims[0] % s.block_values != 0) {
-      return Status::Corruption(Where(at) + "tensor '" + t.name + "' (" + GgmlTypeName(t.type) +
-                                ") row of " + Num(t.dims[0]) + " values is not a multiple of the block size " +
-                                Num(s.block_values));
-    }
-    t.num_bytes = values / s.block_values * s.block_bytes;
-    if (t.offset % alignment_ != 0) {
-      return Status::Corruption(Where(at) + "tensor '" + t.name + "' offset " + Num(t.offset) +
-                                " is not a multiple of the alignment " + Num(alignment_));
-    }
+    const std::string e = ReadTensorInfo(c, path_, k, alignment_, &seen, &t);
+    if (!e.empty()) return Status::Corruption(e);
     tensors_.push_back(std::move(t));
   }
   data_offset_ = (c.pos() + alignment_ - 1) / alignment_ * alignment_;

@@ -180,38 +180,54 @@ Result<BpeTokenizer> BpeTokenizer::Create(BpeVocab vocab) {
                                 " is outside the vocabulary of " + std::to_string(n));
     }
   }
-  t.token_bytes_.resize(n);
-  t.special_.assign(n, false);
-  t.byte_token_.fill(-1);
-  t.ordinary_ids_.reserve(n);
+  KV_RETURN_IF_ERROR(t.AddTokens(vocab));
+  KV_RETURN_IF_ERROR(t.AddMerges(vocab.merges));
+  t.IndexSpecials();
+  t.bos_id_ = vocab.bos_id;
+  t.eos_id_ = vocab.eos_id;
+  t.add_bos_ = vocab.add_bos;
+  t.chat_template_ = std::move(vocab.chat_template);
+  return t;
+}
+
+Status BpeTokenizer::AddTokens(const BpeVocab& vocab) {
+  const size_t n = vocab.tokens.size();
+  token_bytes_.resize(n);
+  special_.assign(n, false);
+  byte_token_.fill(-1);
+  ordinary_ids_.reserve(n);
   for (size_t id = 0; id < n; ++id) {
     const int32_t type = vocab.token_types.empty() ? kTokenTypeNormal : vocab.token_types[id];
     if (type == kTokenTypeControl || type == kTokenTypeUserDefined) {
       if (vocab.tokens[id].empty()) {
         return Status::Corruption("BPE special token " + std::to_string(id) + " is empty");
       }
-      t.special_[id] = true;
-      t.token_bytes_[id] = vocab.tokens[id];
+      special_[id] = true;
+      token_bytes_[id] = vocab.tokens[id];
       continue;
     }
-    if (!UnmapToken(vocab.tokens[id], &t.token_bytes_[id]) || t.token_bytes_[id].empty()) {
+    if (!UnmapToken(vocab.tokens[id], &token_bytes_[id]) || token_bytes_[id].empty()) {
       return Status::Corruption("BPE token " + std::to_string(id) + " " +
                                 Printable(vocab.tokens[id]) + " is not in GPT-2's byte alphabet");
     }
     const int32_t id32 = static_cast<int32_t>(id);
-    t.ordinary_ids_.emplace(t.token_bytes_[id], id32);  // keeps the lowest id
-    if (t.token_bytes_[id].size() == 1) {
-      auto& slot = t.byte_token_[static_cast<uint8_t>(t.token_bytes_[id][0])];
+    ordinary_ids_.emplace(token_bytes_[id], id32);  // keeps the lowest id
+    if (token_bytes_[id].size() == 1) {
+      auto& slot = byte_token_[static_cast<uint8_t>(token_bytes_[id][0])];
       if (slot < 0) slot = id32;
     }
   }
+  return Status::Ok();
+}
+
+Status BpeTokenizer::AddMerges(const std::vector<std::string>& merges) {
   size_t slots = 16;
-  while (slots < 2 * vocab.merges.size()) slots *= 2;
-  t.merge_slots_.assign(slots, MergeSlot{kEmptyKey, 0, 0});
-  t.merge_shift_ = 64 - std::countr_zero(slots);
+  while (slots < 2 * merges.size()) slots *= 2;
+  merge_slots_.assign(slots, MergeSlot{kEmptyKey, 0, 0});
+  merge_shift_ = 64 - std::countr_zero(slots);
   std::string left_bytes, right_bytes;
-  for (size_t rank = 0; rank < vocab.merges.size(); ++rank) {
-    const std::string& m = vocab.merges[rank];
+  for (size_t rank = 0; rank < merges.size(); ++rank) {
+    const std::string& m = merges[rank];
     const size_t sp = m.find(' ');
     auto bad = [&](const std::string& why) {
       return Status::Corruption("BPE merge " + std::to_string(rank) + " " + Printable(m) + " " +
@@ -225,31 +241,30 @@ Result<BpeTokenizer> BpeTokenizer::Create(BpeVocab vocab) {
         !UnmapToken(std::string_view(m).substr(sp + 1), &right_bytes)) {
       return bad("is not in GPT-2's byte alphabet");
     }
-    auto l = t.ordinary_ids_.find(left_bytes);
-    auto r = t.ordinary_ids_.find(right_bytes);
-    auto res = t.ordinary_ids_.find(left_bytes + right_bytes);
-    if (l == t.ordinary_ids_.end() || r == t.ordinary_ids_.end())
+    auto l = ordinary_ids_.find(left_bytes);
+    auto r = ordinary_ids_.find(right_bytes);
+    auto res = ordinary_ids_.find(left_bytes + right_bytes);
+    if (l == ordinary_ids_.end() || r == ordinary_ids_.end())
       return bad("joins a token not in the vocabulary");
-    if (res == t.ordinary_ids_.end()) return bad("makes a token not in the vocabulary");
-    t.InsertMerge(PairKey(l->second, r->second), static_cast<int32_t>(rank),
-                  res->second);  // a repeated pair keeps its first rank
+    if (res == ordinary_ids_.end()) return bad("makes a token not in the vocabulary");
+    InsertMerge(PairKey(l->second, r->second), static_cast<int32_t>(rank),
+                res->second);  // a repeated pair keeps its first rank
   }
-  for (size_t id = 0; id < n; ++id) {
-    if (t.special_[id]) {
-      t.specials_by_byte_[static_cast<uint8_t>(t.token_bytes_[id][0])].push_back(
+  return Status::Ok();
+}
+
+void BpeTokenizer::IndexSpecials() {
+  for (size_t id = 0; id < token_bytes_.size(); ++id) {
+    if (special_[id]) {
+      specials_by_byte_[static_cast<uint8_t>(token_bytes_[id][0])].push_back(
           static_cast<int32_t>(id));
     }
   }
-  for (auto& list : t.specials_by_byte_) {
+  for (auto& list : specials_by_byte_) {
     std::stable_sort(list.begin(), list.end(), [&](int32_t a, int32_t b) {
-      return t.token_bytes_[a].size() > t.token_bytes_[b].size();
+      return token_bytes_[a].size() > token_bytes_[b].size();
     });
   }
-  t.bos_id_ = vocab.bos_id;
-  t.eos_id_ = vocab.eos_id;
-  t.add_bos_ = vocab.add_bos;
-  t.chat_template_ = std::move(vocab.chat_template);
-  return t;
 }
 
 bool BpeTokenizer::InsertMerge(uint64_t key, int32_t rank, int32_t result) {

@@ -140,6 +140,13 @@ class BpeTokenizer {
     }
   }
   bool InsertMerge(uint64_t key, int32_t rank, int32_t result);  // false if already there
+  // Create's steps: the tokens' bytes and lookups (errors for a token
+  // outside GPT-2's byte alphabet or an empty special token), the merge
+  // table (errors for a malformed merge or one outside the vocabulary), and
+  // the special tokens by first byte, longest first.
+  Status AddTokens(const BpeVocab& vocab);
+  Status AddMerges(const std::vector<std::string>& merges);
+  void IndexSpecials();
   Status EncodeChunk(std::string_view chunk, size_t chunk_offset, Scratch* scratch,
                      std::vector<int32_t>* out) const;
   Status EncodePlain(std::string_view text, size_t offset, Scratch* scratch,
