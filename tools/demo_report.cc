@@ -50,20 +50,27 @@ std::vector<FormatPair> DefaultDemoFormats() {
   return out;
 }
 
-Status PrintDemoReport(const DemoReportOptions& options, std::FILE* out) {
-  KV_ASSIGN_OR_RETURN(auto files, LoadedModel::Load(options.model_path, options.tokenizer_path));
-  const LoadedModel& lm = *files;
-  Decoder decoder(lm.model(), std::max(1u, options.threads));
-  const ModelConfig& c = decoder.config();
-  model::KvBackendOptions backend = options.backend;
-  backend.formats = FormatPair{};
-  const std::string where = std::string(model::BackendKindName(backend.kind)) +
-                            (backend.kind == BackendKind::kCache
-                                 ? std::string(" ") + std::string(model::CacheLayoutName(backend.layout))
-                                 : std::string());
-  const std::string model_name = lm.is_gguf() ? "SmolLM2 GGUF" : "stories260K";
+namespace {
 
-  // --- the story / chat answer -------------------------------------------------
+// What both parts of the report run on.
+struct Report {
+  const DemoReportOptions& options;
+  const LoadedModel& lm;
+  Decoder& decoder;
+  model::KvBackendOptions backend;  // the options' backend with the f32 cache
+  std::string where;                // the backend as the titles name it
+  std::FILE* out;
+
+  // The story (or chat answer) on the f32 cache, and its speculative rerun.
+  Status PrintStory() const;
+  // Perplexity, KL and top-1 agreement against the f32 cache per format,
+  // with the K/V memory each needs for the model's whole context.
+  Status PrintTable() const;
+};
+
+Status Report::PrintStory() const {
+  const ModelConfig& c = decoder.config();
+  const std::string model_name = lm.is_gguf() ? "SmolLM2 GGUF" : "stories260K";
   KV_ASSIGN_OR_RETURN(const std::vector<int32_t> prompt,
                       options.chat ? lm.EncodeChat(options.prompt) : lm.Encode(options.prompt));
   GenerateOptions g;
@@ -103,8 +110,11 @@ Status PrintDemoReport(const DemoReportOptions& options, std::FILE* out) {
                  s.accepted_tokens, s.drafted_tokens, 100.0 * s.acceptance_rate(),
                  s.forward_passes, s.tokens.size());
   }
+  return Status::Ok();
+}
 
-  // --- the table -------------------------------------------------------------
+Status Report::PrintTable() const {
+  const ModelConfig& c = decoder.config();
   KV_ASSIGN_OR_RETURN(std::vector<int32_t> tokens,
                       lm.Encode(options.text.empty() ? std::string(DemoStoryText()) : options.text));
   uint32_t max_tokens = c.max_seq_len;
@@ -145,6 +155,24 @@ Status PrintDemoReport(const DemoReportOptions& options, std::FILE* out) {
   std::fprintf(out, "(KV @ context: K+V of %u layers x %u kv heads x %u positions)\n", c.n_layers, c.n_kv_heads,
                c.max_seq_len);
   return Status::Ok();
+}
+
+
+}  // namespace
+
+Status PrintDemoReport(const DemoReportOptions& options, std::FILE* out) {
+  KV_ASSIGN_OR_RETURN(auto files, LoadedModel::Load(options.model_path, options.tokenizer_path));
+  const LoadedModel& lm = *files;
+  Decoder decoder(lm.model(), std::max(1u, options.threads));
+  model::KvBackendOptions backend = options.backend;
+  backend.formats = FormatPair{};
+  std::string where = std::string(model::BackendKindName(backend.kind)) +
+                      (backend.kind == BackendKind::kCache
+                           ? std::string(" ") + std::string(model::CacheLayoutName(backend.layout))
+                           : std::string());
+  const Report report{options, lm, decoder, backend, std::move(where), out};
+  KV_RETURN_IF_ERROR(report.PrintStory());
+  return report.PrintTable();
 }
 
 }  // namespace kvcache::tools

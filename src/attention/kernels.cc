@@ -30,7 +30,7 @@
 //
 // Profiling (RunPlanProfiled, for bench attention --passes): the same
 // steps instantiated with kProfile = true read the clocks around each pass
-// of each task (PassTimer); with kProfile = false, RunPlan's instances, the
+// of each task (TaskTimer); with kProfile = false, RunPlan's instances, the
 // timer is empty and compiles to nothing.
 //
 // Thread safety: scratch is thread_local; a Plan is only read.
@@ -158,38 +158,11 @@ HWY_INLINE void ForQueryBlocks(uint32_t nq, const Fn& fn) {
 // ---------------------------------------------------------------------------
 // Pass timing (RunPlanProfiled only).
 
-// Lap(t) adds the time since the last mark (Start or Lap) to *t and marks
-// again, so a task's laps cover its whole time. Empty for kProfile false.
-template <bool kProfile>
-struct PassTimer {
-  HWY_INLINE void Start() {}
-  HWY_INLINE void Lap(AttentionPassTime*) {}
-};
-template <>
-struct PassTimer<true> {
-  uint64_t ticks = 0, cpu_ns = 0;
-  static uint64_t CpuNs() {
-    timespec ts;
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-    return static_cast<uint64_t>(ts.tv_sec) * 1000000000u + static_cast<uint64_t>(ts.tv_nsec);
-  }
-  void Start() {
-    cpu_ns = CpuNs();
-    ticks = ReadTsc();
-  }
-  void Lap(AttentionPassTime* t) {
-    const uint64_t t1 = ReadTsc(), c1 = CpuNs();
-    t->ticks += t1 - ticks;
-    t->cpu_ns += c1 - cpu_ns;
-    ticks = t1;
-    cpu_ns = c1;
-  }
-};
+using Profile = AttentionPassProfile;
 
 // *to += the pass times of from (rows not included).
-void AddPassTimes(const AttentionPassProfile& from, AttentionPassProfile* to) {
-  using P = AttentionPassProfile;
-  for (auto field : {&P::k, &P::exp, &P::v, &P::other}) {
+void AddPassTimes(const Profile& from, Profile* to) {
+  for (auto field : {&Profile::k, &Profile::exp, &Profile::v, &Profile::other}) {
     (to->*field).ticks += (from.*field).ticks;
     (to->*field).cpu_ns += (from.*field).cpu_ns;
   }
@@ -198,11 +171,48 @@ void AddPassTimes(const AttentionPassProfile& from, AttentionPassProfile* to) {
 // The tasks' profiles, added together across threads (once per task).
 struct ProfileSink {
   std::mutex mu;
-  AttentionPassProfile sum;
-  void Add(const AttentionPassProfile& p) {
+  Profile sum;
+  void Add(const Profile& p) {
     std::lock_guard<std::mutex> lock(mu);
     AddPassTimes(p, &sum);
   }
+};
+
+// One task's pass times: Lap(&Profile::k) adds the time since the last
+// mark (the timer's construction or the previous Lap) to that pass and
+// marks again, so a task's laps cover its whole time; the task's times go
+// to the sink once, when the timer goes out of scope. Empty for kProfile
+// false.
+template <bool kProfile>
+struct TaskTimer {
+  explicit TaskTimer(ProfileSink*) {}
+  HWY_INLINE void Lap(AttentionPassTime Profile::*) {}
+};
+template <>
+struct TaskTimer<true> {
+  explicit TaskTimer(ProfileSink* sink) : sink(sink) {
+    cpu_ns = CpuNs();
+    ticks = ReadTsc();
+  }
+  ~TaskTimer() { sink->Add(prof); }
+  TaskTimer(const TaskTimer&) = delete;
+  TaskTimer& operator=(const TaskTimer&) = delete;
+  static uint64_t CpuNs() {
+    timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return static_cast<uint64_t>(ts.tv_sec) * 1000000000u + static_cast<uint64_t>(ts.tv_nsec);
+  }
+  void Lap(AttentionPassTime Profile::*pass) {
+    const uint64_t t1 = ReadTsc(), c1 = CpuNs();
+    AttentionPassTime& t = prof.*pass;
+    t.ticks += t1 - ticks;
+    t.cpu_ns += c1 - cpu_ns;
+    ticks = t1;
+    cpu_ns = c1;
+  }
+  ProfileSink* sink;
+  Profile prof;
+  uint64_t ticks = 0, cpu_ns = 0;
 };
 
 // ---------------------------------------------------------------------------
@@ -314,9 +324,7 @@ thread_local Scratch tls_whole_scratch[kGroupHeads];  // RunWhole's, one per hea
 // order. kProfile: each pass timed into *sink (RunPlanProfiled).
 template <bool kProfile>
 void RunWhole(const Plan& plan, const HeadJob* jobs, uint32_t n, ProfileSink* sink) {
-  PassTimer<kProfile> timer;
-  AttentionPassProfile prof;
-  timer.Start();
+  TaskTimer<kProfile> timer(sink);
   Scratch* s = tls_whole_scratch;
   const size_t pd = plan.padded_dim;
   uint32_t ends[kGroupHeads];
@@ -352,16 +360,16 @@ void RunWhole(const Plan& plan, const HeadJob* jobs, uint32_t n, ProfileSink* si
     }
     return Prefetcher(hr, ends, n, 0, chunk);
   };
-  timer.Lap(&prof.other);
+  timer.Lap(&Profile::other);
   {
     Prefetcher pf = stream(true);
     walk(0, max_rows, [&](uint32_t g, uint32_t a, uint32_t b) {
       RunK(plan, jobs[g], a, b, s[g].scores.data(), s[g].m.data(), &pf);
     });
   }
-  timer.Lap(&prof.k);
+  timer.Lap(&Profile::k);
   for (uint32_t g = 0; g < n; ++g) RunExp(jobs[g], 0, jobs[g].rows, s[g].scores.data(), s[g].m.data());
-  timer.Lap(&prof.exp);
+  timer.Lap(&Profile::exp);
   Prefetcher pf = stream(false);
   for (uint32_t r0 = 0; r0 < max_rows; r0 += kSegmentRows) {
     const uint32_t r1 = std::min(max_rows, r0 + kSegmentRows);
@@ -378,13 +386,12 @@ void RunWhole(const Plan& plan, const HeadJob* jobs, uint32_t n, ProfileSink* si
       AddInto(s[g].o.data(), s[g].o_seg.data(), jobs[g].nq * pd);
     }
   }
-  timer.Lap(&prof.v);
+  timer.Lap(&Profile::v);
   for (uint32_t g = 0; g < n; ++g) {
     Finalize(plan, jobs[g], s[g].scores.data(), s[g].m.data(), s[g].l.data(), s[g].o.data(),
              s[0].tmp.data());
   }
-  timer.Lap(&prof.other);
-  if constexpr (kProfile) sink->Add(prof);
+  timer.Lap(&Profile::other);
 }
 
 void ParallelFor(ThreadPool* pool, uint32_t n, const ThreadPool::Task& fn) {
@@ -472,9 +479,7 @@ Split MakeSplit(const Plan& plan, uint32_t chunks_wanted) {
 // Task `item` of the first step: the K pass over its chunk.
 template <bool kProfile>
 void SplitK(const Plan& plan, const Split& sp, uint32_t item, ProfileSink* sink) {
-  PassTimer<kProfile> timer;
-  AttentionPassProfile prof;
-  timer.Start();
+  TaskTimer<kProfile> timer(sink);
   const SplitItem it = sp.items[item];
   const HeadJob& job = plan.jobs[it.job];
   const JobSplit& js = sp.jobs[it.job];
@@ -482,17 +487,14 @@ void SplitK(const Plan& plan, const Split& sp, uint32_t item, ProfileSink* sink)
   sp.Rows(plan, it.job, it.chunk, &r0, &r1);
   RunK(plan, job, r0, r1, sp.scores + js.scores_off,
        sp.maxes + js.max_off + static_cast<size_t>(it.chunk) * job.nq);
-  timer.Lap(&prof.k);
-  if constexpr (kProfile) sink->Add(prof);
+  timer.Lap(&Profile::k);
 }
 
 // Task `item` of the second step: exp and the V pass over its chunk, into
 // its segments' partial sums.
 template <bool kProfile>
 void SplitExpV(const Plan& plan, const Split& sp, uint32_t item, ProfileSink* sink) {
-  PassTimer<kProfile> timer;
-  AttentionPassProfile prof;
-  timer.Start();
+  TaskTimer<kProfile> timer(sink);
   const SplitItem it = sp.items[item];
   const HeadJob& job = plan.jobs[it.job];
   Scratch& s = tls_scratch;
@@ -501,23 +503,20 @@ void SplitExpV(const Plan& plan, const Split& sp, uint32_t item, ProfileSink* si
   sp.Rows(plan, it.job, it.chunk, &r0, &r1);
   float* e = sp.scores + sp.jobs[it.job].scores_off;
   RunExp(job, r0, r1, e, s.m.data());
-  timer.Lap(&prof.exp);
+  timer.Lap(&Profile::exp);
   for (uint32_t seg = r0 / kSegmentRows; seg * kSegmentRows < r1; ++seg) {
     float* part = sp.Part(plan, it.job, seg);
     RunVSegment(plan, job, seg * kSegmentRows, std::min(r1, (seg + 1) * kSegmentRows), e,
                 part, part + job.nq);
   }
-  timer.Lap(&prof.v);
-  if constexpr (kProfile) sink->Add(prof);
+  timer.Lap(&Profile::v);
 }
 
 // Job j of the last step: its segments' partial sums folded in order, then
 // its outputs.
 template <bool kProfile>
 void SplitFold(const Plan& plan, const Split& sp, uint32_t j, ProfileSink* sink) {
-  PassTimer<kProfile> timer;
-  AttentionPassProfile prof;
-  timer.Start();
+  TaskTimer<kProfile> timer(sink);
   const HeadJob& job = plan.jobs[j];
   const size_t pd = plan.padded_dim;
   Scratch& s = tls_scratch;
@@ -533,8 +532,7 @@ void SplitFold(const Plan& plan, const Split& sp, uint32_t j, ProfileSink* sink)
   }
   Finalize(plan, job, sp.scores + sp.jobs[j].scores_off, s.m.data(), s.l.data(), s.o.data(),
            s.tmp.data());
-  timer.Lap(&prof.other);
-  if constexpr (kProfile) sink->Add(prof);
+  timer.Lap(&Profile::other);
 }
 
 // Jobs split into chunks of whole segments (flash-decoding): the K pass per
@@ -542,12 +540,12 @@ void SplitFold(const Plan& plan, const Split& sp, uint32_t j, ProfileSink* sink)
 // job. kProfile: as for RunWhole.
 template <bool kProfile>
 void RunSplit(const Plan& plan, uint32_t chunks_wanted, ProfileSink* sink) {
-  PassTimer<kProfile> setup_timer;
-  AttentionPassProfile setup;
-  setup_timer.Start();
-  const Split sp = MakeSplit(plan, chunks_wanted);
-  setup_timer.Lap(&setup.other);
-  if constexpr (kProfile) sink->Add(setup);
+  Split sp;
+  {
+    TaskTimer<kProfile> setup(sink);
+    sp = MakeSplit(plan, chunks_wanted);
+    setup.Lap(&Profile::other);
+  }
   const uint32_t n_items = static_cast<uint32_t>(sp.items.size());
   ParallelFor(plan.pool, n_items,
               [&](uint32_t i, uint32_t) { SplitK<kProfile>(plan, sp, i, sink); });
