@@ -423,6 +423,11 @@ template <int kQB, class RowDotsFn>
 HWY_INLINE void ScoreRunVisible(const RowDotsFn& row_dots, const uint8_t* p, uint32_t r,
                                 uint32_t run_end, uint32_t row_bytes, Prefetcher& pf,
                                 KScores<kQB>& k) {
+  // Locals in the row loop (not k's fields): nothing a score store could
+  // alias, so the maxima stay in registers.
+  float* const* s = k.s;
+  const float scale = k.scale;
+  const bool has_bias = k.has_bias;
 #if HWY_TARGET <= HWY_AVX2
   if constexpr (kQB == 4) {
     // The 4 scores of a row as one 128-bit vector: the same multiply,
@@ -432,36 +437,43 @@ HWY_INLINE void ScoreRunVisible(const RowDotsFn& row_dots, const uint8_t* p, uin
     // SSE4's 16 registers are already short of its 16 accumulators
     // (turbo2 measured ~5% slower there with the vector form).
     const hn::FixedTag<float, 4> d4;
-    const auto scale4 = hn::Set(d4, k.scale);
+    const auto scale4 = hn::Set(d4, scale);
     const auto bias4 = hn::LoadU(d4, k.bias);
     auto m4 = hn::LoadU(d4, k.m);
+    float* s0 = s[0];
+    float* s1 = s[1];
+    float* s2 = s[2];
+    float* s3 = s[3];
     for (; r < run_end; ++r, p += row_bytes) {
       pf.Step();
       alignas(16) float dots[4];
       row_dots(p, dots);
       auto x4 = hn::Mul(hn::Load(d4, dots), scale4);
-      if (k.has_bias) x4 = hn::Add(x4, bias4);
+      if (has_bias) x4 = hn::Add(x4, bias4);
       m4 = hn::IfThenElse(m4 < x4, x4, m4);  // std::max(m, x), NaN x included
-      k.s[0][r] = hn::GetLane(x4);
-      k.s[1][r] = hn::ExtractLane(x4, 1);
-      k.s[2][r] = hn::ExtractLane(x4, 2);
-      k.s[3][r] = hn::ExtractLane(x4, 3);
+      s0[r] = hn::GetLane(x4);
+      s1[r] = hn::ExtractLane(x4, 1);
+      s2[r] = hn::ExtractLane(x4, 2);
+      s3[r] = hn::ExtractLane(x4, 3);
     }
     hn::StoreU(m4, d4, k.m);
     return;
   }
 #endif
+  float m[kQB], bias[kQB];
+  for (int j = 0; j < kQB; ++j) m[j] = k.m[j], bias[j] = k.bias[j];
   for (; r < run_end; ++r, p += row_bytes) {
     pf.Step();
     float dots[4];
     row_dots(p, dots);
     for (int j = 0; j < kQB; ++j) {
-      float x = dots[j] * k.scale;
-      if (k.has_bias) x = x + k.bias[j];
-      k.s[j][r] = x;
-      k.m[j] = std::max(k.m[j], x);
+      float x = dots[j] * scale;
+      if (has_bias) x = x + bias[j];
+      s[j][r] = x;
+      m[j] = std::max(m[j], x);
     }
   }
+  for (int j = 0; j < kQB; ++j) k.m[j] = m[j];
 }
 
 // As ScoreRunVisible, testing each row's visibility to each query (-inf
@@ -470,28 +482,34 @@ template <int kQB, class RowDotsFn>
 HWY_INLINE void ScoreRunMasked(const RowDotsFn& row_dots, const uint8_t* p, uint32_t r,
                                uint32_t run_end, uint32_t row_bytes, Prefetcher& pf,
                                const Visibility& vis, const QueryVec* qv, KScores<kQB>& k) {
+  float* const* s = k.s;  // locals in the row loop, as in ScoreRunVisible
+  const float scale = k.scale;
+  const bool has_bias = k.has_bias;
+  float m[kQB], bias[kQB];
+  for (int j = 0; j < kQB; ++j) m[j] = k.m[j], bias[j] = k.bias[j];
   for (; r < run_end; ++r, p += row_bytes) {
     pf.Step();
     const uint32_t pos = vis.Pos(r);
     uint32_t mask = 0;
     for (int j = 0; j < kQB; ++j) mask |= vis.Visible(pos, qv[j].qpos) ? (1u << j) : 0u;
     if (mask == 0) {
-      for (int j = 0; j < kQB; ++j) k.s[j][r] = kNegInf;
+      for (int j = 0; j < kQB; ++j) s[j][r] = kNegInf;
       continue;
     }
     float dots[4];
     row_dots(p, dots);
     for (int j = 0; j < kQB; ++j) {
       if (!(mask & (1u << j))) {
-        k.s[j][r] = kNegInf;
+        s[j][r] = kNegInf;
         continue;
       }
-      float x = dots[j] * k.scale;
-      if (k.has_bias) x = x + k.bias[j];
-      k.s[j][r] = x;
-      k.m[j] = std::max(k.m[j], x);
+      float x = dots[j] * scale;
+      if (has_bias) x = x + bias[j];
+      s[j][r] = x;
+      m[j] = std::max(m[j], x);
     }
   }
+  for (int j = 0; j < kQB; ++j) k.m[j] = m[j];
 }
 
 template <Format F, bool kExact, int kQB, KeyPath kPath>
