@@ -9,9 +9,9 @@
 #include <memory>
 #include <string>
 
-#include "model/bpe_tokenizer.h"
-#include "model/gguf.h"
-#include "model/model_store.h"
+#include "model/io/gguf.h"
+#include "model/io/model_store.h"
+#include "model/tokenizer/bpe_tokenizer.h"
 
 namespace kvcache::model {
 namespace {

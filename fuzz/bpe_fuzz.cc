@@ -1,6 +1,6 @@
-// Fuzz target `bpe`: the byte-level BPE tokenizer (model/bpe_tokenizer.cc)
+// Fuzz target `bpe`: the byte-level BPE tokenizer (model/tokenizer/bpe_tokenizer.cc)
 // encoding and decoding arbitrary bytes, and the ChatML template
-// (model/chat_template.cc) on outside text.
+// (model/tokenizer/chat_template.cc) on outside text.
 //
 // The tokenizers are built once, through BpeTokenizer::Create, from a
 // vocabulary the harness trains itself: the 256 byte tokens, four special
@@ -42,9 +42,9 @@
 #include <vector>
 
 #include "fuzz/fuzz_target.h"
-#include "model/bpe_tokenizer.h"
-#include "model/chat_template.h"
-#include "model/unicode_classes.h"
+#include "model/tokenizer/bpe_tokenizer.h"
+#include "model/tokenizer/chat_template.h"
+#include "model/tokenizer/unicode_classes.h"
 
 namespace {
 using namespace kvcache;

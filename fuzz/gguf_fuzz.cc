@@ -1,10 +1,10 @@
 // Fuzz target `gguf`: model::GgufFile::FromBytes on arbitrary bytes
-// (model/gguf.cc), then everything a loader does with an accepted file:
+// (model/io/gguf.cc), then everything a loader does with an accepted file:
 // every metadata accessor on every key, every tensor dequantized
-// (model/gguf_dequant.cc, bounded) with the SIMD result bit-identical to the
+// (model/decoder/gguf_dequant.cc, bounded) with the SIMD result bit-identical to the
 // scalar reference (NaN payloads aside: a NaN scale gives NaN either way),
 // and the BPE tokenizer built from the metadata
-// (model/bpe_tokenizer_gguf.cc) encoding and decoding the input's last bytes.
+// (model/tokenizer/bpe_tokenizer_gguf.cc) encoding and decoding the input's last bytes.
 // Properties: a refused file is Corruption / InvalidArgument / Unimplemented /
 // NotFound / OutOfRange, never Internal; an accepted tensor's bytes are
 // exactly num_bytes; ids the tokenizer returns are inside its vocabulary and
@@ -15,8 +15,8 @@
 #include <vector>
 
 #include "fuzz/fuzz_target.h"
-#include "model/bpe_tokenizer.h"
-#include "model/gguf.h"
+#include "model/io/gguf.h"
+#include "model/tokenizer/bpe_tokenizer.h"
 
 namespace {
 using kvcache::StatusCode;

@@ -1,12 +1,12 @@
 // Fuzz target `llama2c_checkpoint`: model::ParseModel on arbitrary bytes
-// (model/checkpoint.cc). An accepted checkpoint has a valid config, fills
+// (model/io/checkpoint.cc). An accepted checkpoint has a valid config, fills
 // the file exactly, and every weight span lies inside the model (each is
 // read in full here, so ASan sees an overrun). Thread safety: fuzz_target.h.
 #include <span>
 
 #include "fuzz/fuzz_target.h"
-#include "model/checkpoint.h"
-#include "model/matmul.h"
+#include "model/decoder/matmul.h"
+#include "model/io/checkpoint.h"
 
 namespace {
 float Sum(std::span<const float> s) {

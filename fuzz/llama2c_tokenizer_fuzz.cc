@@ -1,5 +1,5 @@
 // Fuzz target `llama2c_tokenizer`: model::Tokenizer::Parse on arbitrary
-// bytes (model/tokenizer.cc), then Encode / Decode on arbitrary text.
+// bytes (model/tokenizer/tokenizer.cc), then Encode / Decode on arbitrary text.
 // Input: byte 0 picks vocab_size = 259 + byte 0 (the model supplies it in
 // real use); the rest is the tokenizer file. When it parses, fixed texts
 // and the input's last 64 bytes (any bytes, invalid UTF-8 included) are
@@ -11,7 +11,7 @@
 #include <string_view>
 
 #include "fuzz/fuzz_target.h"
-#include "model/tokenizer.h"
+#include "model/tokenizer/tokenizer.h"
 
 KVCACHE_FUZZ_TARGET(llama2c_tokenizer) {
   using namespace kvcache;

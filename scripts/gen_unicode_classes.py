@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
-"""Generates model/unicode_classes_table.inc: the code point ranges of the
+"""Generates model/tokenizer/unicode_classes_table.inc: the code point ranges of the
 Unicode general categories L (letters: Lu Ll Lt Lm Lo) and N (numbers: Nd Nl
 No) that the byte-level BPE pre-tokenizer's \\p{L} and \\p{N} need.
 
-    python3 scripts/gen_unicode_classes.py > model/unicode_classes_table.inc
+    python3 scripts/gen_unicode_classes.py > model/tokenizer/unicode_classes_table.inc
 
 The table comes from Python's own `unicodedata` (its Unicode version is
 written into the output); the result is committed, so builds never run this.

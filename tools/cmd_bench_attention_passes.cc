@@ -44,8 +44,8 @@
 #include <nlohmann/json.hpp>
 
 #include "testing/bench_support.h"
-#include "attention/plan.h"
 #include "kvcache/attention.h"
+#include "kvcache/attention_profile.h"
 #include "kvcache/simd.h"
 #include "kvcache/thread_pool.h"
 #include "tools/bench_util.h"
@@ -53,7 +53,6 @@
 namespace kvcache::tools {
 namespace {
 
-using attention_internal::PassProfile;
 using attention_internal::ProcessCpuSeconds;
 using attention_internal::SyntheticKv;
 using attention_internal::SyntheticKvOptions;
@@ -152,14 +151,14 @@ int RunAttentionPasses(const PassesOptions& o) {
       };
       auto profiled = [&] {
         if (!c.in_cache) flusher.Flush(kFlushBytes);
-        PassProfile prof;
+        AttentionPassProfile prof;
         const double c0 = ProcessCpuSeconds();
         const auto t0 = std::chrono::steady_clock::now();
-        note(attention_internal::AttendMultiProfiled(view, 1, c.q, ao, outs, &prof));
+        note(AttendMultiProfiled(view, 1, c.q, ao, outs, &prof));
         const auto t1 = std::chrono::steady_clock::now();
         const double c1 = ProcessCpuSeconds();
         if (r == 0) return;
-        const attention_internal::PassTime* pt[4] = {&prof.k, &prof.exp, &prof.v, &prof.other};
+        const AttentionPassTime* pt[4] = {&prof.k, &prof.exp, &prof.v, &prof.other};
         for (int p = 0; p < 4; ++p) {
           c.s.ticks[p].push_back(static_cast<double>(pt[p]->ticks));
           c.s.cpu_ns[p].push_back(static_cast<double>(pt[p]->cpu_ns));

@@ -1,7 +1,7 @@
 // `kvcache bench attention --passes`: the decode step's time split by pass
 // (K pass with the scores, exp, V pass, the rest), per stored row, from the
-// library's profiled run of the same kernels (attention_internal::
-// AttendMultiProfiled, plan.h), beside the memory floor of the access
+// library's profiled run of the same kernels (AttendMultiProfiled,
+// kvcache/attention_profile.h), beside the memory floor of the access
 // pattern. Options are parsed and checked by cmd_bench_attention.cc.
 #pragma once
 

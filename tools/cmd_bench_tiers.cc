@@ -25,7 +25,7 @@
 //                           The bare floors are in "floors".
 //   recompute_us            the time to recompute one block instead
 //                           ("recompute": 2 * params * block_size FLOPs at
-//                           the f16 MatMul throughput of model/matmul.h
+//                           the f16 MatMul throughput of model/decoder/matmul.h
 //                           measured now on this machine's threads;
 //                           --recompute-params, default Llama-3-8B's).
 // The disk tier runs on --disk-path with the page cache warm (the batch was
@@ -46,8 +46,9 @@
 #include <thread>
 
 #include "kvcache/pool.h"
+#include "kvcache/thread_pool.h"
 #include "kvcache/tier.h"
-#include "model/matmul.h"
+#include "model/decoder/matmul.h"
 #include "tools/command.h"
 
 namespace kvcache::tools {
@@ -155,7 +156,7 @@ double MatMulFlops(uint32_t tokens, uint32_t* threads_out) {
   m.cols = kDim;
   m.row_bytes = size_t{kDim} * 2;
   const uint32_t threads = std::max(1u, std::thread::hardware_concurrency());
-  model::ThreadPool pool(threads);
+  ThreadPool pool(threads);
   *threads_out = threads;
   model::MatMul(m, x.data(), tokens, out.data(), &pool);  // warm up
   std::vector<double> t;

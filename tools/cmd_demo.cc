@@ -13,10 +13,10 @@
 #include <string>
 
 #include "kvcache/format.h"
-#include "model/demo_report.h"
-#include "model/model_store.h"
+#include "model/io/model_store.h"
 #include "tools/cmd_simulate.h"
 #include "tools/command.h"
+#include "tools/demo_report.h"
 
 namespace kvcache::tools {
 namespace {
@@ -37,7 +37,7 @@ std::string Gpl3Prefix(size_t bytes) {
 }
 
 int RunDemo(const DemoOptions& o) {
-  model::DemoReportOptions report;
+  DemoReportOptions report;
   if (!o.model_dir.empty()) {
     fmt::print("== 1. A story from stories260K, its K/V in kvcache ==\n\n");
     report.model_path = o.model_dir + "/stories260K_v1.bin";
@@ -54,13 +54,13 @@ int RunDemo(const DemoOptions& o) {
     report.max_table_tokens = 320;
     report.prefill_tokens = 64;
     report.chunk_tokens = 16;
-    report.formats = model::DefaultDemoFormats();
+    report.formats = DefaultDemoFormats();
     for (const char* mixed : {"q8_0:q4_0", "q8_0:turbo4", "bf16:turbo3"}) {
       report.formats.push_back(*ParseFormatPair(mixed));
     }
   }
   std::fflush(stdout);
-  const Status s = model::PrintDemoReport(report, stdout);
+  const Status s = PrintDemoReport(report, stdout);
   if (!s.ok()) {
     fmt::print(stderr, "kvcache demo: {}\n", s.ToString());
     return 1;

@@ -15,7 +15,7 @@
 // the process exits, so the next process finds them. The lookup covers the
 // prompt minus its last token: the model must run at least one position to
 // give the first token's distribution. Blocks are keyed by a compatibility
-// digest of the model fingerprint (model/model_fingerprint.h: XXH3-128 of
+// digest of the model fingerprint (model/io/model_fingerprint.h: XXH3-128 of
 // the model file) with --weights, the geometry, --block-size, --kv-format
 // and the pool's rotation: another model or format never hits.
 #include <fmt/format.h>
@@ -32,13 +32,13 @@
 
 #include "kvcache/npy.h"
 #include "kvcache/offload.h"
-#include "model/cache_kv.h"
-#include "model/decoder.h"
-#include "model/generate.h"
-#include "model/kv_factory.h"
-#include "model/loaded_model.h"
-#include "model/model_fingerprint.h"
-#include "model/unicode_classes.h"
+#include "model/decoder/decoder.h"
+#include "model/decoder/loaded_model.h"
+#include "model/generate/generate.h"
+#include "model/io/model_fingerprint.h"
+#include "model/kv/cache_kv.h"
+#include "model/kv/kv_factory.h"
+#include "model/tokenizer/unicode_classes.h"
 #include "tools/command.h"
 #include "tools/kv_flags.h"
 #include "tools/tier_json.h"

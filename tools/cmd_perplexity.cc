@@ -17,10 +17,10 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "model/decoder.h"
 #include "kvcache/npy.h"
-#include "model/loaded_model.h"
-#include "model/perplexity.h"
+#include "model/decoder/decoder.h"
+#include "model/decoder/loaded_model.h"
+#include "model/generate/perplexity.h"
 #include "tools/command.h"
 #include "tools/kv_flags.h"
 

@@ -90,7 +90,9 @@ struct AttentionOutput {
   std::span<float> probs;
   // [n_kv_heads][view.num_tokens]: probabilities summed over the q heads of
   // each kv head and over all queries: the attention mass a cache adds to
-  // its importance counters (row-indexed like probs).
+  // its importance counters (row-indexed like probs; the first
+  // view.rows(h) entries of head h are what SequenceCache::
+  // AccumulateImportance takes for that head).
   std::span<float> kv_probs;
 };
 
@@ -103,19 +105,6 @@ Status AttendDecode(const LayerKvView& view, std::span<const float> q,
 // REQUIRES n_queries <= view.num_tokens.
 Status AttendMulti(const LayerKvView& view, uint32_t n_queries, std::span<const float> q,
                    const AttentionOptions& options, const AttentionOutput& output);
-
-// One kv head only (the seed's LayerKvCache::attend(q, kv_head)): decode for
-// the group = n_q_heads / n_kv_heads q heads that read kv head `kv_head`.
-// q: [group][head_dim]; out: [group][head_dim]; lse: [group];
-// probs: [group][view.num_tokens]; kv_probs: [view.num_tokens].
-// Like every probs here they are indexed by stored row, as the seed's are,
-// but padded with zeros to view.num_tokens so that one buffer fits every
-// head (a head with dead positions or evicted rows stores fewer). The seed's
-// probs [stored] are kv_probs.first(view.rows(kv_head)) (with group 1, the
-// seed's case): exactly what LayerCache::AccumulateImportance takes.
-// OutOfRange if kv_head >= view.n_kv_heads.
-Status AttendDecodeHead(const LayerKvView& view, uint32_t kv_head, std::span<const float> q,
-                        const AttentionOptions& options, const AttentionOutput& output);
 
 // Decode for many sequences of one layer at once (same n_kv_heads and
 // head_dim; formats and layouts may differ). Work is split over (sequence,

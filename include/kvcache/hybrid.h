@@ -30,7 +30,7 @@
 // token. Attention applies the exact window: Attend() (or the options from
 // AttentionOptionsFor) sets window = W and n_sink = S. A DuoAttention window
 // head inside a kFull layer uses G = 1, so it stores exactly S + W positions
-// outside drafts, and Attend() gives it its own window by attending per head.
+// outside drafts, and Attend() gives every head its own window in one call.
 // G defaults to the block size.
 //
 // Heavy-hitter heads are compacted only by Evict() (their choice depends on
@@ -258,13 +258,15 @@ class HybridSequence {
   uint32_t head_len(uint32_t layer, uint32_t head) const;
   Status AccumulateImportance(uint32_t layer, uint32_t head, std::span<const float> probs);
   std::vector<float> HeadImportance(uint32_t layer, uint32_t head) const;
-  // Attention of the layer's last n_queries positions (AttendDecode for 1,
-  // else AttendMulti; shapes as in attention.h) with each head's window
-  // applied exactly: one call when every head has the same window (or none),
-  // else one call per kv head over a one-head view (DuoAttention layers).
-  // options.window / n_sink are set from the layer's policies.
+  // Attention of the layer's last n_queries positions (shapes, checks and
+  // results as AttendMulti's, attention.h) with each kv head's window taken
+  // from its policy (window = W and n_sink = S, none while W covers the
+  // whole length; DuoAttention layers mix window and full heads): equal to
+  // attending each kv head alone with its window. options.window / n_sink
+  // are ignored. FailedPrecondition if a multi-token query's window was
+  // evicted (see window_lookback_tokens).
   Status Attend(uint32_t layer, uint32_t n_queries, std::span<const float> q,
-                AttentionOptions options, const AttentionOutput& output) const;
+                const AttentionOptions& options, const AttentionOutput& output) const;
   // The attention options a kWindow layer needs at its current length
   // (window = W and n_sink = S, or no window while W covers the whole
   // length); `base` otherwise unchanged.

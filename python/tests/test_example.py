@@ -1,5 +1,5 @@
 """The numpy LLaMA of examples/python keeps its K/V in kvcache and agrees with the
-C++ decoder (model/decoder.cc, through the kvcache CLI): the same greedy tokens and
+C++ decoder (model/decoder/decoder.cc, through the kvcache CLI): the same greedy tokens and
 the same teacher-forced mean NLL within float rounding.
 
 Needs stories260K from the repository's testdata/ folder, and the CLI

@@ -14,12 +14,14 @@
 #include "attention/plan.h"
 #include "attention/reference.h"
 #include "format/format_internal.h"
+#include "kvcache/attention_profile.h"
 #include "kvcache/geometry.h"
 
 namespace kvcache {
 namespace {
 
 using attention_internal::HeadJob;
+using attention_internal::HeadWindow;
 using attention_internal::PaddedDim;
 using attention_internal::Plan;
 using attention_internal::QueryVec;
@@ -103,7 +105,18 @@ Status CheckView(const LayerKvView& view) {
   return Status::Ok();
 }
 
-Status CheckOptions(const AttentionOptions& o, uint32_t n_kv_heads, uint32_t num_tokens) {
+Status CheckWindow(uint32_t window, uint32_t num_tokens) {
+  if (window > num_tokens) {
+    return Status::InvalidArgument(fmt::format(
+        "attention: window {} is larger than the cache ({} tokens)", window, num_tokens));
+  }
+  return Status::Ok();
+}
+
+// The options, and the per-head windows when given (they replace the
+// options' window, which is then not checked).
+Status CheckOptions(const AttentionOptions& o, uint32_t n_kv_heads, uint32_t num_tokens,
+                    std::span<const HeadWindow> windows = {}) {
   if (o.n_q_heads == 0 || o.n_q_heads % n_kv_heads != 0) {
     return Status::InvalidArgument(fmt::format(
         "attention: n_q_heads {} must be a positive multiple of n_kv_heads {}", o.n_q_heads,
@@ -112,10 +125,12 @@ Status CheckOptions(const AttentionOptions& o, uint32_t n_kv_heads, uint32_t num
   if (!std::isfinite(o.scale) || o.scale < 0.0f) {
     return Status::InvalidArgument("attention: scale must be finite and >= 0 (0 = 1/sqrt(d))");
   }
-  if (o.window > num_tokens) {
+  if (windows.empty()) return CheckWindow(o.window, num_tokens);
+  if (windows.size() != n_kv_heads) {
     return Status::InvalidArgument(fmt::format(
-        "attention: window {} is larger than the cache ({} tokens)", o.window, num_tokens));
+        "attention: {} head windows for {} kv heads", windows.size(), n_kv_heads));
   }
+  for (const HeadWindow& w : windows) KV_RETURN_IF_ERROR(CheckWindow(w.window, num_tokens));
   return Status::Ok();
 }
 
@@ -146,21 +161,23 @@ float EffectiveScale(const AttentionOptions& o, uint32_t head_dim) {
 }
 
 // Adds the jobs for one sequence (all kv heads) to the plan. q/out/lse/probs
-// are laid out [n_queries][n_q_heads][...]. Returns nothing: inputs checked.
-// With only_head >= 0, the arrays hold just that kv head's q heads
-// ([n_queries][group][...]) and kv_probs just its row.
+// are laid out [n_queries][n_q_heads][...], kv_probs [n_kv_heads][num_tokens].
+// Kv head h attends with windows[h] (empty: the options' window for every
+// head). Returns nothing: inputs checked.
 void AddSequence(Plan& plan, const LayerKvView& view, uint32_t n_queries, const float* q,
-                 uint32_t n_q_heads, float* out, float* lse, float* probs, float* kv_probs,
-                 int64_t only_head = -1) {
+                 const AttentionOptions& options, std::span<const HeadWindow> windows,
+                 float* out, float* lse, float* probs, float* kv_probs) {
   const uint32_t d = view.head_dim;
+  const uint32_t n_q_heads = options.n_q_heads;
   const uint32_t group = n_q_heads / view.n_kv_heads;
-  const uint32_t h_lo = only_head >= 0 ? static_cast<uint32_t>(only_head) : 0;
-  const uint32_t h_hi = only_head >= 0 ? h_lo + 1 : view.n_kv_heads;
-  for (uint32_t h = h_lo; h < h_hi; ++h) {
+  for (uint32_t h = 0; h < view.n_kv_heads; ++h) {
     HeadJob job;
     job.view = &view;
     job.head = h;
     job.rows = view.rows(h);
+    const HeadWindow w = windows.empty() ? HeadWindow{options.window, options.n_sink} : windows[h];
+    job.window = w.window;
+    job.n_sink = w.n_sink;
     const RowTransform* kt = view.k.transforms ? &view.k.transforms[h] : nullptr;
     const RowTransform* vt = view.v.transforms ? &view.v.transforms[h] : nullptr;
     const bool no_transforms = (kt == nullptr || kt->empty()) && (vt == nullptr || vt->empty());
@@ -168,13 +185,10 @@ void AddSequence(Plan& plan, const LayerKvView& view, uint32_t n_queries, const 
     job.has_bias = kt != nullptr && !kt->mean.empty();
     job.first_query = static_cast<uint32_t>(plan.queries.size());
     job.nq = n_queries * group;
-    job.kv_probs = kv_probs == nullptr ? nullptr
-                   : only_head >= 0  ? kv_probs
-                                     : kv_probs + static_cast<size_t>(h) * view.num_tokens;
+    job.kv_probs = kv_probs == nullptr ? nullptr : kv_probs + static_cast<size_t>(h) * view.num_tokens;
     for (uint32_t t = 0; t < n_queries; ++t) {
       for (uint32_t g = 0; g < group; ++g) {
-        const size_t qh = only_head >= 0 ? static_cast<size_t>(t) * group + g
-                                         : static_cast<size_t>(t) * n_q_heads + h * group + g;
+        const size_t qh = static_cast<size_t>(t) * n_q_heads + h * group + g;
         QueryVec qv;
         qv.q = q + qh * d;  // original; replaced by the prepared copy below
         qv.qpos = view.num_tokens - n_queries + t;
@@ -220,21 +234,20 @@ Plan NewPlan(const AttentionOptions& options, uint32_t head_dim) {
   plan.head_dim = head_dim;
   plan.padded_dim = PaddedDim(head_dim);
   plan.scale = EffectiveScale(options, head_dim);
-  plan.window = options.window;
-  plan.n_sink = options.n_sink;
   plan.pool = options.pool;
   plan.int_keys = !options.float_query_keys;
   plan.int8_keys = options.int8_query_keys;
   return plan;
 }
 
-// AttendMulti, and with profile non-null its profiled twin (plan.h
+// AttendMulti, with per-head windows when `windows` is not empty
+// (AttendHeadWindows), and with profile non-null its profiled twin (plan.h
 // RunPlanProfiled).
 Status AttendMultiImpl(const LayerKvView& view, uint32_t n_queries, std::span<const float> q,
-                       const AttentionOptions& options, const AttentionOutput& output,
-                       attention_internal::PassProfile* profile) {
+                       const AttentionOptions& options, std::span<const HeadWindow> windows,
+                       const AttentionOutput& output, AttentionPassProfile* profile) {
   KV_RETURN_IF_ERROR(CheckView(view));
-  KV_RETURN_IF_ERROR(CheckOptions(options, view.n_kv_heads, view.num_tokens));
+  KV_RETURN_IF_ERROR(CheckOptions(options, view.n_kv_heads, view.num_tokens, windows));
   if (n_queries == 0 || n_queries > view.num_tokens) {
     return Status::InvalidArgument(fmt::format(
         "attention: {} query tokens, but the cache holds {} positions (queries are its last "
@@ -251,7 +264,7 @@ Status AttendMultiImpl(const LayerKvView& view, uint32_t n_queries, std::span<co
                                static_cast<size_t>(view.n_kv_heads) * view.num_tokens,
                                "kv_probs", true));
   Plan plan = NewPlan(options, view.head_dim);
-  AddSequence(plan, view, n_queries, q.data(), options.n_q_heads, output.out.data(),
+  AddSequence(plan, view, n_queries, q.data(), options, windows, output.out.data(),
               output.lse.empty() ? nullptr : output.lse.data(),
               output.probs.empty() ? nullptr : output.probs.data(),
               output.kv_probs.empty() ? nullptr : output.kv_probs.data());
@@ -268,47 +281,28 @@ Status AttendMultiImpl(const LayerKvView& view, uint32_t n_queries, std::span<co
 
 Status AttendMulti(const LayerKvView& view, uint32_t n_queries, std::span<const float> q,
                    const AttentionOptions& options, const AttentionOutput& output) {
-  return AttendMultiImpl(view, n_queries, q, options, output, nullptr);
+  return AttendMultiImpl(view, n_queries, q, options, {}, output, nullptr);
+}
+
+Status AttendMultiProfiled(const LayerKvView& view, uint32_t n_queries, std::span<const float> q,
+                           const AttentionOptions& options, const AttentionOutput& output,
+                           AttentionPassProfile* profile) {
+  if (profile == nullptr) return Status::InvalidArgument("attention: no profile to fill");
+  return AttendMultiImpl(view, n_queries, q, options, {}, output, profile);
 }
 
 namespace attention_internal {
-Status AttendMultiProfiled(const LayerKvView& view, uint32_t n_queries, std::span<const float> q,
-                           const AttentionOptions& options, const AttentionOutput& output,
-                           PassProfile* profile) {
-  if (profile == nullptr) return Status::InvalidArgument("attention: no profile to fill");
-  return AttendMultiImpl(view, n_queries, q, options, output, profile);
+Status AttendHeadWindows(const LayerKvView& view, uint32_t n_queries, std::span<const float> q,
+                         const AttentionOptions& options, std::span<const HeadWindow> windows,
+                         const AttentionOutput& output) {
+  if (windows.empty()) return Status::InvalidArgument("attention: no head windows");
+  return AttendMultiImpl(view, n_queries, q, options, windows, output, nullptr);
 }
 }  // namespace attention_internal
 
 Status AttendDecode(const LayerKvView& view, std::span<const float> q,
                     const AttentionOptions& options, const AttentionOutput& output) {
   return AttendMulti(view, 1, q, options, output);
-}
-
-Status AttendDecodeHead(const LayerKvView& view, uint32_t kv_head, std::span<const float> q,
-                        const AttentionOptions& options, const AttentionOutput& output) {
-  KV_RETURN_IF_ERROR(CheckView(view));
-  KV_RETURN_IF_ERROR(CheckOptions(options, view.n_kv_heads, view.num_tokens));
-  if (kv_head >= view.n_kv_heads) {
-    return Status::OutOfRange(fmt::format("attention: kv head {} out of range (the view has {})",
-                                          kv_head, view.n_kv_heads));
-  }
-  const size_t group = options.n_q_heads / view.n_kv_heads;
-  KV_RETURN_IF_ERROR(CheckSize(q, group * view.head_dim, "query", false));
-  KV_RETURN_IF_ERROR(
-      CheckQueryFinite(q, static_cast<uint32_t>(group), view.head_dim, "query token"));
-  KV_RETURN_IF_ERROR(CheckSize(output.out, group * view.head_dim, "out", false));
-  KV_RETURN_IF_ERROR(CheckSize(output.lse, group, "lse", true));
-  KV_RETURN_IF_ERROR(CheckSize(output.probs, group * view.num_tokens, "probs", true));
-  KV_RETURN_IF_ERROR(CheckSize(output.kv_probs, view.num_tokens, "kv_probs", true));
-  Plan plan = NewPlan(options, view.head_dim);
-  AddSequence(plan, view, 1, q.data(), options.n_q_heads, output.out.data(),
-              output.lse.empty() ? nullptr : output.lse.data(),
-              output.probs.empty() ? nullptr : output.probs.data(),
-              output.kv_probs.empty() ? nullptr : output.kv_probs.data(), kv_head);
-  PrepareQueries(plan);
-  attention_internal::RunPlan(plan);
-  return Status::Ok();
 }
 
 Status AttendDecodeBatch(std::span<const LayerKvView> views, std::span<const float> q,
@@ -335,8 +329,7 @@ Status AttendDecodeBatch(std::span<const LayerKvView> views, std::span<const flo
   KV_RETURN_IF_ERROR(CheckSize(lse, views.size() * options.n_q_heads, "lse", true));
   Plan plan = NewPlan(options, d);
   for (size_t s = 0; s < views.size(); ++s) {
-    AddSequence(plan, views[s], 1, q.data() + s * per_seq, options.n_q_heads,
-                out.data() + s * per_seq,
+    AddSequence(plan, views[s], 1, q.data() + s * per_seq, options, {}, out.data() + s * per_seq,
                 lse.empty() ? nullptr : lse.data() + s * options.n_q_heads, nullptr, nullptr);
   }
   PrepareQueries(plan);

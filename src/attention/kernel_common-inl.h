@@ -232,9 +232,9 @@ struct Visibility {
   }
 };
 
-HWY_INLINE Visibility MakeVisibility(const Plan& plan, const HeadJob& job) {
+HWY_INLINE Visibility MakeVisibility(const HeadJob& job) {
   const LayerKvView& v = *job.view;
-  return {v.positions ? v.positions[job.head] : nullptr, plan.window, plan.n_sink};
+  return {v.positions ? v.positions[job.head] : nullptr, job.window, job.n_sink};
 }
 
 

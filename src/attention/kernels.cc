@@ -30,7 +30,7 @@
 //
 // Profiling (RunPlanProfiled, for bench attention --passes): the same
 // steps instantiated with kProfile = true read the clocks around each pass
-// of each task (PassTimer); with kProfile = false, RunPlan's instances, the
+// of each task (TaskTimer); with kProfile = false, RunPlan's instances, the
 // timer is empty and compiles to nothing.
 //
 // Thread safety: scratch is thread_local; a Plan is only read.
@@ -159,37 +159,11 @@ HWY_INLINE void ForQueryBlocks(uint32_t nq, const Fn& fn) {
 // ---------------------------------------------------------------------------
 // Pass timing (RunPlanProfiled only).
 
-// Lap(t) adds the time since the last mark (Start or Lap) to *t and marks
-// again, so a task's laps cover its whole time. Empty for kProfile false.
-template <bool kProfile>
-struct PassTimer {
-  HWY_INLINE void Start() {}
-  HWY_INLINE void Lap(PassTime*) {}
-};
-template <>
-struct PassTimer<true> {
-  uint64_t ticks = 0, cpu_ns = 0;
-  static uint64_t CpuNs() {
-    timespec ts;
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-    return static_cast<uint64_t>(ts.tv_sec) * 1000000000u + static_cast<uint64_t>(ts.tv_nsec);
-  }
-  void Start() {
-    cpu_ns = CpuNs();
-    ticks = ReadTsc();
-  }
-  void Lap(PassTime* t) {
-    const uint64_t t1 = ReadTsc(), c1 = CpuNs();
-    t->ticks += t1 - ticks;
-    t->cpu_ns += c1 - cpu_ns;
-    ticks = t1;
-    cpu_ns = c1;
-  }
-};
+using Profile = AttentionPassProfile;
 
 // *to += the pass times of from (rows not included).
-void AddPassTimes(const PassProfile& from, PassProfile* to) {
-  for (auto field : {&PassProfile::k, &PassProfile::exp, &PassProfile::v, &PassProfile::other}) {
+void AddPassTimes(const Profile& from, Profile* to) {
+  for (auto field : {&Profile::k, &Profile::exp, &Profile::v, &Profile::other}) {
     (to->*field).ticks += (from.*field).ticks;
     (to->*field).cpu_ns += (from.*field).cpu_ns;
   }
@@ -198,11 +172,48 @@ void AddPassTimes(const PassProfile& from, PassProfile* to) {
 // The tasks' profiles, added together across threads (once per task).
 struct ProfileSink {
   std::mutex mu;
-  PassProfile sum;
-  void Add(const PassProfile& p) {
+  Profile sum;
+  void Add(const Profile& p) {
     std::lock_guard<std::mutex> lock(mu);
     AddPassTimes(p, &sum);
   }
+};
+
+// One task's pass times: Lap(&Profile::k) adds the time since the last
+// mark (the timer's construction or the previous Lap) to that pass and
+// marks again, so a task's laps cover its whole time; the task's times go
+// to the sink once, when the timer goes out of scope. Empty for kProfile
+// false.
+template <bool kProfile>
+struct TaskTimer {
+  explicit TaskTimer(ProfileSink*) {}
+  HWY_INLINE void Lap(AttentionPassTime Profile::*) {}
+};
+template <>
+struct TaskTimer<true> {
+  explicit TaskTimer(ProfileSink* sink) : sink(sink) {
+    cpu_ns = CpuNs();
+    ticks = ReadTsc();
+  }
+  ~TaskTimer() { sink->Add(prof); }
+  TaskTimer(const TaskTimer&) = delete;
+  TaskTimer& operator=(const TaskTimer&) = delete;
+  static uint64_t CpuNs() {
+    timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return static_cast<uint64_t>(ts.tv_sec) * 1000000000u + static_cast<uint64_t>(ts.tv_nsec);
+  }
+  void Lap(AttentionPassTime Profile::*pass) {
+    const uint64_t t1 = ReadTsc(), c1 = CpuNs();
+    AttentionPassTime& t = prof.*pass;
+    t.ticks += t1 - ticks;
+    t.cpu_ns += c1 - cpu_ns;
+    ticks = t1;
+    cpu_ns = c1;
+  }
+  ProfileSink* sink;
+  Profile prof;
+  uint64_t ticks = 0, cpu_ns = 0;
 };
 
 // ---------------------------------------------------------------------------
@@ -314,9 +325,7 @@ thread_local Scratch tls_whole_scratch[kGroupHeads];  // RunWhole's, one per hea
 // order. kProfile: each pass timed into *sink (RunPlanProfiled).
 template <bool kProfile>
 void RunWhole(const Plan& plan, const HeadJob* jobs, uint32_t n, ProfileSink* sink) {
-  PassTimer<kProfile> timer;
-  PassProfile prof;
-  timer.Start();
+  TaskTimer<kProfile> timer(sink);
   Scratch* s = tls_whole_scratch;
   const size_t pd = plan.padded_dim;
   uint32_t ends[kGroupHeads];
@@ -352,16 +361,16 @@ void RunWhole(const Plan& plan, const HeadJob* jobs, uint32_t n, ProfileSink* si
     }
     return Prefetcher(hr, ends, n, 0, chunk);
   };
-  timer.Lap(&prof.other);
+  timer.Lap(&Profile::other);
   {
     Prefetcher pf = stream(true);
     walk(0, max_rows, [&](uint32_t g, uint32_t a, uint32_t b) {
       RunK(plan, jobs[g], a, b, s[g].scores.data(), s[g].m.data(), &pf);
     });
   }
-  timer.Lap(&prof.k);
+  timer.Lap(&Profile::k);
   for (uint32_t g = 0; g < n; ++g) RunExp(jobs[g], 0, jobs[g].rows, s[g].scores.data(), s[g].m.data());
-  timer.Lap(&prof.exp);
+  timer.Lap(&Profile::exp);
   Prefetcher pf = stream(false);
   for (uint32_t r0 = 0; r0 < max_rows; r0 += kSegmentRows) {
     const uint32_t r1 = std::min(max_rows, r0 + kSegmentRows);
@@ -378,13 +387,12 @@ void RunWhole(const Plan& plan, const HeadJob* jobs, uint32_t n, ProfileSink* si
       AddInto(s[g].o.data(), s[g].o_seg.data(), jobs[g].nq * pd);
     }
   }
-  timer.Lap(&prof.v);
+  timer.Lap(&Profile::v);
   for (uint32_t g = 0; g < n; ++g) {
     Finalize(plan, jobs[g], s[g].scores.data(), s[g].m.data(), s[g].l.data(), s[g].o.data(),
              s[0].tmp.data());
   }
-  timer.Lap(&prof.other);
-  if constexpr (kProfile) sink->Add(prof);
+  timer.Lap(&Profile::other);
 }
 
 void ParallelFor(ThreadPool* pool, uint32_t n, const ThreadPool::Task& fn) {
@@ -395,27 +403,58 @@ void ParallelFor(ThreadPool* pool, uint32_t n, const ThreadPool::Task& fn) {
   }
 }
 
-// Jobs split into chunks of whole segments (flash-decoding). kProfile: as
-// for RunWhole.
-template <bool kProfile>
-void RunSplit(const Plan& plan, uint32_t chunks_wanted, ProfileSink* sink) {
-  PassTimer<kProfile> setup_timer;
-  PassProfile setup;
-  setup_timer.Start();
-  const size_t pd = plan.padded_dim;
-  struct JobSplit {
-    uint32_t segments, seg_per_chunk, chunks;
-    size_t scores_off, max_off, part_off;  // into the shared buffers
-  };
-  std::vector<JobSplit> split(plan.jobs.size());
-  struct Item {
-    uint32_t job, chunk;
-  };
-  std::vector<Item> items;
+// How RunSplit cuts the plan's jobs (flash-decoding): each job's rows into
+// chunks of whole segments, one task per (job, chunk), over buffers shared
+// by all jobs: scores [nq][rows], each chunk's running maxima [chunks][nq]
+// and each segment's partial sums [segments][nq][1 + padded_dim] (l, then
+// o), at the job's offsets.
+struct JobSplit {
+  uint32_t segments, seg_per_chunk, chunks;
+  size_t scores_off, max_off, part_off;
+};
+struct SplitItem {
+  uint32_t job, chunk;
+};
+struct Split {
+  std::vector<JobSplit> jobs;  // [plan.jobs.size()]
+  std::vector<SplitItem> items;
+  float* scores = nullptr;
+  float* maxes = nullptr;
+  float* parts = nullptr;
+
+  // Rows [*r0, *r1) of chunk c of job j.
+  void Rows(const Plan& plan, uint32_t j, uint32_t c, uint32_t* r0, uint32_t* r1) const {
+    const JobSplit& js = jobs[j];
+    *r0 = c * js.seg_per_chunk * kSegmentRows;
+    *r1 = std::min(plan.jobs[j].rows, (c + 1) * js.seg_per_chunk * kSegmentRows);
+  }
+  // Segment seg's partial sums of job j.
+  float* Part(const Plan& plan, uint32_t j, uint32_t seg) const {
+    return parts + jobs[j].part_off +
+           static_cast<size_t>(seg) * plan.jobs[j].nq * (plan.padded_dim + 1);
+  }
+  // m[qi] = the maximum over job j's chunks of their running maxima.
+  void FoldMaxes(const Plan& plan, uint32_t j, std::vector<float>* m) const {
+    const JobSplit& js = jobs[j];
+    const uint32_t nq = plan.jobs[j].nq;
+    m->assign(nq, kNegInf);
+    for (uint32_t c = 0; c < js.chunks; ++c) {
+      for (uint32_t qi = 0; qi < nq; ++qi) {
+        (*m)[qi] = std::max((*m)[qi], maxes[js.max_off + static_cast<size_t>(c) * nq + qi]);
+      }
+    }
+  }
+};
+
+// The split for chunks_wanted chunks per job (fewer for short jobs), its
+// buffers the calling thread's (thread_local, reused across calls).
+Split MakeSplit(const Plan& plan, uint32_t chunks_wanted) {
+  Split sp;
+  sp.jobs.resize(plan.jobs.size());
   size_t scores_n = 0, max_n = 0, part_n = 0;
   for (uint32_t j = 0; j < plan.jobs.size(); ++j) {
     const HeadJob& job = plan.jobs[j];
-    JobSplit& js = split[j];
+    JobSplit& js = sp.jobs[j];
     js.segments = std::max<uint32_t>(1, (job.rows + kSegmentRows - 1) / kSegmentRows);
     const uint32_t c = std::min(js.segments, std::max<uint32_t>(1, chunks_wanted));
     js.seg_per_chunk = (js.segments + c - 1) / c;
@@ -425,90 +464,96 @@ void RunSplit(const Plan& plan, uint32_t chunks_wanted, ProfileSink* sink) {
     js.part_off = part_n;
     scores_n += static_cast<size_t>(job.nq) * job.rows;
     max_n += static_cast<size_t>(job.nq) * js.chunks;
-    part_n += static_cast<size_t>(job.nq) * (pd + 1) * js.segments;
-    for (uint32_t c2 = 0; c2 < js.chunks; ++c2) items.push_back({j, c2});
+    part_n += static_cast<size_t>(job.nq) * (plan.padded_dim + 1) * js.segments;
+    for (uint32_t c2 = 0; c2 < js.chunks; ++c2) sp.items.push_back({j, c2});
   }
   thread_local std::vector<float> scores, maxes, parts;
   scores.resize(std::max<size_t>(1, scores_n));
   maxes.assign(max_n, kNegInf);
   parts.resize(std::max<size_t>(1, part_n));
+  sp.scores = scores.data();
+  sp.maxes = maxes.data();
+  sp.parts = parts.data();
+  return sp;
+}
 
-  auto rows_of = [&](uint32_t j, uint32_t c, uint32_t* r0, uint32_t* r1) {
-    const JobSplit& js = split[j];
-    *r0 = c * js.seg_per_chunk * kSegmentRows;
-    *r1 = std::min(plan.jobs[j].rows, (c + 1) * js.seg_per_chunk * kSegmentRows);
-  };
-  float* sc = scores.data();
-  float* mx = maxes.data();
-  float* pt = parts.data();
-  setup_timer.Lap(&setup.other);
-  if constexpr (kProfile) sink->Add(setup);
-  ParallelFor(plan.pool, static_cast<uint32_t>(items.size()), [&](uint32_t i, uint32_t) {
-    PassTimer<kProfile> timer;
-    PassProfile prof;
-    timer.Start();
-    const Item it = items[i];
-    const HeadJob& job = plan.jobs[it.job];
-    const JobSplit& js = split[it.job];
-    uint32_t r0, r1;
-    rows_of(it.job, it.chunk, &r0, &r1);
-    RunK(plan, job, r0, r1, sc + js.scores_off, mx + js.max_off + static_cast<size_t>(it.chunk) * job.nq);
-    timer.Lap(&prof.k);
-    if constexpr (kProfile) sink->Add(prof);
-  });
-  ParallelFor(plan.pool, static_cast<uint32_t>(items.size()), [&](uint32_t i, uint32_t) {
-    PassTimer<kProfile> timer;
-    PassProfile prof;
-    timer.Start();
-    const Item it = items[i];
-    const HeadJob& job = plan.jobs[it.job];
-    const JobSplit& js = split[it.job];
-    Scratch& s = tls_scratch;
-    s.m.assign(job.nq, kNegInf);
-    for (uint32_t c = 0; c < js.chunks; ++c) {
-      for (uint32_t qi = 0; qi < job.nq; ++qi) {
-        s.m[qi] = std::max(s.m[qi], mx[js.max_off + static_cast<size_t>(c) * job.nq + qi]);
-      }
-    }
-    uint32_t r0, r1;
-    rows_of(it.job, it.chunk, &r0, &r1);
-    float* e = sc + js.scores_off;
-    RunExp(job, r0, r1, e, s.m.data());
-    timer.Lap(&prof.exp);
-    for (uint32_t seg = r0 / kSegmentRows; seg * kSegmentRows < r1; ++seg) {
-      float* part = pt + js.part_off + static_cast<size_t>(seg) * job.nq * (pd + 1);
-      RunVSegment(plan, job, seg * kSegmentRows, std::min(r1, (seg + 1) * kSegmentRows), e,
-                  part, part + job.nq);
-    }
-    timer.Lap(&prof.v);
-    if constexpr (kProfile) sink->Add(prof);
-  });
-  ParallelFor(plan.pool, static_cast<uint32_t>(plan.jobs.size()), [&](uint32_t j, uint32_t) {
-    PassTimer<kProfile> timer;
-    PassProfile prof;
-    timer.Start();
-    const HeadJob& job = plan.jobs[j];
-    const JobSplit& js = split[j];
-    Scratch& s = tls_scratch;
-    s.m.assign(job.nq, kNegInf);
-    for (uint32_t c = 0; c < js.chunks; ++c) {
-      for (uint32_t qi = 0; qi < job.nq; ++qi) {
-        s.m[qi] = std::max(s.m[qi], mx[js.max_off + static_cast<size_t>(c) * job.nq + qi]);
-      }
-    }
-    s.l.assign(job.nq, 0.0f);
-    s.o.assign(static_cast<size_t>(job.nq) * pd, 0.0f);
-    s.tmp.resize(pd);
-    const uint32_t segs_with_rows = (job.rows + kSegmentRows - 1) / kSegmentRows;
-    for (uint32_t seg = 0; seg < segs_with_rows; ++seg) {
-      const float* part = pt + js.part_off + static_cast<size_t>(seg) * job.nq * (pd + 1);
-      AddInto(s.l.data(), part, job.nq);
-      AddInto(s.o.data(), part + job.nq, static_cast<size_t>(job.nq) * pd);
-    }
-    Finalize(plan, job, sc + js.scores_off, s.m.data(), s.l.data(), s.o.data(), s.tmp.data());
-    timer.Lap(&prof.other);
-    if constexpr (kProfile) sink->Add(prof);
-  });
+// Task `item` of the first step: the K pass over its chunk.
+template <bool kProfile>
+void SplitK(const Plan& plan, const Split& sp, uint32_t item, ProfileSink* sink) {
+  TaskTimer<kProfile> timer(sink);
+  const SplitItem it = sp.items[item];
+  const HeadJob& job = plan.jobs[it.job];
+  const JobSplit& js = sp.jobs[it.job];
+  uint32_t r0, r1;
+  sp.Rows(plan, it.job, it.chunk, &r0, &r1);
+  RunK(plan, job, r0, r1, sp.scores + js.scores_off,
+       sp.maxes + js.max_off + static_cast<size_t>(it.chunk) * job.nq);
+  timer.Lap(&Profile::k);
+}
+
+// Task `item` of the second step: exp and the V pass over its chunk, into
+// its segments' partial sums.
+template <bool kProfile>
+void SplitExpV(const Plan& plan, const Split& sp, uint32_t item, ProfileSink* sink) {
+  TaskTimer<kProfile> timer(sink);
+  const SplitItem it = sp.items[item];
+  const HeadJob& job = plan.jobs[it.job];
+  Scratch& s = tls_scratch;
+  sp.FoldMaxes(plan, it.job, &s.m);
+  uint32_t r0, r1;
+  sp.Rows(plan, it.job, it.chunk, &r0, &r1);
+  float* e = sp.scores + sp.jobs[it.job].scores_off;
+  RunExp(job, r0, r1, e, s.m.data());
+  timer.Lap(&Profile::exp);
+  for (uint32_t seg = r0 / kSegmentRows; seg * kSegmentRows < r1; ++seg) {
+    float* part = sp.Part(plan, it.job, seg);
+    RunVSegment(plan, job, seg * kSegmentRows, std::min(r1, (seg + 1) * kSegmentRows), e,
+                part, part + job.nq);
+  }
+  timer.Lap(&Profile::v);
+}
+
+// Job j of the last step: its segments' partial sums folded in order, then
+// its outputs.
+template <bool kProfile>
+void SplitFold(const Plan& plan, const Split& sp, uint32_t j, ProfileSink* sink) {
+  TaskTimer<kProfile> timer(sink);
+  const HeadJob& job = plan.jobs[j];
+  const size_t pd = plan.padded_dim;
+  Scratch& s = tls_scratch;
+  sp.FoldMaxes(plan, j, &s.m);
+  s.l.assign(job.nq, 0.0f);
+  s.o.assign(static_cast<size_t>(job.nq) * pd, 0.0f);
+  s.tmp.resize(pd);
+  const uint32_t segs_with_rows = (job.rows + kSegmentRows - 1) / kSegmentRows;
+  for (uint32_t seg = 0; seg < segs_with_rows; ++seg) {
+    const float* part = sp.Part(plan, j, seg);
+    AddInto(s.l.data(), part, job.nq);
+    AddInto(s.o.data(), part + job.nq, static_cast<size_t>(job.nq) * pd);
+  }
+  Finalize(plan, job, sp.scores + sp.jobs[j].scores_off, s.m.data(), s.l.data(), s.o.data(),
+           s.tmp.data());
+  timer.Lap(&Profile::other);
+}
+
+// Jobs split into chunks of whole segments (flash-decoding): the K pass per
+// chunk, a barrier, exp and the V pass per chunk, a barrier, the fold per
+// job. kProfile: as for RunWhole.
+template <bool kProfile>
+void RunSplit(const Plan& plan, uint32_t chunks_wanted, ProfileSink* sink) {
+  Split sp;
+  {
+    TaskTimer<kProfile> setup(sink);
+    sp = MakeSplit(plan, chunks_wanted);
+    setup.Lap(&Profile::other);
+  }
+  const uint32_t n_items = static_cast<uint32_t>(sp.items.size());
+  ParallelFor(plan.pool, n_items,
+              [&](uint32_t i, uint32_t) { SplitK<kProfile>(plan, sp, i, sink); });
+  ParallelFor(plan.pool, n_items,
+              [&](uint32_t i, uint32_t) { SplitExpV<kProfile>(plan, sp, i, sink); });
+  ParallelFor(plan.pool, static_cast<uint32_t>(plan.jobs.size()),
+              [&](uint32_t j, uint32_t) { SplitFold<kProfile>(plan, sp, j, sink); });
 }
 
 template <bool kProfile>
@@ -541,7 +586,7 @@ void RunPlanT(const Plan& plan, ProfileSink* sink) {
 
 void RunPlanImpl(const Plan& plan) { RunPlanT<false>(plan, nullptr); }
 
-void RunPlanProfiledImpl(const Plan& plan, PassProfile* profile) {
+void RunPlanProfiledImpl(const Plan& plan, AttentionPassProfile* profile) {
   ProfileSink sink;
   RunPlanT<true>(plan, &sink);
   AddPassTimes(sink.sum, profile);
@@ -587,7 +632,7 @@ HWY_EXPORT(E4M3Decode);
 HWY_EXPORT(DecodeRowKernel);
 
 void RunPlan(const Plan& plan) { HWY_DYNAMIC_DISPATCH(RunPlanImpl)(plan); }
-void RunPlanProfiled(const Plan& plan, PassProfile* profile) {
+void RunPlanProfiled(const Plan& plan, AttentionPassProfile* profile) {
   HWY_DYNAMIC_DISPATCH(RunPlanProfiledImpl)(plan, profile);
 }
 void ExpBufferForTest(float* x, size_t n) { HWY_DYNAMIC_DISPATCH(ExpBuffer)(x, n); }

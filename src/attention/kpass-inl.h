@@ -405,6 +405,113 @@ void RowDotsInt8(const uint8_t* p, uint32_t d, const Int8Query* const* qq,
 // kInt8 (ggml keys through RowDotsInt8 with the queries in q8).
 enum class KeyPath { kFloat, kInt16, kInt8 };
 
+// Where a K pass over kQB query vectors puts its scores (s[j][r]), their
+// running maxima, and what each score adds (scale, then bias when
+// has_bias).
+template <int kQB>
+struct KScores {
+  float* s[kQB];
+  float m[kQB];
+  float bias[kQB];
+  float scale;
+  bool has_bias;
+};
+
+// Scores of rows [r, run_end) of one run (row r at p), every row visible
+// to every query. row_dots(p, dots) gives a row's kQB dot products.
+template <int kQB, class RowDotsFn>
+HWY_INLINE void ScoreRunVisible(const RowDotsFn& row_dots, const uint8_t* p, uint32_t r,
+                                uint32_t run_end, uint32_t row_bytes, Prefetcher& pf,
+                                KScores<kQB>& k) {
+  // Locals in the row loop (not k's fields): nothing a score store could
+  // alias, so the maxima stay in registers.
+  float* const* s = k.s;
+  const float scale = k.scale;
+  const bool has_bias = k.has_bias;
+#if HWY_TARGET <= HWY_AVX2
+  if constexpr (kQB == 4) {
+    // The 4 scores of a row as one 128-bit vector: the same multiply,
+    // add and max as the scalar loop below (bit for bit), in 3 vector
+    // ops. Kept scalar, GCC held m[] packed in two 64-bit stack words
+    // and spent ~10 ops per query per row on it. AVX2 and AVX-512 only:
+    // SSE4's 16 registers are already short of its 16 accumulators
+    // (turbo2 measured ~5% slower there with the vector form).
+    const hn::FixedTag<float, 4> d4;
+    const auto scale4 = hn::Set(d4, scale);
+    const auto bias4 = hn::LoadU(d4, k.bias);
+    auto m4 = hn::LoadU(d4, k.m);
+    float* s0 = s[0];
+    float* s1 = s[1];
+    float* s2 = s[2];
+    float* s3 = s[3];
+    for (; r < run_end; ++r, p += row_bytes) {
+      pf.Step();
+      alignas(16) float dots[4];
+      row_dots(p, dots);
+      auto x4 = hn::Mul(hn::Load(d4, dots), scale4);
+      if (has_bias) x4 = hn::Add(x4, bias4);
+      m4 = hn::IfThenElse(m4 < x4, x4, m4);  // std::max(m, x), NaN x included
+      s0[r] = hn::GetLane(x4);
+      s1[r] = hn::ExtractLane(x4, 1);
+      s2[r] = hn::ExtractLane(x4, 2);
+      s3[r] = hn::ExtractLane(x4, 3);
+    }
+    hn::StoreU(m4, d4, k.m);
+    return;
+  }
+#endif
+  float m[kQB], bias[kQB];
+  for (int j = 0; j < kQB; ++j) m[j] = k.m[j], bias[j] = k.bias[j];
+  for (; r < run_end; ++r, p += row_bytes) {
+    pf.Step();
+    float dots[4];
+    row_dots(p, dots);
+    for (int j = 0; j < kQB; ++j) {
+      float x = dots[j] * scale;
+      if (has_bias) x = x + bias[j];
+      s[j][r] = x;
+      m[j] = std::max(m[j], x);
+    }
+  }
+  for (int j = 0; j < kQB; ++j) k.m[j] = m[j];
+}
+
+// As ScoreRunVisible, testing each row's visibility to each query (-inf
+// where hidden; a row no query sees is not decoded).
+template <int kQB, class RowDotsFn>
+HWY_INLINE void ScoreRunMasked(const RowDotsFn& row_dots, const uint8_t* p, uint32_t r,
+                               uint32_t run_end, uint32_t row_bytes, Prefetcher& pf,
+                               const Visibility& vis, const QueryVec* qv, KScores<kQB>& k) {
+  float* const* s = k.s;  // locals in the row loop, as in ScoreRunVisible
+  const float scale = k.scale;
+  const bool has_bias = k.has_bias;
+  float m[kQB], bias[kQB];
+  for (int j = 0; j < kQB; ++j) m[j] = k.m[j], bias[j] = k.bias[j];
+  for (; r < run_end; ++r, p += row_bytes) {
+    pf.Step();
+    const uint32_t pos = vis.Pos(r);
+    uint32_t mask = 0;
+    for (int j = 0; j < kQB; ++j) mask |= vis.Visible(pos, qv[j].qpos) ? (1u << j) : 0u;
+    if (mask == 0) {
+      for (int j = 0; j < kQB; ++j) s[j][r] = kNegInf;
+      continue;
+    }
+    float dots[4];
+    row_dots(p, dots);
+    for (int j = 0; j < kQB; ++j) {
+      if (!(mask & (1u << j))) {
+        s[j][r] = kNegInf;
+        continue;
+      }
+      float x = dots[j] * scale;
+      if (has_bias) x = x + bias[j];
+      s[j][r] = x;
+      m[j] = std::max(m[j], x);
+    }
+  }
+  for (int j = 0; j < kQB; ++j) k.m[j] = m[j];
+}
+
 template <Format F, bool kExact, int kQB, KeyPath kPath>
 void KPassRows(const KArgs& a, const int16_t* const* q16, const float* qscale,
                const Int8Query* const* q8) {
@@ -413,20 +520,18 @@ void KPassRows(const KArgs& a, const int16_t* const* q16, const float* qscale,
   const LayerKvView& view = *job.view;
   const uint32_t d = plan.head_dim;
   const Decoder<F> dec = MakeDecoder<F>(d);
-  const Visibility vis = MakeVisibility(plan, job);
+  const Visibility vis = MakeVisibility(job);
   const QueryVec* qv = plan.queries.data() + job.first_query + a.qi0;
   const float* q[kQB];
-  float* s[kQB];
-  float m[kQB];
-  float bias[kQB];
+  KScores<kQB> k;
   for (int j = 0; j < kQB; ++j) {
     q[j] = qv[j].q;
-    s[j] = a.scores + static_cast<size_t>(a.qi0 + j) * job.rows;
-    m[j] = a.maxes[a.qi0 + j];
-    bias[j] = qv[j].bias;
+    k.s[j] = a.scores + static_cast<size_t>(a.qi0 + j) * job.rows;
+    k.m[j] = a.maxes[a.qi0 + j];
+    k.bias[j] = qv[j].bias;
   }
-  const float scale = plan.scale * ValueMul(F);
-  const bool has_bias = job.has_bias;
+  k.scale = plan.scale * ValueMul(F);
+  k.has_bias = job.has_bias;
   const bool all_visible = AllVisible(vis, qv, kQB, a.r1);
   const HeadRows rows(view, view.k, job.head);
   auto row_dots = [&](const uint8_t* p, float* dots) HWY_ATTR {
@@ -447,73 +552,14 @@ void KPassRows(const KArgs& a, const int16_t* const* q16, const float* qscale,
   for (uint32_t r = a.r0; r < a.r1;) {
     uint32_t n;
     const uint8_t* p = rows.Run(r, a.r1, &n);
-    const uint32_t run_end = r + n;
     if (all_visible) {
-#if HWY_TARGET <= HWY_AVX2
-      if constexpr (kQB == 4) {
-        // The 4 scores of a row as one 128-bit vector: the same multiply,
-        // add and max as the scalar loop below (bit for bit), in 3 vector
-        // ops. Kept scalar, GCC held m[] packed in two 64-bit stack words
-        // and spent ~10 ops per query per row on it. AVX2 and AVX-512 only:
-        // SSE4's 16 registers are already short of its 16 accumulators
-        // (turbo2 measured ~5% slower there with the vector form).
-        const hn::FixedTag<float, 4> d4;
-        const auto scale4 = hn::Set(d4, scale);
-        const auto bias4 = hn::LoadU(d4, bias);
-        auto m4 = hn::LoadU(d4, m);
-        for (; r < run_end; ++r, p += rows.row_bytes) {
-          pf.Step();
-          alignas(16) float dots[4];
-          row_dots(p, dots);
-          auto x4 = hn::Mul(hn::Load(d4, dots), scale4);
-          if (has_bias) x4 = hn::Add(x4, bias4);
-          m4 = hn::IfThenElse(m4 < x4, x4, m4);  // std::max(m, x), NaN x included
-          s[0][r] = hn::GetLane(x4);
-          s[1][r] = hn::ExtractLane(x4, 1);
-          s[2][r] = hn::ExtractLane(x4, 2);
-          s[3][r] = hn::ExtractLane(x4, 3);
-        }
-        hn::StoreU(m4, d4, m);
-        continue;
-      }
-#endif
-      for (; r < run_end; ++r, p += rows.row_bytes) {
-        pf.Step();
-        float dots[4];
-        row_dots(p, dots);
-        for (int j = 0; j < kQB; ++j) {
-          float x = dots[j] * scale;
-          if (has_bias) x = x + bias[j];
-          s[j][r] = x;
-          m[j] = std::max(m[j], x);
-        }
-      }
-      continue;
+      ScoreRunVisible<kQB>(row_dots, p, r, r + n, rows.row_bytes, pf, k);
+    } else {
+      ScoreRunMasked<kQB>(row_dots, p, r, r + n, rows.row_bytes, pf, vis, qv, k);
     }
-    for (; r < run_end; ++r, p += rows.row_bytes) {
-      pf.Step();
-      const uint32_t pos = vis.Pos(r);
-      uint32_t mask = 0;
-      for (int j = 0; j < kQB; ++j) mask |= vis.Visible(pos, qv[j].qpos) ? (1u << j) : 0u;
-      if (mask == 0) {
-        for (int j = 0; j < kQB; ++j) s[j][r] = kNegInf;
-        continue;
-      }
-      float dots[4];
-      row_dots(p, dots);
-      for (int j = 0; j < kQB; ++j) {
-        if (!(mask & (1u << j))) {
-          s[j][r] = kNegInf;
-          continue;
-        }
-        float x = dots[j] * scale;
-        if (has_bias) x = x + bias[j];
-        s[j][r] = x;
-        m[j] = std::max(m[j], x);
-      }
-    }
+    r += n;
   }
-  for (int j = 0; j < kQB; ++j) a.maxes[a.qi0 + j] = m[j];
+  for (int j = 0; j < kQB; ++j) a.maxes[a.qi0 + j] = k.m[j];
 }
 
 template <Format F, bool kExact, int kQB>

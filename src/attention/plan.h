@@ -18,6 +18,7 @@
 
 #include "attention/reference.h"
 #include "kvcache/attention.h"
+#include "kvcache/attention_profile.h"
 #include "kvcache/kv_view.h"
 
 namespace kvcache::attention_internal {
@@ -40,14 +41,14 @@ struct HeadJob {
   uint32_t first_query = 0;  // index into Plan::queries
   uint32_t nq = 0;
   float* kv_probs = nullptr;  // [num_tokens] or nullptr
+  uint32_t window = 0;        // this head's sliding window (0 = none) and sinks
+  uint32_t n_sink = 0;
 };
 
 struct Plan {
   uint32_t head_dim = 0;
   uint32_t padded_dim = 0;
   float scale = 1.0f;
-  uint32_t window = 0;
-  uint32_t n_sink = 0;
   bool int_keys = true;    // the integer K paths (AttentionOptions::float_query_keys off)
   bool int8_keys = false;  // q8_0/q4_0: the int8-query path (AttentionOptions::int8_query_keys)
   ThreadPool* pool = nullptr;
@@ -129,41 +130,29 @@ inline uint64_t ReadTsc() {
 #endif
 }
 
-// Time spent in one pass of a profiled run, summed over the threads that ran
-// it: ReadTsc ticks and thread CPU nanoseconds (CLOCK_THREAD_CPUTIME_ID).
-struct PassTime {
-  uint64_t ticks = 0;
-  uint64_t cpu_ns = 0;
+// RunPlan with each pass timed into *profile (added to what it holds; the
+// passes as kvcache/attention_profile.h names them): the same kernels,
+// thread split, walk and order as RunPlan, so the outputs are the same bit
+// for bit (tests/attention/passes_test.cc). Two clock reads (ReadTsc and
+// the thread's CPU clock) per pass per task, none per row.
+void RunPlanProfiled(const Plan& plan, AttentionPassProfile* profile);
+
+// One kv head's sliding window: AttentionOptions::window and n_sink for
+// that head alone.
+struct HeadWindow {
+  uint32_t window = 0;
+  uint32_t n_sink = 0;
 };
 
-// Where a profiled run's time went, per pass (kernels.cc's steps):
-//   k:     the K pass (decode, dot products, scores, running max, its
-//          prefetch stream)
-//   exp:   the exp pass (Exp(s - m) over every score)
-//   v:     the V pass, with the per-segment zeroing and fold of its partial
-//          sums
-//   other: per-task scratch setup, the final fold across chunks (split
-//          jobs) and Finalize (outputs, value transforms)
-// rows: stored rows of all jobs (sum of HeadJob::rows); every pass walks
-// each of them once.
-struct PassProfile {
-  PassTime k, exp, v, other;
-  uint64_t rows = 0;
-};
-
-// RunPlan with each pass timed into *profile (added to what it holds): the
-// same kernels, thread split, walk and order as RunPlan, so the outputs are
-// the same bit for bit (tests/attention/passes_test.cc). Two clock reads
-// per pass per task, none per row. For benchmarks only (bench attention
-// --passes).
-void RunPlanProfiled(const Plan& plan, PassProfile* profile);
-
-// AttendMulti (kvcache/attention.h), the same checks and plan, run by
-// RunPlanProfiled: the time of each pass is added to *profile (non-null,
-// else InvalidArgument). For benchmarks and their tests.
-Status AttendMultiProfiled(const LayerKvView& view, uint32_t n_queries, std::span<const float> q,
-                           const AttentionOptions& options, const AttentionOutput& output,
-                           PassProfile* profile);
+// AttendMulti (n_queries 1: AttendDecode) with kv head h attending with
+// windows[h] instead of options.window / n_sink (which are ignored): one call
+// for a layer whose heads keep different windows (hybrid.h). Each output
+// equals that of attending kv head h alone with its window. InvalidArgument,
+// writing nothing, unless windows has one entry per kv head of the view,
+// each window <= view.num_tokens; every other check is AttendMulti's.
+Status AttendHeadWindows(const LayerKvView& view, uint32_t n_queries, std::span<const float> q,
+                         const AttentionOptions& options, std::span<const HeadWindow> windows,
+                         const AttentionOutput& output);
 
 // The SIMD Exp of reference.h applied to x[n] in place (for tests).
 void ExpBufferForTest(float* x, size_t n);

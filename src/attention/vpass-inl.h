@@ -23,6 +23,116 @@ namespace HWY_NAMESPACE {
 
 constexpr uint32_t kTileRows = 16;
 
+// Up to kTileRows rows of a V pass. When some row may be masked, rows no
+// query sees are left out and each kept row has masks (bit j: query j
+// sees it) and ridx (its row index).
+struct VTile {
+  RowRef rows[kTileRows];
+  uint32_t masks[kTileRows];
+  uint32_t ridx[kTileRows];
+  uint32_t n = 0;    // rows kept
+  bool all = true;   // every kept row is visible to every query
+};
+
+// The stored rows of one head in order, a run inside one block at a time
+// (one block-table read per run).
+struct RowWalk {
+  const HeadRows& hrows;
+  const uint8_t* p = nullptr;
+  uint32_t left = 0;
+  HWY_INLINE const uint8_t* Next(uint32_t r, uint32_t r_end) {
+    if (left == 0) p = hrows.Run(r, r_end, &left);
+    const uint8_t* row = p;
+    p += hrows.row_bytes;
+    --left;
+    return row;
+  }
+};
+
+// Fills tile from rows [t0, r1) until it holds kTileRows rows; returns the
+// row after the last one taken (kept or masked).
+template <Format F, int kQB>
+HWY_INLINE uint32_t GatherTile(const Decoder<F>& dec, uint32_t d, const Visibility& vis,
+                               const QueryVec* qv, bool all_visible, uint32_t t0, uint32_t r1,
+                               RowWalk& walk, VTile& tile) {
+  tile.n = 0;
+  tile.all = true;
+  for (; tile.n < kTileRows && t0 < r1; ++t0) {
+    const uint8_t* p = walk.Next(t0, r1);
+    if (!all_visible) {
+      // masks and ridx are read only here (masked tiles, gathered weights).
+      const uint32_t pos = vis.Pos(t0);
+      uint32_t mask = 0;
+      for (int j = 0; j < kQB; ++j) mask |= vis.Visible(pos, qv[j].qpos) ? (1u << j) : 0u;
+      if (mask == 0) continue;
+      tile.all = tile.all && mask == (1u << kQB) - 1;
+      tile.masks[tile.n] = mask;
+      tile.ridx[tile.n] = t0;
+    }
+    tile.rows[tile.n] = dec.Prepare(p, d);
+    ++tile.n;
+  }
+  return t0;
+}
+
+// The tile's weights w[j][i] (masked entries are never read): straight
+// from e when every row is visible (the tile is rows tile_r0 + i), else
+// gathered into et. l[j] adds them in row order either way.
+template <int kQB>
+HWY_INLINE void TileWeights(const VTile& tile, bool all_visible, const float* const* e,
+                            uint32_t tile_r0, float* l, float (*et)[kTileRows],
+                            const float** w) {
+  for (int j = 0; j < kQB; ++j) {
+    float lj = l[j];
+    if (all_visible) {
+      w[j] = e[j] + tile_r0;
+      for (uint32_t i = 0; i < tile.n; ++i) lj = lj + w[j][i];
+    } else {
+      for (uint32_t i = 0; i < tile.n; ++i) {
+        et[j][i] = e[j][tile.ridx[i]];
+        if (tile.masks[i] & (1u << j)) lj = lj + et[j][i];
+      }
+      w[j] = et[j];
+    }
+    l[j] = lj;
+  }
+}
+
+// Value block b: o[j][b] += sum over the tile's rows of w[j][i] * v_i[b],
+// rows in order; decode(row, vv) decodes block b of a row. The masked case
+// is a separate loop so the common one tests nothing per row.
+template <bool kExact, int kQB, class DecodeBlock>
+HWY_INLINE void AccumulateBlock(const VTile& tile, const float* const* w, float* const* o,
+                                uint32_t b, const DecodeBlock& decode) {
+  VF acc[kQB][kVecs];
+  for (int j = 0; j < kQB; ++j) {
+    for (size_t v = 0; v < kVecs; ++v) acc[j][v] = hn::LoadU(DF(), o[j] + b * kDotLanes + v * kN);
+  }
+  if (tile.all) {
+    for (uint32_t i = 0; i < tile.n; ++i) {
+      VF vv[kVecs];
+      decode(tile.rows[i], vv);
+      for (int j = 0; j < kQB; ++j) {
+        const VF ew = hn::Set(DF(), w[j][i]);
+        for (size_t v = 0; v < kVecs; ++v) acc[j][v] = MulAcc<kExact>(ew, vv[v], acc[j][v]);
+      }
+    }
+  } else {
+    for (uint32_t i = 0; i < tile.n; ++i) {
+      VF vv[kVecs];
+      decode(tile.rows[i], vv);
+      for (int j = 0; j < kQB; ++j) {
+        if (!(tile.masks[i] & (1u << j))) continue;
+        const VF ew = hn::Set(DF(), w[j][i]);
+        for (size_t v = 0; v < kVecs; ++v) acc[j][v] = MulAcc<kExact>(ew, vv[v], acc[j][v]);
+      }
+    }
+  }
+  for (int j = 0; j < kQB; ++j) {
+    for (size_t v = 0; v < kVecs; ++v) hn::StoreU(acc[j][v], DF(), o[j] + b * kDotLanes + v * kN);
+  }
+}
+
 template <Format F, bool kExact, int kQB>
 void VPass(const VArgs& a) {
   const Plan& plan = *a.plan;
@@ -32,7 +142,7 @@ void VPass(const VArgs& a) {
   const uint32_t n_blocks = pd / kDotLanes;
   const uint32_t full_blocks = d / kDotLanes;
   const Decoder<F> dec = MakeDecoder<F>(d);
-  const Visibility vis = MakeVisibility(plan, job);
+  const Visibility vis = MakeVisibility(job);
   const QueryVec* qv = plan.queries.data() + job.first_query + a.qi0;
   const float* e[kQB];
   float* o[kQB];
@@ -51,33 +161,11 @@ void VPass(const VArgs& a) {
   std::optional<Prefetcher> own_pf;
   if (a.pf == nullptr) own_pf.emplace(&hrows, &job.rows, 1, a.r0, kWholeRun);
   Prefetcher& pf = a.pf ? *a.pf : *own_pf;
-  RowRef rows[kTileRows];
-  uint32_t masks[kTileRows];
-  uint32_t ridx[kTileRows];
-  const uint8_t* run_p = nullptr;
-  uint32_t run_left = 0;
+  VTile tile;
+  RowWalk walk{hrows};
   for (uint32_t t0 = a.r0; t0 < a.r1;) {
     const uint32_t tile_r0 = t0;
-    uint32_t n = 0;
-    bool all = true;
-    for (; n < kTileRows && t0 < a.r1; ++t0) {
-      if (run_left == 0) run_p = hrows.Run(t0, a.r1, &run_left);
-      const uint8_t* p = run_p;
-      run_p += hrows.row_bytes;
-      --run_left;
-      if (!all_visible) {
-        // masks and ridx are read only here (masked tiles, gathered weights).
-        const uint32_t pos = vis.Pos(t0);
-        uint32_t mask = 0;
-        for (int j = 0; j < kQB; ++j) mask |= vis.Visible(pos, qv[j].qpos) ? (1u << j) : 0u;
-        if (mask == 0) continue;
-        all = all && mask == (1u << kQB) - 1;
-        masks[n] = mask;
-        ridx[n] = t0;
-      }
-      rows[n] = dec.Prepare(p, d);
-      ++n;
-    }
+    t0 = GatherTile<F, kQB>(dec, d, vis, qv, all_visible, t0, a.r1, walk, tile);
     // One prefetch step per row taken from the stream (masked ones too),
     // `per` (+1 for the first `extra` blocks) before each value block.
     const uint32_t steps = t0 - tile_r0;
@@ -85,71 +173,26 @@ void VPass(const VArgs& a) {
     auto prefetch_part = [&](uint32_t b) {
       for (uint32_t k = per + (b < extra ? 1 : 0); k > 0; --k) pf.Step();
     };
-    if (n == 0) {
+    if (tile.n == 0) {
       for (uint32_t k = 0; k < steps; ++k) pf.Step();
       continue;
     }
-    // The tile's weights w[j][i] (masked entries are never read): straight
-    // from e when every row is visible (the tile is rows tile_r0 + i), else
-    // gathered. l adds them in row order either way.
     float et[kQB][kTileRows];
     const float* w[kQB];
-    for (int j = 0; j < kQB; ++j) {
-      float l = a.l[a.qi0 + j];
-      if (all_visible) {
-        w[j] = e[j] + tile_r0;
-        for (uint32_t i = 0; i < n; ++i) l = l + w[j][i];
-      } else {
-        for (uint32_t i = 0; i < n; ++i) {
-          et[j][i] = e[j][ridx[i]];
-          if (masks[i] & (1u << j)) l = l + et[j][i];
-        }
-        w[j] = et[j];
-      }
-      a.l[a.qi0 + j] = l;
-    }
-    // Per 16-value block b: o[., b] += sum over the tile's rows of e * v,
-    // rows in order. The tail block and the masked case are separate loops
-    // so the common one tests nothing per row.
-    auto block = [&](uint32_t b, auto decode) HWY_ATTR {
-      VF acc[kQB][kVecs];
-      for (int j = 0; j < kQB; ++j) {
-        for (size_t v = 0; v < kVecs; ++v) acc[j][v] = hn::LoadU(DF(), o[j] + b * kDotLanes + v * kN);
-      }
-      if (all) {
-        for (uint32_t i = 0; i < n; ++i) {
-          VF vv[kVecs];
-          decode(rows[i], vv);
-          for (int j = 0; j < kQB; ++j) {
-            const VF ew = hn::Set(DF(), w[j][i]);
-            for (size_t v = 0; v < kVecs; ++v) acc[j][v] = MulAcc<kExact>(ew, vv[v], acc[j][v]);
-          }
-        }
-      } else {
-        for (uint32_t i = 0; i < n; ++i) {
-          VF vv[kVecs];
-          decode(rows[i], vv);
-          for (int j = 0; j < kQB; ++j) {
-            if (!(masks[i] & (1u << j))) continue;
-            const VF ew = hn::Set(DF(), w[j][i]);
-            for (size_t v = 0; v < kVecs; ++v) acc[j][v] = MulAcc<kExact>(ew, vv[v], acc[j][v]);
-          }
-        }
-      }
-      for (int j = 0; j < kQB; ++j) {
-        for (size_t v = 0; v < kVecs; ++v) hn::StoreU(acc[j][v], DF(), o[j] + b * kDotLanes + v * kN);
-      }
-    };
+    TileWeights<kQB>(tile, all_visible, e, tile_r0, a.l + a.qi0, et, w);
     for (uint32_t b = 0; b < full_blocks; ++b) {
       prefetch_part(b);
-      block(b, [&](const RowRef& row, VF* vv) HWY_ATTR { dec.Block(row, b, vv); });
+      AccumulateBlock<kExact, kQB>(tile, w, o, b, [&](const RowRef& row, VF* vv) HWY_ATTR {
+        dec.Block(row, b, vv);
+      });
     }
     if constexpr (Decoder<F>::kTail) {
       if (n_blocks != full_blocks) {
         prefetch_part(full_blocks);
-        block(full_blocks, [&](const RowRef& row, VF* vv) HWY_ATTR {
-          TailBlock(dec, row, full_blocks, d, vv);
-        });
+        AccumulateBlock<kExact, kQB>(tile, w, o, full_blocks,
+                                     [&](const RowRef& row, VF* vv) HWY_ATTR {
+                                       TailBlock(dec, row, full_blocks, d, vv);
+                                     });
       }
     }
   }

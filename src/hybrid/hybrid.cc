@@ -12,6 +12,8 @@
 #include <algorithm>
 #include <numeric>
 
+#include "attention/plan.h"
+
 namespace kvcache {
 namespace {
 
@@ -553,115 +555,48 @@ Status HybridSequence::LinearRead(uint32_t layer, std::span<const float> q,
 namespace {
 
 // The window a head's policy asks attention for at length n (none when it
-// covers everything; attention.h wants window <= num_tokens).
-void WindowFor(const EvictionPolicy& p, uint32_t n, AttentionOptions* o) {
+// covers everything; attention wants window <= num_tokens).
+attention_internal::HeadWindow WindowFor(const EvictionPolicy& p, uint32_t n) {
   const bool win = p.kind == EvictionKind::kWindow && p.window_tokens < n;
-  o->window = win ? p.window_tokens : 0;
-  o->n_sink = win ? p.sink_tokens : 0;
+  return {win ? p.window_tokens : 0, win ? p.sink_tokens : 0};
 }
 
-// A view of kv head h of `v` alone.
-LayerKvView OneHead(const LayerKvView& v, uint32_t h) {
-  LayerKvView s = v;
-  s.n_kv_heads = 1;
-  if (v.head_len) s.head_len = v.head_len + h;
-  if (v.positions) s.positions = v.positions + h;
-  for (KvSideView* side : {&s.k, &s.v}) {
-    if (side->head_base) {
-      side->head_base += h;
-    } else {
-      side->base += static_cast<size_t>(h) * side->head_stride;
+// FailedPrecondition when window compaction dropped a position that the
+// earliest of n_queries queries over n positions still sees (compaction
+// last ran at length compacted_at: n, or a draft's start).
+Status CheckWindowsCover(const HybridModel& m, uint32_t layer, uint32_t n_queries, uint32_t n,
+                         uint32_t compacted_at) {
+  if (n_queries <= 1 || n_queries > n) return Status::Ok();
+  for (const EvictionPolicy& p : m.head_policies(layer)) {
+    if (p.kind != EvictionKind::kWindow) continue;
+    const uint32_t lo = WindowLow(m, layer, p, compacted_at);
+    const uint32_t p0 = n - n_queries;
+    const uint32_t needed_from = p0 + 1 > p.window_tokens ? p0 + 1 - p.window_tokens : 0;
+    if (lo > std::max(needed_from, p.sink_tokens)) {
+      return Status::FailedPrecondition(fmt::format(
+          "hybrid attend: layer {} window {} evicted positions < {} that query {} needs; "
+          "set HybridModelOptions::window_lookback_tokens >= {} or verify inside a draft",
+          layer, p.ToString(), lo, p0, n_queries - 1));
     }
-    if (side->transforms) side->transforms += h;
   }
-  return s;
+  return Status::Ok();
 }
 
 }  // namespace
 
 Status HybridSequence::Attend(uint32_t layer, uint32_t n_queries, std::span<const float> q,
-                              AttentionOptions options, const AttentionOutput& output) const {
+                              const AttentionOptions& options,
+                              const AttentionOutput& output) const {
   KV_RETURN_IF_ERROR(CheckAttention(layer));
   KV_ASSIGN_OR_RETURN(const LayerKvView view, View(layer));
-  auto run = [&](const LayerKvView& v, std::span<const float> qq, const AttentionOptions& o,
-                 const AttentionOutput& out) {
-    return n_queries == 1 ? AttendDecode(v, qq, o, out) : AttendMulti(v, n_queries, qq, o, out);
-  };
-  const auto& ps = model_->head_policies(layer);
-  const uint32_t n = view.num_tokens, H = view.n_kv_heads, D = view.head_dim;
-  // The earliest query (position n - n_queries) must still find its whole
-  // window: compaction may only have dropped positions it cannot see.
-  if (n_queries > 1 && n_queries <= n) {
-    for (const EvictionPolicy& p : ps) {
-      if (p.kind != EvictionKind::kWindow) continue;
-      // Inside a draft, compaction stopped at the draft's start.
-      const uint32_t lo = WindowLow(*model_, layer, p, in_draft_ ? draft_base_ : n);
-      const uint32_t p0 = n - n_queries;
-      const uint32_t needed_from = p0 + 1 > p.window_tokens ? p0 + 1 - p.window_tokens : 0;
-      if (lo > std::max(needed_from, p.sink_tokens)) {
-        return Status::FailedPrecondition(fmt::format(
-            "hybrid attend: layer {} window {} evicted positions < {} that query {} needs; "
-            "set HybridModelOptions::window_lookback_tokens >= {} or verify inside a draft",
-            layer, p.ToString(), lo, p0, n_queries - 1));
-      }
-    }
+  // Inside a draft, compaction stopped at the draft's start.
+  KV_RETURN_IF_ERROR(CheckWindowsCover(*model_, layer, n_queries, view.num_tokens,
+                                       in_draft_ ? draft_base_ : view.num_tokens));
+  std::vector<attention_internal::HeadWindow> windows;
+  for (const EvictionPolicy& p : model_->head_policies(layer)) {
+    windows.push_back(WindowFor(p, view.num_tokens));
   }
-  AttentionOptions first = options;
-  WindowFor(ps[0], n, &first);
-  bool uniform = true;
-  for (uint32_t h = 1; h < H; ++h) {
-    AttentionOptions o = options;
-    WindowFor(ps[h], n, &o);
-    uniform &= o.window == first.window && o.n_sink == first.n_sink;
-  }
-  if (uniform) return run(view, q, first, output);
-
-  // Per kv head: gather its q heads, attend over a one-head view, scatter.
-  const uint32_t nq = options.n_q_heads;
-  if (nq == 0 || nq % H != 0) {
-    return Status::InvalidArgument(
-        fmt::format("hybrid attend: n_q_heads {} is not a positive multiple of {}", nq, H));
-  }
-  const size_t T = n_queries, G = nq / H;
-  if (T == 0 || T > n) {
-    return Status::InvalidArgument(fmt::format("hybrid attend: {} queries over {} positions", T, n));
-  }
-  auto want = [&](std::span<float> x, size_t size, const char* name) -> Status {
-    if (!x.empty() && x.size() != size) {
-      return Status::InvalidArgument(
-          fmt::format("hybrid attend: {} has {} values, want {}", name, x.size(), size));
-    }
-    return Status::Ok();
-  };
-  if (q.size() != T * nq * D || output.out.size() != T * nq * D) {
-    return Status::InvalidArgument(fmt::format(
-        "hybrid attend: q and out want {} values, got {} and {}", T * nq * D, q.size(),
-        output.out.size()));
-  }
-  KV_RETURN_IF_ERROR(want(output.lse, T * nq, "lse"));
-  KV_RETURN_IF_ERROR(want(output.probs, T * nq * n, "probs"));
-  KV_RETURN_IF_ERROR(want(output.kv_probs, size_t{H} * n, "kv_probs"));
-  std::vector<float> qh(T * G * D), oh(T * G * D), lse(output.lse.empty() ? 0 : T * G),
-      probs(output.probs.empty() ? 0 : T * G * n), kvp(output.kv_probs.empty() ? 0 : n);
-  for (uint32_t h = 0; h < H; ++h) {
-    for (size_t t = 0; t < T; ++t) {
-      std::copy_n(q.data() + (t * nq + h * G) * D, G * D, qh.data() + t * G * D);
-    }
-    AttentionOptions o = options;
-    o.n_q_heads = static_cast<uint32_t>(G);
-    WindowFor(ps[h], n, &o);
-    KV_RETURN_IF_ERROR(run(OneHead(view, h), qh, o,
-                           {.out = oh, .lse = lse, .probs = probs, .kv_probs = kvp}));
-    for (size_t t = 0; t < T; ++t) {
-      std::copy_n(oh.data() + t * G * D, G * D, output.out.data() + (t * nq + h * G) * D);
-      if (!lse.empty()) std::copy_n(lse.data() + t * G, G, output.lse.data() + t * nq + h * G);
-      if (!probs.empty()) {
-        std::copy_n(probs.data() + t * G * n, G * n, output.probs.data() + (t * nq + h * G) * n);
-      }
-    }
-    if (!kvp.empty()) std::copy_n(kvp.data(), n, output.kv_probs.data() + size_t{h} * n);
-  }
-  return Status::Ok();
+  return attention_internal::AttendHeadWindows(view, n_queries, q, options, windows, output);
 }
 
 AttentionOptions HybridSequence::AttentionOptionsFor(uint32_t layer,

@@ -379,12 +379,6 @@ TEST(AttentionErrors, NonFiniteQueryIsAClearError) {
       ao1.out = std::span<float>(out).first(4 * 64);
       expect_error(AttendDecode(view, std::span<const float>(q).subspan(4 * 64), o, ao1),
                    "AttendDecode");
-      AttentionOutput head_out;
-      head_out.out = std::span<float>(out).first(2 * 64);
-      // kv head 1 reads q heads 2 and 3.
-      expect_error(AttendDecodeHead(view, 1, std::span<const float>(q).subspan(6 * 64, 2 * 64),
-                                    o, head_out),
-                   "AttendDecodeHead");
       const LayerKvView views[2] = {view, view};
       expect_error(AttendDecodeBatch(views, q, o, out, lse), "AttendDecodeBatch");
       expect_error(AttendReference((*tv)->reference_heads(), view.head_dim, view.num_tokens, 2, q,
@@ -598,40 +592,92 @@ TEST(AttentionBatch, EqualsPerSequenceDecode) {
   }
 }
 
-TEST(AttentionHead, OneKvHeadEqualsItsSliceOfTheFullDecode) {
+// A view of kv head h of v alone.
+LayerKvView OneHeadView(const LayerKvView& v, uint32_t h) {
+  LayerKvView s = v;
+  s.n_kv_heads = 1;
+  if (v.head_len) s.head_len = v.head_len + h;
+  if (v.positions) s.positions = v.positions + h;
+  for (KvSideView* side : {&s.k, &s.v}) {
+    if (side->head_base) {
+      side->head_base += h;
+    } else {
+      side->base += static_cast<size_t>(h) * side->head_stride;
+    }
+    if (side->transforms) side->transforms += h;
+  }
+  return s;
+}
+
+// Per-head windows (plan.h AttendHeadWindows, what a hybrid layer with
+// window and full heads calls): each kv head's outputs are those of that
+// head attended alone with its own window, bit for bit, on any pool.
+TEST(AttentionHead, PerHeadWindowsEqualEachHeadAloneWithItsWindow) {
   ViewSpec s;
   s.n_kv_heads = 3;
   s.num_tokens = 77;
+  s.evict_every = 9;
   s.formats = {Format::kBF16, Format::kQ8_0};
   auto tv = TestView::Make(s);
   ASSERT_TRUE(tv.ok()) << tv.status().ToString();
   const LayerKvView& view = (*tv)->view();
-  const uint32_t nq = 6, group = 2, d = view.head_dim;
-  const auto q = RandomVector(nq * d, 9);
+  const uint32_t nq = 6, group = 2, d = view.head_dim, n = view.num_tokens, T = 3;
+  const auto q = RandomVector(T * nq * d, 9);
+  const std::vector<attention_internal::HeadWindow> windows = {{0, 0}, {20, 2}, {5, 0}};
+  ThreadPool pool(3);
+  for (ThreadPool* p : {static_cast<ThreadPool*>(nullptr), &pool}) {
+    AttentionOptions o;
+    o.n_q_heads = nq;
+    o.pool = p;
+    Outputs full = MakeOutputs(view, nq, T, true);
+    ASSERT_TRUE(attention_internal::AttendHeadWindows(view, T, q, o, windows, full.spans()).ok());
+    for (uint32_t h = 0; h < 3; ++h) {
+      const LayerKvView one = OneHeadView(view, h);
+      AttentionOptions oh = o;
+      oh.n_q_heads = group;
+      oh.window = windows[h].window;
+      oh.n_sink = windows[h].n_sink;
+      std::vector<float> qh;
+      for (uint32_t t = 0; t < T; ++t) {
+        qh.insert(qh.end(), q.begin() + (t * nq + h * group) * d,
+                  q.begin() + (t * nq + h * group + group) * d);
+      }
+      Outputs alone = MakeOutputs(one, group, T, true);
+      ASSERT_TRUE(AttendMulti(one, T, qh, oh, alone.spans()).ok());
+      for (uint32_t t = 0; t < T; ++t) {
+        auto slice = [](const std::vector<float>& v, size_t at, size_t len) {
+          return std::vector<float>(v.begin() + at, v.begin() + at + len);
+        };
+        const size_t at = t * nq + h * group;
+        std::string where;
+        EXPECT_TRUE(BitsEqual(slice(alone.out, t * group * d, group * d),
+                              slice(full.out, at * d, group * d), &where))
+            << where;
+        EXPECT_TRUE(BitsEqual(slice(alone.lse, t * group, group), slice(full.lse, at, group),
+                              &where))
+            << where;
+        EXPECT_TRUE(BitsEqual(slice(alone.probs, t * group * n, group * n),
+                              slice(full.probs, at * n, group * n), &where))
+            << where;
+      }
+      std::string where;
+      EXPECT_TRUE(BitsEqual(alone.kv_probs,
+                            std::vector<float>(full.kv_probs.begin() + h * n,
+                                               full.kv_probs.begin() + (h + 1) * n),
+                            &where))
+          << where;
+    }
+  }
+  // One window per kv head, each inside the cache.
   AttentionOptions o;
   o.n_q_heads = nq;
-  Outputs full = MakeOutputs(view, nq, 1, true);
-  ASSERT_TRUE(AttendDecode(view, q, o, full.spans()).ok());
-  for (uint32_t h = 0; h < 3; ++h) {
-    std::vector<float> out(group * d), lse(group), probs(group * view.num_tokens),
-        kvp(view.num_tokens);
-    const Status st = AttendDecodeHead(view, h, std::span<const float>(q).subspan(h * group * d, group * d),
-                                       o, {out, lse, probs, kvp});
-    ASSERT_TRUE(st.ok()) << st.ToString();
-    auto slice = [](const std::vector<float>& v, size_t at, size_t n) {
-      return std::vector<float>(v.begin() + at, v.begin() + at + n);
-    };
-    std::string where;
-    EXPECT_TRUE(BitsEqual(out, slice(full.out, h * group * d, group * d), &where)) << where;
-    EXPECT_TRUE(BitsEqual(lse, slice(full.lse, h * group, group), &where)) << where;
-    EXPECT_TRUE(BitsEqual(probs, slice(full.probs, h * group * view.num_tokens, group * view.num_tokens), &where)) << where;
-    EXPECT_TRUE(BitsEqual(kvp, slice(full.kv_probs, h * view.num_tokens, view.num_tokens), &where)) << where;
-  }
-  std::vector<float> out(group * d);
-  AttentionOutput ao;
-  ao.out = out;
-  EXPECT_EQ(AttendDecodeHead(view, 3, std::span<const float>(q).subspan(0, group * d), o, ao).code(),
-            StatusCode::kOutOfRange);
+  Outputs out = MakeOutputs(view, nq, T, false);
+  const std::vector<attention_internal::HeadWindow> two = {{0, 0}, {5, 0}};
+  EXPECT_EQ(attention_internal::AttendHeadWindows(view, T, q, o, two, out.spans()).code(),
+            StatusCode::kInvalidArgument);
+  const std::vector<attention_internal::HeadWindow> wide = {{0, 0}, {n + 1, 0}, {5, 0}};
+  EXPECT_EQ(attention_internal::AttendHeadWindows(view, T, q, o, wide, out.spans()).code(),
+            StatusCode::kInvalidArgument);
 }
 
 // A paged view of 2- or 4-byte formats is walked a group of kv heads at a

@@ -1,4 +1,4 @@
-// The profiled run (attention_internal::AttendMultiProfiled, plan.h
+// The profiled run (AttendMultiProfiled, kvcache/attention_profile.h; plan.h
 // RunPlanProfiled, used by `kvcache bench attention --passes`) against the
 // normal one (AttendMulti): the same outputs bit for bit, so the per-pass
 // profile times the production kernels. Every SIMD target this CPU runs,
@@ -18,8 +18,8 @@
 #include <vector>
 
 #include "testing/bench_support.h"
-#include "attention/plan.h"
 #include "kvcache/attention.h"
+#include "kvcache/attention_profile.h"
 #include "kvcache/thread_pool.h"
 #include "hwy_targets.h"
 
@@ -28,8 +28,6 @@ namespace {
 
 using testing::ForEachHwyTarget;
 
-using attention_internal::AttendMultiProfiled;
-using attention_internal::PassProfile;
 using attention_internal::SyntheticKv;
 using attention_internal::SyntheticKvOptions;
 
@@ -108,7 +106,7 @@ void ExpectSameAsPlain(FormatPair fp, bool paged, const Split& sp, uint32_t n_qu
   const std::vector<float> q = Queries(size_t{n_queries} * ao.n_q_heads * 128, 11);
   Outputs plain(view, ao.n_q_heads, n_queries), profiled(view, ao.n_q_heads, n_queries);
   ASSERT_TRUE(AttendMulti(view, n_queries, q, ao, plain.spans()).ok());
-  PassProfile prof;
+  AttentionPassProfile prof;
   ASSERT_TRUE(AttendMultiProfiled(view, n_queries, q, ao, profiled.spans(), &prof).ok());
   EXPECT_EQ(FirstDifference(plain.out, profiled.out), -1);
   EXPECT_EQ(FirstDifference(plain.lse, profiled.lse), -1);
@@ -159,9 +157,9 @@ TEST(PassesTest, ProfileAccumulatesAndANullProfileIsRejected) {
   ao.n_q_heads = 32;
   const std::vector<float> q = Queries(32 * 128, 5);
   Outputs a(view, 32, 1);
-  PassProfile prof;
+  AttentionPassProfile prof;
   ASSERT_TRUE(AttendMultiProfiled(view, 1, q, ao, a.spans(), &prof).ok());
-  const PassProfile once = prof;
+  const AttentionPassProfile once = prof;
   ASSERT_TRUE(AttendMultiProfiled(view, 1, q, ao, a.spans(), &prof).ok());
   EXPECT_EQ(prof.rows, 2 * once.rows);
   EXPECT_GT(prof.k.ticks, once.k.ticks);

@@ -238,12 +238,17 @@ TEST(CacheContractsTest, AttendHeadProbsAreThoseOfStoredRowsPaddedWithZeros) {
   ASSERT_TRUE(view.ok());
   std::vector<float> q(16);
   for (uint32_t i = 0; i < 16; ++i) q[i] = 0.1f * static_cast<float>(i % 5) - 0.2f;
-  std::vector<float> out(16), probs(5, -1.0f), kv_probs(5, -1.0f);
+  // Both heads decode; kv head 1 (q head 1) is the one looked at.
+  std::vector<float> q2(16, 0.0f);
+  q2.insert(q2.end(), q.begin(), q.end());
+  std::vector<float> out(32), all_probs(2 * 5, -1.0f), all_kv_probs(2 * 5, -1.0f);
   AttentionOutput o;
   o.out = out;
-  o.probs = probs;
-  o.kv_probs = kv_probs;
-  ASSERT_TRUE(AttendDecodeHead(*view, 1, q, {.n_q_heads = 2}, o).ok());
+  o.probs = all_probs;
+  o.kv_probs = all_kv_probs;
+  ASSERT_TRUE(AttendDecode(*view, q2, {.n_q_heads = 2}, o).ok());
+  const std::vector<float> probs(all_probs.begin() + 5, all_probs.end());
+  const std::vector<float> kv_probs(all_kv_probs.begin() + 5, all_kv_probs.end());
   // A reference softmax over head 1's own stored rows.
   auto keys = c->HeadKeys(0, 1);
   ASSERT_TRUE(keys.ok());

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "model/kv_factory.h"
+#include "model/kv/kv_factory.h"
 
 namespace kvcache::model::testing {
 

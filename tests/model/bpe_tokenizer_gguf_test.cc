@@ -9,10 +9,10 @@
 #include <string>
 #include <vector>
 
-#include "model/bpe_tokenizer.h"
-#include "model/gguf.h"
 #include "model/gguf_writer.h"
-#include "model/unicode_classes.h"
+#include "model/io/gguf.h"
+#include "model/tokenizer/bpe_tokenizer.h"
+#include "model/tokenizer/unicode_classes.h"
 
 namespace kvcache::model {
 namespace {

@@ -3,7 +3,7 @@
 // O(n^2) reference on random merge tables, special tokens, round trips of
 // arbitrary bytes, and every construction/encode/decode error. The UTF-8
 // helpers and the ChatML template are tested here as well.
-#include "model/bpe_tokenizer.h"
+#include "model/tokenizer/bpe_tokenizer.h"
 
 #include <gtest/gtest.h>
 #include <sys/mman.h>
@@ -15,8 +15,8 @@
 #include <string>
 #include <vector>
 
-#include "model/chat_template.h"
-#include "model/unicode_classes.h"
+#include "model/tokenizer/chat_template.h"
+#include "model/tokenizer/unicode_classes.h"
 
 namespace kvcache::model {
 namespace {

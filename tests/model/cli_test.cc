@@ -6,8 +6,8 @@
 #include <string>
 
 #include "cli_runner.h"
-#include "model/demo_report.h"
 #include "model_fixture.h"
+#include "tools/demo_report.h"
 
 namespace kvcache::model {
 namespace {
@@ -75,7 +75,7 @@ TEST(Cli, PerplexityJsonAndUnsupportedFormats) {
 }
 
 TEST(DemoReport, PrintsStoryAndTable) {
-  DemoReportOptions o;
+  tools::DemoReportOptions o;
   o.model_path = testing::ModelDir() + "stories260K_v1.bin";
   o.tokenizer_path = testing::ModelDir() + "tokenizer.bin";
   o.story_tokens = 40;
@@ -86,7 +86,7 @@ TEST(DemoReport, PrintsStoryAndTable) {
   size_t size = 0;
   FILE* mem = open_memstream(&buf, &size);
   ASSERT_NE(mem, nullptr);
-  Status s = PrintDemoReport(o, mem);
+  Status s = tools::PrintDemoReport(o, mem);
   std::fclose(mem);
   const std::string text(buf, size);
   std::free(buf);

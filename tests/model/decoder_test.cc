@@ -9,10 +9,10 @@
 #include <vector>
 
 #include "backend_params.h"
-#include "model/cache_kv.h"
-#include "model/decoder.h"
-#include "model/generate.h"
-#include "model/naive_kv.h"
+#include "model/decoder/decoder.h"
+#include "model/generate/generate.h"
+#include "model/kv/cache_kv.h"
+#include "model/kv/naive_kv.h"
 #include "model_fixture.h"
 
 namespace kvcache::model {

@@ -7,10 +7,10 @@
 #include <cmath>
 #include <vector>
 
-#include "model/decoder.h"
-#include "model/evict_kv.h"
-#include "model/kv_factory.h"
-#include "model/perplexity.h"
+#include "model/decoder/decoder.h"
+#include "model/generate/perplexity.h"
+#include "model/kv/evict_kv.h"
+#include "model/kv/kv_factory.h"
 #include "model_fixture.h"
 
 namespace kvcache::model {

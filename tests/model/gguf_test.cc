@@ -3,7 +3,7 @@
 // (hand-computed values, and every SIMD target bit-identical to the scalar
 // reference), and broken files (each must fail with a message naming what,
 // never crash: every truncation length is tried).
-#include "model/gguf.h"
+#include "model/io/gguf.h"
 
 #include <gtest/gtest.h>
 #include <hwy/targets.h>

@@ -11,7 +11,7 @@
 #include <string_view>
 #include <vector>
 
-#include "model/gguf.h"
+#include "model/io/gguf.h"
 
 namespace kvcache::model::testing {
 

@@ -7,8 +7,8 @@
 #include <string>
 #include <vector>
 
-#include "model/checkpoint.h"
-#include "model/tokenizer.h"
+#include "model/io/checkpoint.h"
+#include "model/tokenizer/tokenizer.h"
 
 namespace kvcache::model {
 namespace {

@@ -7,9 +7,9 @@
 #include <memory>
 #include <string>
 
-#include "model/checkpoint.h"
-#include "model/demo_report.h"
-#include "model/tokenizer.h"
+#include "model/io/checkpoint.h"
+#include "model/tokenizer/tokenizer.h"
+#include "tools/demo_report.h"
 
 namespace kvcache::model::testing {
 
@@ -37,6 +37,6 @@ inline const Loaded* Stories260K() {
 }
 
 // The demo's short story (written for this project, not from a data set).
-inline const char* const kStoryText = DemoStoryText().data();
+inline const char* const kStoryText = tools::DemoStoryText().data();
 
 }  // namespace kvcache::model::testing

@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "backend_params.h"
-#include "model/decoder.h"
-#include "model/perplexity.h"
+#include "model/decoder/decoder.h"
+#include "model/generate/perplexity.h"
 #include "model_fixture.h"
 
 namespace kvcache::model {

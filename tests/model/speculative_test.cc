@@ -8,8 +8,8 @@
 #include <vector>
 
 #include "backend_params.h"
-#include "model/decoder.h"
-#include "model/generate.h"
+#include "model/decoder/decoder.h"
+#include "model/generate/generate.h"
 #include "model_fixture.h"
 
 namespace kvcache::model {

@@ -17,9 +17,9 @@
 
 #include "cli_runner.h"
 #include "kvcache/prefix_cache.h"
-#include "model/cache_kv.h"
-#include "model/decoder.h"
-#include "model/model_fingerprint.h"
+#include "model/decoder/decoder.h"
+#include "model/io/model_fingerprint.h"
+#include "model/kv/cache_kv.h"
 #include "model_fixture.h"
 #include "serving/redis_process.h"
 

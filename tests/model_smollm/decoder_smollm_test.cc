@@ -12,11 +12,11 @@
 #include <cmath>
 #include <vector>
 
-#include "model/decoder.h"
-#include "model/generate.h"
-#include "model/kv_factory.h"
-#include "model/naive_kv.h"
-#include "model/perplexity.h"
+#include "model/decoder/decoder.h"
+#include "model/generate/generate.h"
+#include "model/generate/perplexity.h"
+#include "model/kv/kv_factory.h"
+#include "model/kv/naive_kv.h"
 #include "model_smollm/smollm_fixture.h"
 
 namespace kvcache::model {

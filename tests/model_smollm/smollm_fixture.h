@@ -8,8 +8,8 @@
 #include <memory>
 #include <string>
 
-#include "model/gguf.h"
-#include "model/model_store.h"
+#include "model/io/gguf.h"
+#include "model/io/model_store.h"
 
 namespace kvcache::model::testing {
 
@@ -37,7 +37,7 @@ inline const GgufFile* SmolLm2Gguf() {
 #include <sstream>
 #include <vector>
 
-#include "model/loaded_model.h"
+#include "model/decoder/loaded_model.h"
 
 namespace kvcache::model::testing {
 

@@ -12,10 +12,10 @@
 #include <string>
 #include <vector>
 
-#include "model/bpe_tokenizer.h"
-#include "model/chat_template.h"
-#include "model/gguf.h"
-#include "model/unicode_classes.h"
+#include "model/io/gguf.h"
+#include "model/tokenizer/bpe_tokenizer.h"
+#include "model/tokenizer/chat_template.h"
+#include "model/tokenizer/unicode_classes.h"
 #include "model_smollm/smollm_fixture.h"
 
 namespace kvcache::model {

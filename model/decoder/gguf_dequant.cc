@@ -1,0 +1,275 @@
+// Dequantization of GGUF tensor rows and the weight products built on it
+// (model/decoder/matmul.h): the scalar references and the Highway kernels (runtime
+// dispatch once per DequantizeRow / MatMul part / DotF32 call).
+//
+// Every kernel reproduces the scalar reference bit for bit: values are
+// integer codes converted exactly to float, then one multiply and (Q4_1)
+// one add, with contraction into FMA disabled so both round identically.
+// Thread safety: pure functions.
+#pragma GCC optimize("fp-contract=off")
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+
+#include "kvcache/float16.h"
+#include "model/decoder/matmul.h"
+#include "model/io/gguf.h"
+
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "model/decoder/gguf_dequant.cc"
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+#include <hwy/highway.h>
+
+#ifndef KVCACHE_MODEL_GGUF_DEQUANT_ONCE
+#define KVCACHE_MODEL_GGUF_DEQUANT_ONCE
+namespace kvcache::model {
+namespace dequant_internal {
+
+inline uint16_t LoadU16(const uint8_t* p) {
+  return static_cast<uint16_t>(p[0] | (p[1] << 8));
+}
+
+// Checks shared by both paths: a known decodable type and whole blocks.
+inline Status CheckRow(GgmlType type, size_t n) {
+  if (!CanDequantize(type)) {
+    return Status::Unimplemented("dequantizing " + GgmlTypeName(type) +
+                                 " is not supported (F32, F16, Q4_1, Q8_0)");
+  }
+  const uint32_t bv = GgmlTypeSizeOf(type).block_values;
+  if (n % bv != 0) {
+    return Status::InvalidArgument("dequantizing " + std::to_string(n) + " values of " +
+                                   GgmlTypeName(type) + ": not a multiple of its block size " +
+                                   std::to_string(bv));
+  }
+  return Status::Ok();
+}
+
+}  // namespace dequant_internal
+
+float HalfToFloat(uint16_t h) { return F16ToFloat(h); }
+
+Status DequantizeRowScalar(GgmlType type, const uint8_t* src, size_t n, float* dst) {
+  KV_RETURN_IF_ERROR(dequant_internal::CheckRow(type, n));
+  using dequant_internal::LoadU16;
+  switch (type) {
+    case GgmlType::kF32:
+      std::memcpy(dst, src, n * 4);
+      break;
+    case GgmlType::kF16:
+      for (size_t i = 0; i < n; ++i) dst[i] = HalfToFloat(LoadU16(src + 2 * i));
+      break;
+    case GgmlType::kQ4_1:
+      for (size_t b = 0; b < n / 32; ++b, src += 20, dst += 32) {
+        const float d = HalfToFloat(LoadU16(src)), m = HalfToFloat(LoadU16(src + 2));
+        for (int j = 0; j < 16; ++j) {
+          dst[j] = static_cast<float>(src[4 + j] & 0xF) * d + m;
+          dst[j + 16] = static_cast<float>(src[4 + j] >> 4) * d + m;
+        }
+      }
+      break;
+    case GgmlType::kQ8_0:
+      for (size_t b = 0; b < n / 32; ++b, src += 34, dst += 32) {
+        const float d = HalfToFloat(LoadU16(src));
+        for (int j = 0; j < 32; ++j) dst[j] = static_cast<float>(static_cast<int8_t>(src[2 + j])) * d;
+      }
+      break;
+    default:
+      break;
+  }
+  return Status::Ok();
+}
+
+}  // namespace kvcache::model
+#endif  // KVCACHE_MODEL_GGUF_DEQUANT_ONCE
+
+HWY_BEFORE_NAMESPACE();
+namespace kvcache::model {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+// At most 16 float lanes so a vector never spans past one 16-byte nibble run.
+using DF = hn::CappedTag<float, 16>;
+
+void DecodeF16(const uint8_t* src, size_t n, float* dst) {
+  const DF df;
+  const hn::Rebind<hwy::float16_t, DF> dh;
+  const size_t N = hn::Lanes(df);
+  size_t i = 0;
+  for (; i + N <= n; i += N) {
+    const auto h = hn::LoadU(dh, reinterpret_cast<const hwy::float16_t*>(src + 2 * i));
+    hn::StoreU(hn::PromoteTo(df, h), df, dst + i);
+  }
+  for (; i < n; ++i) dst[i] = HalfToFloat(dequant_internal::LoadU16(src + 2 * i));
+}
+
+// The f16 at p as float, through the target's conversion (F16C on x86):
+// exact, like HalfToFloat, without its branches.
+HWY_INLINE float HalfT(const uint8_t* p) {
+  const hn::CappedTag<hwy::float16_t, 1> dh;
+  const hn::Rebind<float, decltype(dh)> df1;
+  return hn::GetLane(hn::PromoteTo(df1, hn::LoadU(dh, reinterpret_cast<const hwy::float16_t*>(p))));
+}
+
+void DecodeQ41(const uint8_t* src, size_t n, float* dst) {
+  const DF df;
+  const hn::Rebind<int32_t, DF> di;
+  const hn::Rebind<uint8_t, DF> du8;
+  const size_t N = hn::Lanes(df);
+  const auto mask = hn::Set(du8, 0xF);
+  for (size_t b = 0; b < n / 32; ++b, src += 20, dst += 32) {
+    const auto d = hn::Set(df, HalfT(src));
+    const auto m = hn::Set(df, HalfT(src + 2));
+    for (size_t j = 0; j < 16; j += N) {
+      const auto q = hn::LoadU(du8, src + 4 + j);
+      const auto lo = hn::ConvertTo(df, hn::PromoteTo(di, hn::And(q, mask)));
+      const auto hi = hn::ConvertTo(df, hn::PromoteTo(di, hn::ShiftRight<4>(q)));
+      hn::StoreU(hn::Add(hn::Mul(lo, d), m), df, dst + j);
+      hn::StoreU(hn::Add(hn::Mul(hi, d), m), df, dst + 16 + j);
+    }
+  }
+}
+
+void DecodeQ80(const uint8_t* src, size_t n, float* dst) {
+  const DF df;
+  const hn::Rebind<int32_t, DF> di;
+  const hn::Rebind<int8_t, DF> di8;
+  const size_t N = hn::Lanes(df);
+  for (size_t b = 0; b < n / 32; ++b, src += 34, dst += 32) {
+    const auto d = hn::Set(df, HalfT(src));
+    const int8_t* q = reinterpret_cast<const int8_t*>(src + 2);
+    for (size_t j = 0; j < 32; j += N) {
+      const auto v = hn::ConvertTo(df, hn::PromoteTo(di, hn::LoadU(di8, q + j)));
+      hn::StoreU(hn::Mul(v, d), df, dst + j);
+    }
+  }
+}
+
+// One accumulator per (row, input) pair, fed in index order, then a lane
+// sum and a scalar tail: a pair's result does not depend on how many pairs
+// are computed together, so blocking (R rows x T inputs at once, for
+// instruction-level parallelism and fewer loads) changes nothing.
+template <int R, int T>
+HWY_INLINE void DotBlock(const float* const* rows, const float* const* xs, size_t n, float* out,
+                         size_t out_stride) {
+  const hn::ScalableTag<float> d;
+  const size_t N = hn::Lanes(d);
+  using V = hn::Vec<decltype(d)>;
+  V acc[R][T];
+  for (int r = 0; r < R; ++r) {
+    for (int t = 0; t < T; ++t) acc[r][t] = hn::Zero(d);
+  }
+  size_t i = 0;
+  for (; i + N <= n; i += N) {
+    V x[T];
+    for (int t = 0; t < T; ++t) x[t] = hn::LoadU(d, xs[t] + i);
+    for (int r = 0; r < R; ++r) {
+      const V w = hn::LoadU(d, rows[r] + i);
+      for (int t = 0; t < T; ++t) acc[r][t] = hn::MulAdd(w, x[t], acc[r][t]);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    for (int t = 0; t < T; ++t) {
+      float sum = hn::GetLane(hn::SumOfLanes(d, acc[r][t]));
+      for (size_t k = i; k < n; ++k) sum += rows[r][k] * xs[t][k];
+      out[t * out_stride + r] = sum;
+    }
+  }
+}
+
+float DotT(const float* a, const float* b, size_t n) {
+  float out;
+  DotBlock<1, 1>(&a, &b, n, &out, 1);
+  return out;
+}
+
+void DequantizeRowT(GgmlType type, const uint8_t* src, size_t n, float* dst);
+
+template <int R>
+void RowsTimesInputs(const float* const* rows, const float* x, uint32_t n, uint32_t cols, float* out,
+                     uint32_t out_stride) {
+  uint32_t t = 0;
+  for (; t + 2 <= n; t += 2) {
+    const float* xs[2] = {x + static_cast<size_t>(t) * cols, x + static_cast<size_t>(t + 1) * cols};
+    DotBlock<R, 2>(rows, xs, cols, out + static_cast<size_t>(t) * out_stride, out_stride);
+  }
+  if (t < n) {
+    const float* xs[1] = {x + static_cast<size_t>(t) * cols};
+    DotBlock<R, 1>(rows, xs, cols, out + static_cast<size_t>(t) * out_stride, out_stride);
+  }
+}
+
+// Rows [r0, r1) of w times the n inputs, 4 rows at a time; buf holds 4
+// decoded rows ([4][cols]).
+void MatMulRowsT(const WeightMatrix& w, uint32_t r0, uint32_t r1, const float* x, uint32_t n,
+                 float* out, float* buf) {
+  for (uint32_t r = r0; r < r1; r += 4) {
+    const uint32_t m = std::min<uint32_t>(4, r1 - r);
+    const float* rows[4];
+    for (uint32_t k = 0; k < m; ++k) {
+      const uint8_t* src = w.data + static_cast<size_t>(r + k) * w.row_bytes;
+      if (w.type == GgmlType::kF32) {
+        rows[k] = reinterpret_cast<const float*>(src);
+      } else {
+        float* dst = buf + static_cast<size_t>(k) * w.cols;
+        DequantizeRowT(w.type, src, w.cols, dst);
+        rows[k] = dst;
+      }
+    }
+    float* o = out + r;
+    switch (m) {
+      case 4: RowsTimesInputs<4>(rows, x, n, w.cols, o, w.rows); break;
+      case 3: RowsTimesInputs<3>(rows, x, n, w.cols, o, w.rows); break;
+      case 2: RowsTimesInputs<2>(rows, x, n, w.cols, o, w.rows); break;
+      default: RowsTimesInputs<1>(rows, x, n, w.cols, o, w.rows); break;
+    }
+  }
+}
+
+void DequantizeRowT(GgmlType type, const uint8_t* src, size_t n, float* dst) {
+  switch (type) {
+    case GgmlType::kF32:
+      std::memcpy(dst, src, n * 4);
+      break;
+    case GgmlType::kF16:
+      DecodeF16(src, n, dst);
+      break;
+    case GgmlType::kQ4_1:
+      DecodeQ41(src, n, dst);
+      break;
+    case GgmlType::kQ8_0:
+      DecodeQ80(src, n, dst);
+      break;
+    default:
+      break;
+  }
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace kvcache::model
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace kvcache::model {
+
+HWY_EXPORT(DequantizeRowT);
+HWY_EXPORT(DotT);
+HWY_EXPORT(MatMulRowsT);
+
+float DotF32(const float* a, const float* b, size_t n) { return HWY_DYNAMIC_DISPATCH(DotT)(a, b, n); }
+
+namespace dequant_internal {
+void MatMulRows(const WeightMatrix& w, uint32_t r0, uint32_t r1, const float* x, uint32_t n,
+                float* out, float* buf) {
+  HWY_DYNAMIC_DISPATCH(MatMulRowsT)(w, r0, r1, x, n, out, buf);
+}
+}  // namespace dequant_internal
+
+Status DequantizeRow(GgmlType type, const uint8_t* src, size_t n, float* dst) {
+  KV_RETURN_IF_ERROR(dequant_internal::CheckRow(type, n));
+  HWY_DYNAMIC_DISPATCH(DequantizeRowT)(type, src, n, dst);
+  return Status::Ok();
+}
+
+}  // namespace kvcache::model
+#endif  // HWY_ONCE

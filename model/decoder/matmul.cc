@@ -1,0 +1,79 @@
+// Weight products: row ranges split over the caller's ThreadPool; the SIMD
+// row loop lives in gguf_dequant.cc (dispatch once per part).
+#include "model/decoder/matmul.h"
+
+#include <algorithm>
+#include <cassert>
+#include <vector>
+
+namespace kvcache::model {
+namespace dequant_internal {
+void MatMulRows(const WeightMatrix& w, uint32_t r0, uint32_t r1, const float* x, uint32_t n,
+                float* out, float* buf);
+}  // namespace dequant_internal
+
+WeightMatrix WeightMatrix::F32(std::span<const float> w, uint32_t rows, uint32_t cols) {
+  assert(w.size() == static_cast<size_t>(rows) * cols);
+  return {GgmlType::kF32, reinterpret_cast<const uint8_t*>(w.data()), rows, cols, size_t{cols} * 4};
+}
+
+WeightMatrix WeightMatrix::FromTensor(const GgufTensor& t) {
+  return {t.type, t.bytes.data(), static_cast<uint32_t>(t.rows()), static_cast<uint32_t>(t.cols()),
+          static_cast<size_t>(t.row_bytes())};
+}
+
+void WeightMatrix::DecodeRows(uint32_t r, uint32_t n, float* out) const {
+  // The view was validated when it was made (whole blocks, known type).
+  const Status s = DequantizeRow(type, data + static_cast<size_t>(r) * row_bytes,
+                                 static_cast<size_t>(n) * cols, out);
+  assert(s.ok());
+  (void)s;
+}
+
+namespace {
+
+struct MatMulJob {
+  const WeightMatrix* w;
+  const float* x;
+  uint32_t n;
+  float* out;
+};
+
+// Rows [rows * part / num_parts, rows * (part + 1) / num_parts) of the job.
+void RunPart(const MatMulJob& j, uint32_t part, uint32_t num_parts) {
+  const uint32_t rows = j.w->rows;
+  const uint32_t r0 = static_cast<uint32_t>(uint64_t{rows} * part / num_parts);
+  const uint32_t r1 = static_cast<uint32_t>(uint64_t{rows} * (part + 1) / num_parts);
+  thread_local std::vector<float> buf;
+  if (buf.size() < 4 * size_t{j.w->cols}) buf.resize(4 * size_t{j.w->cols});
+  dequant_internal::MatMulRows(*j.w, r0, r1, j.x, j.n, j.out, buf.data());
+}
+
+}  // namespace
+
+void MatMul(const WeightMatrix& w, const float* x, uint32_t n, float* out, ThreadPool* pool) {
+  const MatMulJob job{&w, x, n, out};
+  if (pool == nullptr) {
+    RunPart(job, 0, 1);
+    return;
+  }
+  const uint32_t parts = pool->num_threads();
+  pool->ParallelFor(parts, [&](uint32_t part, uint32_t) { RunPart(job, part, parts); });
+}
+
+void MatMulScalar(const WeightMatrix& w, const float* x, uint32_t n, float* out) {
+  std::vector<float> row(w.cols);
+  for (uint32_t r = 0; r < w.rows; ++r) {
+    const Status s = DequantizeRowScalar(w.type, w.data + static_cast<size_t>(r) * w.row_bytes, w.cols,
+                                         row.data());
+    assert(s.ok());
+    (void)s;
+    for (uint32_t t = 0; t < n; ++t) {
+      float acc = 0;
+      for (uint32_t c = 0; c < w.cols; ++c) acc += row[c] * x[static_cast<size_t>(t) * w.cols + c];
+      out[static_cast<size_t>(t) * w.rows + r] = acc;
+    }
+  }
+}
+
+}  // namespace kvcache::model

@@ -1,0 +1,104 @@
+// Teacher-forced evaluation of the decoder with a given KV backend: mean
+// negative log-likelihood of each next token, and how far the next-token
+// distributions move from a reference (the f32 cache).
+//
+// Tokens are fed as a first pass of prefill_tokens (a prompt), then passes
+// of chunk_tokens (1 = decode steps, the default); either way every
+// prediction reads the K/V of all earlier positions (and its own) back from
+// the backend's storage format. The split matters only for formats the cache
+// calibrates from the rows of a head's first append (see cache.h): pure
+// decode steps calibrate on the first token (BOS) alone. Sums are in double.
+//
+// Thread safety: one call per Decoder and backend at a time.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "kvcache/format.h"
+#include "kvcache/status.h"
+#include "model/decoder/decoder.h"
+#include "model/kv/kv_backend.h"
+#include "model/kv/kv_factory.h"
+
+namespace kvcache::model {
+
+struct PerplexityOptions {
+  uint32_t prefill_tokens = 0;  // tokens of the first pass (0 = no separate prefill)
+  uint32_t chunk_tokens = 1;    // tokens per later Forward pass, >= 1
+  // Cache capacity for EvaluateFormats' backends (0 = the model's
+  // max_seq_len; the CLI sizes it to the text).
+  uint32_t max_seq_len = 0;
+  // Called after each Forward pass with the positions fed so far and the
+  // total (progress output); may be empty.
+  std::function<void(size_t done, size_t total)> on_progress;
+};
+
+// The logits after each of tokens[0 .. size-1) ([size-1][vocab]): what
+// predicts tokens[1 ..]. kv must be empty; tokens.size() >= 2.
+Result<std::vector<float>> TeacherForcedLogits(Decoder& decoder, KvBackend& kv,
+                                               std::span<const int32_t> tokens,
+                                               const PerplexityOptions& options = {});
+
+struct PerplexityResult {
+  uint32_t num_predictions = 0;  // tokens.size() - 1
+  double mean_nll = 0;           // nats per token
+  double perplexity = 0;         // exp(mean_nll)
+  // Only with reference logits: mean KL(p_ref || p) in nats, the fraction of
+  // positions whose argmax agrees, and the reference's own mean NLL.
+  double kl_vs_ref = 0;
+  double top1_agree_vs_ref = 0;
+  double ref_mean_nll = 0;
+  // log p(tokens[i + 1]) under the scored logits, [num_predictions].
+  std::vector<float> logprobs;
+};
+
+// Scores logits ([size-1][vocab], from TeacherForcedLogits) against tokens,
+// and against ref_logits (same shape) unless empty.
+PerplexityResult ScoreLogits(std::span<const float> logits, std::span<const int32_t> tokens,
+                             uint32_t vocab, std::span<const float> ref_logits = {});
+
+// TeacherForcedLogits on kv (and ref, if not null) + ScoreLogits.
+Result<PerplexityResult> Perplexity(Decoder& decoder, KvBackend& kv, KvBackend* ref,
+                                    std::span<const int32_t> tokens,
+                                    const PerplexityOptions& options = {});
+
+// One format measured against the f32 cache of the same backend and layout.
+struct FormatEvaluation {
+  enum class State : uint8_t {
+    kOk,
+    kUnsupported,  // the format cannot take this model's head_dim
+    kUnavailable,  // the format is not implemented (yet) in this build
+  };
+  FormatPair formats;
+  State state = State::kOk;
+  std::string message;  // why, when not kOk
+  PerplexityResult result;
+};
+std::string_view FormatEvaluationStateName(FormatEvaluation::State state);
+
+// Evaluates every format pair on `backend` (its formats field is ignored),
+// computing the f32 reference once (an f32:f32 pair in the list reuses it).
+// With backend.eviction the reference is still the full f32 cache: KL and
+// top-1 measure eviction and format together. Errors other than "unsupported" /
+// "unavailable" are returned as a Status.
+Result<std::vector<FormatEvaluation>> EvaluateFormats(Decoder& decoder,
+                                                      std::span<const int32_t> tokens,
+                                                      const KvBackendOptions& backend,
+                                                      std::span<const FormatPair> formats,
+                                                      const PerplexityOptions& options = {});
+// The same for one format pair (backend.formats).
+Result<FormatEvaluation> EvaluateFormat(Decoder& decoder, std::span<const int32_t> tokens,
+                                        const KvBackendOptions& backend,
+                                        const PerplexityOptions& options = {});
+
+// Log-softmax helpers on one row of logits (double accumulation).
+double LogSumExp(std::span<const float> logits);
+// KL(softmax(ref) || softmax(x)).
+double KlDivergence(std::span<const float> ref, std::span<const float> x);
+
+}  // namespace kvcache::model

@@ -1,0 +1,68 @@
+// KV backend selection by name.
+#include "model/kv/kv_factory.h"
+
+#include <string>
+
+#include "model/kv/cache_kv.h"
+#include "model/kv/naive_kv.h"
+
+namespace kvcache::model {
+
+Result<std::unique_ptr<KvBackend>> CreateKvBackend(const AttentionShape& shape,
+                                                   const KvBackendOptions& options) {
+  KV_RETURN_IF_ERROR(CheckHeadDim(options.formats.k, shape.head_dim));
+  KV_RETURN_IF_ERROR(CheckHeadDim(options.formats.v, shape.head_dim));
+  if (options.kind == BackendKind::kNaive) {
+    if (options.eviction.enabled()) return Status::InvalidArgument("eviction needs the cache backend");
+    KV_ASSIGN_OR_RETURN(auto kv, NaiveKv::Create(shape, options.formats));
+    return std::unique_ptr<KvBackend>(std::move(kv));
+  }
+  if (options.eviction.enabled()) {
+    if (options.layout != CacheLayout::kContiguous) {
+      return Status::InvalidArgument("eviction runs on the contiguous layout only");
+    }
+    KV_ASSIGN_OR_RETURN(auto kv, EvictKv::Create(shape, options.formats, options.eviction));
+    return std::unique_ptr<KvBackend>(std::move(kv));
+  }
+  CacheKvOptions c;
+  c.formats = options.formats;
+  c.layout = options.layout;
+  c.block_size = options.block_size;
+  KV_ASSIGN_OR_RETURN(auto kv, CacheKv::Create(shape, c));
+  return std::unique_ptr<KvBackend>(std::move(kv));
+}
+
+Result<BackendKind> ParseBackendKind(std::string_view name) {
+  if (name == "cache") return BackendKind::kCache;
+  if (name == "naive") return BackendKind::kNaive;
+  return Status::InvalidArgument("unknown backend '" + std::string(name) +
+                                 "' (want cache or naive)");
+}
+
+std::string_view BackendKindName(BackendKind kind) {
+  return kind == BackendKind::kCache ? "cache" : "naive";
+}
+
+Result<CacheLayout> ParseCacheLayout(std::string_view name) {
+  if (name == "contiguous") return CacheLayout::kContiguous;
+  if (name == "paged") return CacheLayout::kPaged;
+  return Status::InvalidArgument("unknown layout '" + std::string(name) +
+                                 "' (want contiguous or paged)");
+}
+
+std::string_view CacheLayoutName(CacheLayout layout) {
+  return layout == CacheLayout::kContiguous ? "contiguous" : "paged";
+}
+
+Result<KvBackendOptions> ParseKvBackendOptions(std::string_view kv_format,
+                                               std::string_view layout,
+                                               std::string_view backend, uint32_t block_size) {
+  KvBackendOptions options;
+  KV_ASSIGN_OR_RETURN(options.formats, ParseFormatPair(kv_format));
+  KV_ASSIGN_OR_RETURN(options.layout, ParseCacheLayout(layout));
+  KV_ASSIGN_OR_RETURN(options.kind, ParseBackendKind(backend));
+  options.block_size = block_size;
+  return options;
+}
+
+}  // namespace kvcache::model

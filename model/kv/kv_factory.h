@@ -1,0 +1,49 @@
+// Choosing a KV backend by name: the kvcache cache (contiguous or paged) or
+// the naive reference, in a K:V format pair. Used by the CLI commands, the
+// demo report and the tests.
+//
+// Thread safety: free functions, reentrant.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "kvcache/cache.h"
+#include "kvcache/format.h"
+#include "model/kv/evict_kv.h"
+#include "model/kv/kv_backend.h"
+
+namespace kvcache::model {
+
+enum class BackendKind : uint8_t {
+  kCache,  // kvcache::SequenceCache + attention kernels (model/kv/cache_kv.h)
+  kNaive,  // plain vectors + scalar attention, codec round trip (model/kv/naive_kv.h)
+};
+
+struct KvBackendOptions {
+  BackendKind kind = BackendKind::kCache;
+  FormatPair formats;
+  CacheLayout layout = CacheLayout::kContiguous;  // kCache only
+  uint32_t block_size = 16;                       // kCache paged only
+  // kCache contiguous only: bounded memory (model/kv/evict_kv.h) when enabled.
+  EvictionSpec eviction;
+};
+
+// InvalidArgument when a format cannot take the model's head_dim (the
+// message says which), Unimplemented when a format is not built yet.
+Result<std::unique_ptr<KvBackend>> CreateKvBackend(const AttentionShape& shape,
+                                                   const KvBackendOptions& options);
+
+// "cache" | "naive".
+Result<BackendKind> ParseBackendKind(std::string_view name);
+std::string_view BackendKindName(BackendKind kind);
+// "contiguous" | "paged".
+Result<CacheLayout> ParseCacheLayout(std::string_view name);
+std::string_view CacheLayoutName(CacheLayout layout);
+// Backend options from their command-line spellings ("k:v", "paged", "cache").
+Result<KvBackendOptions> ParseKvBackendOptions(std::string_view kv_format,
+                                               std::string_view layout,
+                                               std::string_view backend, uint32_t block_size);
+
+}  // namespace kvcache::model
