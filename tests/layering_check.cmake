@@ -5,31 +5,35 @@
 #     where a tool or test needs more, the uninstalled testing/ library;
 #   - kvcache_core's sources (src/<core layer>/) include nothing of serving.
 # Usage: cmake -DROOT=<source dir> -P layering_check.cmake
-set(layers core format pool cache attention linear eviction hybrid serving)
-list(JOIN layers "|" layer_re)
+set(core_layers core format pool cache attention linear eviction hybrid)
 set(problems "")
-foreach(face model tools bench fuzz python/src)
-  file(GLOB_RECURSE files ${ROOT}/${face}/*.cc ${ROOT}/${face}/*.h ${ROOT}/${face}/*.inc)
-  foreach(f ${files})
-    file(STRINGS ${f} hits REGEX "^#include \"(${layer_re})/")
-    foreach(h ${hits})
-      file(RELATIVE_PATH rel ${ROOT} ${f})
-      list(APPEND problems "${rel}: ${h}")
+
+# Appends "file: line (why)" to problems for every #include line of the files
+# under ROOT/<dir> for each dir that matches regex.
+function(forbid_includes dirs regex why)
+  foreach(dir ${dirs})
+    file(GLOB_RECURSE files ${ROOT}/${dir}/*.cc ${ROOT}/${dir}/*.h ${ROOT}/${dir}/*.inc)
+    foreach(f ${files})
+      file(STRINGS ${f} hits REGEX "^#include \"${regex}")
+      foreach(h ${hits})
+        file(RELATIVE_PATH rel ${ROOT} ${f})
+        list(APPEND problems "${rel}: ${h} (${why})")
+      endforeach()
     endforeach()
   endforeach()
-endforeach()
-foreach(layer core format pool cache attention linear eviction hybrid)
-  file(GLOB_RECURSE files ${ROOT}/src/${layer}/*.cc ${ROOT}/src/${layer}/*.h)
-  foreach(f ${files})
-    file(STRINGS ${f} hits REGEX "^#include \"(serving/|testing/|kvcache/(offload|tier|prefix_cache|simulator|workload)\\.h)")
-    foreach(h ${hits})
-      file(RELATIVE_PATH rel ${ROOT} ${f})
-      list(APPEND problems "${rel}: ${h} (kvcache_core must not use kvcache_serving)")
-    endforeach()
-  endforeach()
-endforeach()
+  set(problems "${problems}" PARENT_SCOPE)
+endfunction()
+
+list(JOIN core_layers "|" core_re)
+forbid_includes("model;tools;bench;fuzz;python/src" "(${core_re}|serving)/"
+  "a face includes a private header")
+set(core_dirs ${core_layers})
+list(TRANSFORM core_dirs PREPEND "src/")
+forbid_includes("${core_dirs}" "(serving/|testing/|kvcache/(offload|tier|prefix_cache|simulator|workload|resp_reader)\\.h)"
+  "kvcache_core must not use kvcache_serving")
+
 if(problems)
   list(JOIN problems "\n  " text)
-  message(FATAL_ERROR "layering: private headers used across layers:\n  ${text}")
+  message(FATAL_ERROR "layering:\n  ${text}")
 endif()
 message(STATUS "layering: faces use public headers only; kvcache_core uses nothing of serving")
