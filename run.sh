@@ -37,9 +37,11 @@ fetch_model() {
 
 # Reads ninja's "[done/total] ..." lines, prints one at every tenth.
 progress() {
-  local shown=0 line pct
+  local shown=0 total=0 line pct
   while IFS= read -r line; do
     if [[ $line =~ ^\[([0-9]+)/([0-9]+)\] ]]; then
+      # (a CMake re-run first shows a total of its own)
+      [ "${BASH_REMATCH[2]}" = "$total" ] || { total=${BASH_REMATCH[2]}; shown=0; }
       pct=$((100 * BASH_REMATCH[1] / BASH_REMATCH[2] / 10 * 10))
       if [ "$pct" -gt "$shown" ]; then
         shown=$pct
