@@ -35,25 +35,30 @@ fetch_model() {
     echo "run.sh: SmolLM2 could not be fetched; the model_smollm tests and the demo will fail" >&2
 }
 
-# Reads ninja's "[done/total] ..." lines, prints one at every tenth.
+# Reads ninja's "[done/total] ..." lines: prints the header $1 at the first
+# step that compiles or links (a build with nothing to do stays quiet: the
+# re-check of the source globs and a CMake re-run do not count), then one
+# line at every tenth, then how long it took.
 progress() {
-  local shown=0 total=0 line pct
+  local header="$1" start=$SECONDS shown=0 total=0 started=0 line done_ n what pct
   while IFS= read -r line; do
-    if [[ $line =~ ^\[([0-9]+)/([0-9]+)\] ]]; then
-      # (a CMake re-run first shows a total of its own)
-      [ "${BASH_REMATCH[2]}" = "$total" ] || { total=${BASH_REMATCH[2]}; shown=0; }
-      pct=$((100 * BASH_REMATCH[1] / BASH_REMATCH[2] / 10 * 10))
-      if [ "$pct" -gt "$shown" ]; then
-        shown=$pct
-        echo "run.sh:   $pct% (${BASH_REMATCH[1]} of ${BASH_REMATCH[2]} steps)" >&2
-      fi
+    [[ $line =~ ^\[([0-9]+)/([0-9]+)\]\ (.*)$ ]] || continue
+    done_=${BASH_REMATCH[1]} n=${BASH_REMATCH[2]} what=${BASH_REMATCH[3]}
+    case "$what" in "Re-checking globbed"*|"Re-running CMake"*) continue ;; esac
+    if [ "$started" = 0 ]; then started=1; step "$header"; fi
+    # (a CMake re-run first shows a total of its own)
+    [ "$n" = "$total" ] || { total=$n; shown=0; }
+    pct=$((100 * done_ / n / 10 * 10))
+    if [ "$pct" -gt "$shown" ]; then
+      shown=$pct
+      echo "run.sh:   $pct% ($done_ of $n steps)" >&2
     fi
   done
+  if [ "$started" = 1 ]; then step "the build ran for $((SECONDS - start)) s"; fi
 }
 
 # build PRESET [TARGET...]: the build's output goes to build/PRESET/build.log;
-# the screen gets a progress line at every tenth of the steps, and the log's
-# end if the build fails.
+# the screen gets progress lines (above), and the log's end if it fails.
 build() {
   local preset="$1"; shift
   local dir="build/$preset" log="build/$preset/build.log"
@@ -62,18 +67,12 @@ build() {
     mkdir -p "$dir"
     cmake --preset "$preset" >"$dir/configure.log" 2>&1 || { tail -30 "$dir/configure.log" >&2; return 1; }
   fi
-  if ninja -C "$dir" -n "$@" 2>/dev/null | grep -q '^ninja: no work to do'; then
-    return 0
-  fi
-  step "building $dir${1:+ ($*)} with $JOBS jobs (a first build takes about 10-15 minutes on 2 cores" \
-       "and 25 for everything the tests need; log: $log)"
-  local start=$SECONDS
-  if ! cmake --build "$dir" -j "$JOBS" ${1:+--target "$@"} 2>&1 | tee "$log" | progress; then
+  if ! cmake --build "$dir" -j "$JOBS" ${1:+--target "$@"} 2>&1 | tee "$log" |
+      progress "building $dir${1:+ ($*)} with $JOBS jobs (a first build of everything takes 6 to 25 minutes on 2 cores, by CPU; log: $log)"; then
     echo "run.sh: the build failed; the end of $log:" >&2
     tail -40 "$log" >&2
     return 1
   fi
-  step "built in $((SECONDS - start)) s"
 }
 
 cmd="${1:-help}"; shift || true
@@ -89,7 +88,7 @@ case "$cmd" in
     setup
     fetch_model
     build release
-    step "running the tests (ctest, $JOBS at a time; about 10 minutes)"
+    step "running the tests (ctest, $JOBS at a time; 3 to 10 minutes)"
     ctest --test-dir build/release -j "$JOBS" --output-on-failure "$@"
     ;;
   kvcache)
