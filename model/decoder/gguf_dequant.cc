@@ -47,8 +47,6 @@ inline Status CheckRow(GgmlType type, size_t n) {
 
 }  // namespace dequant_internal
 
-float HalfToFloat(uint16_t h) { return F16ToFloat(h); }
-
 Status DequantizeRowScalar(GgmlType type, const uint8_t* src, size_t n, float* dst) {
   KV_RETURN_IF_ERROR(dequant_internal::CheckRow(type, n));
   using dequant_internal::LoadU16;
@@ -57,11 +55,11 @@ Status DequantizeRowScalar(GgmlType type, const uint8_t* src, size_t n, float* d
       std::memcpy(dst, src, n * 4);
       break;
     case GgmlType::kF16:
-      for (size_t i = 0; i < n; ++i) dst[i] = HalfToFloat(LoadU16(src + 2 * i));
+      for (size_t i = 0; i < n; ++i) dst[i] = F16ToFloat(LoadU16(src + 2 * i));
       break;
     case GgmlType::kQ4_1:
       for (size_t b = 0; b < n / 32; ++b, src += 20, dst += 32) {
-        const float d = HalfToFloat(LoadU16(src)), m = HalfToFloat(LoadU16(src + 2));
+        const float d = F16ToFloat(LoadU16(src)), m = F16ToFloat(LoadU16(src + 2));
         for (int j = 0; j < 16; ++j) {
           dst[j] = static_cast<float>(src[4 + j] & 0xF) * d + m;
           dst[j + 16] = static_cast<float>(src[4 + j] >> 4) * d + m;
@@ -70,7 +68,7 @@ Status DequantizeRowScalar(GgmlType type, const uint8_t* src, size_t n, float* d
       break;
     case GgmlType::kQ8_0:
       for (size_t b = 0; b < n / 32; ++b, src += 34, dst += 32) {
-        const float d = HalfToFloat(LoadU16(src));
+        const float d = F16ToFloat(LoadU16(src));
         for (int j = 0; j < 32; ++j) dst[j] = static_cast<float>(static_cast<int8_t>(src[2 + j])) * d;
       }
       break;
@@ -100,11 +98,11 @@ void DecodeF16(const uint8_t* src, size_t n, float* dst) {
     const auto h = hn::LoadU(dh, reinterpret_cast<const hwy::float16_t*>(src + 2 * i));
     hn::StoreU(hn::PromoteTo(df, h), df, dst + i);
   }
-  for (; i < n; ++i) dst[i] = HalfToFloat(dequant_internal::LoadU16(src + 2 * i));
+  for (; i < n; ++i) dst[i] = F16ToFloat(dequant_internal::LoadU16(src + 2 * i));
 }
 
 // The f16 at p as float, through the target's conversion (F16C on x86):
-// exact, like HalfToFloat, without its branches.
+// exact, like F16ToFloat, without its branches.
 HWY_INLINE float HalfT(const uint8_t* p) {
   const hn::CappedTag<hwy::float16_t, 1> dh;
   const hn::Rebind<float, decltype(dh)> df1;

@@ -209,7 +209,4 @@ Status DequantizeRow(GgmlType type, const uint8_t* src, size_t n, float* dst);
 // The scalar reference.
 Status DequantizeRowScalar(GgmlType type, const uint8_t* src, size_t n, float* dst);
 
-// IEEE half to float (exact), shared with the reference.
-float HalfToFloat(uint16_t h);
-
 }  // namespace kvcache::model

@@ -32,6 +32,24 @@ TEST(F16, EveryFiniteCodeDecodesExactlyAndRoundTrips) {
   }
 }
 
+// Every code, infinities and NaNs included, against the definition, sign of
+// zero too.
+TEST(F16, EveryCodeMatchesTheDefinitionWithItsSign) {
+  for (uint32_t h = 0; h < 0x10000; ++h) {
+    const uint32_t e = (h >> 10) & 0x1F, m = h & 0x3FF;
+    const float s = (h & 0x8000) ? -1.0f : 1.0f;
+    const float got = F16ToFloat(static_cast<uint16_t>(h));
+    if (e == 0x1F) {
+      EXPECT_TRUE(m ? std::isnan(got) : std::isinf(got)) << h;
+    } else {
+      const float want = e == 0 ? s * std::ldexp(static_cast<float>(m), -24)
+                                : s * std::ldexp(1.0f + m / 1024.0f, static_cast<int>(e) - 15);
+      ASSERT_EQ(got, want) << h;
+      ASSERT_EQ(std::signbit(got), std::signbit(s)) << h;
+    }
+  }
+}
+
 TEST(F16, MidpointsRoundToEvenAndNeighboursToNearest) {
   // Positive and negative, subnormals included: consecutive codes h, h+1.
   for (uint32_t sign : {0u, 0x8000u}) {
