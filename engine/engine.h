@@ -1,0 +1,173 @@
+// The serving engine: many requests on one model and one block pool, run by
+// continuous batching. The HTTP front (`kvcache serve`) and the load tests
+// sit on this; nothing here knows about HTTP or JSON.
+//
+// A request is a prompt (token ids) and its generation limits. Submit queues
+// it and returns a RequestStream the caller reads its tokens from. One
+// background thread runs steps: each step admits waiting requests while the
+// pool can reserve their blocks (adopting the prefix cache's and the tiers'
+// blocks for the prompt's leading full blocks), then runs ONE batched
+// forward pass (model::Decoder::ForwardBatch) over every running request's
+// new tokens -- a decode token for each generating request, a chunk of the
+// prompt for each prefilling one -- within max_batch_tokens, samples the
+// next token of every request whose prompt is done, and publishes blocks to
+// the prefix cache (and so the tiers) as they fill.
+//
+// Batch invariance: the logits a request gets do not depend on what else is
+// in the step or on the thread count, so a greedy request gives the same
+// tokens as `kvcache generate` on the same prompt, under any load.
+//
+// When the pool runs out mid-generation the youngest running request is
+// preempted: its blocks are freed (full blocks stay in the prefix cache and
+// the tiers), it goes back to the front of the queue and later resumes by
+// recomputing (or re-adopting) its prompt plus the tokens it already
+// produced; its stream sees nothing of it but a pause. No request is lost.
+//
+// Sampling: temperature <= 0 is greedy (lowest id on ties). Otherwise
+// top_k, then top_p (smallest set whose mass >= top_p), then one draw from a
+// generator seeded by `seed` (a request with the same seed and prompt gets
+// the same tokens whatever the load) or, without a seed, by the request id.
+//
+// A request ends at max_tokens (kLength), at a stop token of the model or a
+// stop string (kStop; the stop string itself is not emitted), at the end of
+// the model's context (kLength), on Cancel (kCancelled: its blocks are freed
+// at the next step boundary), or on an internal error (kError).
+//
+// Thread safety: Submit, Metrics and Shutdown may be called from any thread;
+// a RequestStream is read by one thread at a time, Cancel from any.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "kvcache/format.h"
+#include "kvcache/status.h"
+#include "model/decoder/loaded_model.h"
+
+namespace kvcache::engine {
+
+struct EngineOptions {
+  FormatPair formats;                // the K:V format of every sequence
+  uint32_t block_size = 16;          // paged blocks, tokens
+  uint64_t pool_bytes = 256ull << 20;  // the block pool's size in bytes (K and V, all layers)
+  uint32_t max_batch_tokens = 256;   // tokens per step (decodes + prefill chunks)
+  uint32_t max_running = 64;         // requests in one step
+  uint32_t max_waiting = 256;        // queued requests beyond which Submit says ResourceExhausted
+  uint32_t threads = 2;              // the decoder's threads (the step thread included)
+  bool prefix_cache = true;          // reuse and publish full prompt blocks
+  // Offload tiers, spelled as `kvcache generate --tiers` takes them
+  // ("host:512M,disk:/path:2G,redis:127.0.0.1:6379"); empty: none.
+  std::string tiers;
+};
+
+struct SamplingParams {
+  float temperature = 0.0f;  // <= 0: greedy
+  float top_p = 1.0f;        // (0, 1]
+  uint32_t top_k = 0;        // 0: all
+  std::optional<uint64_t> seed;
+};
+
+struct RequestParams {
+  std::vector<int32_t> prompt;  // non-empty, ids in the vocabulary
+  uint32_t max_tokens = 16;     // >= 1
+  SamplingParams sampling;
+  std::vector<std::string> stop;  // stop strings (at most 8, each non-empty)
+  bool ignore_eos = false;        // keep going past the model's stop tokens
+  // Log probabilities: of the chosen token, and of the top_logprobs most
+  // likely ones (0 .. 20) at each position.
+  bool logprobs = false;
+  uint32_t top_logprobs = 0;
+};
+
+enum class FinishReason : uint8_t { kStop, kLength, kCancelled, kError };
+std::string_view FinishReasonName(FinishReason reason);  // "stop", "length", "cancelled", "error"
+
+struct TokenLogprob {
+  int32_t token = 0;
+  float logprob = 0;
+};
+
+// One generated token and the text it adds (may be empty while a multi-byte
+// character or a possible stop string is held back; the held text comes with
+// a later token or the final event).
+struct TokenOut {
+  int32_t token = 0;
+  std::string text;
+  float logprob = 0;                    // when RequestParams::logprobs
+  std::vector<TokenLogprob> top;        // top_logprobs entries, most likely first
+};
+
+struct Usage {
+  uint32_t prompt_tokens = 0;
+  uint32_t completion_tokens = 0;
+  uint32_t cached_tokens = 0;  // prompt tokens adopted from the pool's prefix cache or a tier
+};
+
+struct StreamEvent {
+  std::vector<TokenOut> tokens;  // new tokens since the last event (may be empty in the final one)
+  std::string text_tail;         // held-back text released at the end (final event only)
+  bool finished = false;
+  FinishReason finish_reason = FinishReason::kStop;
+  Status error;  // kError only
+  Usage usage;   // final event only
+};
+
+class RequestStream {
+ public:
+  virtual ~RequestStream() = default;
+  virtual uint64_t id() const = 0;
+  // Waits up to `timeout` for the next event; false on timeout. After the
+  // finished event, returns false at once.
+  virtual bool Next(StreamEvent* out, std::chrono::milliseconds timeout) = 0;
+  // Ends the request (kCancelled) if it has not finished; its blocks go back
+  // to the pool at the next step boundary. Idempotent. Dropping the last
+  // reference to a stream cancels its request too.
+  virtual void Cancel() = 0;
+};
+
+// A snapshot for /metrics.
+struct EngineMetrics {
+  uint64_t pool_blocks_total = 0, pool_blocks_free = 0, pool_blocks_used = 0, pool_blocks_cached = 0;
+  uint64_t requests_running = 0, requests_waiting = 0;
+  uint64_t requests_finished = 0, requests_cancelled = 0, preemptions = 0;
+  uint64_t prompt_tokens = 0, cached_prompt_tokens = 0, generated_tokens = 0;
+  uint64_t tier_hit_blocks = 0, tier_miss_blocks = 0;
+  uint64_t steps = 0;
+  // Step wall times: counts of steps at or below each bound (seconds), and
+  // their sum; cumulative, Prometheus-style.
+  std::vector<double> step_seconds_bounds;
+  std::vector<uint64_t> step_seconds_counts;
+  double step_seconds_sum = 0;
+};
+
+class Engine {
+ public:
+  // The model must outlive the engine. InvalidArgument for options that do
+  // not fit (a format the model's head_dim cannot take, a pool smaller than
+  // one max-length sequence, zero budgets, a bad tier spec).
+  static Result<std::unique_ptr<Engine>> Create(const model::LoadedModel& model,
+                                                const EngineOptions& options);
+  virtual ~Engine() = default;
+
+  // Queues a request. InvalidArgument for bad params (empty prompt, an id
+  // outside the vocabulary, prompt + 1 beyond the context, max_tokens 0, a
+  // sampling value out of range); ResourceExhausted when max_waiting
+  // requests wait already; FailedPrecondition after Shutdown. Nothing is
+  // queued on failure.
+  virtual Result<std::shared_ptr<RequestStream>> Submit(RequestParams params) = 0;
+
+  virtual EngineMetrics Metrics() const = 0;
+  virtual const model::LoadedModel& model() const = 0;
+  virtual const EngineOptions& options() const = 0;
+
+  // Stops admitting (Submit fails), lets running and waiting requests finish
+  // until `deadline` from now, cancels what is left, stops the step thread.
+  // Idempotent; the destructor calls it with a zero deadline.
+  virtual void Shutdown(std::chrono::milliseconds deadline) = 0;
+};
+
+}  // namespace kvcache::engine
