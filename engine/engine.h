@@ -15,7 +15,11 @@
 //
 // Batch invariance: the logits a request gets do not depend on what else is
 // in the step or on the thread count, so a greedy request gives the same
-// tokens as `kvcache generate` on the same prompt, under any load.
+// tokens as `kvcache generate` on the same prompt, under any load. (Exactly
+// so for f32 K/V, whose attention is exact whatever the query block: the
+// engine may cut a prompt into chunks where generate runs it whole, and the
+// chunks of the other formats can round differently, as can their
+// calibration from the first chunk's rows.)
 //
 // When the pool runs out mid-generation the youngest running request is
 // preempted: its blocks are freed (full blocks stay in the prefix cache and

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "model/generate/generate.h"
 
@@ -30,22 +31,10 @@ struct MoreLikely {
 }  // namespace
 
 TokenSampler::TokenSampler(const SamplingParams& params, uint64_t seed)
-    : params_(params), state_(seed ^ 0x9e3779b97f4a7c15ull) {
-  if (state_ == 0) state_ = 1;
-}
+    : params_(params), sampler_(model::SamplingOptions{params.temperature, seed}) {}
 
-double TokenSampler::NextUniform() {
-  state_ ^= state_ >> 12;
-  state_ ^= state_ << 25;
-  state_ ^= state_ >> 27;
-  const uint64_t r = state_ * 0x2545f4914f6cdd1dull;
-  return static_cast<double>(r >> 11) * (1.0 / 9007199254740992.0);
-}
-
-int32_t TokenSampler::Sample(std::span<const float> logits) {
-  if (params_.temperature <= 0.0f) return model::Argmax(logits);
+uint32_t TokenSampler::Keep(std::span<const float> logits) {
   const uint32_t vocab = static_cast<uint32_t>(logits.size());
-  // The candidates, most likely first: the order of logits / T is that of the logits.
   uint32_t keep = params_.top_k > 0 ? std::min(params_.top_k, vocab) : vocab;
   order_.resize(vocab);
   for (uint32_t i = 0; i < vocab; ++i) order_[i] = i;
@@ -55,28 +44,30 @@ int32_t TokenSampler::Sample(std::span<const float> logits) {
   } else {
     std::sort(order_.begin(), order_.end(), more);
   }
-  const double t = params_.temperature;
-  const double top = logits[order_[0]];
-  probs_.resize(keep);
+  if (params_.top_p >= 1.0f) return keep;
+  const double t = params_.temperature, top = logits[order_[0]];
+  std::vector<double> w(keep);
   double total = 0;
   for (uint32_t i = 0; i < keep; ++i) {
-    probs_[i] = std::exp((static_cast<double>(logits[order_[i]]) - top) / t);
-    total += probs_[i];
+    w[i] = std::exp((static_cast<double>(logits[order_[i]]) - top) / t);
+    total += w[i];
   }
-  if (params_.top_p < 1.0f) {
-    double mass = 0;
-    uint32_t n = 0;
-    while (n < keep && mass < params_.top_p * total) mass += probs_[n++];
-    keep = std::max(n, 1u);
-    total = mass > 0 ? mass : probs_[0];
-  }
-  const double r = NextUniform() * total;
-  double cdf = 0;
-  for (uint32_t i = 0; i < keep; ++i) {
-    cdf += probs_[i];
-    if (r < cdf) return static_cast<int32_t>(order_[i]);
-  }
-  return static_cast<int32_t>(order_[keep - 1]);  // rounding left r >= the total
+  double mass = 0;
+  uint32_t n = 0;
+  while (n < keep && mass < params_.top_p * total) mass += w[n++];
+  return std::max(n, 1u);
+}
+
+int32_t TokenSampler::Sample(std::span<const float> logits) {
+  if (params_.temperature <= 0.0f) return model::Argmax(logits);
+  const bool filtered = (params_.top_k > 0 && params_.top_k < logits.size()) || params_.top_p < 1.0f;
+  if (!filtered) return sampler_.Sample(logits);
+  const uint32_t keep = Keep(logits);
+  masked_.assign(logits.size(), -std::numeric_limits<float>::infinity());
+  for (uint32_t i = 0; i < keep; ++i) masked_[order_[i]] = logits[order_[i]];
+  const int32_t t = sampler_.Sample(masked_);
+  // The draw's rounding fallback is the last id, which may be masked.
+  return masked_[t] == -std::numeric_limits<float>::infinity() ? static_cast<int32_t>(order_[0]) : t;
 }
 
 float LogprobOf(std::span<const float> logits, int32_t token) {

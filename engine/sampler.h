@@ -3,11 +3,14 @@
 // for. See engine.h's file comment for the contract.
 //
 // Greedy is model::Argmax (lowest id on ties), so a greedy request picks what
-// model::Generate picks. Otherwise the distribution is softmax(logits / T)
-// in double; top_k keeps the k most likely (ties: lower id first), top_p then
-// keeps the smallest most-likely-first prefix whose mass reaches top_p; one
-// uniform draw from a xorshift64* stream over the kept, renormalized mass.
-// The stream is the request's own, so the tokens do not depend on the load.
+// model::Generate picks. Otherwise top_k keeps the k most likely tokens
+// (ties: lower id first), top_p then keeps the smallest most-likely-first
+// prefix of those whose mass under softmax(logits / T) reaches top_p, the
+// others are masked to -inf, and the draw is model::Sampler's (softmax(logits
+// / T), one uniform from its seeded xorshift64* stream): without top_k and
+// top_p a request samples exactly what `kvcache generate --temperature T
+// --seed S` samples. The stream is the request's own, so its tokens do not
+// depend on the load.
 //
 // Thread safety: a TokenSampler is used by one thread at a time.
 #pragma once
@@ -17,6 +20,7 @@
 #include <vector>
 
 #include "engine/engine.h"
+#include "model/generate/generate.h"
 
 namespace kvcache::engine {
 
@@ -27,13 +31,13 @@ class TokenSampler {
   int32_t Sample(std::span<const float> logits);
 
  private:
-  double NextUniform();  // [0, 1)
+  // How many of order_ (sorted most likely first) top_k and top_p keep.
+  uint32_t Keep(std::span<const float> logits);
   SamplingParams params_;
-  uint64_t state_;
+  model::Sampler sampler_;
   std::vector<uint32_t> order_;
-  std::vector<double> probs_;
+  std::vector<float> masked_;
 };
-
 // LogprobOf: log_softmax(logits)[token]. TopLogprobs: the `top` most likely
 // tokens with theirs, most likely first (ties: lower id first); none for 0.
 float LogprobOf(std::span<const float> logits, int32_t token);

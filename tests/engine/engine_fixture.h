@@ -51,7 +51,8 @@ inline std::vector<int32_t> Prompt(const model::LoadedModel& m, int i) {
 // What `kvcache generate` gives for the prompt alone: greedy or seeded plain
 // sampling on a contiguous f32 cache.
 inline std::vector<int32_t> GenerateAlone(const model::LoadedModel& m, const std::vector<int32_t>& prompt,
-                                          uint32_t max_tokens, bool ignore_eos) {
+                                          uint32_t max_tokens, bool ignore_eos,
+                                          model::SamplingOptions sampling = {}) {
   model::Decoder d(m.model(), 1);
   model::KvBackendOptions o;
   auto kv = model::CreateKvBackend(d.attention_shape(), o);
@@ -60,6 +61,7 @@ inline std::vector<int32_t> GenerateAlone(const model::LoadedModel& m, const std
   g.max_new_tokens = max_tokens;
   g.stop_at_eos = !ignore_eos;
   g.stop_tokens = m.stop_tokens();
+  g.sampling = sampling;
   auto r = model::Generate(d, **kv, prompt, g);
   EXPECT_TRUE(r.ok()) << r.status().ToString();
   return r.ok() ? r->tokens : std::vector<int32_t>{};

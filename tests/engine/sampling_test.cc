@@ -1,7 +1,7 @@
 // Sampling, stop strings, logprobs and tiers through the engine on
 // stories260K, and the sampler and stop-text pieces on their own:
 //   seeded sampling gives the same tokens alone and under load (and another
-//     seed other tokens); top_k 1 and a tiny top_p are greedy; draws follow
+//     seed other tokens), plain temperature sampling those of Generate; top_k 1 and a tiny top_p are greedy; draws follow
 //     softmax(logits / T) restricted to top_k;
 //   a stop string cuts the text before its first occurrence (never emitted,
 //     also when it spans tokens), held-back text and partial UTF-8 characters
@@ -72,6 +72,20 @@ TEST(EngineSampling, SeededRequestsGiveTheSameTokensAloneAndUnderLoad) {
   const std::vector<int32_t> greedy = RunAll(*alone, {Greedy(a.prompt, 30, true)})[0].tokens;
   EXPECT_EQ(RunAll(*alone, {k1})[0].tokens, greedy);
   EXPECT_EQ(RunAll(*alone, {p0})[0].tokens, greedy);
+}
+
+TEST(EngineSampling, PlainTemperatureSamplingIsGeneratesSampling) {
+  const model::LoadedModel* m = Stories();
+  ASSERT_NE(m, nullptr);
+  auto e = MakeEngine(SmallEngine());
+  ASSERT_NE(e, nullptr);
+  for (uint64_t seed : {5u, 6u}) {
+    RequestParams p = Greedy(Prompt(*m, 3), 40, true);
+    p.sampling.temperature = 0.8f;
+    p.sampling.seed = seed;
+    EXPECT_EQ(RunAll(*e, {p})[0].tokens,
+              testing::GenerateAlone(*m, p.prompt, 40, true, model::SamplingOptions{0.8f, seed}));
+  }
 }
 
 TEST(EngineSampling, DrawsFollowTheTemperedSoftmaxWithinTopK) {
