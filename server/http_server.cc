@@ -5,8 +5,11 @@
 
 #include <httplib.h>
 
+#include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <mutex>
+#include <thread>
 
 #include "server/metrics_text.h"
 #include "server/openai_json.h"
@@ -59,6 +62,20 @@ struct OpenAiServer::Impl {
   int port = 0;
   std::mutex counters_mu;
   HttpCounters counters;
+  // Completions submitted and not yet answered in full; Shutdown waits for 0.
+  std::atomic<bool> draining{false};
+  std::mutex active_mu;
+  std::condition_variable active_cv;
+  uint64_t active = 0;
+
+  void Begin() {
+    std::lock_guard<std::mutex> lock(active_mu);
+    ++active;
+  }
+  void End() {
+    std::lock_guard<std::mutex> lock(active_mu);
+    if (--active == 0) active_cv.notify_all();
+  }
 
   void Configure();
   void HandleCompletion(const httplib::Request& req, httplib::Response& res, Endpoint endpoint);
@@ -191,6 +208,9 @@ bool OpenAiServer::Impl::StreamStep(StreamState& st, httplib::DataSink& sink) {
 
 void OpenAiServer::Impl::HandleCompletion(const httplib::Request& req, httplib::Response& res,
                                           Endpoint endpoint) {
+  if (draining.load()) {
+    return SendError(res, ApiError{503, "the server is shutting down", "server_unavailable", "", "shutting_down"});
+  }
   ParseResult parsed = ParseCompletionRequest(req.body, endpoint);
   if (!parsed.request) return SendError(res, parsed.error);
   const CompletionRequest& r = *parsed.request;
@@ -204,7 +224,13 @@ void OpenAiServer::Impl::HandleCompletion(const httplib::Request& req, httplib::
   ResponseContext ctx{endpoint,
                       (endpoint == Endpoint::kChat ? "chatcmpl-" : "cmpl-") + std::to_string(stream->id()),
                       UnixNow(), options.model_name};
-  if (!r.stream) return Collect(*stream, ctx, r, last_prompt_token, res);
+  if (!r.stream) {
+    Begin();
+    Collect(*stream, ctx, r, last_prompt_token, res);
+    End();
+    return;
+  }
+  Begin();
   auto st = std::make_shared<StreamState>();
   st->stream = stream;
   st->ctx = ctx;
@@ -214,7 +240,10 @@ void OpenAiServer::Impl::HandleCompletion(const httplib::Request& req, httplib::
   res.set_header("Cache-Control", "no-cache");
   res.set_chunked_content_provider(
       "text/event-stream", [this, st](size_t, httplib::DataSink& sink) { return StreamStep(*st, sink); },
-      [st](bool) { st->stream->Cancel(); });
+      [this, st](bool) {
+        st->stream->Cancel();
+        End();
+      });
 }
 
 void OpenAiServer::Impl::Configure() {
@@ -257,8 +286,9 @@ OpenAiServer::OpenAiServer(engine::Engine& engine, ServerOptions options)
   s.http.Get("/v1/models", [&s](const httplib::Request&, httplib::Response& res) {
     res.set_content(Dump(ModelsJson(s.options.model_name, UnixNow())), kJson);
   });
-  s.http.Get("/health", [](const httplib::Request&, httplib::Response& res) {
-    res.set_content(R"({"status":"ok"})", kJson);
+  s.http.Get("/health", [&s](const httplib::Request&, httplib::Response& res) {
+    if (s.draining.load()) res.status = 503;
+    res.set_content(s.draining.load() ? R"({"status":"draining"})" : R"({"status":"ok"})", kJson);
   });
   s.http.Get("/metrics", [&s](const httplib::Request&, httplib::Response& res) {
     HttpCounters http;
@@ -312,5 +342,16 @@ Status OpenAiServer::Run() {
 }
 
 void OpenAiServer::Stop() { impl_->http.stop(); }
+
+void OpenAiServer::Shutdown(std::chrono::milliseconds drain, std::chrono::milliseconds grace) {
+  Impl& s = *impl_;
+  s.draining.store(true);
+  s.engine.Shutdown(drain);
+  {
+    std::unique_lock<std::mutex> lock(s.active_mu);
+    s.active_cv.wait_for(lock, grace, [&s] { return s.active == 0; });
+  }
+  Stop();
+}
 
 }  // namespace kvcache::server

@@ -20,10 +20,12 @@
 // `http_threads`; a handler blocks on its request's stream, never on the
 // engine's step thread.
 //
-// Thread safety: Bind, then Run on one thread; Stop from any thread (a
-// signal-handling thread); Run returns once every in-flight handler ended.
+// Thread safety: Bind, then Run on one thread; Stop and Shutdown from any
+// thread (a signal-handling thread); Run returns once every in-flight
+// handler ended.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -58,8 +60,16 @@ class OpenAiServer {
   int port() const;
   // Serves until Stop; returns after the in-flight handlers ended.
   Status Run();
-  // Stops accepting connections; idempotent.
+  // Stops accepting connections at once; idempotent. A streamed response
+  // still being written is cut off (httplib ends them on stop): use
+  // Shutdown to drain.
   void Stop();
+  // The graceful end: new completions get 503 and /health 503 from now on;
+  // the engine finishes in-flight requests for up to `drain` (cancelling
+  // what is left, engine::Engine::Shutdown); every response still being
+  // written is given up to `grace` more to end; then Stop. Idempotent.
+  void Shutdown(std::chrono::milliseconds drain,
+                std::chrono::milliseconds grace = std::chrono::milliseconds(5000));
 
  private:
   struct Impl;
