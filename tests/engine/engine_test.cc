@@ -98,7 +98,16 @@ TEST(Engine, TinyPoolPreemptsAndLosesNothing) {
   ASSERT_NE(e, nullptr);
   std::vector<RequestParams> params;
   for (int i = 0; i < 8; ++i) params.push_back(Greedy(Prompt(*m, i), 120, /*ignore_eos=*/true));
+  // And one seeded sampled request: its random stream survives preemption.
+  RequestParams sampled = Greedy(Prompt(*m, 5), 120, true);
+  sampled.sampling.temperature = 0.7f;
+  sampled.sampling.seed = 99;
+  auto calm = MakeEngine(SmallEngine());
+  ASSERT_NE(calm, nullptr);
+  const std::vector<int32_t> sampled_alone = RunAll(*calm, {sampled})[0].tokens;
+  params.push_back(sampled);
   const std::vector<Outcome> out = RunAll(*e, params);
+  EXPECT_EQ(out[8].tokens, sampled_alone);
   for (int i = 0; i < 8; ++i) {
     SCOPED_TRACE(i);
     EXPECT_EQ(out[i].tokens, GenerateAlone(*m, params[i].prompt, 120, true));
@@ -108,10 +117,26 @@ TEST(Engine, TinyPoolPreemptsAndLosesNothing) {
   EXPECT_GT(mt.preemptions, 0u);
   std::printf("preemptions: %llu in %llu steps\n", static_cast<unsigned long long>(mt.preemptions),
               static_cast<unsigned long long>(mt.steps));
-  EXPECT_EQ(mt.requests_finished, 8u);
+  EXPECT_EQ(mt.requests_finished, 9u);
   // Only the prefix cache's blocks remain, all reclaimable.
   EXPECT_EQ(mt.pool_blocks_used, 0u);
   EXPECT_EQ(mt.pool_blocks_free + mt.pool_blocks_cached, mt.pool_blocks_total);
+}
+
+TEST(Engine, AStepBudgetBelowTheRunningCountStarvesNoOne) {
+  const model::LoadedModel* m = Stories();
+  ASSERT_NE(m, nullptr);
+  EngineOptions o = SmallEngine();
+  o.max_batch_tokens = 3;  // 8 running, 3 tokens a step
+  o.max_running = 8;
+  auto e = MakeEngine(o);
+  ASSERT_NE(e, nullptr);
+  std::vector<RequestParams> params;
+  for (int i = 0; i < 8; ++i) params.push_back(Greedy(Prompt(*m, i), 15, true));
+  const std::vector<Outcome> out = RunAll(*e, params);
+  for (int i = 0; i < 8; ++i) {
+    EXPECT_EQ(out[i].tokens, GenerateAlone(*m, params[i].prompt, 15, true)) << i;
+  }
 }
 
 TEST(Engine, CancelFreesTheBlocks) {
