@@ -139,6 +139,38 @@ TEST(Engine, AStepBudgetBelowTheRunningCountStarvesNoOne) {
   }
 }
 
+TEST(Engine, SubmitsAndCancelsFromManyThreads) {
+  const model::LoadedModel* m = Stories();
+  ASSERT_NE(m, nullptr);
+  auto e = MakeEngine(SmallEngine());
+  ASSERT_NE(e, nullptr);
+  std::vector<std::vector<Outcome>> results(4);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      std::vector<std::shared_ptr<RequestStream>> streams;
+      for (int i = 0; i < 5; ++i) {
+        auto s = e->Submit(Greedy(Prompt(*m, 5 * t + i), 30, true));
+        if (s.ok()) streams.push_back(*s);
+      }
+      streams[0]->Cancel();  // at once: it may not have run at all
+      results[t] = Drain(streams);
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (int t = 0; t < 4; ++t) {
+    ASSERT_EQ(results[t].size(), 5u);
+    EXPECT_EQ(results[t][0].last.finish_reason, FinishReason::kCancelled);
+    for (int i = 1; i < 5; ++i) {
+      EXPECT_EQ(results[t][i].tokens, GenerateAlone(*m, Prompt(*m, 5 * t + i), 30, true)) << t << " " << i;
+    }
+  }
+  const EngineMetrics mt = e->Metrics();
+  EXPECT_EQ(mt.requests_cancelled, 4u);
+  EXPECT_EQ(mt.requests_finished, 16u);
+  EXPECT_EQ(mt.pool_blocks_used, 0u);
+}
+
 TEST(Engine, CancelFreesTheBlocks) {
   const model::LoadedModel* m = Stories();
   ASSERT_NE(m, nullptr);
