@@ -8,6 +8,7 @@
 //     Shutdown drains, and past its deadline cancels.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <thread>
@@ -169,6 +170,31 @@ TEST(Engine, SubmitsAndCancelsFromManyThreads) {
   EXPECT_EQ(mt.requests_cancelled, 4u);
   EXPECT_EQ(mt.requests_finished, 16u);
   EXPECT_EQ(mt.pool_blocks_used, 0u);
+}
+
+TEST(Engine, StopTokensEndARequestUnlessIgnored) {
+  const model::LoadedModel* m = Stories();
+  ASSERT_NE(m, nullptr);
+  auto e = MakeEngine(SmallEngine());
+  ASSERT_NE(e, nullptr);
+  // A prompt whose story ends (a stop token) within 200 tokens.
+  int found = -1;
+  std::vector<int32_t> ended;
+  for (int i = 0; i < 16 && found < 0; ++i) {
+    ended = GenerateAlone(*m, Prompt(*m, i), 200, false);
+    if (ended.size() < 200) found = i;
+  }
+  ASSERT_GE(found, 0) << "no prompt reached a stop token";
+  const Outcome stopped = RunAll(*e, {Greedy(Prompt(*m, found), 200)})[0];
+  EXPECT_EQ(stopped.tokens, ended);
+  EXPECT_EQ(stopped.last.finish_reason, FinishReason::kStop);
+  // ignore_eos: the stop token is emitted and generation goes on.
+  const Outcome on = RunAll(*e, {Greedy(Prompt(*m, found), 200, true)})[0];
+  ASSERT_EQ(on.tokens.size(), 200u);
+  EXPECT_TRUE(std::equal(ended.begin(), ended.end(), on.tokens.begin()));
+  const std::vector<int32_t> stops = m->stop_tokens();
+  EXPECT_NE(std::find(stops.begin(), stops.end(), on.tokens[ended.size()]), stops.end());
+  EXPECT_EQ(on.last.finish_reason, FinishReason::kLength);
 }
 
 TEST(Engine, CancelFreesTheBlocks) {
