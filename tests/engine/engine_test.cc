@@ -20,15 +20,7 @@
 namespace kvcache::engine {
 namespace {
 
-using testing::Drain;
-using testing::GenerateAlone;
-using testing::Greedy;
-using testing::MakeEngine;
-using testing::Outcome;
-using testing::Prompt;
-using testing::RunAll;
-using testing::SmallEngine;
-using testing::Stories;
+using namespace testing;  // the fixture (engine_fixture.h)
 
 // Polls until pred() or 10 s.
 template <class Pred>
