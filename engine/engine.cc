@@ -207,6 +207,7 @@ class EngineImpl final : public Engine {
   std::vector<std::unique_ptr<Request>> running_;
   std::vector<float> logits_;
   uint64_t admit_counter_ = 0;
+  uint64_t passes_ = 0;  // batches built (the decode rotation)
 
   mutable std::mutex metrics_mu_;
   EngineMetrics counters_;  // the counters; pool and queue figures are read live
@@ -463,16 +464,21 @@ bool EngineImpl::Forward(std::vector<Request*>* in_step) {
     in_step->clear();
     std::vector<model::BatchItem> items;
     uint32_t budget = options_.max_batch_tokens;
-    // Decodes (one pending token) first, then prefill chunks, in admission order.
+    // Decodes (one pending token) first, then prefill chunks, in admission
+    // order; when the budget cannot take every decode, the first one taken
+    // rotates with the step count so that none waits for ever.
+    const size_t n = running_.size(), first = budget < n ? passes_ % n : 0;
+    ++passes_;
     for (int pass = 0; pass < 2; ++pass) {
-      for (auto& r : running_) {
+      for (size_t k = 0; k < n; ++k) {
+        Request* r = running_[pass == 0 ? (first + k) % n : k].get();
         const size_t pending = r->tokens.size() - r->kv->num_tokens();
         if ((pending == 1) != (pass == 0) || budget == 0) continue;
         const uint32_t take = static_cast<uint32_t>(std::min<size_t>(pending, budget));
         budget -= take;
         items.push_back({std::span<const int32_t>(r->tokens).subspan(r->kv->num_tokens(), take), r->kv.get(),
                          false});
-        in_step->push_back(r.get());
+        in_step->push_back(r);
       }
     }
     logits_.resize(items.size() * size_t{vocab});

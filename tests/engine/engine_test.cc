@@ -8,6 +8,7 @@
 //     Shutdown drains, and past its deadline cancels.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <thread>
@@ -19,15 +20,7 @@
 namespace kvcache::engine {
 namespace {
 
-using testing::Drain;
-using testing::GenerateAlone;
-using testing::Greedy;
-using testing::MakeEngine;
-using testing::Outcome;
-using testing::Prompt;
-using testing::RunAll;
-using testing::SmallEngine;
-using testing::Stories;
+using namespace testing;  // the fixture (engine_fixture.h)
 
 // Polls until pred() or 10 s.
 template <class Pred>
@@ -98,7 +91,16 @@ TEST(Engine, TinyPoolPreemptsAndLosesNothing) {
   ASSERT_NE(e, nullptr);
   std::vector<RequestParams> params;
   for (int i = 0; i < 8; ++i) params.push_back(Greedy(Prompt(*m, i), 120, /*ignore_eos=*/true));
+  // And one seeded sampled request: its random stream survives preemption.
+  RequestParams sampled = Greedy(Prompt(*m, 5), 120, true);
+  sampled.sampling.temperature = 0.7f;
+  sampled.sampling.seed = 99;
+  auto calm = MakeEngine(SmallEngine());
+  ASSERT_NE(calm, nullptr);
+  const std::vector<int32_t> sampled_alone = RunAll(*calm, {sampled})[0].tokens;
+  params.push_back(sampled);
   const std::vector<Outcome> out = RunAll(*e, params);
+  EXPECT_EQ(out[8].tokens, sampled_alone);
   for (int i = 0; i < 8; ++i) {
     SCOPED_TRACE(i);
     EXPECT_EQ(out[i].tokens, GenerateAlone(*m, params[i].prompt, 120, true));
@@ -108,10 +110,83 @@ TEST(Engine, TinyPoolPreemptsAndLosesNothing) {
   EXPECT_GT(mt.preemptions, 0u);
   std::printf("preemptions: %llu in %llu steps\n", static_cast<unsigned long long>(mt.preemptions),
               static_cast<unsigned long long>(mt.steps));
-  EXPECT_EQ(mt.requests_finished, 8u);
+  EXPECT_EQ(mt.requests_finished, 9u);
   // Only the prefix cache's blocks remain, all reclaimable.
   EXPECT_EQ(mt.pool_blocks_used, 0u);
   EXPECT_EQ(mt.pool_blocks_free + mt.pool_blocks_cached, mt.pool_blocks_total);
+}
+
+TEST(Engine, AStepBudgetBelowTheRunningCountStarvesNoOne) {
+  const model::LoadedModel* m = Stories();
+  ASSERT_NE(m, nullptr);
+  EngineOptions o = SmallEngine();
+  o.max_batch_tokens = 3;  // 8 running, 3 tokens a step
+  o.max_running = 8;
+  auto e = MakeEngine(o);
+  ASSERT_NE(e, nullptr);
+  std::vector<RequestParams> params;
+  for (int i = 0; i < 8; ++i) params.push_back(Greedy(Prompt(*m, i), 15, true));
+  const std::vector<Outcome> out = RunAll(*e, params);
+  for (int i = 0; i < 8; ++i) {
+    EXPECT_EQ(out[i].tokens, GenerateAlone(*m, params[i].prompt, 15, true)) << i;
+  }
+}
+
+TEST(Engine, SubmitsAndCancelsFromManyThreads) {
+  const model::LoadedModel* m = Stories();
+  ASSERT_NE(m, nullptr);
+  auto e = MakeEngine(SmallEngine());
+  ASSERT_NE(e, nullptr);
+  std::vector<std::vector<Outcome>> results(4);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      std::vector<std::shared_ptr<RequestStream>> streams;
+      for (int i = 0; i < 5; ++i) {
+        auto s = e->Submit(Greedy(Prompt(*m, 5 * t + i), 30, true));
+        if (s.ok()) streams.push_back(*s);
+      }
+      streams[0]->Cancel();  // at once: it may not have run at all
+      results[t] = Drain(streams);
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (int t = 0; t < 4; ++t) {
+    ASSERT_EQ(results[t].size(), 5u);
+    EXPECT_EQ(results[t][0].last.finish_reason, FinishReason::kCancelled);
+    for (int i = 1; i < 5; ++i) {
+      EXPECT_EQ(results[t][i].tokens, GenerateAlone(*m, Prompt(*m, 5 * t + i), 30, true)) << t << " " << i;
+    }
+  }
+  const EngineMetrics mt = e->Metrics();
+  EXPECT_EQ(mt.requests_cancelled, 4u);
+  EXPECT_EQ(mt.requests_finished, 16u);
+  EXPECT_EQ(mt.pool_blocks_used, 0u);
+}
+
+TEST(Engine, StopTokensEndARequestUnlessIgnored) {
+  const model::LoadedModel* m = Stories();
+  ASSERT_NE(m, nullptr);
+  auto e = MakeEngine(SmallEngine());
+  ASSERT_NE(e, nullptr);
+  // A prompt whose story ends (a stop token) within 200 tokens.
+  int found = -1;
+  std::vector<int32_t> ended;
+  for (int i = 0; i < 16 && found < 0; ++i) {
+    ended = GenerateAlone(*m, Prompt(*m, i), 200, false);
+    if (ended.size() < 200) found = i;
+  }
+  ASSERT_GE(found, 0) << "no prompt reached a stop token";
+  const Outcome stopped = RunAll(*e, {Greedy(Prompt(*m, found), 200)})[0];
+  EXPECT_EQ(stopped.tokens, ended);
+  EXPECT_EQ(stopped.last.finish_reason, FinishReason::kStop);
+  // ignore_eos: the stop token is emitted and generation goes on.
+  const Outcome on = RunAll(*e, {Greedy(Prompt(*m, found), 200, true)})[0];
+  ASSERT_EQ(on.tokens.size(), 200u);
+  EXPECT_TRUE(std::equal(ended.begin(), ended.end(), on.tokens.begin()));
+  const std::vector<int32_t> stops = m->stop_tokens();
+  EXPECT_NE(std::find(stops.begin(), stops.end(), on.tokens[ended.size()]), stops.end());
+  EXPECT_EQ(on.last.finish_reason, FinishReason::kLength);
 }
 
 TEST(Engine, CancelFreesTheBlocks) {

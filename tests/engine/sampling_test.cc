@@ -23,13 +23,7 @@
 namespace kvcache::engine {
 namespace {
 
-using testing::Greedy;
-using testing::MakeEngine;
-using testing::Outcome;
-using testing::Prompt;
-using testing::RunAll;
-using testing::SmallEngine;
-using testing::Stories;
+using namespace testing;  // the fixture (engine_fixture.h)
 
 RequestParams Sampled(std::vector<int32_t> prompt, uint64_t seed) {
   RequestParams p = Greedy(std::move(prompt), 30, true);

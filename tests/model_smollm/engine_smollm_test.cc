@@ -121,5 +121,54 @@ TEST(SmolLm2Engine, DISABLED_StepThroughput) {
               kSeqs * kSteps / t_batch, t_single / t_batch);
 }
 
+// 16 requests (32-token prompts, 32 tokens each) through the engine against
+// the same prompts one after another through Generate.
+TEST(SmolLm2Engine, DISABLED_EngineThroughput) {
+  const model::LoadedModel* m = SmolLm2();
+  ASSERT_NE(m, nullptr);
+  constexpr int kRequests = 16;
+  constexpr uint32_t kTokens = 32;
+  const std::vector<int32_t> text = Gpl3Tokens(*m, 400);
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i = 0; i < kRequests; ++i) prompts.emplace_back(text.begin() + 20 * i, text.begin() + 20 * i + 32);
+  auto t0 = std::chrono::steady_clock::now();
+  for (const auto& p : prompts) {
+    model::Decoder d(m->model(), 2);
+    auto kv = model::CreateKvBackend(d.attention_shape(), {});
+    model::GenerateOptions g;
+    g.max_new_tokens = kTokens;
+    g.stop_at_eos = false;
+    ASSERT_TRUE(model::Generate(d, **kv, p, g).ok());
+  }
+  const double t_seq = Seconds(t0);
+  EngineOptions o;
+  o.pool_bytes = 128ull << 20;
+  o.threads = 2;
+  auto e = Engine::Create(*m, o);
+  ASSERT_TRUE(e.ok()) << e.status().ToString();
+  t0 = std::chrono::steady_clock::now();
+  std::vector<std::shared_ptr<RequestStream>> streams;
+  for (const auto& p : prompts) {
+    RequestParams r;
+    r.prompt = p;
+    r.max_tokens = kTokens;
+    r.ignore_eos = true;
+    streams.push_back(*(*e)->Submit(r));
+  }
+  for (auto& s : streams) {
+    StreamEvent ev;
+    while (s->Next(&ev, std::chrono::seconds(60)) && !ev.finished) {
+    }
+  }
+  const double t_engine = Seconds(t0);
+  const EngineMetrics mt = (*e)->Metrics();
+  std::printf("SmolLM2 f32, 2 threads, %d requests x (32 prompt + %u generated) tokens:\n", kRequests, kTokens);
+  std::printf("  Generate one after another: %.2f s, %.1f generated tokens/s\n", t_seq,
+              kRequests * kTokens / t_seq);
+  std::printf("  engine, all at once: %.2f s, %.1f generated tokens/s (x%.2f), %llu steps, %.1f ms/step\n",
+              t_engine, kRequests * kTokens / t_engine, t_seq / t_engine,
+              static_cast<unsigned long long>(mt.steps), 1e3 * mt.step_seconds_sum / mt.steps);
+}
+
 }  // namespace
 }  // namespace kvcache::engine
