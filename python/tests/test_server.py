@@ -344,11 +344,14 @@ def test_sigterm_drains_and_exits_zero():
         result["text"], result["finish"] = text, finish
 
     t = threading.Thread(target=run)
-    t.start()
-    deadline = time.monotonic() + 20
-    while server.metrics()["kvcache_requests_running"] == 0 and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert server.terminate() == 0, "".join(server.stderr_lines)
+    try:
+        t.start()
+        deadline = time.monotonic() + 20
+        while server.metrics()["kvcache_requests_running"] == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        code = server.terminate()
+    assert code == 0, "".join(server.stderr_lines)
     t.join(30)
     assert result.get("finish") in ("length", "cancelled")  # finished within the drain, or cut at its end
     assert result["text"]
@@ -384,4 +387,5 @@ def test_soak_two_thousand_requests(smol, client):
     assert m['kvcache_pool_blocks{state="used"}'] == 0
     assert m["kvcache_requests_running"] == 0 and m["kvcache_requests_waiting"] == 0
     rss_end = rss_kib(smol.proc.pid)
+    print(f"soak: 2000 requests, RSS after 500 {rss_warm} KiB, after 2000 {rss_end} KiB")
     assert rss_end < rss_warm * 1.15 + 8192, (rss_warm, rss_end)
