@@ -153,7 +153,9 @@ TEST(TierObject, EveryMismatchIsRejectedWithItsReason) {
     return b;
   };
   EXPECT_EQ(verify(resealed(0, 'K')), std::nullopt);  // the reseal itself is sound
-  EXPECT_EQ(verify(resealed(6, 1)), TierMiss::kIncompatible);
+  EXPECT_EQ(verify(resealed(6, 2)), TierMiss::kIncompatible);
+  // The calibration flag without the digest it announces: sizes disagree.
+  EXPECT_EQ(verify(resealed(6, kBlockFlagCalibrated)), TierMiss::kCorrupt);
   EXPECT_EQ(verify(resealed(90, 1)), TierMiss::kCorrupt);
   EXPECT_EQ(verify(resealed(121, 1)), TierMiss::kCorrupt);
   EXPECT_EQ(verify(resealed(96, good[96] + 2)), TierMiss::kCorrupt);
