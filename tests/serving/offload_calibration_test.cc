@@ -96,16 +96,7 @@ TEST(OffloadCalibration, ObjectEncodesVerifiesAndRejectsWithReasons) {
   EXPECT_EQ(decode(EncodeCalibrationObject(*other, kCalGeo, compat).value()).miss, TierMiss::kCorrupt);
   // Another version, resealed: incompatible; a float changed and the header
   // resealed: the recomputed digest refuses it.
-  auto resealed = [&](size_t at, uint8_t value) {
-    std::vector<uint8_t> b = good;
-    b[at] = value;
-    uint32_t header_bytes;
-    std::memcpy(&header_bytes, b.data() + 8, 4);
-    std::memset(b.data() + 112, 0, 8);
-    const uint64_t sum = BlockChecksum(std::span(b).first(header_bytes));
-    std::memcpy(b.data() + 112, &sum, 8);
-    return b;
-  };
+  auto resealed = [&](size_t at, uint8_t value) { return Resealed(good, at, value); };
   EXPECT_NE(decode(resealed(0, 'K')).calibration, nullptr);  // the reseal itself is sound
   EXPECT_EQ(decode(resealed(4, 2)).miss, TierMiss::kIncompatible);
   EXPECT_EQ(decode(resealed(80, 1)).miss, TierMiss::kCorrupt);
@@ -202,11 +193,7 @@ TEST_F(CalibrationFaults, ACalibrationOfAnotherGeometryIsAnIncompatibleMiss) {
   const BlockHash want = cal_digest_;
   std::memcpy(obj.data() + 40, &want.lo, 8);
   std::memcpy(obj.data() + 48, &want.hi, 8);
-  std::memset(obj.data() + 112, 0, 8);
-  uint32_t header_bytes;
-  std::memcpy(&header_bytes, obj.data() + 8, 4);
-  const uint64_t sum = BlockChecksum(std::span(obj).first(header_bytes));
-  std::memcpy(obj.data() + 112, &sum, 8);
+  obj = Resealed(std::move(obj), 0, 'K');
   ASSERT_EQ(CalibrationKey(compat_, want), cal_key_);
   Replace(cal_key_, obj);
   Process b({host_}, kTurbo4);
