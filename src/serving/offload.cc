@@ -88,6 +88,7 @@ struct TierLookup {
   std::vector<std::array<uint64_t, kNumTierMisses>> miss;  // [tier] misses to count
   std::vector<TierBlobPtr> objects;                        // [end of the run] fetched
   std::vector<std::vector<std::string>> erase;             // [tier] keys that failed
+  size_t rejected = 0;  // blocks [0, rejected) already rejected (their calibration failed)
   bool pool_hit = false;  // the pool supplied blocks before these
   std::shared_ptr<const Calibration> pool_calibration;     // theirs
   std::shared_ptr<const Calibration> calibration;          // what the run's blocks carry
@@ -510,6 +511,7 @@ size_t OffloadCache::State::ResolveCalibration(TierLookup& l, size_t ok) {
     ++l.miss[static_cast<size_t>(l.src[0])][static_cast<size_t>(c.miss)];
   } else {
     for (size_t j = 0; j < ok; ++j) l.Reject(j, c.miss);
+    l.rejected = ok;
   }
   return 0;
 }
@@ -584,7 +586,7 @@ std::vector<uint32_t> OffloadCache::State::Stage(TierLookup& l, std::span<const 
       break;
     }
   }
-  for (size_t j = good < ok ? good + 1 : good; j < end; ++j) {
+  for (size_t j = std::max(good < ok ? good + 1 : good, l.rejected); j < end; ++j) {
     if (l.objects[j] == nullptr) continue;
     const size_t i = l.i0 + j;
     const std::optional<TierMiss> why =

@@ -5,13 +5,15 @@
 // rejection's reason); every way a calibration can be missing, bad or
 // disagree is a counted miss that adopts and changes nothing; unflagged
 // objects still carry the compatibility digest's calibration; a calibration
-// object is not evicted while a block names it.
+// object is not evicted while a block names it; threads publishing and
+// adopting calibrated chains at once through one OffloadCache.
 #include <gtest/gtest.h>
 
 #include <unistd.h>
 
 #include <cstring>
 #include <filesystem>
+#include <thread>
 
 #include "serving/calibrated_test_util.h"
 
@@ -331,6 +333,57 @@ TEST(OffloadCalibration, ACalibrationObjectOutlivesTheBlocksThatNameIt) {
   host->Erase(std::vector<std::string>{"a"});
   ASSERT_EQ(host->Store(std::vector<TierPut>{{"y", "", bytes}, {"z", "", bytes}}), 2u);
   EXPECT_EQ(host->Exists(std::vector<std::string>{"cal"})[0], TierMiss::kEvicted);
+}
+
+// Four threads, one OffloadCache over a host tier: each publishes its own
+// calibrated chain (its rows, its calibration), then all adopt every chain
+// over and over (the pool is the first answer, the tier after the pool lets
+// blocks go). Every adoption is whole and decodes to the publisher's rows
+// with the publisher's calibration. (Runs under TSan: the serving label.)
+TEST(OffloadCalibration, ThreadsPublishingAndAdoptingCalibratedChains) {
+  constexpr int kThreads = 4;
+  std::shared_ptr<Tier> host = NewHostTier({});
+  Process p({host}, kTurbo4);
+  std::vector<std::vector<TokenId>> prompts;
+  std::vector<std::unique_ptr<SequenceCache>> owners;
+  for (int i = 0; i < kThreads; ++i) {
+    prompts.push_back(Tokens(32, 1000 * (i + 1)));
+    owners.push_back(std::make_unique<SequenceCache>(SequenceCache::CreatePaged(p.pool).value()));
+    ASSERT_TRUE(AppendCalibratedRows(*owners[i], 32, 40 + i).ok());
+  }
+  std::vector<std::thread> threads;
+  std::vector<int> failures(kThreads, 0);
+  for (int i = 0; i < kThreads; ++i) {
+    threads.emplace_back([&, i] {
+      if (!p.off->PublishSequence(owners[i].get(), prompts[i], "").ok()) ++failures[i];
+      for (int round = 0; round < 6; ++round) {
+        const int c = (i + round) % kThreads;
+        SequenceCache s = SequenceCache::CreatePaged(p.pool).value();
+        const Result<size_t> got = p.off->AdoptInto(&s, prompts[c], "");
+        if (!got.ok()) {
+          ++failures[i];
+          continue;
+        }
+        if (*got == 0) continue;  // not published yet by its thread
+        if (*got != 32 || s.calibration() == nullptr ||
+            !(s.calibration()->transforms == owners[c]->calibration()->transforms)) {
+          ++failures[i];
+          continue;
+        }
+        for (uint32_t l = 0; l < kCalGeo.n_layers; ++l) {
+          for (uint32_t h = 0; h < kCalGeo.n_kv_heads; ++h) {
+            if (s.HeadKeys(l, h).value() != owners[c]->HeadKeys(l, h).value()) ++failures[i];
+          }
+        }
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  p.off->Flush();
+  for (int i = 0; i < kThreads; ++i) EXPECT_EQ(failures[i], 0) << i;
+  EXPECT_EQ(host->usage().objects, size_t{kThreads} * (2 + 1));  // 2 blocks + 1 calibration each
+  owners.clear();
+  EXPECT_TRUE(p.pool->CheckInvariants().ok());
 }
 
 }  // namespace
