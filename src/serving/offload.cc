@@ -137,8 +137,8 @@ struct OffloadCache::State {
     }
   }
 
-  // The digest of `c` (zero for null), remembered with it. With `check`,
-  // InvalidArgument unless the tiers can store it (CheckCalibration).
+  // The digest of `c` (zero for null). With `check`, InvalidArgument unless
+  // the tiers can store it (CheckCalibration), and remembered with it.
   Result<BlockHash> DigestOf(const std::shared_ptr<const Calibration>& c, bool check);
   std::shared_ptr<const Calibration> Recall(const BlockHash& digest);
   void Keep(const BlockHash& digest, std::shared_ptr<const Calibration> c);
@@ -192,7 +192,7 @@ Result<BlockHash> OffloadCache::State::DigestOf(const std::shared_ptr<const Cali
   }
   if (check) KV_RETURN_IF_ERROR(CheckCalibration(*c, geometry));
   const BlockHash d = CalibrationDigest(*c);
-  Keep(d, c);
+  if (check) Keep(d, c);  // `cals` holds only calibrations the tiers can store
   return d;
 }
 
