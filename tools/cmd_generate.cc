@@ -396,7 +396,6 @@ int RunGenerate(const GenerateCliOptions& o) {
     for (const TierStats& t : st.tiers) tiers.push_back(TierStatsJson(t));
     j["tiers"] = tiers;
     j["dropped_queue_full"] = st.dropped_queue_full;
-    j["skipped_calibration"] = st.skipped_calibration;
   }
   j["draft_tokens"] = o.draft;
   if (o.draft > 0) {
