@@ -200,6 +200,8 @@ HWY_INLINE VF Accumulate(VF acc, VI lanes, float s) {
 HWY_INLINE void StoreF(VF v, float* out) { _mm_storeu_ps(out, v); }
 #endif
 
+constexpr size_t kPrefetchBytes = 2048;
+
 // R rows (pointers to their first block) times T tokens of x from token t0,
 // over nb blocks; out[t * out_stride + r]. Q8_0's signed weights go through
 // |w| times sign(w) * q, which keeps every product and pair sum exact.
@@ -233,6 +235,9 @@ HWY_INLINE void RowsTimesTokens(GgmlType type, const uint8_t* const* rows, const
     }
     for (int r = 0; r < R; ++r) {
       const uint8_t* blk = rows[r] + b * bb;
+      // Weights stream from memory once per product: ask for them well
+      // ahead (the hardware prefetcher alone leaves decode waiting on DRAM).
+      _mm_prefetch(reinterpret_cast<const char*>(blk) + kPrefetchBytes, _MM_HINT_T0);
       VI w[kGroups];
       if (q41) {
         Q41Weights(blk + 4, w);
