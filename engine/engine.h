@@ -15,7 +15,11 @@
 //
 // Batch invariance: the logits a request gets do not depend on what else is
 // in the step or on the thread count, so a greedy request gives the same
-// tokens as `kvcache generate` on the same prompt, under any load.
+// tokens as `kvcache generate` on the same prompt, under any load. (Exactly
+// so for f32 K/V, whose attention is exact whatever the query block: the
+// engine may cut a prompt into chunks where generate runs it whole, and the
+// chunks of the other formats can round differently, as can their
+// calibration from the first chunk's rows.)
 //
 // When the pool runs out mid-generation the youngest running request is
 // preempted: its blocks are freed (full blocks stay in the prefix cache and
@@ -61,7 +65,12 @@ struct EngineOptions {
   bool prefix_cache = true;          // reuse and publish full prompt blocks
   // Offload tiers, spelled as `kvcache generate --tiers` takes them
   // ("host:512M,disk:/path:2G,redis:127.0.0.1:6379"); empty: none.
+  // Tiers need the prefix cache.
   std::string tiers;
+  // The model's fingerprint for the tiers' compatibility digest
+  // (model::ModelFingerprint of its file: blocks are never served to
+  // another model); required with tiers.
+  std::string model_id;
 };
 
 struct SamplingParams {
@@ -155,9 +164,11 @@ class Engine {
 
   // Queues a request. InvalidArgument for bad params (empty prompt, an id
   // outside the vocabulary, prompt + 1 beyond the context, max_tokens 0, a
-  // sampling value out of range); ResourceExhausted when max_waiting
-  // requests wait already; FailedPrecondition after Shutdown. Nothing is
-  // queued on failure.
+  // sampling value out of range, top_logprobs > 20, more than 8 stop
+  // strings or an empty one); ResourceExhausted -- StatusCode::
+  // kCapacityExceeded, status.h has no other code for it -- when
+  // max_waiting requests wait already; FailedPrecondition after Shutdown.
+  // Nothing is queued on failure.
   virtual Result<std::shared_ptr<RequestStream>> Submit(RequestParams params) = 0;
 
   virtual EngineMetrics Metrics() const = 0;

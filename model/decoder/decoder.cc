@@ -1,6 +1,7 @@
 // The reference decoder's forward pass.
 #include "model/decoder/decoder.h"
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 
@@ -59,36 +60,50 @@ void RmsNormRows(const float* x, std::span<const float> weight, float* out, uint
 
 }  // namespace
 
-Status Decoder::CheckPass(std::span<const int32_t> tokens, const KvBackend& kv,
-                          std::span<const float> logits, const ForwardOptions& options) const {
+Status Decoder::CheckBatch(std::span<const BatchItem> items, std::span<const float> logits,
+                           const ForwardOptions& options, size_t* total) const {
   const ModelConfig& c = config();
-  const uint32_t n = static_cast<uint32_t>(tokens.size());
   const uint32_t vocab = c.vocab_size;
-  if (n == 0) return Status::InvalidArgument("forward: no tokens");
+  if (items.empty()) return Status::InvalidArgument("forward: no items");
   if (options.n_layers > c.n_layers) {
     return Status::InvalidArgument("forward: n_layers " + std::to_string(options.n_layers) +
                                    " > the model's " + std::to_string(c.n_layers));
   }
-  if (logits.size() != static_cast<size_t>(n) * vocab && logits.size() != vocab) {
+  std::vector<const KvBackend*> seen;
+  size_t tokens = 0, rows = 0;
+  for (const BatchItem& item : items) {
+    if (item.kv == nullptr) return Status::InvalidArgument("forward: an item without a kv backend");
+    if (std::find(seen.begin(), seen.end(), item.kv) != seen.end()) {
+      return Status::InvalidArgument("forward: two items share one kv backend");
+    }
+    seen.push_back(item.kv);
+    const uint32_t n = static_cast<uint32_t>(item.tokens.size());
+    if (n == 0) return Status::InvalidArgument("forward: no tokens");
+    for (int32_t t : item.tokens) {
+      if (t < 0 || static_cast<uint32_t>(t) >= vocab) {
+        return Status::InvalidArgument("forward: token " + std::to_string(t) +
+                                       " is outside the vocabulary");
+      }
+    }
+    const uint32_t start = item.kv->num_tokens();
+    if (uint64_t{start} + n > c.max_seq_len) {
+      return Status::OutOfRange("forward: positions up to " + std::to_string(uint64_t{start} + n) +
+                                " exceed max_seq_len " + std::to_string(c.max_seq_len));
+    }
+    tokens += n;
+    rows += item.all_logits ? n : 1;
+  }
+  if (logits.size() != rows * vocab) {
     return Status::InvalidArgument("forward: logits has " + std::to_string(logits.size()) +
-                                   " floats, want " + std::to_string(n) + " or 1 x vocab " +
+                                   " floats, want " + std::to_string(rows) + " x vocab " +
                                    std::to_string(vocab));
   }
-  for (int32_t t : tokens) {
-    if (t < 0 || static_cast<uint32_t>(t) >= vocab) {
-      return Status::InvalidArgument("forward: token " + std::to_string(t) +
-                                     " is outside the vocabulary");
-    }
-  }
-  const uint32_t start = kv.num_tokens();
-  if (start + n > c.max_seq_len) {
-    return Status::OutOfRange("forward: positions up to " + std::to_string(start + n) +
-                              " exceed max_seq_len " + std::to_string(c.max_seq_len));
-  }
+  *total = tokens;
   return Status::Ok();
 }
 
-Status Decoder::ForwardLayer(uint32_t l, uint32_t n, uint32_t start, KvBackend& kv) {
+Status Decoder::ForwardLayer(uint32_t l, std::span<const BatchItem> items,
+                             std::span<const uint32_t> starts, uint32_t n) {
   const ModelConfig& c = config();
   const uint32_t dim = c.dim, kv_dim = c.kv_dim(), hd = c.head_dim();
   const LayerWeights& w = model_->layer(l);
@@ -96,24 +111,33 @@ Status Decoder::ForwardLayer(uint32_t l, uint32_t n, uint32_t start, KvBackend& 
   auto add_into_x = [&] {
     for (size_t j = 0; j < static_cast<size_t>(n) * dim; ++j) x_[j] += xb_[j];
   };
-  // Attention.
+  // Attention: the projections over every token, the rest per item.
   RmsNormRows(x_.data(), w.rms_att, xb_.data(), n, dim, c.rms_eps);
   MatMul(w.wq, xb_.data(), n, q_.data(), pool);
   MatMul(w.wk, xb_.data(), n, k_.data(), pool);
   MatMul(w.wv, xb_.data(), n, v_.data(), pool);
-  for (uint32_t i = 0; i < n; ++i) {
-    ApplyRope(q_.data() + static_cast<size_t>(i) * dim, c.n_heads, hd, start + i, c.rope_theta);
-    ApplyRope(k_.data() + static_cast<size_t>(i) * kv_dim, c.n_kv_heads, hd, start + i, c.rope_theta);
+  size_t off = 0;  // the item's first token in the step
+  for (size_t it = 0; it < items.size(); ++it) {
+    const size_t ni = items[it].tokens.size();
+    for (size_t i = 0; i < ni; ++i) {
+      const uint32_t pos = starts[it] + static_cast<uint32_t>(i);
+      ApplyRope(q_.data() + (off + i) * dim, c.n_heads, hd, pos, c.rope_theta);
+      ApplyRope(k_.data() + (off + i) * kv_dim, c.n_kv_heads, hd, pos, c.rope_theta);
+    }
+    KvBackend& kv = *items[it].kv;
+    KV_RETURN_IF_ERROR(kv.Store(l, std::span<const float>(k_).subspan(off * kv_dim, ni * kv_dim),
+                                std::span<const float>(v_).subspan(off * kv_dim, ni * kv_dim)));
+    KV_RETURN_IF_ERROR(kv.Attend(l, std::span<const float>(q_).subspan(off * dim, ni * dim),
+                                 std::span<float>(att_).subspan(off * dim, ni * dim)));
+    off += ni;
   }
-  KV_RETURN_IF_ERROR(kv.Store(l, k_, v_));
-  KV_RETURN_IF_ERROR(kv.Attend(l, q_, att_));
   MatMul(w.wo, att_.data(), n, xb_.data(), pool);
   add_into_x();
   // SwiGLU feed-forward.
   RmsNormRows(x_.data(), w.rms_ffn, xb_.data(), n, dim, c.rms_eps);
   MatMul(w.w1, xb_.data(), n, hb_.data(), pool);
   MatMul(w.w3, xb_.data(), n, hb2_.data(), pool);
-  for (size_t j = 0; j < hb_.size(); ++j) {
+  for (size_t j = 0; j < static_cast<size_t>(n) * c.hidden_dim; ++j) {
     const float a = hb_[j];
     hb_[j] = a / (1.0f + std::exp(-a)) * hb2_[j];
   }
@@ -122,41 +146,82 @@ Status Decoder::ForwardLayer(uint32_t l, uint32_t n, uint32_t start, KvBackend& 
   return Status::Ok();
 }
 
-Status Decoder::Forward(std::span<const int32_t> tokens, KvBackend& kv, std::span<float> logits,
-                        const ForwardOptions& options) {
-  KV_RETURN_IF_ERROR(CheckPass(tokens, kv, logits, options));
+void Decoder::Resize(uint32_t n) {
   const ModelConfig& c = config();
-  const uint32_t n = static_cast<uint32_t>(tokens.size());
-  const uint32_t dim = c.dim, hidden = c.hidden_dim;
-  const uint32_t n_layers = options.n_layers ? options.n_layers : c.n_layers;
-  const bool all_logits = logits.size() == static_cast<size_t>(n) * c.vocab_size;
-  const size_t nd = static_cast<size_t>(n) * dim, nkv = static_cast<size_t>(n) * c.kv_dim();
+  const size_t nd = static_cast<size_t>(n) * c.dim, nkv = static_cast<size_t>(n) * c.kv_dim();
   x_.resize(nd);
   xb_.resize(nd);
   q_.resize(nd);
   att_.resize(nd);
   k_.resize(nkv);
   v_.resize(nkv);
-  hb_.resize(static_cast<size_t>(n) * hidden);
-  hb2_.resize(static_cast<size_t>(n) * hidden);
+  hb_.resize(static_cast<size_t>(n) * c.hidden_dim);
+  hb2_.resize(static_cast<size_t>(n) * c.hidden_dim);
+}
 
+void Decoder::Classify(std::span<const BatchItem> items, std::span<float> logits) {
+  const ModelConfig& c = config();
   const Model& m = *model_;
-  for (uint32_t i = 0; i < n; ++i) {
-    m.embedding().DecodeRows(static_cast<uint32_t>(tokens[i]), 1, x_.data() + static_cast<size_t>(i) * dim);
+  const uint32_t dim = c.dim;
+  uint32_t rows = 0;
+  size_t off = 0;
+  for (const BatchItem& item : items) {
+    const size_t ni = item.tokens.size();
+    for (size_t i = item.all_logits ? 0 : ni - 1; i < ni; ++i, ++rows) {
+      RmsNorm(x_.data() + (off + i) * dim, m.rms_final(), xb_.data() + size_t{rows} * dim, c.rms_eps);
+    }
+    off += ni;
   }
-  const uint32_t start = kv.num_tokens();
-  KV_RETURN_IF_ERROR(kv.Extend(n));
-  for (uint32_t l = 0; l < n_layers; ++l) {
-    Status s = ForwardLayer(l, n, start, kv);
+  MatMul(m.classifier(), xb_.data(), rows, logits.data(), pool_.get());
+}
+
+Status Decoder::Forward(std::span<const int32_t> tokens, KvBackend& kv, std::span<float> logits,
+                        const ForwardOptions& options) {
+  const size_t n = tokens.size(), vocab = config().vocab_size;
+  if (n > 0 && logits.size() != n * vocab && logits.size() != vocab) {
+    return Status::InvalidArgument("forward: logits has " + std::to_string(logits.size()) +
+                                   " floats, want " + std::to_string(n) + " or 1 x vocab " +
+                                   std::to_string(vocab));
+  }
+  const BatchItem item{tokens, &kv, n > 1 && logits.size() == n * vocab};
+  return ForwardBatch(std::span<const BatchItem>(&item, 1), logits, options);
+}
+
+Status Decoder::ForwardBatch(std::span<const BatchItem> items, std::span<float> logits,
+                             const ForwardOptions& options) {
+  size_t total = 0;
+  KV_RETURN_IF_ERROR(CheckBatch(items, logits, options, &total));
+  const ModelConfig& c = config();
+  const uint32_t n = static_cast<uint32_t>(total);
+  const uint32_t n_layers = options.n_layers ? options.n_layers : c.n_layers;
+  Resize(n);
+  const Model& m = *model_;
+  std::vector<uint32_t> starts(items.size());
+  size_t off = 0;
+  for (size_t it = 0; it < items.size(); ++it) {
+    for (int32_t t : items[it].tokens) {
+      m.embedding().DecodeRows(static_cast<uint32_t>(t), 1, x_.data() + off++ * c.dim);
+    }
+    starts[it] = items[it].kv->num_tokens();
+  }
+  auto roll_back = [&](size_t count) {
+    for (size_t it = 0; it < count; ++it) (void)items[it].kv->Truncate(starts[it]);
+  };
+  for (size_t it = 0; it < items.size(); ++it) {
+    Status s = items[it].kv->Extend(static_cast<uint32_t>(items[it].tokens.size()));
     if (!s.ok()) {
-      (void)kv.Truncate(start);
+      roll_back(it);
       return s;
     }
   }
-  const uint32_t first = all_logits ? 0 : n - 1;
-  RmsNormRows(x_.data() + static_cast<size_t>(first) * dim, m.rms_final(), xb_.data(), n - first, dim,
-              c.rms_eps);
-  MatMul(m.classifier(), xb_.data(), n - first, logits.data(), pool_.get());
+  for (uint32_t l = 0; l < n_layers; ++l) {
+    Status s = ForwardLayer(l, items, starts, n);
+    if (!s.ok()) {
+      roll_back(items.size());
+      return s;
+    }
+  }
+  Classify(items, logits);
   return Status::Ok();
 }
 

@@ -30,6 +30,13 @@
 
 namespace kvcache::model {
 
+// One sequence's share of a batched pass (Decoder::ForwardBatch).
+struct BatchItem {
+  std::span<const int32_t> tokens;  // one token (a decode) or a chunk (a prefill)
+  KvBackend* kv = nullptr;          // this sequence's storage; distinct per item
+  bool all_logits = false;          // logits for every token, or the last one only
+};
+
 struct ForwardOptions {
   // Run only layers [0, n_layers) before the final norm and classifier (an
   // early-exit draft model sharing the full model's cache); 0 = all layers.
@@ -53,12 +60,34 @@ class Decoder {
   Status Forward(std::span<const int32_t> tokens, KvBackend& kv, std::span<float> logits,
                  const ForwardOptions& options = {});
 
+  // One pass over several sequences (continuous batching): item i's tokens
+  // run at positions items[i].kv->num_tokens() .. + n_i - 1. Each weight
+  // matrix is applied once to all the step's tokens; RoPE, K/V storage and
+  // attention are per item on its own slice and backend. logits: item i's
+  // rows (n_i with all_logits, else 1) of [vocab] each, concatenated in item
+  // order. A sequence's logits are bit-identical whatever else is in the
+  // step and whatever the thread count (MatMul's contract; attention sees
+  // the item alone), so Forward(tokens, kv) == ForwardBatch({{tokens, &kv}}).
+  // Forward is exactly the one-item call. On failure every item's kv is
+  // truncated back to where it was. InvalidArgument for no items, a null or
+  // repeated kv, an item without tokens, a bad token id or a logits size
+  // other than the rows' total; OutOfRange past max_seq_len; the backends'
+  // errors (e.g. PoolExhausted) as they come.
+  Status ForwardBatch(std::span<const BatchItem> items, std::span<float> logits,
+                      const ForwardOptions& options = {});
+
  private:
-  // Forward's checks (the errors documented there).
-  Status CheckPass(std::span<const int32_t> tokens, const KvBackend& kv,
-                   std::span<const float> logits, const ForwardOptions& options) const;
-  // Layer l of a pass of n tokens from position start: x_ in, x_ out.
-  Status ForwardLayer(uint32_t l, uint32_t n, uint32_t start, KvBackend& kv);
+  // ForwardBatch's checks (the errors documented there); *total = the
+  // items' tokens.
+  Status CheckBatch(std::span<const BatchItem> items, std::span<const float> logits,
+                    const ForwardOptions& options, size_t* total) const;
+  // Layer l of a pass over the items' n tokens (item i's from starts[i]):
+  // x_ in, x_ out.
+  Status ForwardLayer(uint32_t l, std::span<const BatchItem> items,
+                      std::span<const uint32_t> starts, uint32_t n);
+  // The final norm and classifier over the rows the items ask for.
+  void Classify(std::span<const BatchItem> items, std::span<float> logits);
+  void Resize(uint32_t n);
 
   const Model* model_;
   std::unique_ptr<ThreadPool> pool_;  // null for one thread

@@ -58,6 +58,11 @@ class CacheKv final : public SequenceKv<SequenceCache> {
     return seq_.SetBlockHash(logical_block, hash);
   }
 
+  // Admission control (paged): SequenceCache::Reserve -- promises every
+  // block appends up to max_tokens positions need, all or nothing
+  // (PoolExhausted, nothing reserved); the blocks go back with the cache.
+  Status Reserve(uint32_t max_tokens) { return seq_.Reserve(max_tokens); }
+
   const SequenceCache& cache() const { return seq_; }
 
  private:
