@@ -5,10 +5,12 @@
 #include <benchmark/benchmark.h>
 
 #include <cstring>
+#include <memory>
 #include <random>
 #include <vector>
 
 #include "kvcache/float16.h"
+#include "kvcache/thread_pool.h"
 #include "model/decoder/matmul.h"
 
 namespace {
@@ -37,13 +39,16 @@ Matrix MakeMatrix(GgmlType t, uint32_t rows, uint32_t cols) {
   return m;
 }
 
-// args: type (0 Q4_1, 1 Q8_0), inputs (0 f32, 1 int8), tokens, size (0:
+// args: type (0 Q4_1, 1 Q8_0), inputs (0 f32, 1 int8), tokens, threads, size (0:
 // cache-resident, [1536][576] and [4096][576]; 1: streamed from memory,
 // [46080][576] Q4_1 = 16.6 MB, about a third of SmolLM2's layers, and the
 // whole [49152][576] Q8_0 classifier, 30 MB)
 void BM_MatMul(benchmark::State& state) {
   const GgmlType t = state.range(0) == 0 ? GgmlType::kQ4_1 : GgmlType::kQ8_0;
-  const bool big = state.range(3) != 0;
+  const bool big = state.range(4) != 0;
+  const uint32_t threads = static_cast<uint32_t>(state.range(3));
+  std::unique_ptr<kvcache::ThreadPool> pool =
+      threads > 1 ? std::make_unique<kvcache::ThreadPool>(threads) : nullptr;
   Matrix m = t == GgmlType::kQ4_1 ? MakeMatrix(t, big ? 46080 : 1536, 576)
                                   : MakeMatrix(t, big ? 49152 : 4096, 576);
   m.w.inputs = state.range(1) == 0 ? MatMulInputs::kF32 : MatMulInputs::kInt8;
@@ -53,14 +58,14 @@ void BM_MatMul(benchmark::State& state) {
   std::normal_distribution<float> nd;
   for (float& v : x) v = nd(rng);
   for (auto _ : state) {
-    kvcache::model::MatMul(m.w, x.data(), n, out.data(), nullptr);
+    kvcache::model::MatMul(m.w, x.data(), n, out.data(), pool.get());
     benchmark::DoNotOptimize(out.data());
   }
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * static_cast<int64_t>(m.bytes.size()));
   state.SetLabel(std::string(t == GgmlType::kQ4_1 ? "q4_1" : "q8_0") + (state.range(1) ? " int8" : " f32") +
-                 " n=" + std::to_string(n) + (big ? " streamed" : ""));
+                 " n=" + std::to_string(n) + " threads=" + std::to_string(threads) + (big ? " streamed" : ""));
 }
-BENCHMARK(BM_MatMul)->ArgsProduct({{0, 1}, {0, 1}, {1, 64}, {0}});
-BENCHMARK(BM_MatMul)->ArgsProduct({{0, 1}, {0, 1}, {1}, {1}});
+BENCHMARK(BM_MatMul)->ArgsProduct({{0, 1}, {0, 1}, {1, 64}, {1}, {0}});
+BENCHMARK(BM_MatMul)->ArgsProduct({{0, 1}, {0, 1}, {1}, {1, 2}, {1}})->UseRealTime();
 
 }  // namespace
