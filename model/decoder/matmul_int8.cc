@@ -169,8 +169,14 @@ HWY_INLINE VI Dot4(VI a, VI b) {
 }
 HWY_INLINE VI AbsI8(VI v) { return _mm256_abs_epi8(v); }
 HWY_INLINE VI SignI8(VI v, VI s) { return _mm256_sign_epi8(v, s); }
-HWY_INLINE VF Accumulate(VF acc, VI lanes, float s) {
-  return _mm256_add_ps(acc, _mm256_mul_ps(_mm256_cvtepi32_ps(lanes), _mm256_set1_ps(s)));
+// (d, m, -, -) of a block: both halves converted at once (F16C); for Q8_0
+// lane 1 is not a scale and is never used.
+HWY_INLINE __m128 LoadDm(GgmlType, const uint8_t* blk) {
+  return _mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(int8_internal::LoadU32(blk))));
+}
+// acc + float(lanes) * lane 0 of `scale`.
+HWY_INLINE VF Accumulate(VF acc, VI lanes, __m128 scale) {
+  return _mm256_add_ps(acc, _mm256_mul_ps(_mm256_cvtepi32_ps(lanes), _mm256_broadcastss_ps(scale)));
 }
 HWY_INLINE void StoreF(VF v, float* out) { _mm256_storeu_ps(out, v); }
 #else
@@ -194,8 +200,13 @@ HWY_INLINE void Q80Weights(const int8_t* v, VI* w) {
 HWY_INLINE VI Dot4(VI a, VI b) { return _mm_madd_epi16(_mm_maddubs_epi16(a, b), _mm_set1_epi16(1)); }
 HWY_INLINE VI AbsI8(VI v) { return _mm_abs_epi8(v); }
 HWY_INLINE VI SignI8(VI v, VI s) { return _mm_sign_epi8(v, s); }
-HWY_INLINE VF Accumulate(VF acc, VI lanes, float s) {
-  return _mm_add_ps(acc, _mm_mul_ps(_mm_cvtepi32_ps(lanes), _mm_set1_ps(s)));
+HWY_INLINE __m128 LoadDm(GgmlType type, const uint8_t* blk) {
+  float d, m;
+  BlockScalesT(type, blk, &d, &m);
+  return _mm_setr_ps(d, m, 0.0f, 0.0f);
+}
+HWY_INLINE VF Accumulate(VF acc, VI lanes, __m128 scale) {
+  return _mm_add_ps(acc, _mm_mul_ps(_mm_cvtepi32_ps(lanes), _mm_shuffle_ps(scale, scale, 0)));
 }
 HWY_INLINE void StoreF(VF v, float* out) { _mm_storeu_ps(out, v); }
 #endif
@@ -212,26 +223,21 @@ HWY_INLINE void RowsTimesTokens(GgmlType type, const uint8_t* const* rows, const
   const bool q41 = type == GgmlType::kQ4_1;
   const size_t bb = BlockBytes(type);
   VF acc[R][T][kGroups];
-  float mterm[R][T];
-#if HWY_TARGET <= HWY_AVX2
+  // Lane 1: the minimum term, sum of m * c in block order (lane 0 unused).
   __m128 mt[R][T];
   for (int r = 0; r < R; ++r) {
-    for (int t = 0; t < T; ++t) mt[r][t] = _mm_setzero_ps();
-  }
-#endif
-  for (int r = 0; r < R; ++r) {
     for (int t = 0; t < T; ++t) {
-      mterm[r][t] = 0;
+      mt[r][t] = _mm_setzero_ps();
       for (int g = 0; g < kGroups; ++g) acc[r][t][g] = ZeroF();
     }
   }
   for (uint32_t b = 0; b < nb; ++b) {
     VI xv[T][kGroups];
-    const float* dxc[T];  // (dx, c) of the token's block
+    __m128 dxc[T];  // (dx, c, -, -) of the token's block
     for (int t = 0; t < T; ++t) {
       const size_t xb = static_cast<size_t>(t0 + t) * nb + b;
       for (int g = 0; g < kGroups; ++g) xv[t][g] = LoadCodes(x.q.data() + xb * kInt8Block, g);
-      dxc[t] = x.dxc.data() + 2 * xb;
+      dxc[t] = _mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(x.dxc.data() + 2 * xb)));
     }
     for (int r = 0; r < R; ++r) {
       const uint8_t* blk = rows[r] + b * bb;
@@ -244,46 +250,24 @@ HWY_INLINE void RowsTimesTokens(GgmlType type, const uint8_t* const* rows, const
       } else {
         Q80Weights(reinterpret_cast<const int8_t*>(blk + 2), w);
       }
-#if HWY_TARGET <= HWY_AVX2
-      // d and m converted together (F16C), times (dx, c): lane 0 is the
-      // block's scale d * dx, lane 1 the minimum term m * c, added to
-      // lane 1 of mt (lane 0 there is unused).
-      const __m128 dm = _mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(LoadU32(blk))));
+      const __m128 dm = LoadDm(type, blk);
       for (int t = 0; t < T; ++t) {
-        const __m128 prod = _mm_mul_ps(dm, _mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(dxc[t]))));
+        const __m128 prod = _mm_mul_ps(dm, dxc[t]);  // (d * dx, m * c)
         for (int g = 0; g < kGroups; ++g) {
           const VI lanes = q41 ? Dot4(w[g], xv[t][g]) : Dot4(AbsI8(w[g]), SignI8(xv[t][g], w[g]));
-          acc[r][t][g] = _mm256_add_ps(acc[r][t][g], _mm256_mul_ps(_mm256_cvtepi32_ps(lanes), _mm256_broadcastss_ps(prod)));
+          acc[r][t][g] = Accumulate(acc[r][t][g], lanes, prod);
         }
         if (q41) mt[r][t] = _mm_add_ps(mt[r][t], prod);
       }
-#else
-      float d, m;
-      BlockScalesT(type, blk, &d, &m);
-      for (int t = 0; t < T; ++t) {
-        for (int g = 0; g < kGroups; ++g) {
-          const VI lanes = q41 ? Dot4(w[g], xv[t][g]) : Dot4(AbsI8(w[g]), SignI8(xv[t][g], w[g]));
-          acc[r][t][g] = Accumulate(acc[r][t][g], lanes, d * dxc[t][0]);
-        }
-        if (q41) mterm[r][t] = mterm[r][t] + m * dxc[t][1];
-      }
-#endif
     }
   }
-#if HWY_TARGET <= HWY_AVX2
-  for (int r = 0; r < R; ++r) {
-    for (int t = 0; t < T; ++t) {
-      HWY_ALIGN float lanes[4];
-      _mm_store_ps(lanes, mt[r][t]);
-      mterm[r][t] = lanes[1];
-    }
-  }
-#endif
   for (int r = 0; r < R; ++r) {
     for (int t = 0; t < T; ++t) {
       float lanes[8];
+      HWY_ALIGN float m4[4];
       for (int g = 0; g < kGroups; ++g) StoreF(acc[r][t][g], lanes + 4 * g);
-      out[t * out_stride + r] = SumLanes(lanes) + mterm[r][t];
+      _mm_store_ps(m4, mt[r][t]);
+      out[t * out_stride + r] = SumLanes(lanes) + m4[1];
     }
   }
 }
