@@ -12,6 +12,7 @@ PACKAGES=(
   python3 python3-dev python3-venv python3-pip
   # offload tiers: the Redis tier's client, and the server its tests start
   redis-server libhiredis-dev
+  libcpp-httplib-dev  # `kvcache serve`: the HTTP server
   clang libclang-rt-14-dev  # fuzz preset: libFuzzer + sanitizer runtimes
 )
 
@@ -35,12 +36,12 @@ fi
 # environment of the project's own, so nothing is installed into the system's
 # Python (Debian 12 refuses that, PEP 668). run.sh puts it first on PATH.
 VENV="${KVCACHE_VENV:-$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/build/venv}"
-PY_PACKAGES=(nanobind scikit-build-core numpy pytest hypothesis matplotlib)
+PY_PACKAGES=(nanobind scikit-build-core numpy pytest hypothesis matplotlib openai)
 if [ ! -x "$VENV/bin/python" ]; then
   echo "setup: creating the Python environment $VENV" >&2
   python3 -m venv "$VENV"
 fi
-if ! "$VENV/bin/python" -c "import nanobind, scikit_build_core, numpy, pytest, hypothesis, matplotlib" 2>/dev/null; then
+if ! "$VENV/bin/python" -c "import nanobind, scikit_build_core, numpy, pytest, hypothesis, matplotlib, openai" 2>/dev/null; then
   echo "setup: installing Python packages ${PY_PACKAGES[*]} into $VENV" >&2
   for attempt in 1 2 3; do
     if "$VENV/bin/python" -m pip install -q --disable-pip-version-check "${PY_PACKAGES[@]}"; then

@@ -1,6 +1,6 @@
 # The layering rules a build cannot enforce by itself, checked by reading the
 # sources (ctest: layering_check, label tools):
-#   - no face (model/, engine/, tools/, bench/, fuzz/, python/src/) includes a private
+#   - no face (model/, engine/, server/, tools/, bench/, fuzz/, python/src/) includes a private
 #     header of the library (src/<layer>/...): faces use include/kvcache/ and,
 #     where a tool or test needs more, the uninstalled testing/ library;
 #   - kvcache_core's sources (src/<core layer>/) include nothing of serving.
@@ -25,7 +25,7 @@ function(forbid_includes dirs regex why)
 endfunction()
 
 list(JOIN core_layers "|" core_re)
-forbid_includes("model;engine;tools;bench;fuzz;python/src" "(${core_re}|serving)/"
+forbid_includes("model;engine;server;tools;bench;fuzz;python/src" "(${core_re}|serving)/"
   "a face includes a private header")
 set(core_dirs ${core_layers})
 list(TRANSFORM core_dirs PREPEND "src/")

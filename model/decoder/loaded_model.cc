@@ -41,9 +41,13 @@ Result<std::vector<int32_t>> LoadedModel::Encode(std::string_view text) const {
 }
 
 Result<std::vector<int32_t>> LoadedModel::EncodeChat(std::string_view user_message) const {
-  if (!bpe_) return Status::Unimplemented("--chat needs a GGUF model with a chat template");
-  KV_ASSIGN_OR_RETURN(ChatTemplate t, ChatTemplate::FromJinja(bpe_->chat_template()));
   const ChatMessage messages[] = {{"user", std::string(user_message)}};
+  return EncodeChat(messages);
+}
+
+Result<std::vector<int32_t>> LoadedModel::EncodeChat(std::span<const ChatMessage> messages) const {
+  if (!bpe_) return Status::Unimplemented("chat needs a GGUF model with a chat template");
+  KV_ASSIGN_OR_RETURN(ChatTemplate t, ChatTemplate::FromJinja(bpe_->chat_template()));
   BpeEncodeOptions o;
   o.parse_special = true;
   return bpe_->Encode(t.Render(messages, /*add_generation_prompt=*/true), o);

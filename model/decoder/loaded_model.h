@@ -17,6 +17,7 @@
 #include "model/decoder/gguf_model.h"
 #include "model/io/checkpoint.h"
 #include "model/tokenizer/bpe_tokenizer.h"
+#include "model/tokenizer/chat_template.h"
 #include "model/tokenizer/tokenizer.h"
 
 namespace kvcache::model {
@@ -39,6 +40,9 @@ class LoadedModel {
   // One user turn in the model's chat template, with the generation prompt
   // (GGUF with a ChatML template only: Unimplemented otherwise).
   Result<std::vector<int32_t>> EncodeChat(std::string_view user_message) const;
+  // A whole conversation (system / user / assistant turns, in order) in the
+  // chat template, with the generation prompt; same conditions.
+  Result<std::vector<int32_t>> EncodeChat(std::span<const ChatMessage> messages) const;
   Result<std::string> Decode(std::span<const int32_t> ids) const;
   // The text token t adds after token prev (streaming output).
   Result<std::string> DecodePiece(int32_t prev, int32_t t) const;

@@ -1,0 +1,363 @@
+// The OpenAI-compatible HTTP server (see http_server.h): routes, the
+// bearer check, the completion handlers (whole and streamed) and the
+// error bodies of what httplib rejects itself.
+#include "server/http_server.h"
+
+#include <httplib.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+
+#include "server/metrics_text.h"
+#include "server/openai_json.h"
+
+namespace kvcache::server {
+namespace {
+
+using engine::StreamEvent;
+using std::chrono::milliseconds;
+
+constexpr const char* kJson = "application/json";
+// How long a handler waits for its stream before checking on its client.
+constexpr milliseconds kPollInterval{1000};
+
+void SendError(httplib::Response& res, const ApiError& e) {
+  res.status = e.status;
+  res.set_content(ErrorBody(e), kJson);
+}
+
+int64_t UnixNow() {
+  return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+// The presented token equals the key (in time independent of where they differ).
+bool SameSecret(std::string_view presented, std::string_view key) {
+  if (presented.size() != key.size() || key.empty()) return false;
+  unsigned char diff = 0;
+  for (size_t i = 0; i < key.size(); ++i) diff |= static_cast<unsigned char>(presented[i] ^ key[i]);
+  return diff == 0;
+}
+
+// A streamed request's state, shared by the content provider and its releaser.
+struct StreamState {
+  std::shared_ptr<engine::RequestStream> stream;
+  ResponseContext ctx;
+  bool include_usage = false, logprobs = false;
+  int32_t prev_token = 0;
+  bool started = false, finished = false;
+};
+
+}  // namespace
+
+struct OpenAiServer::Impl {
+  Impl(engine::Engine& e, ServerOptions o) : engine(e), options(std::move(o)) {}
+
+  engine::Engine& engine;
+  ServerOptions options;
+  httplib::Server http;
+  int port = 0;
+  std::mutex counters_mu;
+  HttpCounters counters;
+  // Completions submitted and not yet answered in full; Shutdown waits for 0.
+  std::atomic<bool> draining{false};
+  std::mutex active_mu;
+  std::condition_variable active_cv;
+  uint64_t active = 0;
+
+  void Begin() {
+    std::lock_guard<std::mutex> lock(active_mu);
+    ++active;
+  }
+  void End() {
+    std::lock_guard<std::mutex> lock(active_mu);
+    if (--active == 0) active_cv.notify_all();
+  }
+
+  void Configure();
+  void HandleCompletion(const httplib::Request& req, httplib::Response& res, Endpoint endpoint);
+  bool Tokenize(const CompletionRequest& r, engine::RequestParams* params, ApiError* err) const;
+  void Collect(engine::RequestStream& stream, const ResponseContext& ctx, const CompletionRequest& r,
+               int32_t prev_token, httplib::Response& res);
+  bool StreamStep(StreamState& st, httplib::DataSink& sink);
+  std::vector<LogprobEntry> Entries(const std::vector<engine::TokenOut>& tokens, int32_t* prev) const;
+  std::string Piece(int32_t prev, int32_t token) const;
+};
+
+std::string OpenAiServer::Impl::Piece(int32_t prev, int32_t token) const {
+  auto piece = engine.model().DecodePiece(prev, token);
+  return piece.ok() ? *piece : std::string();
+}
+
+std::vector<LogprobEntry> OpenAiServer::Impl::Entries(const std::vector<engine::TokenOut>& tokens,
+                                                      int32_t* prev) const {
+  std::vector<LogprobEntry> out;
+  for (const engine::TokenOut& t : tokens) {
+    LogprobEntry e{Piece(*prev, t.token), t.logprob, {}};
+    for (const engine::TokenLogprob& top : t.top) e.top.emplace_back(Piece(*prev, top.token), top.logprob);
+    out.push_back(std::move(e));
+    *prev = t.token;
+  }
+  return out;
+}
+
+// The request's prompt ids and limits; false with *err for a prompt the
+// model cannot take.
+bool OpenAiServer::Impl::Tokenize(const CompletionRequest& r, engine::RequestParams* p, ApiError* err) const {
+  const model::LoadedModel& lm = engine.model();
+  auto ids = r.endpoint == Endpoint::kChat ? lm.EncodeChat(r.messages) : lm.Encode(r.prompt);
+  if (!ids.ok()) {
+    *err = ids.status().code() == StatusCode::kUnimplemented
+               ? ApiError{400, ids.status().message(), "invalid_request_error", "messages", "no_chat_template"}
+               : BadRequest(ids.status().message(), r.endpoint == Endpoint::kChat ? "messages" : "prompt");
+    return false;
+  }
+  const uint32_t context = lm.model().config().max_seq_len;
+  if (ids->empty()) {
+    *err = BadRequest("the prompt encodes to no tokens", "prompt", "empty_prompt");
+    return false;
+  }
+  if (ids->size() + 1 > context) {
+    *err = BadRequest("the prompt has " + std::to_string(ids->size()) + " tokens; the context holds " +
+                          std::to_string(context) + " (prompt + at least one generated token)",
+                      r.endpoint == Endpoint::kChat ? "messages" : "prompt", "context_length_exceeded");
+    return false;
+  }
+  p->prompt = std::move(*ids);
+  const uint32_t room = context - static_cast<uint32_t>(p->prompt.size());
+  p->max_tokens = std::min(r.max_tokens.value_or(room), room);
+  p->sampling = r.sampling;
+  p->stop = r.stop;
+  p->ignore_eos = r.ignore_eos;
+  p->logprobs = r.logprobs;
+  p->top_logprobs = r.top_logprobs;
+  return true;
+}
+
+void OpenAiServer::Impl::Collect(engine::RequestStream& stream, const ResponseContext& ctx,
+                                 const CompletionRequest& r, int32_t prev_token, httplib::Response& res) {
+  Completion c;
+  c.logprobs = r.logprobs;
+  StreamEvent ev;
+  for (;;) {
+    if (!stream.Next(&ev, kPollInterval)) continue;
+    for (const engine::TokenOut& t : ev.tokens) c.text += t.text;
+    if (r.logprobs) {
+      std::vector<LogprobEntry> e = Entries(ev.tokens, &prev_token);
+      c.entries.insert(c.entries.end(), e.begin(), e.end());
+    }
+    if (ev.finished) break;
+  }
+  if (ev.finish_reason == engine::FinishReason::kError) {
+    return SendError(res, ApiError{500, ev.error.ToString(), "server_error", "", "engine_error"});
+  }
+  c.text += ev.text_tail;
+  c.finish_reason = std::string(FinishReasonString(ev.finish_reason));
+  c.usage = ev.usage;
+  res.set_content(Dump(CompletionJson(ctx, c)), kJson);
+}
+
+// What ends a stream: the finish chunk (or an error event), the usage
+// chunk when asked for, [DONE].
+std::string FinalEvents(const StreamState& st, const StreamEvent& ev) {
+  std::string tail;
+  if (ev.finish_reason == engine::FinishReason::kError) {
+    tail += SseEvent(nlohmann::json::parse(
+        ErrorBody(ApiError{500, ev.error.ToString(), "server_error", "", "engine_error"})));
+  } else {
+    tail += SseEvent(ChunkJson(st.ctx, "", false, FinishReasonString(ev.finish_reason), false, {},
+                               st.include_usage));
+  }
+  if (st.include_usage) tail += SseEvent(UsageChunkJson(st.ctx, ev.usage));
+  tail += kSseDone;
+  return tail;
+}
+
+// One call of the content provider: the next event's chunks (or a comment
+// line while none comes, which also finds a vanished client); false when
+// the client is gone, which ends the response and cancels the request.
+bool OpenAiServer::Impl::StreamStep(StreamState& st, httplib::DataSink& sink) {
+  auto write = [&](const std::string& s) {
+    if (sink.write(s.data(), s.size())) return true;
+    st.stream->Cancel();
+    return false;
+  };
+  if (st.finished) {
+    sink.done();
+    return true;
+  }
+  const bool chat = st.ctx.endpoint == Endpoint::kChat;
+  if (!st.started) {
+    st.started = true;
+    if (chat && !write(SseEvent(ChunkJson(st.ctx, "", true, "", false, {}, st.include_usage)))) return false;
+  }
+  StreamEvent ev;
+  if (!st.stream->Next(&ev, kPollInterval)) return write(": waiting\n\n");
+  std::string text;
+  for (const engine::TokenOut& t : ev.tokens) text += t.text;
+  text += ev.text_tail;
+  const std::vector<LogprobEntry> entries = st.logprobs ? Entries(ev.tokens, &st.prev_token)
+                                                        : std::vector<LogprobEntry>{};
+  if ((!text.empty() || !entries.empty()) &&
+      !write(SseEvent(ChunkJson(st.ctx, text, false, "", st.logprobs, entries, st.include_usage)))) {
+    return false;
+  }
+  if (!ev.finished) return true;
+  st.finished = true;
+  if (!write(FinalEvents(st, ev))) return false;
+  sink.done();
+  return true;
+}
+
+void OpenAiServer::Impl::HandleCompletion(const httplib::Request& req, httplib::Response& res,
+                                          Endpoint endpoint) {
+  if (draining.load()) {
+    return SendError(res, ApiError{503, "the server is shutting down", "server_unavailable", "", "shutting_down"});
+  }
+  ParseResult parsed = ParseCompletionRequest(req.body, endpoint);
+  if (!parsed.request) return SendError(res, parsed.error);
+  const CompletionRequest& r = *parsed.request;
+  engine::RequestParams params;
+  ApiError err;
+  if (!Tokenize(r, &params, &err)) return SendError(res, err);
+  const int32_t last_prompt_token = params.prompt.back();
+  auto submitted = engine.Submit(std::move(params));
+  if (!submitted.ok()) return SendError(res, ErrorFromStatus(submitted.status()));
+  std::shared_ptr<engine::RequestStream> stream = std::move(*submitted);
+  ResponseContext ctx{endpoint,
+                      (endpoint == Endpoint::kChat ? "chatcmpl-" : "cmpl-") + std::to_string(stream->id()),
+                      UnixNow(), options.model_name};
+  if (!r.stream) {
+    Begin();
+    Collect(*stream, ctx, r, last_prompt_token, res);
+    End();
+    return;
+  }
+  Begin();
+  auto st = std::make_shared<StreamState>();
+  st->stream = stream;
+  st->ctx = ctx;
+  st->include_usage = r.include_usage;
+  st->logprobs = r.logprobs;
+  st->prev_token = last_prompt_token;
+  res.set_header("Cache-Control", "no-cache");
+  res.set_chunked_content_provider(
+      "text/event-stream", [this, st](size_t, httplib::DataSink& sink) { return StreamStep(*st, sink); },
+      [this, st](bool) {
+        st->stream->Cancel();
+        End();
+      });
+}
+
+void OpenAiServer::Impl::Configure() {
+  http.new_task_queue = [n = std::max<uint32_t>(1, options.http_threads)] { return new httplib::ThreadPool(n); };
+  http.set_payload_max_length(options.max_body_bytes);
+  http.set_keep_alive_timeout(options.keep_alive_seconds);
+  http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    if (options.api_key.empty() || !req.path.starts_with("/v1/")) return httplib::Server::HandlerResponse::Unhandled;
+    const std::string auth = req.get_header_value("Authorization");
+    if (auth.starts_with("Bearer ") && SameSecret(std::string_view(auth).substr(7), options.api_key)) {
+      return httplib::Server::HandlerResponse::Unhandled;
+    }
+    SendError(res, ErrorForHttpStatus(401));
+    return httplib::Server::HandlerResponse::Handled;
+  });
+  http.set_error_handler(httplib::Server::HandlerWithResponse([](const httplib::Request&, httplib::Response& res) {
+    if (!res.body.empty() || res.content_length_ > 0) return httplib::Server::HandlerResponse::Unhandled;
+    res.set_content(ErrorBody(ErrorForHttpStatus(res.status)), kJson);
+    return httplib::Server::HandlerResponse::Handled;
+  }));
+  http.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr) {
+    SendError(res, ApiError{500, "internal server error", "server_error", "", ""});
+  });
+  http.set_logger([this](const httplib::Request&, const httplib::Response& res) {
+    std::lock_guard<std::mutex> lock(counters_mu);
+    ++counters.responses_by_status[res.status];
+  });
+}
+
+OpenAiServer::OpenAiServer(engine::Engine& engine, ServerOptions options)
+    : impl_(std::make_unique<Impl>(engine, std::move(options))) {
+  Impl& s = *impl_;
+  s.Configure();
+  s.http.Post("/v1/chat/completions", [&s](const httplib::Request& req, httplib::Response& res) {
+    s.HandleCompletion(req, res, Endpoint::kChat);
+  });
+  s.http.Post("/v1/completions", [&s](const httplib::Request& req, httplib::Response& res) {
+    s.HandleCompletion(req, res, Endpoint::kCompletions);
+  });
+  s.http.Get("/v1/models", [&s](const httplib::Request&, httplib::Response& res) {
+    res.set_content(Dump(ModelsJson(s.options.model_name, UnixNow())), kJson);
+  });
+  s.http.Get("/health", [&s](const httplib::Request&, httplib::Response& res) {
+    if (s.draining.load()) res.status = 503;
+    res.set_content(s.draining.load() ? R"({"status":"draining"})" : R"({"status":"ok"})", kJson);
+  });
+  s.http.Get("/metrics", [&s](const httplib::Request&, httplib::Response& res) {
+    HttpCounters http;
+    {
+      std::lock_guard<std::mutex> lock(s.counters_mu);
+      http = s.counters;
+    }
+    res.set_content(PrometheusText(s.engine.Metrics(), http), kPrometheusContentType);
+  });
+  // A known route under another method: 405 with the methods it takes.
+  const auto not_allowed = [](const char* allow) {
+    return [allow](const httplib::Request&, httplib::Response& res) {
+      res.set_header("Allow", allow);
+      SendError(res, ErrorForHttpStatus(405));
+    };
+  };
+  for (const char* path : {"/v1/chat/completions", "/v1/completions"}) {
+    s.http.Get(path, not_allowed("POST"));
+    s.http.Put(path, not_allowed("POST"));
+    s.http.Patch(path, not_allowed("POST"));
+    s.http.Delete(path, not_allowed("POST"));
+  }
+  for (const char* path : {"/v1/models", "/health", "/metrics"}) {
+    s.http.Post(path, not_allowed("GET"));
+    s.http.Put(path, not_allowed("GET"));
+    s.http.Patch(path, not_allowed("GET"));
+    s.http.Delete(path, not_allowed("GET"));
+  }
+}
+
+OpenAiServer::~OpenAiServer() { Stop(); }
+
+Status OpenAiServer::Bind() {
+  Impl& s = *impl_;
+  if (s.options.port == 0) {
+    s.port = s.http.bind_to_any_port(s.options.host);
+    if (s.port > 0) return Status::Ok();
+  } else if (s.http.bind_to_port(s.options.host, s.options.port)) {
+    s.port = s.options.port;
+    return Status::Ok();
+  }
+  return Status::IoError("cannot listen on " + s.options.host + ":" + std::to_string(s.options.port));
+}
+
+int OpenAiServer::port() const { return impl_->port; }
+
+Status OpenAiServer::Run() {
+  if (impl_->port <= 0) return Status::FailedPrecondition("Run before a successful Bind");
+  impl_->http.listen_after_bind();
+  return Status::Ok();
+}
+
+void OpenAiServer::Stop() { impl_->http.stop(); }
+
+void OpenAiServer::Shutdown(std::chrono::milliseconds drain, std::chrono::milliseconds grace) {
+  Impl& s = *impl_;
+  s.draining.store(true);
+  s.engine.Shutdown(drain);
+  {
+    std::unique_lock<std::mutex> lock(s.active_mu);
+    s.active_cv.wait_for(lock, grace, [&s] { return s.active == 0; });
+  }
+  Stop();
+}
+
+}  // namespace kvcache::server

@@ -1,0 +1,79 @@
+// The HTTP front of `kvcache serve`: an OpenAI-compatible API over one
+// engine::Engine, on cpp-httplib's threaded server.
+//
+//   POST /v1/chat/completions   messages in the model's chat template
+//   POST /v1/completions        a prompt string
+//   GET  /v1/models             the one served model
+//   GET  /health                200 {"status": "ok"} while serving
+//   GET  /metrics               Prometheus text (server/metrics_text.h)
+//
+// Every error is an OpenAI error object (server/openai_json.h) with its
+// status: 400 bad JSON / field / prompt longer than the context, 401 a
+// missing or wrong bearer token on /v1/* when api_key is set, 404 no route,
+// 405 a known route with the wrong method, 413 a body over max_body_bytes,
+// 503 the engine's queue is full or it is shutting down, 500 an engine error.
+//
+// Streaming responses are server-sent events written through httplib's
+// chunked content provider; when a write fails (the client went away) the
+// request is cancelled at once, so its blocks go back to the pool at the
+// engine's next step. Each connection is served by one thread of a pool of
+// `http_threads`; a handler blocks on its request's stream, never on the
+// engine's step thread.
+//
+// Thread safety: Bind, then Run on one thread; Stop and Shutdown from any
+// thread (a signal-handling thread); Run returns once every in-flight
+// handler ended.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "engine/engine.h"
+#include "kvcache/status.h"
+
+namespace kvcache::server {
+
+struct ServerOptions {
+  std::string host = "127.0.0.1";
+  int port = 8080;                    // 0: any free port (see port())
+  std::string api_key;                // empty: no authentication
+  size_t max_body_bytes = 1u << 20;   // larger bodies get 413
+  std::string model_name = "kvcache"; // the id /v1/models and responses carry
+  uint32_t http_threads = 32;         // concurrent connections served
+  int keep_alive_seconds = 2;         // an idle kept-alive connection's lifetime
+};
+
+class OpenAiServer {
+ public:
+  // The engine must outlive the server.
+  OpenAiServer(engine::Engine& engine, ServerOptions options);
+  ~OpenAiServer();
+  OpenAiServer(const OpenAiServer&) = delete;
+  OpenAiServer& operator=(const OpenAiServer&) = delete;
+
+  // Binds the listening socket (IoError naming host:port on failure).
+  Status Bind();
+  // The bound port (after Bind).
+  int port() const;
+  // Serves until Stop; returns after the in-flight handlers ended.
+  Status Run();
+  // Stops accepting connections at once; idempotent. A streamed response
+  // still being written is cut off (httplib ends them on stop): use
+  // Shutdown to drain.
+  void Stop();
+  // The graceful end: new completions get 503 and /health 503 from now on;
+  // the engine finishes in-flight requests for up to `drain` (cancelling
+  // what is left, engine::Engine::Shutdown); every response still being
+  // written is given up to `grace` more to end; then Stop. Idempotent.
+  void Shutdown(std::chrono::milliseconds drain,
+                std::chrono::milliseconds grace = std::chrono::milliseconds(5000));
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace kvcache::server
