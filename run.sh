@@ -121,12 +121,12 @@ case "$cmd" in
         ;;
       tsan)  # threads: the layers whose tests run concurrent work
         build tsan kvcache_core_tests kvcache_pool_tests kvcache_cache_tests \
-          kvcache_serving_tests kvcache_attention_tests kvcache_cli
+          kvcache_serving_tests kvcache_attention_tests kvcache_engine_tests kvcache_cli
         # Without address-space randomization: GCC 12's TSan runtime cannot
         # map its shadow memory under the large mmap randomization of newer
         # kernels (vm.mmap_rnd_bits > 28).
         setarch "$(uname -m)" -R ctest --test-dir build/tsan -j "$JOBS" --output-on-failure \
-          -L '^(core|pool|cache|serving|attention|soak)$' "$@"
+          -L '^(core|pool|cache|serving|attention|engine|soak)$' "$@"
         ;;
       *)
         echo "run.sh sanitize: asan or tsan" >&2
