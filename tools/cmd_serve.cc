@@ -31,6 +31,7 @@ namespace {
 struct ServeCliOptions {
   std::string model_path, tokenizer_path;
   std::string kv_format = "f32";
+  std::string matmul = "f32";
   uint32_t pool_mib = 512;  // holds SmolLM2's whole 8192-token context in f32 (360 MiB)
   uint32_t context = 0;  // 0: the model's
   uint32_t drain_seconds = 10;
@@ -53,6 +54,8 @@ Result<engine::EngineOptions> EngineOptionsFor(const ServeCliOptions& o) {
   e.prefix_cache = !o.no_prefix_cache;
   if (!e.tiers.empty()) {
     KV_ASSIGN_OR_RETURN(e.model_id, model::ModelFingerprint(o.model_path));
+    // int8-input products give other K/V than exact ones: keep them apart.
+    if (o.matmul != "f32") e.model_id += ";matmul=" + o.matmul;
   }
   return e;
 }
@@ -86,6 +89,9 @@ int RunServe(ServeCliOptions o) {
 
   model::GgufLoadOptions load;
   load.max_seq_len = o.context;
+  auto inputs = model::ParseMatMulInputs(o.matmul);
+  if (!inputs.ok()) return Fail(inputs.status());
+  load.matmul_inputs = *inputs;
   auto lm = model::LoadedModel::Load(o.model_path, o.tokenizer_path, load);
   if (!lm.ok()) return Fail(lm.status());
   auto options = EngineOptionsFor(o);
@@ -123,6 +129,9 @@ void AddOptions(CLI::App* app, ServeCliOptions* o) {
   app->add_option("--kv-format", o->kv_format, "K:V cache format (or one name for both)")->capture_default_str();
   app->add_option("--pool-mib", o->pool_mib, "Block pool size, MiB")->capture_default_str();
   app->add_option("--block-size", o->engine.block_size, "Paged block size in tokens")->capture_default_str();
+  app->add_option("--matmul", o->matmul,
+                  "f32 (exact products) | int8 (Q4_1/Q8_0 times inputs rounded to int8 per 32, integer lanes)")
+      ->capture_default_str();
   app->add_option("--context", o->context, "Sequence capacity in tokens (0: the model's)")->capture_default_str();
   app->add_option("--max-batch-tokens", o->engine.max_batch_tokens, "Tokens per engine step")
       ->capture_default_str();
