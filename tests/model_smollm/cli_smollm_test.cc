@@ -44,6 +44,22 @@ TEST(SmolLm2Cli, ChatGenerationPlainEqualsSpeculative) {
   EXPECT_EQ(RunCli("generate --model " + SmolLm2Path() + " --prompt-ids 1,x --steps 2").exit_code, 2);
 }
 
+// --matmul int8 runs the integer-lane products (and says so); its own
+// speculative run still equals its plain one; a bad name is a usage error.
+TEST(SmolLm2Cli, Int8MatMulInputs) {
+  const std::string base = "generate --model " + SmolLm2Path() + " --prompt-ids 504,3458,282,1116 --steps 8 --json --matmul int8";
+  const CliRun plain = RunCli(base);
+  ASSERT_EQ(plain.exit_code, 0) << plain.out;
+  const nlohmann::json j = nlohmann::json::parse(plain.out);
+  EXPECT_EQ(j["matmul"], "int8");
+  const CliRun spec = RunCli(base + " --draft 3");
+  ASSERT_EQ(spec.exit_code, 0) << spec.out;
+  EXPECT_EQ(nlohmann::json::parse(spec.out)["generated_tokens"], j["generated_tokens"]);
+  const CliRun bad = RunCli("generate --model " + SmolLm2Path() + " --prompt-ids 1 --steps 1 --matmul int4");
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_EQ(bad.out, "");
+}
+
 // Token 173 is the lone byte 0xE2 (the start of a 3-byte character): the JSON
 // text must still be valid UTF-8 (it aborted with a json type_error before).
 TEST(SmolLm2Cli, JsonTextEndingInsideACharacterIsValid) {
