@@ -366,14 +366,53 @@ def make_bpe():
     put(t, "empty.txt", b"")
 
 
-# --- tier objects (byte 0: 2 disk file, else even raw object, odd round trip;
-# tier_object_fuzz.cc; layout docs/tiers.md) --------------------------------
+# --- tier objects (byte 0: 2 disk file, 4 raw calibration object, 6 calibration
+# round trip, else even raw object, odd round trip; tier_object_fuzz.cc;
+# layout docs/tiers.md) ------------------------------------------------------
 def _xxh():
     import ctypes
     lib = ctypes.CDLL("libxxhash.so.0")
     lib.XXH3_64bits.restype = ctypes.c_uint64
     lib.XXH3_64bits.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
     return lambda b: lib.XXH3_64bits(bytes(b), len(b))
+
+
+def _xxh128():
+    import ctypes
+
+    class Hash128(ctypes.Structure):
+        _fields_ = [("low64", ctypes.c_uint64), ("high64", ctypes.c_uint64)]
+    lib = ctypes.CDLL("libxxhash.so.0")
+    lib.XXH3_128bits.restype = Hash128
+    lib.XXH3_128bits.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
+
+    def h(b):
+        r = lib.XXH3_128bits(bytes(b), len(b))
+        return (r.low64, r.high64)
+    return h
+
+
+def calibration_object(xxh, xxh128, geometry, compat, transforms):
+    """transforms: [(mean floats or [], col_scale floats or [])] for layers x 2 x heads."""
+    layers, heads, head_dim = geometry
+    n = len(transforms)
+    # CalibrationDigest: XXH3-128 of n, then per transform both sizes and the floats (u64 / f32).
+    digest_in = struct.pack("<Q", n)
+    lengths, payload = b"", b""
+    for mean, scale in transforms:
+        digest_in += struct.pack("<QQ", len(mean), len(scale))
+        digest_in += struct.pack(f"<{len(mean)}f", *mean) + struct.pack(f"<{len(scale)}f", *scale)
+        lengths += struct.pack("<II", len(mean), len(scale))
+        payload += struct.pack(f"<{len(mean)}f", *mean) + struct.pack(f"<{len(scale)}f", *scale)
+    digest = xxh128(digest_in)
+    H = 128 + 8 * n
+    head = bytearray(b"KVCL" + struct.pack("<HHIIQ", 1, 0, H, n, len(payload)))
+    head += struct.pack("<QQ", *compat) + struct.pack("<QQ", *digest)
+    head += struct.pack("<IIII", layers, heads, head_dim, 1) + bytes(56)
+    head += lengths
+    assert len(head) == H
+    struct.pack_into("<Q", head, 112, xxh(head))
+    return bytes(head) + payload
 
 
 FMT = {"f32": (0, 4), "f16": (1, 2), "bf16": (2, 2)}  # enum value, bytes per value
@@ -383,11 +422,11 @@ FIXED_PARENT = (0x3333333333333333, 0x4444444444444444)
 
 
 def block_object(xxh, geometry, kf, vf, compat, chain, parent, tokens, payload_seed=1,
-                 tweak_header=None):
+                 tweak_header=None, calibration=None):
     layers, heads, head_dim, block = geometry
     k_row, v_row = FMT[kf][1] * head_dim, FMT[vf][1] * head_dim
     k_bytes, v_bytes = heads * block * k_row, heads * block * v_row
-    H = 128 + 4 * len(tokens) + 32 * layers
+    H = 128 + 4 * len(tokens) + 32 * layers + (16 if calibration else 0)
     rnd = random.Random(payload_seed)
     payload = bytes(rnd.randrange(256) for _ in range(layers * (k_bytes + v_bytes)))
     secs, off = b"", 0
@@ -396,12 +435,15 @@ def block_object(xxh, geometry, kf, vf, compat, chain, parent, tokens, payload_s
         off += k_bytes
         secs += struct.pack("<QQ", off, v_bytes)
         off += v_bytes
-    head = bytearray(b"KVCB" + struct.pack("<HHIIQ", 1, 0, H, len(tokens), len(payload)))
+    head = bytearray(b"KVCB" + struct.pack("<HHIIQ", 1, 1 if calibration else 0, H, len(tokens),
+                                           len(payload)))
     for h in (compat, chain, parent):
         head += struct.pack("<QQ", *h)
     head += struct.pack("<IIIIBBHIIIQQQ", layers, heads, head_dim, block, FMT[kf][0], FMT[vf][0], 0,
                         1, k_row, v_row, xxh(payload), 0, 0)
     head += struct.pack(f"<{len(tokens)}I", *tokens) + secs
+    if calibration:
+        head += struct.pack("<QQ", *calibration)
     assert len(head) == H
     if tweak_header:
         tweak_header(head)
@@ -457,7 +499,8 @@ def make_tier_object():
         "miss_other_token.bin": lambda h: struct.pack_into("<I", h, 128 + 12, 5),
         # the row sizes must be the formats' own; flags and reserved bytes zero
         "miss_odd_row_bytes.bin": lambda h: struct.pack_into("<I", h, 96, 7),
-        "miss_flags_resealed.bin": lambda h: struct.pack_into("<H", h, 6, 1),
+        "miss_flags_resealed.bin": lambda h: struct.pack_into("<H", h, 6, 2),
+        "miss_flag_without_digest.bin": lambda h: struct.pack_into("<H", h, 6, 1),
         "miss_reserved_90.bin": lambda h: struct.pack_into("<H", h, 90, 1),
         "miss_reserved_120.bin": lambda h: struct.pack_into("<Q", h, 120, 1),
     }
@@ -478,6 +521,36 @@ def make_tier_object():
         mutation = bytes([i % 4, rnd.randrange(256), rnd.randrange(256), 0]) + bytes(
             rnd.randrange(1, 256) for _ in range(8))
         put(t, f"roundtrip_{i}.bin", b"\x01" + bytes(geo + fmts) + body + mutation)
+    # A block that names its calibration (flag bit 0 and the digest).
+    flagged = block_object(xxh, (2, 1, 32, 4), "f16", "f16", FIXED_COMPAT, FIXED_CHAIN, FIXED_PARENT,
+                           [1, 2, 3, 4], calibration=(0x55, 0x66))
+    put(t, "raw_valid_calibrated.bin", b"\x00" + flagged)
+    put(t, "disk_valid_calibrated.bin", b"\x02" + flagged)
+    # Calibration objects (2 layers x 2 sides x 1 head, head_dim 16).
+    xxh128 = _xxh128()
+    crnd = random.Random(23)
+    mean = lambda: [crnd.randrange(-64, 64) / 16 for _ in range(16)]
+    scale = lambda: [0.25 + crnd.randrange(256) / 32 for _ in range(16)]
+    transforms = [(mean(), scale()), (mean(), []), ([], []), ([], scale())]
+    cal = calibration_object(xxh, xxh128, (2, 1, 16), FIXED_COMPAT, transforms)
+    put(t, "cal_valid.bin", b"\x04" + cal)
+    put(t, "disk_cal_valid.bin", b"\x02" + cal)
+    put(t, "cal_valid_empty_transforms.bin",
+        b"\x04" + calibration_object(xxh, xxh128, (1, 2, 32), (5, 6), [([], [])] * 4))
+    put(t, "cal_miss_float.bin", b"\x04" + cal[:-3] + bytes([cal[-3] ^ 1]) + cal[-2:])
+    put(t, "cal_miss_truncated.bin", b"\x04" + cal[:-1])
+    bad_len = bytearray(cal)
+    struct.pack_into("<I", bad_len, 128, 7)  # a length neither 0 nor head_dim, resealed
+    struct.pack_into("<Q", bad_len, 112, 0)
+    struct.pack_into("<Q", bad_len, 112, xxh(bad_len[:128 + 8 * 4]))
+    put(t, "cal_miss_length.bin", b"\x04" + bytes(bad_len))
+    # Calibration round trips: geometry bytes, then transform presence bits and float bytes;
+    # the last 12 bytes pick a mutation.
+    for i in range(3):
+        body = bytes(crnd.randrange(256) for _ in range(60 + 40 * i))
+        mutation = bytes([i % 3, crnd.randrange(256), crnd.randrange(256), 0]) + bytes(
+            crnd.randrange(1, 256) for _ in range(8))
+        put(t, f"cal_roundtrip_{i}.bin", b"\x06" + bytes([i, 2 - i, i]) + body + mutation)
     put(t, "empty.bin", b"")
 
 

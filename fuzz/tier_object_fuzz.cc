@@ -1,8 +1,9 @@
 // Fuzz target `tier_object`: the offload tiers' block object (kvcache/tier.h,
 // layout in docs/tiers.md), through its public functions only.
 //
-// Input byte 0 picks the mode (2: disk file, else even: raw object, odd:
-// round trip); the rest is:
+// Input byte 0 picks the mode (2: disk file, 4: raw calibration object, 6:
+// calibration round trip, else even: raw object, odd: round trip); the rest
+// is:
 //   raw object: arbitrary bytes given to
 //       - VerifyBlockObject against a fixed expectation (geometry 2 x 1 x 32
 //         x 4, the constant hashes and tokens below): an accepted object
@@ -10,7 +11,8 @@
 //       - ParseBlockObjectHeader as a disk tier's index rebuild calls it
 //         (only the header's bytes, the file's length as total): agrees with
 //         a parse of the whole object; accepted headers have H = 128 + 4 nt +
-//         32 L, nt = block_size, length = H + payload;
+//         32 L (+ 16 if the object names its calibration), nt = block_size,
+//         length = H + payload;
 //       - VerifyBlockObject against what the header itself claims: never
 //         incompatible or token_mismatch then; if accepted and the geometry
 //         is small, DecodeBlockObjectInto a pool of that geometry copies the
@@ -25,7 +27,8 @@
 //         another pool an intact header is incompatible), and an accepted
 //         object leaves the block holding what DecodeBlockObjectInto copies.
 //   round trip: a geometry and formats from the first bytes, a pool block
-//     filled from the input, EncodeBlockObject; the object verifies, its
+//     filled from the input, EncodeBlockObject (naming a calibration digest
+//     from the input, or not); the object verifies, its
 //     header parses to what was encoded, the load path (and
 //     DecodeBlockObjectInto) into another block copies it bit-exact, and wrong expectations (compat, chain, parent, a
 //     token) give incompatible / corrupt / token_mismatch / token_mismatch.
@@ -33,8 +36,18 @@
 //     truncate, extend): rejected unless the bytes are unchanged, by the
 //     load path too.
 //   disk file: the bytes written as one file of a DiskTier folder (named
-//     after its header's key when it parses), then OpenDiskTier: the file is
-//     either indexed (and Load returns it byte for byte) or discarded.
+//     after its header's key when it parses as a block or a calibration
+//     object), then OpenDiskTier: the file is either indexed (and Load
+//     returns it byte for byte) or discarded.
+//   raw calibration object: DecodeCalibrationObject against what the header
+//     claims: a miss is corrupt or incompatible; accepted, the calibration
+//     passes CheckCalibration, has the claimed digest, its header parses as
+//     the disk tier reads it, and re-encoding gives the input back byte for
+//     byte; another compat or geometry is incompatible, another digest corrupt.
+//   calibration round trip: a geometry and transforms from the input (each
+//     mean / col_scale present or not, finite floats, positive scales),
+//     EncodeCalibrationObject, decoded back equal; one mutation from the
+//     input is rejected unless the bytes are unchanged.
 // Thread safety: see fuzz_target.h.
 #include <unistd.h>
 
@@ -48,6 +61,7 @@
 #include <vector>
 
 #include "fuzz/fuzz_target.h"
+#include "kvcache/cache.h"
 #include "kvcache/pool.h"
 #include "kvcache/tier.h"
 
@@ -192,7 +206,8 @@ void RawObject(std::span<const uint8_t> bytes) {
   const BlockObjectInfo& info = *whole;
   FUZZ_CHECK(head->key() == info.key() && head->tokens == info.tokens);
   FUZZ_CHECK(info.tokens.size() == info.geometry.block_size);
-  FUZZ_CHECK(info.header_bytes == 128 + 4 * info.tokens.size() + 32 * size_t{info.geometry.n_layers});
+  FUZZ_CHECK(info.header_bytes == 128 + 4 * info.tokens.size() + 32 * size_t{info.geometry.n_layers} +
+                                      (info.calibrated ? 16 : 0));
   FUZZ_CHECK(info.header_bytes + info.payload_bytes == bytes.size());
   // A header shorter than H, or another total, is refused.
   FUZZ_CHECK(!ParseBlockObjectHeader(bytes.first(info.header_bytes - 1), bytes.size()).ok());
@@ -222,7 +237,8 @@ void RawObject(std::span<const uint8_t> bytes) {
   if (self) return;  // decoded unverified bytes: memory safety was the point
   // A verified, decoded object re-encodes to itself outside the fields the
   // reader does not interpret.
-  auto again = EncodeBlockObject(*pool, 1, info.compat, info.chain, info.parent, info.tokens);
+  auto again = EncodeBlockObject(*pool, 1, info.compat, info.chain, info.parent, info.tokens,
+                                 info.calibrated ? std::optional(info.calibration) : std::nullopt);
   FUZZ_CHECK_MSG(again.ok(), "%s", again.status().ToString().c_str());
   FUZZ_CHECK(again->size() == bytes.size());
   for (size_t i = 0; i < bytes.size(); ++i) {
@@ -261,8 +277,10 @@ void RoundTrip(std::span<const uint8_t> in) {
   for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<TokenId>(U32(in, 4 * i) >> 1);
   const BlockHash compat{U32(in, 0) * 0x9E3779B97F4A7C15ull, 7};
   const BlockHash chain{U32(in, 4) + 1ull, 11}, parent{U32(in, 8) + 2ull, 13};
+  std::optional<BlockHash> cal;  // the calibration the object names, if any
+  if (U32(in, 12) & 1) cal = BlockHash{U32(in, 16), U32(in, 20)};
 
-  auto obj = EncodeBlockObject(*pool, 0, compat, chain, parent, tokens);
+  auto obj = EncodeBlockObject(*pool, 0, compat, chain, parent, tokens, cal);
   FUZZ_CHECK_MSG(obj.ok(), "%s", obj.status().ToString().c_str());
   const std::vector<uint8_t>& bytes = *obj;
   FUZZ_CHECK(!VerifyBlockObject(bytes, compat, chain, parent, tokens));
@@ -270,6 +288,7 @@ void RoundTrip(std::span<const uint8_t> in) {
   FUZZ_CHECK(info.ok());
   FUZZ_CHECK(info->compat == compat && info->chain == chain && info->parent == parent);
   FUZZ_CHECK(info->tokens == tokens && info->formats == formats);
+  FUZZ_CHECK(info->calibrated == cal.has_value() && info->calibration == cal.value_or(BlockHash{}));
   FUZZ_CHECK(info->geometry.n_layers == go.n_layers && info->geometry.n_kv_heads == go.n_kv_heads &&
              info->geometry.head_dim == go.head_dim && info->geometry.block_size == go.block_size);
   FUZZ_CHECK(info->payload_bytes ==
@@ -279,7 +298,7 @@ void RoundTrip(std::span<const uint8_t> in) {
   // The load path into block 1 (block 0, the source, untouched), accepted.
   CheckLoadPath(bytes, compat, chain, parent, tokens, &*info, *pool, 1);
   FUZZ_CHECK(SameBlock(*pool, 0, *pool, 1));
-  auto again = EncodeBlockObject(*pool, 1, compat, chain, parent, tokens);
+  auto again = EncodeBlockObject(*pool, 1, compat, chain, parent, tokens, cal);
   FUZZ_CHECK(again.ok() && *again == bytes);
 
   // Wrong expectations.
@@ -338,8 +357,9 @@ void DiskFile(std::span<const uint8_t> bytes) {
   }();
   std::error_code ec;
   std::filesystem::remove_all(dir, ec);
-  auto info = ParseAsRebuild(bytes);
-  std::string key = info.ok() ? info->key() : "kvc1:junk:zz";
+  const size_t h = std::min<size_t>(bytes.size(), std::max<uint32_t>(U32(bytes, 8), 128));
+  auto info = ParseStoredObjectHeader(bytes.first(h), bytes.size());
+  std::string key = info.ok() ? info->key : "kvc1:junk:zz";
   std::string file = key;
   std::replace(file.begin(), file.end(), ':', '-');
   const std::string shard = key.substr(key.rfind(':') + 1, 2);
@@ -367,6 +387,82 @@ void DiskFile(std::span<const uint8_t> bytes) {
              std::equal(bytes.begin(), bytes.end(), got[0].bytes->begin()));
 }
 
+uint64_t U64(std::span<const uint8_t> b, size_t off) {
+  uint64_t v = 0;
+  if (off + 8 <= b.size()) std::memcpy(&v, b.data() + off, 8);
+  return v;
+}
+
+void CalibrationObject(std::span<const uint8_t> bytes) {
+  // The expectation is what the (unchecked) header claims.
+  const BlockHash compat{U64(bytes, 24), U64(bytes, 32)}, digest{U64(bytes, 40), U64(bytes, 48)};
+  const GeometryOptions g{U32(bytes, 56), U32(bytes, 60), U32(bytes, 64), 16};
+  const CalibrationLoad c = DecodeCalibrationObject(bytes, compat, digest, g);
+  const size_t h = std::min<size_t>(bytes.size(), std::max<uint32_t>(U32(bytes, 8), 128));
+  const auto head = ParseStoredObjectHeader(bytes.first(h), bytes.size());
+  if (c.calibration == nullptr) {
+    FUZZ_CHECK(c.miss == TierMiss::kCorrupt || c.miss == TierMiss::kIncompatible);
+    return;
+  }
+  FUZZ_CHECK(head.ok() && head->key == CalibrationKey(compat, digest));
+  FUZZ_CHECK(head->parent_key.empty() && head->calibration_key.empty());
+  FUZZ_CHECK(CalibrationDigest(*c.calibration) == digest);
+  FUZZ_CHECK(CheckCalibration(*c.calibration, g).ok());
+  auto again = EncodeCalibrationObject(*c.calibration, g, compat);
+  FUZZ_CHECK(again.ok() && again->size() == bytes.size() &&
+             std::equal(bytes.begin(), bytes.end(), again->begin()));
+  const BlockHash other{compat.lo ^ 1, compat.hi}, other_digest{digest.lo ^ 1, digest.hi};
+  FUZZ_CHECK(DecodeCalibrationObject(bytes, other, digest, g).miss == TierMiss::kIncompatible);
+  FUZZ_CHECK(DecodeCalibrationObject(bytes, compat, other_digest, g).miss == TierMiss::kCorrupt);
+  GeometryOptions og = g;
+  og.n_kv_heads += 1;
+  FUZZ_CHECK(DecodeCalibrationObject(bytes, compat, digest, og).miss == TierMiss::kIncompatible);
+}
+
+void CalibrationRoundTrip(std::span<const uint8_t> in) {
+  if (in.size() < 3) return;
+  const GeometryOptions g{1u + in[0] % 3, 1u + in[1] % 3, 16u << (in[2] % 3), 16};
+  in = in.subspan(3);
+  size_t next = 0;
+  auto byte = [&] { return in.empty() ? uint8_t{0} : in[next++ % in.size()]; };
+  Calibration cal;
+  cal.transforms.resize(size_t{g.n_layers} * 2 * g.n_kv_heads);
+  for (RowTransform& t : cal.transforms) {
+    const uint8_t present = byte();
+    if (present & 1) {
+      for (uint32_t d = 0; d < g.head_dim; ++d) t.mean.push_back((float(byte()) - 128.0f) / 16.0f);
+    }
+    if (present & 2) {
+      for (uint32_t d = 0; d < g.head_dim; ++d) t.col_scale.push_back(0.25f + float(byte()) / 32.0f);
+    }
+  }
+  const BlockHash compat{U32(in, 0) + 3ull, 17}, digest = CalibrationDigest(cal);
+  auto obj = EncodeCalibrationObject(cal, g, compat);
+  FUZZ_CHECK_MSG(obj.ok(), "%s", obj.status().ToString().c_str());
+  const std::vector<uint8_t>& bytes = *obj;
+  const CalibrationLoad c = DecodeCalibrationObject(bytes, compat, digest, g);
+  FUZZ_CHECK(c.calibration != nullptr && c.calibration->transforms == cal.transforms);
+  FUZZ_CHECK(ParseStoredObjectHeader(bytes, bytes.size()).ok());
+  if (in.size() < 12) return;
+  const uint8_t* m = in.data() + in.size() - 12;
+  const uint32_t at = (uint32_t{m[1]} | uint32_t{m[2]} << 8) % bytes.size();
+  std::vector<uint8_t> mut = bytes;
+  switch (m[0] % 3) {
+    case 0:
+      mut[at] ^= m[4] | 1;
+      break;
+    case 1:
+      mut.resize(at);
+      break;
+    default:
+      mut.insert(mut.begin() + at, m + 4, m + 4 + 1 + m[4] % 8);
+      break;
+  }
+  const CalibrationLoad v = DecodeCalibrationObject(mut, compat, digest, g);
+  FUZZ_CHECK_MSG((v.calibration == nullptr) == (mut != bytes), "mutation %d at %u of %zu", m[0] % 3,
+                 at, bytes.size());
+}
+
 }  // namespace
 
 KVCACHE_FUZZ_TARGET(tier_object) {
@@ -375,6 +471,10 @@ KVCACHE_FUZZ_TARGET(tier_object) {
   // The disk mode costs file system calls (milliseconds): byte 0 == 2 only.
   if (data[0] == 2) {
     DiskFile(rest);
+  } else if (data[0] == 4) {
+    CalibrationObject(rest);
+  } else if (data[0] == 6) {
+    CalibrationRoundTrip(rest);
   } else if (data[0] % 2 == 0) {
     RawObject(rest);
   } else {

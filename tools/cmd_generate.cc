@@ -51,6 +51,7 @@ struct GenerateCliOptions {
   bool chat = false;
   uint32_t threads = 2;
   std::string weights = "quantized";
+  std::string matmul = "f32";
   uint32_t steps = 256;
   double temperature = 0.0;
   uint64_t seed = 42;
@@ -111,7 +112,7 @@ Result<std::unique_ptr<TierRun>> OpenTiers(const GenerateCliOptions& o, const mo
   KV_ASSIGN_OR_RETURN(std::string fp, model::ModelFingerprint(o.model_path));
   // --weights f32 decodes the weights at load: the same products by
   // contract, but keep the two apart rather than rely on it.
-  run->fingerprint = fp + ";weights=" + o.weights;
+  run->fingerprint = fp + ";weights=" + o.weights + (o.matmul == "f32" ? "" : ";matmul=" + o.matmul);
   run->fingerprint_seconds = SecondsBetween(t0, Clock::now());
   KV_ASSIGN_OR_RETURN(Geometry geometry, Geometry::Create({shape.n_layers, shape.n_kv_heads,
                                                            shape.head_dim, kv.block_size}));
@@ -173,6 +174,9 @@ int RunGenerate(const GenerateCliOptions& o) {
   }
   model::GgufLoadOptions load;
   load.dequantize_at_load = o.weights == "f32";
+  auto inputs = model::ParseMatMulInputs(o.matmul);
+  if (!inputs.ok()) return Fail(inputs.status());
+  load.matmul_inputs = *inputs;
   auto files = model::LoadedModel::Load(o.model_path, o.tokenizer_path, load);
   if (!files.ok()) return Fail(files.status());
   const model::LoadedModel& lm = **files;
@@ -375,6 +379,7 @@ int RunGenerate(const GenerateCliOptions& o) {
   j["decode_cpu_ms_per_token"] = cpu_ms;
   j["decode_thread_cpu_ms_per_token"] = thread_cpu_ms;
   j["weights"] = o.weights;
+  j["matmul"] = o.matmul;
   j["forward_passes"] = r->forward_passes;
   // Prompt tokens whose K/V came from a cache instead of the model, by
   // source ({"pool": 0} without --tiers), and what the prefill then ran.
@@ -396,7 +401,6 @@ int RunGenerate(const GenerateCliOptions& o) {
     for (const TierStats& t : st.tiers) tiers.push_back(TierStatsJson(t));
     j["tiers"] = tiers;
     j["dropped_queue_full"] = st.dropped_queue_full;
-    j["skipped_calibration"] = st.skipped_calibration;
   }
   j["draft_tokens"] = o.draft;
   if (o.draft > 0) {
@@ -424,6 +428,9 @@ const bool kRegistered = RegisterCommand(
       app->add_flag("--chat", o->chat, "Wrap the prompt as a user turn in the model's chat template");
       app->add_option("--threads", o->threads, "Threads for the weight products")->capture_default_str();
       app->add_option("--weights", o->weights, "quantized (as stored) | f32 (decoded at load)")
+          ->capture_default_str();
+      app->add_option("--matmul", o->matmul,
+                      "f32 (exact products) | int8 (Q4_1/Q8_0 times inputs rounded to int8 per 32, integer lanes)")
           ->capture_default_str();
       app->callback([app, o] {
         o->layout_given = app->count("--layout") > 0;

@@ -26,9 +26,15 @@
 // returned with the pool's hits: nobody else can read a staging block, and
 // a caller never sees unverified bytes.
 //
-// Calibration: a chain published with a Calibration is offloaded only if it
-// equals options.calibration (whose digest is part of the compatibility
-// digest); loaded blocks carry options.calibration.
+// Calibration: every chain is offloaded, whatever calibration it was
+// published with. A block encoded with another calibration than
+// options.calibration (whose digest is part of the compatibility digest; none
+// if null) names its calibration's digest, and the calibration is stored
+// once per tier as its own object, before the blocks that name it (tier.h).
+// A load hands out the calibration the blocks were encoded with: the run of
+// tier blocks ends where their calibrations disagree (with each other or
+// with the pool's hit before them), and a run whose calibration object is
+// missing or fails verification is not used (a counted miss, docs/tiers.md).
 //
 // Thread safety: all methods are thread-safe. Destroy the OffloadCache before
 // its pool's last user goes: the destructor stops the writer (queued stores
@@ -53,6 +59,10 @@ namespace kvcache {
 
 struct OffloadOptions {
   std::string model;  // model fingerprint (BlockCompat::model)
+  // The calibration most chains carry, if one (its digest goes into the
+  // compatibility digest and its blocks' objects need not name it); any
+  // other is stored beside the blocks. InvalidArgument from Create unless it
+  // fits the pool's geometry.
   std::shared_ptr<const Calibration> calibration;
   size_t queue_blocks = 256;        // store queue bound (blocks)
   size_t store_batch = 16;          // blocks the writer encodes and stores at once
@@ -82,7 +92,6 @@ struct OffloadStats {
   std::vector<TierStats> tiers;
   uint64_t queued_blocks = 0;
   uint64_t dropped_queue_full = 0;
-  uint64_t skipped_calibration = 0;  // chains not offloaded: another calibration
   uint64_t load_alloc_failures = 0;  // tier hits given up: the pool had no room
 };
 
@@ -108,7 +117,9 @@ class OffloadCache {
 
   // PrefixCache::PublishHashed (tokens: the committed tokens, at least
   // hashes.size() * block_size), then queues blocks [start, end) for the
-  // tiers. Returns end as PublishHashed does.
+  // tiers. Returns end as PublishHashed does. With tiers, InvalidArgument
+  // (nothing published) if `calibration` is not one of this pool's geometry
+  // (CheckCalibration).
   Result<size_t> Publish(std::span<const BlockHash> hashes, std::span<const uint32_t> blocks,
                          size_t start, std::span<const TokenId> tokens, std::string_view salt,
                          std::shared_ptr<const Calibration> calibration = nullptr,

@@ -29,7 +29,11 @@
 // then V), XXH3-64 checksums of header and payload, then the payload: per
 // layer the pool's bytes of the block, K [n_kv_heads][block_size][k_row_bytes]
 // then V likewise. One object per block; key "kvc1:<compat>:<chain>", each
-// 32 lower-case hex digits of the 128-bit value (hi then lo).
+// 32 lower-case hex digits of the 128-bit value (hi then lo). A block whose
+// sequence was calibrated otherwise than the compatibility digest says sets
+// flag bit 0 and names its calibration's digest (16 more header bytes); the
+// calibration itself is a separate object, "kvcal1:<compat>:<digest>", stored
+// before the blocks that name it and verified (digest recomputed) on load.
 //
 // Thread safety: every Tier method may be called from any thread at once.
 #pragma once
@@ -110,6 +114,9 @@ struct TierPut {
   std::string key;
   std::string parent_key;  // the chain parent's key; "" for a chain's first block
   TierBytes bytes;
+  // The calibration object the block names ("" if none). Host and disk keep
+  // a named object like a parent: not evicted while a stored block names it.
+  std::string calibration_key = {};
 };
 // One key's answer: bytes, or (bytes null) why not.
 struct TierGet {
@@ -183,6 +190,11 @@ Result<std::unique_ptr<Tier>> NewRedisTier(const RedisTierOptions& options);
 // --- the block object --------------------------------------------------
 
 inline constexpr uint16_t kBlockObjectVersion = 1;
+// Flag bit 0 of a block object: it names its calibration (the header has 16
+// more bytes, the digest). Without it the block carries the calibration the
+// compatibility digest names (BlockCompat::calibration; none if zero).
+inline constexpr uint16_t kBlockFlagCalibrated = 1;
+inline constexpr uint16_t kCalibrationObjectVersion = 1;
 // Bumped whenever the stored bytes of any format change meaning (a codec's
 // layout, the Format enum's numbering): part of every compatibility digest.
 inline constexpr uint32_t kLibraryFormatVersion = 1;
@@ -208,6 +220,8 @@ BlockHash CompatDigest(const BlockCompat& compat);  // XXH3-128 of the manifest
 BlockHash CalibrationDigest(const Calibration& calibration);
 // "kvc1:<32 hex>:<32 hex>".
 std::string BlockKey(const BlockHash& compat, const BlockHash& chain);
+// "kvcal1:<32 hex compat>:<32 hex CalibrationDigest>".
+std::string CalibrationKey(const BlockHash& compat, const BlockHash& calibration);
 std::string HashHex(const BlockHash& hash);  // 32 hex digits, hi then lo
 
 // What a verified object header says.
@@ -218,6 +232,11 @@ struct BlockObjectInfo {
   uint32_t header_bytes = 0;
   uint64_t payload_bytes = 0;
   std::vector<TokenId> tokens;
+  // kBlockFlagCalibrated: the digest of the calibration the block was encoded
+  // with (zero: none). Without the flag: calibrated = false, calibration zero,
+  // and the block carries the compatibility digest's calibration.
+  bool calibrated = false;
+  BlockHash calibration{};
   std::string key() const { return BlockKey(compat, chain); }
   std::string parent_key(const BlockHash& root) const {
     return parent == root ? std::string() : BlockKey(compat, parent);
@@ -227,10 +246,13 @@ inline constexpr size_t kBlockObjectFixedHeader = 128;
 
 // Serializes block `block` of `pool` (all layers, K and V). REQUIRES: the
 // caller holds a reference on the block and nobody writes it (a hashed block).
+// `calibration`, if given, sets kBlockFlagCalibrated and names that digest
+// (zero: explicitly none); without it the object is the unflagged layout.
 Result<std::vector<uint8_t>> EncodeBlockObject(const BlockPool& pool, uint32_t block,
                                                const BlockHash& compat, const BlockHash& chain,
                                                const BlockHash& parent,
-                                               std::span<const TokenId> tokens);
+                                               std::span<const TokenId> tokens,
+                                               std::optional<BlockHash> calibration = std::nullopt);
 // Parses a header and checks magic, version, header checksum and that the
 // object's size is what the header says (`total_bytes`: the whole object's
 // size; `bytes` may be just its start). The payload is not checked.
@@ -265,5 +287,46 @@ uint64_t BlockChecksum(std::span<const uint8_t> bytes);
 // REQUIRES: the caller holds `block` exclusively; InvalidArgument (nothing
 // written) if the object's geometry or formats are not the pool's.
 Status DecodeBlockObjectInto(std::span<const uint8_t> bytes, BlockPool& pool, uint32_t block);
+
+// --- the calibration object --------------------------------------------
+// A sequence's Calibration, stored once per tier under CalibrationKey(compat,
+// CalibrationDigest(calibration)) and named by the blocks encoded with it
+// (docs/tiers.md has the layout): magic "KVCL", version, compat digest, the
+// calibration digest, geometry, a header checksum, then per transform the
+// mean and col_scale lengths and the floats. The digest, recomputed over the
+// decoded floats, is the payload's check.
+
+// OK if `calibration` can be stored for blocks of `geometry`: [n_layers][2]
+// [n_kv_heads] transforms, each mean and col_scale empty or head_dim finite
+// floats, col_scale > 0. InvalidArgument (saying what) otherwise.
+Status CheckCalibration(const Calibration& calibration, const GeometryOptions& geometry);
+// REQUIRES CheckCalibration(calibration, geometry).ok() (else InvalidArgument).
+Result<std::vector<uint8_t>> EncodeCalibrationObject(const Calibration& calibration,
+                                                     const GeometryOptions& geometry,
+                                                     const BlockHash& compat);
+// Verifies a loaded calibration object against what the block asked for:
+// kCorrupt (magic, sizes, header checksum, reserved bytes, lengths, floats
+// CheckCalibration refuses, the digest in the header or recomputed is not
+// `digest`), kIncompatible (another version, compat digest or geometry).
+// On success the calibration.
+struct CalibrationLoad {
+  std::shared_ptr<const Calibration> calibration;
+  TierMiss miss = TierMiss::kCorrupt;  // when calibration is null
+};
+CalibrationLoad DecodeCalibrationObject(std::span<const uint8_t> bytes, const BlockHash& compat,
+                                        const BlockHash& digest, const GeometryOptions& geometry);
+
+// What a tier's index needs of any stored object (block or calibration),
+// from its header only: its key, the keys it names, checked as
+// ParseBlockObjectHeader checks a block's header (magic, version, sizes
+// against `total_bytes`, header checksum). Both kinds keep header_bytes at
+// offset 8, so reading 128 bytes, then header_bytes, is enough.
+struct StoredObjectHeader {
+  std::string key;
+  std::string parent_key;       // a block's parent key; "" for a calibration
+  std::string calibration_key;  // the calibration a block names; ""
+};
+Result<StoredObjectHeader> ParseStoredObjectHeader(std::span<const uint8_t> bytes,
+                                                   uint64_t total_bytes);
 
 }  // namespace kvcache

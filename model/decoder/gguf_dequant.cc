@@ -19,6 +19,7 @@
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "model/decoder/gguf_dequant.cc"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
+#include <hwy/cache_control.h>
 #include <hwy/highway.h>
 
 #ifndef KVCACHE_MODEL_GGUF_DEQUANT_ONCE
@@ -203,6 +204,13 @@ void MatMulRowsT(const WeightMatrix& w, uint32_t r0, uint32_t r1, const float* x
                  float* out, float* buf) {
   for (uint32_t r = r0; r < r1; r += 4) {
     const uint32_t m = std::min<uint32_t>(4, r1 - r);
+    // The next four rows, from memory while these four are decoded and
+    // multiplied (decode otherwise waits on DRAM for each row).
+    if (w.type != GgmlType::kF32 && r + 4 < r1) {
+      const uint8_t* next = w.data + static_cast<size_t>(r + 4) * w.row_bytes;
+      const size_t bytes = std::min<size_t>(r1 - r - 4, 4) * w.row_bytes;
+      for (size_t o = 0; o < bytes; o += 64) hwy::Prefetch(next + o);
+    }
     const float* rows[4];
     for (uint32_t k = 0; k < m; ++k) {
       const uint8_t* src = w.data + static_cast<size_t>(r + k) * w.row_bytes;

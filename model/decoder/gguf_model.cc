@@ -96,6 +96,7 @@ Result<Model> GgufModelLoader::Load(std::shared_ptr<const GgufFile> file, const 
                                    GgmlTypeName(t->type) + ", which this reader does not decode (F32, F16, Q4_1, Q8_0)");
     }
     WeightMatrix w = WeightMatrix::FromTensor(*t);
+    w.inputs = options.matmul_inputs;
     if (!options.dequantize_at_load || t->type == GgmlType::kF32) return w;
     float* dst = m.weights_.data() + used;
     w.DecodeRows(0, w.rows, dst);

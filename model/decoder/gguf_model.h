@@ -34,6 +34,9 @@ struct GgufLoadOptions {
   // Decode every matrix to f32 at load (4 bytes a weight) instead of
   // keeping the file's types; for measuring the two representations.
   bool dequantize_at_load = false;
+  // How Q4_1 / Q8_0 matrices take their inputs (matmul.h): exact f32, or
+  // rounded to int8 per 32 values for the integer-lane product.
+  MatMulInputs matmul_inputs = MatMulInputs::kF32;
   // The sequence capacity (max_seq_len); 0 = llama.context_length.
   uint32_t max_seq_len = 0;
 };

@@ -2,8 +2,11 @@
 // row loop lives in gguf_dequant.cc (dispatch once per part).
 #include "model/decoder/matmul.h"
 
+#include "model/decoder/matmul_int8.h"
+
 #include <algorithm>
 #include <cassert>
+#include <string>
 #include <vector>
 
 namespace kvcache::model {
@@ -37,6 +40,7 @@ struct MatMulJob {
   const float* x;
   uint32_t n;
   float* out;
+  const QuantizedInputs* xq;  // the integer path's inputs, or null
 };
 
 // Rows [rows * part / num_parts, rows * (part + 1) / num_parts) of the job.
@@ -44,6 +48,10 @@ void RunPart(const MatMulJob& j, uint32_t part, uint32_t num_parts) {
   const uint32_t rows = j.w->rows;
   const uint32_t r0 = static_cast<uint32_t>(uint64_t{rows} * part / num_parts);
   const uint32_t r1 = static_cast<uint32_t>(uint64_t{rows} * (part + 1) / num_parts);
+  if (j.xq != nullptr) {
+    MatMulRowsInt8(*j.w, r0, r1, *j.xq, j.out);
+    return;
+  }
   thread_local std::vector<float> buf;
   if (buf.size() < 4 * size_t{j.w->cols}) buf.resize(4 * size_t{j.w->cols});
   dequant_internal::MatMulRows(*j.w, r0, r1, j.x, j.n, j.out, buf.data());
@@ -52,13 +60,28 @@ void RunPart(const MatMulJob& j, uint32_t part, uint32_t num_parts) {
 }  // namespace
 
 void MatMul(const WeightMatrix& w, const float* x, uint32_t n, float* out, ThreadPool* pool) {
-  const MatMulJob job{&w, x, n, out};
+  // The caller's rounded inputs, reused from call to call (no allocation
+  // once the largest product has been seen).
+  thread_local QuantizedInputs xq;
+  const bool int8 = UsesInt8(w);
+  if (int8) QuantizeInputs(x, n, w.cols, &xq);
+  const MatMulJob job{&w, x, n, out, int8 ? &xq : nullptr};
   if (pool == nullptr) {
     RunPart(job, 0, 1);
     return;
   }
   const uint32_t parts = pool->num_threads();
   pool->ParallelFor(parts, [&](uint32_t part, uint32_t) { RunPart(job, part, parts); });
+}
+
+Result<MatMulInputs> ParseMatMulInputs(std::string_view name) {
+  if (name == "f32") return MatMulInputs::kF32;
+  if (name == "int8") return MatMulInputs::kInt8;
+  return Status::InvalidArgument("unknown matmul inputs '" + std::string(name) + "' (want f32 or int8)");
+}
+
+std::string_view MatMulInputsName(MatMulInputs inputs) {
+  return inputs == MatMulInputs::kInt8 ? "int8" : "f32";
 }
 
 void MatMulScalar(const WeightMatrix& w, const float* x, uint32_t n, float* out) {

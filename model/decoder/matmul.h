@@ -12,12 +12,22 @@
 // or the row split, so a chunked pass is bit-identical to single-token
 // passes and to any thread count.
 //
+// MatMulInputs::kInt8 (a matrix's `inputs`, chosen at load) is the fast path
+// for Q4_1 and Q8_0 matrices: the inputs are rounded to int8 per 32 values
+// (scale amax/127) and multiplied in integer lanes, as llama.cpp does; an
+// approximation of the exact f32 product whose cost on a model is measured
+// with `kvcache perplexity --matmul int8` against the f32 path. It keeps every
+// property above: a (t, r) result depends on x[t] and row r only, and every
+// target, thread count and row split gives the same bits
+// (model/decoder/matmul_int8.h). Other types ignore it.
+//
 // Thread safety: reentrant (calls that share a pool are serialized by it).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <string_view>
 
 #include "kvcache/status.h"
 #include "kvcache/thread_pool.h"
@@ -25,12 +35,15 @@
 
 namespace kvcache::model {
 
+enum class MatMulInputs : uint8_t { kF32, kInt8 };
+
 struct WeightMatrix {
   GgmlType type = GgmlType::kF32;
   const uint8_t* data = nullptr;  // rows * row_bytes bytes
   uint32_t rows = 0;
   uint32_t cols = 0;
   size_t row_bytes = 0;
+  MatMulInputs inputs = MatMulInputs::kF32;
 
   // A view of f32 [rows][cols].
   static WeightMatrix F32(std::span<const float> w, uint32_t rows, uint32_t cols);
@@ -39,6 +52,10 @@ struct WeightMatrix {
   // Rows [r, r + n) decoded to f32 into out[n][cols].
   void DecodeRows(uint32_t r, uint32_t n, float* out) const;
 };
+
+// "f32" | "int8".
+Result<MatMulInputs> ParseMatMulInputs(std::string_view name);
+std::string_view MatMulInputsName(MatMulInputs inputs);
 
 // x: [n][w.cols], out: [n][w.rows] (row stride w.rows). pool may be null;
 // with one, the rows are split into pool->num_threads() contiguous parts

@@ -180,3 +180,35 @@ def test_offload_tiers_serve_a_fresh_pool(rng, tmp_path):
         kvcache.disk_tier("/proc/no-such-dir/x")
     with pytest.raises(kvcache.InvalidArgument):
         kvcache.redis_tier("http://nope")
+
+
+def test_offload_carries_a_turbo4_sequences_calibration(rng, tmp_path):
+    """A turbo4 sequence calibrates per head (rows with channel offsets get a mean);
+    its blocks and its calibration go to the disk tier, and a fresh pool over the
+    reopened folder adopts them: the decoded rows are the same floats."""
+    g = kvcache.Geometry(2, 2, 32, 4)
+    tokens = np.arange(200, 222, dtype=np.uint32)  # 5 full blocks and 2 tokens
+    offsets = np.linspace(-3.0, 3.0, 32, dtype=np.float32)
+    k = rows(rng, 2, 22, 2, 32) * 0.3 + offsets
+    v = rows(rng, 2, 22, 2, 32) * 0.3 - offsets
+    pool_a = kvcache.BlockPool(g, "turbo4:turbo4", num_blocks=16)
+    oc_a = kvcache.OffloadCache(pool_a, [kvcache.disk_tier(str(tmp_path / "t"))], model="m")
+    a = kvcache.SequenceCache.paged(pool_a)
+    a.append(k, v)
+    assert oc_a.publish_sequence(a, tokens) == 5
+    oc_a.flush()
+    assert oc_a.stats()["tiers"][0]["stored_blocks"] == 5
+
+    disk = kvcache.disk_tier(str(tmp_path / "t"))  # reopened: blocks + the calibration object
+    assert disk.usage()["recovered_objects"] == 6
+    pool_b = kvcache.BlockPool(g, "turbo4:turbo4", num_blocks=16)
+    oc_b = kvcache.OffloadCache(pool_b, [disk], model="m")
+    b = kvcache.SequenceCache.paged(pool_b)
+    n, by = oc_b.adopt_into(b, tokens)
+    assert n == 20 and by[disk.name] == 20
+    for layer in range(2):
+        for head in range(2):
+            np.testing.assert_array_equal(b.head_keys(layer, head), a.head_keys(layer, head)[:20])
+            np.testing.assert_array_equal(b.head_values(layer, head), a.head_values(layer, head)[:20])
+    assert oc_b.stats()["tiers"][0]["misses"]["incompatible"] == 0
+    b.check_invariants()

@@ -12,6 +12,15 @@
 // the prefix cache, i.e. readable by anyone else, only once verified; a
 // block whose object failed is given back unnamed.
 //
+// Calibration: every queued job carries its chain's calibration and the
+// digest its object names (unflagged when it is the compatibility digest's,
+// `default_cal`). The writer stores a calibration object in a tier before
+// any block that names it, and no such block where that store failed. A load
+// reads the fetched objects' headers, ends the run where their calibrations
+// disagree (with each other or with the pool's hit), and gets the run's
+// calibration from `cals` (the recently published or verified ones) or from
+// a tier, verified (digest recomputed) before any block of the run is used.
+//
 // Locks: mu_ guards the queue and the counters; it is never held while
 // calling a tier, the pool or the prefix cache, except PrefixCache-free
 // pool calls that cannot call back (Retain). Tiers have their own locks.
@@ -34,11 +43,16 @@ namespace {
 constexpr size_t kLatencySamples = 8192;
 constexpr size_t kKnownStored = 1 << 16;
 
+constexpr size_t kKnownCalibrations = 16;
+
 struct Job {
   uint32_t block;
   BlockHash chain, parent;
   bool first;  // the chain's first block (no parent key)
   std::vector<TokenId> tokens;
+  std::shared_ptr<const Calibration> calibration;  // the chain's (null: none)
+  bool flagged = false;    // the object names cal_digest (kBlockFlagCalibrated)
+  BlockHash cal_digest{};  // CalibrationDigest, or zero for none
 };
 
 struct Counters {
@@ -73,14 +87,21 @@ struct TierLookup {
   std::vector<std::vector<std::optional<TierMiss>>> have;  // [tier][n]; empty: not asked
   std::vector<std::array<uint64_t, kNumTierMisses>> miss;  // [tier] misses to count
   std::vector<TierBlobPtr> objects;                        // [end of the run] fetched
+  std::vector<std::vector<std::string>> erase;             // [tier] keys that failed
+  size_t rejected = 0;  // blocks [0, rejected) already rejected (their calibration failed)
+  bool pool_hit = false;  // the pool supplied blocks before these
+  std::shared_ptr<const Calibration> pool_calibration;     // theirs
+  std::shared_ptr<const Calibration> calibration;          // what the run's blocks carry
   const BlockHash& Parent(size_t i) const { return i == 0 ? root : hashes[i - 1]; }
+  // Block j of the run failed for `why`: counted, and erased from its tier.
+  void Reject(size_t j, TierMiss why) {
+    const size_t t = static_cast<size_t>(src[j]);
+    ++miss[t][static_cast<size_t>(why)];
+    erase[t].push_back(keys[j]);
+  }
 };
 
-bool SameCalibration(const Calibration* a, const Calibration* b) {
-  if (a == b) return true;
-  if (a == nullptr || b == nullptr) return false;
-  return a->transforms == b->transforms;
-}
+bool IsTransportMiss(TierMiss m) { return m == TierMiss::kTimeout || m == TierMiss::kUnavailable; }
 
 }  // namespace
 
@@ -90,6 +111,8 @@ struct OffloadCache::State {
   std::vector<std::shared_ptr<Tier>> tiers;
   OffloadOptions o;
   BlockHash compat;
+  GeometryOptions geometry;
+  BlockHash default_cal;  // o.calibration's digest (zero: none): what an unflagged block carries
 
   mutable std::mutex mu;
   std::condition_variable work_cv, idle_cv;
@@ -101,6 +124,8 @@ struct OffloadCache::State {
   // Chains queued or loaded recently: not queued again (bounded FIFO).
   std::unordered_set<BlockHash, BlockHashHasher> known;
   std::deque<BlockHash> known_fifo;
+  // Calibrations published or verified recently, with their digests (FIFO).
+  std::deque<std::pair<BlockHash, std::shared_ptr<const Calibration>>> cals;
   std::thread writer;
 
   void Remember(const BlockHash& h) {  // REQUIRES mu
@@ -112,12 +137,21 @@ struct OffloadCache::State {
     }
   }
 
+  // The digest of `c` (zero for null). With `check`, InvalidArgument unless
+  // the tiers can store it (CheckCalibration), and remembered with it.
+  Result<BlockHash> DigestOf(const std::shared_ptr<const Calibration>& c, bool check);
+  std::shared_ptr<const Calibration> Recall(const BlockHash& digest);
+  void Keep(const BlockHash& digest, std::shared_ptr<const Calibration> c);
+
   void WriterLoop();
   void StoreBatch(std::vector<Job>& jobs);
+  void StoreInTier(size_t t, std::span<const TierPut> cal_puts, std::span<const TierPut> puts);
   // The steps of Acquire past the pool's hit, in order (see Acquire).
   void FindHolders(TierLookup& l);
   size_t RunEnd(TierLookup& l);
   void Fetch(TierLookup& l, size_t end);
+  size_t ResolveCalibration(TierLookup& l, size_t ok);
+  CalibrationLoad FetchCalibration(TierLookup& l, const BlockHash& digest);
   std::vector<uint32_t> Stage(TierLookup& l, std::span<const TokenId> tokens);
   void Account(const TierLookup& l, size_t ok, std::vector<uint64_t>* served_by_tier);
 };
@@ -147,35 +181,103 @@ void OffloadCache::State::WriterLoop() {
   if (!refs.empty()) (void)pool->Release(refs);
 }
 
+Result<BlockHash> OffloadCache::State::DigestOf(const std::shared_ptr<const Calibration>& c,
+                                                bool check) {
+  if (c == nullptr) return BlockHash{};
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    for (const auto& [d, known_cal] : cals) {
+      if (known_cal == c) return d;  // checked when it was kept
+    }
+  }
+  if (check) KV_RETURN_IF_ERROR(CheckCalibration(*c, geometry));
+  const BlockHash d = CalibrationDigest(*c);
+  if (check) Keep(d, c);  // `cals` holds only calibrations the tiers can store
+  return d;
+}
+
+std::shared_ptr<const Calibration> OffloadCache::State::Recall(const BlockHash& digest) {
+  std::lock_guard<std::mutex> lock(mu);
+  for (const auto& [d, c] : cals) {
+    if (d == digest) return c;
+  }
+  return nullptr;
+}
+
+void OffloadCache::State::Keep(const BlockHash& digest, std::shared_ptr<const Calibration> c) {
+  std::lock_guard<std::mutex> lock(mu);
+  cals.emplace_back(digest, std::move(c));
+  while (cals.size() > kKnownCalibrations) cals.pop_front();
+}
+
+// Encodes the batch (each calibration object once), then stores it tier by tier.
 void OffloadCache::State::StoreBatch(std::vector<Job>& jobs) {
-  std::vector<TierPut> puts;
-  std::vector<std::string> keys;
+  std::vector<TierPut> puts, cal_puts;
   for (const Job& j : jobs) {
-    Result<std::vector<uint8_t>> obj = EncodeBlockObject(*pool, j.block, compat, j.chain, j.parent, j.tokens);
+    std::optional<BlockHash> named;
+    if (j.flagged) named = j.cal_digest;
+    Result<std::vector<uint8_t>> obj =
+        EncodeBlockObject(*pool, j.block, compat, j.chain, j.parent, j.tokens, named);
     (void)pool->Release(std::span<const uint32_t>(&j.block, 1));
     if (!obj.ok()) continue;  // cannot happen for a block of this pool; nothing to store
     TierPut p;
     p.key = BlockKey(compat, j.chain);
     p.parent_key = j.first ? std::string() : BlockKey(compat, j.parent);
     p.bytes = std::make_shared<const std::vector<uint8_t>>(std::move(*obj));
-    keys.push_back(p.key);
+    if (j.flagged && j.calibration != nullptr) {
+      p.calibration_key = CalibrationKey(compat, j.cal_digest);
+      const bool have = std::any_of(cal_puts.begin(), cal_puts.end(),
+                                    [&](const TierPut& c) { return c.key == p.calibration_key; });
+      if (!have) {
+        // Publish checked it (CheckCalibration): encoding cannot fail.
+        Result<std::vector<uint8_t>> cal = EncodeCalibrationObject(*j.calibration, geometry, compat);
+        if (!cal.ok()) continue;
+        cal_puts.push_back({p.calibration_key, "", std::make_shared<const std::vector<uint8_t>>(std::move(*cal))});
+      }
+    }
     puts.push_back(std::move(p));
   }
   if (puts.empty()) return;
-  const uint64_t object_bytes = puts[0].bytes->size();  // one pool: every object has one size
-  for (size_t t = 0; t < tiers.size(); ++t) {
-    const std::vector<std::optional<TierMiss>> have = tiers[t]->Exists(keys);
-    std::vector<TierPut> missing;
-    for (size_t i = 0; i < puts.size(); ++i) {
-      if (have[i].has_value()) missing.push_back(puts[i]);
+  for (size_t t = 0; t < tiers.size(); ++t) StoreInTier(t, cal_puts, puts);
+}
+
+// Stores in tier t what it lacks: the calibration objects first (one put
+// each, so that a failed one is known), then the blocks, except those that
+// name a calibration the tier neither held nor took.
+void OffloadCache::State::StoreInTier(size_t t, std::span<const TierPut> cal_puts,
+                                      std::span<const TierPut> puts) {
+  std::vector<std::string> keys;
+  for (const TierPut& c : cal_puts) keys.push_back(c.key);
+  for (const TierPut& p : puts) keys.push_back(p.key);
+  const std::vector<std::optional<TierMiss>> have = tiers[t]->Exists(keys);
+  std::unordered_set<std::string> cal_held;
+  uint64_t bytes = 0;
+  for (size_t i = 0; i < cal_puts.size(); ++i) {
+    if (!have[i].has_value() || tiers[t]->Store(cal_puts.subspan(i, 1)) == 1) {
+      cal_held.insert(cal_puts[i].key);
+      if (have[i].has_value()) bytes += cal_puts[i].bytes->size();
     }
-    const size_t stored = missing.empty() ? 0 : tiers[t]->Store(missing);
-    std::lock_guard<std::mutex> lock(mu);
-    TierStats& s = counters[t].s;
-    s.stored_blocks += stored;
-    s.bytes_stored += stored * object_bytes;
-    s.dropped_stores += missing.size() - stored;
   }
+  std::vector<TierPut> missing;
+  uint64_t missing_bytes = 0, dropped = 0;
+  for (size_t i = 0; i < puts.size(); ++i) {
+    if (!have[cal_puts.size() + i].has_value()) continue;  // held already
+    if (!puts[i].calibration_key.empty() && cal_held.count(puts[i].calibration_key) == 0) {
+      ++dropped;  // its calibration is not in this tier: the block could not be decoded
+      continue;
+    }
+    missing_bytes += puts[i].bytes->size();
+    missing.push_back(puts[i]);
+  }
+  const size_t stored = missing.empty() ? 0 : tiers[t]->Store(missing);
+  // A partial store does not say which: count the average object.
+  bytes += stored == missing.size() ? missing_bytes
+                                    : stored * (missing_bytes / std::max<size_t>(missing.size(), 1));
+  std::lock_guard<std::mutex> lock(mu);
+  TierStats& s = counters[t].s;
+  s.stored_blocks += stored;
+  s.bytes_stored += bytes;
+  s.dropped_stores += missing.size() - stored + dropped;
 }
 
 OffloadCache::OffloadCache(std::unique_ptr<State> state) : state_(std::move(state)) {}
@@ -214,7 +316,13 @@ Result<std::unique_ptr<OffloadCache>> OffloadCache::Create(std::shared_ptr<Block
   c.geometry = {g.n_layers(), g.n_kv_heads(), g.head_dim(), g.block_size()};
   c.formats = st->pool->formats();
   c.rotation = RotationDigest(*st->pool);
-  if (options.calibration != nullptr) c.calibration = CalibrationDigest(*options.calibration);
+  st->geometry = c.geometry;
+  if (options.calibration != nullptr) {
+    KV_RETURN_IF_ERROR(CheckCalibration(*options.calibration, c.geometry));
+    c.calibration = CalibrationDigest(*options.calibration);
+    st->cals.emplace_back(c.calibration, options.calibration);
+  }
+  st->default_cal = c.calibration;
   st->compat = CompatDigest(c);
   st->counters.resize(st->tiers.size());
   for (size_t t = 0; t < st->tiers.size(); ++t) st->counters[t].s.name = st->tiers[t]->name();
@@ -236,15 +344,17 @@ Result<size_t> OffloadCache::Publish(std::span<const BlockHash> hashes,
   if (tokens.size() < hashes.size() * B) {
     return Status::InvalidArgument("offload: fewer tokens than the blocks being published");
   }
+  // A calibration the tiers could not store is refused before anything is
+  // published (a sequence's own always fits its pool's geometry).
+  BlockHash cal_digest{};
+  if (!st.tiers.empty()) {
+    KV_ASSIGN_OR_RETURN(cal_digest, st.DigestOf(calibration, /*check=*/true));
+  }
   KV_ASSIGN_OR_RETURN(const size_t end,
                       st.cache->PublishHashed(hashes, blocks, start, tokens.first(std::min<size_t>(B, tokens.size())), salt,
                                               calibration, set_hash));
   if (st.tiers.empty() || end <= start) return end;
-  if (!SameCalibration(calibration.get(), st.o.calibration.get())) {
-    std::lock_guard<std::mutex> lock(st.mu);
-    st.totals.skipped_calibration += end - start;
-    return end;
-  }
+  const bool flagged = !(cal_digest == st.default_cal);
   const BlockHash root = ChainRoot(salt);
   bool queued = false;
   for (size_t i = start; i < end; ++i) {
@@ -260,7 +370,8 @@ Result<size_t> OffloadCache::Publish(std::span<const BlockHash> hashes,
     if (!st.pool->Retain(std::span<const uint32_t>(&blocks[i], 1)).ok()) continue;
     Job j{blocks[i], hashes[i], i == 0 ? root : hashes[i - 1], i == 0,
           std::vector<TokenId>(tokens.begin() + static_cast<ptrdiff_t>(i * B),
-                               tokens.begin() + static_cast<ptrdiff_t>((i + 1) * B))};
+                               tokens.begin() + static_cast<ptrdiff_t>((i + 1) * B)),
+          calibration, flagged, cal_digest};
     std::lock_guard<std::mutex> lock(st.mu);
     st.queue.push_back(std::move(j));
     st.Remember(hashes[i]);
@@ -354,6 +465,96 @@ void OffloadCache::State::Fetch(TierLookup& l, size_t end) {
   }
 }
 
+// The calibration the first `ok` fetched blocks carry (l.calibration), and
+// how many of them carry it: the run ends at the first block whose header
+// names another calibration than the pool's hit (or, without one, than the
+// run's first block): a kIncompatible miss, not erased. An object whose
+// header does not parse is left to the verification, which rejects it. If
+// the run's calibration cannot be had verified, no block of it is used:
+// each is rejected (counted, erased) as a block no tier can decode, or, for
+// a timeout or an unreachable tier, counted once and kept.
+size_t OffloadCache::State::ResolveCalibration(TierLookup& l, size_t ok) {
+  BlockHash want{};
+  bool have_want = false;
+  if (l.pool_hit) {
+    want = *DigestOf(l.pool_calibration, /*check=*/false);
+    have_want = true;
+  }
+  for (size_t j = 0; j < ok; ++j) {
+    const Result<BlockObjectInfo> info = ParseBlockObjectHeader(*l.objects[j], l.objects[j]->size());
+    if (!info.ok()) break;
+    const BlockHash d = info->calibrated ? info->calibration : default_cal;
+    if (!have_want) {
+      want = d;
+      have_want = true;
+    } else if (!(d == want)) {
+      ++l.miss[static_cast<size_t>(l.src[j])][static_cast<size_t>(TierMiss::kIncompatible)];
+      ok = j;
+      break;
+    }
+  }
+  if (l.pool_hit || ok == 0) {
+    l.calibration = l.pool_calibration;
+    return ok;
+  }
+  if (want == BlockHash{}) return ok;  // l.calibration stays null: none
+  if (want == default_cal) {
+    l.calibration = o.calibration;
+    return ok;
+  }
+  CalibrationLoad c = FetchCalibration(l, want);
+  if (c.calibration != nullptr) {
+    l.calibration = std::move(c.calibration);
+    return ok;
+  }
+  if (IsTransportMiss(c.miss)) {
+    ++l.miss[static_cast<size_t>(l.src[0])][static_cast<size_t>(c.miss)];
+  } else {
+    for (size_t j = 0; j < ok; ++j) l.Reject(j, c.miss);
+    l.rejected = ok;
+  }
+  return 0;
+}
+
+// The calibration `digest` names: a recent one, or its object from the
+// tiers (the first block's tier first, then the others in order), verified
+// (DecodeCalibrationObject). A failed object is counted and erased from its
+// tier. On failure the miss: that of an object that failed (kCorrupt,
+// kIncompatible), else a transport miss, else kIncompatible (no tier holds
+// it: the blocks cannot be decoded).
+CalibrationLoad OffloadCache::State::FetchCalibration(TierLookup& l, const BlockHash& digest) {
+  CalibrationLoad out;
+  out.calibration = Recall(digest);
+  if (out.calibration != nullptr) return out;
+  const std::string key = CalibrationKey(compat, digest);
+  std::optional<TierMiss> failed, transport;
+  std::vector<size_t> order{static_cast<size_t>(l.src[0])};
+  for (size_t t = 0; t < tiers.size(); ++t) {
+    if (t != order[0]) order.push_back(t);
+  }
+  for (const size_t t : order) {
+    std::vector<TierGet> got = tiers[t]->Load(std::span<const std::string>(&key, 1));
+    if (got[0].bytes == nullptr) {
+      if (IsTransportMiss(got[0].miss)) transport = got[0].miss;
+      continue;
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      counters[t].s.bytes_loaded += got[0].bytes->size();
+    }
+    CalibrationLoad c = DecodeCalibrationObject(*got[0].bytes, compat, digest, geometry);
+    if (c.calibration != nullptr) {
+      Keep(digest, c.calibration);
+      return c;
+    }
+    ++l.miss[t][static_cast<size_t>(c.miss)];
+    l.erase[t].push_back(key);
+    if (!failed.has_value() || c.miss == TierMiss::kCorrupt) failed = c.miss;
+  }
+  out.miss = failed.value_or(transport.value_or(TierMiss::kIncompatible));
+  return out;
+}
+
 // Staging blocks for the fetched run (all or nothing): nobody else can read
 // them until they are named. Each object is verified and copied into its
 // block in one pass (VerifyAndDecodeBlockObject); the first that fails ends
@@ -366,6 +567,8 @@ std::vector<uint32_t> OffloadCache::State::Stage(TierLookup& l, std::span<const 
   const size_t end = l.objects.size();
   size_t ok = 0;
   while (ok < end && l.objects[ok] != nullptr) ++ok;
+  l.erase.assign(tiers.size(), {});
+  ok = ResolveCalibration(l, ok);
   std::vector<uint32_t> fresh(ok);
   if (ok > 0 && !pool->Allocate(fresh).ok()) {
     std::lock_guard<std::mutex> lock(mu);
@@ -373,35 +576,29 @@ std::vector<uint32_t> OffloadCache::State::Stage(TierLookup& l, std::span<const 
     ok = 0;
     fresh.clear();
   }
-  std::vector<std::vector<std::string>> erase(tiers.size());
-  auto reject = [&](size_t j, TierMiss why) {
-    const size_t t = static_cast<size_t>(l.src[j]);
-    ++l.miss[t][static_cast<size_t>(why)];
-    erase[t].push_back(l.keys[j]);
-  };
   size_t good = 0;
   for (; good < ok; ++good) {
     const size_t i = l.i0 + good;
     const std::optional<TierMiss> why = VerifyAndDecodeBlockObject(
         *l.objects[good], compat, l.hashes[i], l.Parent(i), tokens.subspan(i * B, B), *pool, fresh[good]);
     if (why.has_value()) {
-      reject(good, *why);
+      l.Reject(good, *why);
       break;
     }
   }
-  for (size_t j = good < ok ? good + 1 : good; j < end; ++j) {
+  for (size_t j = std::max(good < ok ? good + 1 : good, l.rejected); j < end; ++j) {
     if (l.objects[j] == nullptr) continue;
     const size_t i = l.i0 + j;
     const std::optional<TierMiss> why =
         VerifyBlockObject(*l.objects[j], compat, l.hashes[i], l.Parent(i), tokens.subspan(i * B, B));
-    if (why.has_value()) reject(j, *why);
+    if (why.has_value()) l.Reject(j, *why);
   }
   if (good < ok) {
     (void)pool->Release(std::span<const uint32_t>(fresh.data() + good, ok - good));
     fresh.resize(good);
   }
   for (size_t t = 0; t < tiers.size(); ++t) {
-    if (!erase[t].empty()) tiers[t]->Erase(erase[t]);
+    if (!l.erase[t].empty()) tiers[t]->Erase(l.erase[t]);
   }
   return fresh;
 }
@@ -436,6 +633,8 @@ PrefixMatch OffloadCache::Acquire(std::span<const TokenId> tokens, std::string_v
   if (T == 0 || m.blocks.size() >= full) return m;
   TierLookup l;
   l.i0 = m.blocks.size();
+  l.pool_hit = !m.blocks.empty();
+  l.pool_calibration = m.calibration;
   l.n = std::min<size_t>(full - l.i0, st.o.max_load_blocks);
   l.hashes = HashFullBlocks(tokens.first((l.i0 + l.n) * B), B, salt);
   l.root = ChainRoot(salt);
@@ -447,7 +646,7 @@ PrefixMatch OffloadCache::Acquire(std::span<const TokenId> tokens, std::string_v
   if (fresh.empty()) return m;
   m.blocks.insert(m.blocks.end(), fresh.begin(), fresh.end());
   m.num_tokens = m.blocks.size() * B;
-  if (m.calibration == nullptr) m.calibration = st.o.calibration;
+  m.calibration = l.calibration;
   // Name the loaded blocks so that the pool serves the next lookup. A chain
   // someone published meanwhile stops this; the blocks stay ours, unnamed.
   (void)st.cache->PublishHashed(std::span<const BlockHash>(l.hashes.data(), m.blocks.size()), m.blocks,

@@ -138,14 +138,22 @@ TEST(SmolLm2BatchInvariance, MixedStepsEqualSequencesAloneBitForBit) {
   }
   streams[4] = streams[0];
   std::copy(text.begin() + 150, text.begin() + 160, streams[4].begin() + 15);
-  for (const char* name : {"f32", "bf16", "q8_0", "turbo4"}) {
-    SCOPED_TRACE(name);
-    auto formats = ParseFormatPair(name);
+  // (the int8-input products too: each token's inputs are rounded alone)
+  const LoadedModel* int8 = SmolLm2(MatMulInputs::kInt8);
+  ASSERT_NE(int8, nullptr);
+  struct Case {
+    const LoadedModel* model;
+    const char* formats;
+  };
+  for (const Case& c : {Case{m, "f32"}, Case{m, "bf16"}, Case{m, "q8_0"}, Case{m, "turbo4"},
+                        Case{int8, "f32"}, Case{int8, "turbo4"}}) {
+    SCOPED_TRACE(std::string(c.formats) + (c.model == int8 ? " int8 inputs" : ""));
+    auto formats = ParseFormatPair(c.formats);
     ASSERT_TRUE(formats.ok());
-    const World alone = RunSchedule(*m, *formats, 1, false, streams);
+    const World alone = RunSchedule(*c.model, *formats, 1, false, streams);
     for (uint32_t threads : {1u, 2u}) {
       SCOPED_TRACE(threads);
-      const World batch = RunSchedule(*m, *formats, threads, true, streams);
+      const World batch = RunSchedule(*c.model, *formats, threads, true, streams);
       for (int seq = 0; seq < kSeqs; ++seq) {
         const std::vector<float>& a = alone.logits.at(seq);
         const std::vector<float>& b = batch.logits.at(seq);

@@ -44,29 +44,35 @@ namespace kvcache::model::testing {
 // Capacity the SmolLM2 tests load the model with (the caches size to it).
 inline constexpr uint32_t kSmolTestSeqLen = 640;
 
-// SmolLM2 with its tokenizer, loaded once (weights as stored); fails the
+// SmolLM2 with its tokenizer, loaded once per input mode (weights as
+// stored; exact f32 products, or the integer-lane int8 path); fails the
 // calling test with the reason when it cannot be loaded.
-inline const LoadedModel* SmolLm2() {
-  static std::unique_ptr<LoadedModel> model;
-  static std::string error;
-  static bool once = [] {
+inline const LoadedModel* SmolLm2(MatMulInputs inputs = MatMulInputs::kF32) {
+  struct Loaded {
+    std::unique_ptr<LoadedModel> model;
+    std::string error;
+  };
+  auto load = [](MatMulInputs in) {
+    Loaded l;
     GgufLoadOptions o;
     o.max_seq_len = kSmolTestSeqLen;
+    o.matmul_inputs = in;
     auto m = LoadedModel::Load(SmolLm2Path(), "", o);
     if (m.ok()) {
-      model = std::move(m).value();
+      l.model = std::move(m).value();
     } else {
-      error = m.status().ToString();
+      l.error = m.status().ToString();
     }
-    return true;
-  }();
-  (void)once;
-  EXPECT_NE(model, nullptr) << "SmolLM2 is not available (" << error
-                            << "); fetch it with scripts/fetch_model.sh (KVCACHE_MODEL_DIR overrides the folder)";
-  return model.get();
+    return l;
+  };
+  static Loaded exact = load(MatMulInputs::kF32);
+  static Loaded int8 = load(MatMulInputs::kInt8);
+  const Loaded& l = inputs == MatMulInputs::kInt8 ? int8 : exact;
+  EXPECT_NE(l.model, nullptr) << "SmolLM2 is not available (" << l.error
+                              << "); fetch it with scripts/fetch_model.sh (KVCACHE_MODEL_DIR overrides the folder)";
+  return l.model.get();
 }
 
-// The first n tokens of the GPL-3 text every Debian machine has.
 inline std::vector<int32_t> Gpl3Tokens(const LoadedModel& m, size_t n) {
   std::ifstream in("/usr/share/common-licenses/GPL-3", std::ios::binary);
   EXPECT_TRUE(in.good()) << "cannot read /usr/share/common-licenses/GPL-3";

@@ -1,7 +1,8 @@
 // `kvcache generate --tiers` on SmolLM2's GGUF, two processes over one disk
 // folder: the second loads the prompt's full blocks from disk, prefills the
 // rest only, and gives the tokens and (f32) the logits of an uncached run to
-// the byte; a q8_0 cache over the same folder misses. Short on purpose: a
+// the byte; a q8_0 cache over the same folder misses; turbo4 (calibrated per
+// sequence) round-trips with its calibration. Short on purpose: a
 // 70-token prompt (4 full blocks and a bit), 4 steps.
 #include <gtest/gtest.h>
 
@@ -56,6 +57,18 @@ TEST(SmolLm2Tiers, SecondProcessLoadsThePromptFromDisk) {
   EXPECT_EQ(ReadBytes(dir / "second.npy"), want);
   // Another format over the same folder: another digest, a miss.
   EXPECT_EQ(run(disk + " --kv-format q8_0", "q8.npy")["prefix_tokens"], 0);
+  // turbo4 calibrates per sequence: the blocks name their calibration, stored
+  // beside them; the second process adopts both and gives the first's tokens
+  // and logits.
+  const std::string turbo = disk + " --kv-format turbo4:turbo4";
+  const nlohmann::json t1 = run(turbo, "turbo1.npy");
+  const nlohmann::json t2 = run(turbo, "turbo2.npy");
+  EXPECT_EQ(t1["prefix_tokens"], 0);
+  EXPECT_EQ(t1["tiers"][0]["stored_blocks"], 4);
+  EXPECT_EQ(t2["prefix_tokens_by_tier"]["disk"], 64);
+  EXPECT_EQ(t2["tiers"][0]["hit_blocks"], 4);
+  EXPECT_EQ(t2["generated_tokens"], t1["generated_tokens"]);
+  EXPECT_EQ(ReadBytes(dir / "turbo2.npy"), ReadBytes(dir / "turbo1.npy"));
   fs::remove_all(dir);
 }
 

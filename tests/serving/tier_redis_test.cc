@@ -1,6 +1,7 @@
 // RedisTier against a real redis-server this binary starts (loopback, a
 // free port, a temporary folder, no persistence) and against a fake RESP
-// server that stalls, disconnects mid-value, answers $-1 or -ERR.
+// server that stalls, disconnects mid-value, answers $-1 or -ERR; calibrated
+// formats' blocks and calibration shared by two processes through it.
 //
 // The server is started by a GoogleTest environment only when a Redis* test
 // is selected, and killed at the end. If it cannot start, every Redis test
@@ -24,6 +25,7 @@
 #include <thread>
 
 #include "kvcache/tier.h"
+#include "serving/calibrated_test_util.h"
 #include "serving/redis_process.h"
 #include "serving/tier_test_util.h"
 
@@ -259,6 +261,22 @@ TEST_F(RedisTierTest, TwoProcessesShareBlocksThroughRedisAndDisk) {
     EXPECT_EQ(d["tier_hit_tokens"], 0) << tiers;
   }
   std::filesystem::remove_all(dir);
+}
+
+// Each calibrated format: a sequence published by one process (its own
+// RedisTier) is adopted by another (another connection), bit-identically and
+// with the same calibration: 4 blocks and 1 calibration object on the server.
+TEST_F(RedisTierTest, CalibratedFormatsRoundTripBetweenTwoProcesses) {
+  for (const FormatPair f : caltest::CalibratedFormats()) {
+    Free(server_->Command({"FLUSHALL"}));
+    caltest::ExpectRoundTrip(f, [&](int) {
+      return std::vector<std::shared_ptr<Tier>>{std::move(NewRedisTier({.url = server_->url()})).value()};
+    });
+    redisReply* r = server_->Command({"DBSIZE"});
+    ASSERT_NE(r, nullptr);
+    EXPECT_EQ(r->integer, 5) << FormatName(f.k);
+    Free(r);
+  }
 }
 
 TEST_F(RedisTierTest, BenchTiersJsonShape) {

@@ -142,18 +142,11 @@ TEST(TierObject, EveryMismatchIsRejectedWithItsReason) {
   // Header fields changed and the header checksum recomputed (a writer's bug,
   // not a flipped bit): unknown flags are incompatible; reserved bytes that
   // are not zero and row sizes that are not the formats' own are corrupt.
-  auto resealed = [&](size_t at, uint8_t value) {
-    std::vector<uint8_t> b = good;
-    b[at] = value;
-    uint32_t header_bytes;
-    std::memcpy(&header_bytes, b.data() + 8, 4);
-    std::memset(b.data() + 112, 0, 8);
-    const uint64_t sum = BlockChecksum(std::span(b).first(header_bytes));
-    std::memcpy(b.data() + 112, &sum, 8);
-    return b;
-  };
+  auto resealed = [&](size_t at, uint8_t value) { return Resealed(good, at, value); };
   EXPECT_EQ(verify(resealed(0, 'K')), std::nullopt);  // the reseal itself is sound
-  EXPECT_EQ(verify(resealed(6, 1)), TierMiss::kIncompatible);
+  EXPECT_EQ(verify(resealed(6, 2)), TierMiss::kIncompatible);
+  // The calibration flag without the digest it announces: sizes disagree.
+  EXPECT_EQ(verify(resealed(6, kBlockFlagCalibrated)), TierMiss::kCorrupt);
   EXPECT_EQ(verify(resealed(90, 1)), TierMiss::kCorrupt);
   EXPECT_EQ(verify(resealed(121, 1)), TierMiss::kCorrupt);
   EXPECT_EQ(verify(resealed(96, good[96] + 2)), TierMiss::kCorrupt);

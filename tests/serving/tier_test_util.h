@@ -60,4 +60,18 @@ inline TierBytes Object(const BlockPool& pool, uint32_t block, const BlockHash& 
       EncodeBlockObject(pool, block, compat, h[i], parent, tokens.subspan(i * B, B)).value());
 }
 
+// `object` with byte `at` set to `value` and its header checksum (offset
+// 112, over header_bytes from offset 8, the field read as zero) recomputed:
+// a writer's bug rather than a flipped bit. Block and calibration objects
+// share this layout.
+inline std::vector<uint8_t> Resealed(std::vector<uint8_t> b, size_t at, uint8_t value) {
+  b[at] = value;
+  uint32_t header_bytes;
+  std::memcpy(&header_bytes, b.data() + 8, 4);
+  std::memset(b.data() + 112, 0, 8);
+  const uint64_t sum = BlockChecksum(std::span(b).first(header_bytes));
+  std::memcpy(b.data() + 112, &sum, 8);
+  return b;
+}
+
 }  // namespace kvcache::tiertest

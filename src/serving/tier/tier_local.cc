@@ -1,17 +1,18 @@
 // HostTier and DiskTier (tier.h): a byte-budgeted index with chain-aware LRU
 // eviction, over process memory or over one file per object.
 //
-// ChainLru is the shared index: key -> (bytes, parent key, number of stored
-// children, LRU position). Eviction walks from the least recently used end
-// and takes the first entry with no stored child (a chain's tail before its
-// prefix); if none is found within kVictimScan entries it takes the least
-// recently used one (its children are then unreachable and age out).
+// ChainLru is the shared index: key -> (bytes, parent key, calibration key,
+// number of stored entries naming it, LRU position). Eviction walks from the
+// least recently used end and takes the first entry nobody names (a chain's
+// tail before its prefix, a calibration object after the last block that
+// names it); if none is found within kVictimScan entries it takes the least
+// recently used one (what names it is then unreachable and ages out).
 //
 // DiskTier files: <path>/objects/<hh>/<key with ':' as '-'>.kvcb (hh = the
 // first two hex digits of the chain hash), written as <path>/tmp/<pid>-<n>.tmp,
 // fsync'd, renamed. On open, temporaries of dead processes are deleted and
-// every object file's header is parsed (ParseBlockObjectHeader: magic,
-// version, header checksum, size): bad ones are deleted, good ones indexed in
+// every object file's header is parsed (ParseStoredObjectHeader: blocks and
+// calibration objects; magic, version, header checksum, size): bad ones are deleted, good ones indexed in
 // mtime order. A key the index lacks is looked for on disk before it is
 // called absent, so several processes can share one folder (each keeps its
 // own budget; an object another evicted is simply absent).
@@ -49,7 +50,8 @@ class ChainLru {
   struct Entry {
     uint64_t bytes = 0;
     std::string parent;
-    uint32_t children = 0;
+    std::string calibration;  // the calibration object a block names, or ""
+    uint32_t children = 0;    // stored entries naming this one (parent or calibration)
     std::list<std::string>::iterator pos;
     TierBytes value;  // HostTier only
   };
@@ -63,18 +65,21 @@ class ChainLru {
   bool WasEvicted(const std::string& key) const { return evicted_set_.count(key) != 0; }
   void Touch(Entry* e) { lru_.splice(lru_.end(), lru_, e->pos); }
 
-  void Insert(const std::string& key, const std::string& parent, uint64_t bytes, TierBytes value) {
+  void Insert(const std::string& key, const std::string& parent, const std::string& calibration,
+              uint64_t bytes, TierBytes value) {
     Entry* old = Find(key);
     const uint32_t children = old ? old->children : 0;  // a replaced key keeps its children
     Erase(key);
     Entry e;
     e.bytes = bytes;
     e.parent = parent;
+    e.calibration = calibration;
     e.children = children;
     e.value = std::move(value);
     e.pos = lru_.insert(lru_.end(), key);
     map_.emplace(key, std::move(e));
-    if (Entry* p = parent.empty() ? nullptr : Find(parent)) ++p->children;
+    Name(parent, +1);
+    Name(calibration, +1);
     total_ += bytes;
     evicted_set_.erase(key);
   }
@@ -83,9 +88,8 @@ class ChainLru {
   uint64_t Erase(const std::string& key) {
     auto it = map_.find(key);
     if (it == map_.end()) return 0;
-    if (Entry* p = it->second.parent.empty() ? nullptr : Find(it->second.parent)) {
-      if (p->children > 0) --p->children;
-    }
+    Name(it->second.parent, -1);
+    Name(it->second.calibration, -1);
     const uint64_t bytes = it->second.bytes;
     total_ -= bytes;
     lru_.erase(it->second.pos);
@@ -120,7 +124,8 @@ class ChainLru {
   void RecountChildren() {
     for (auto& [k, e] : map_) e.children = 0;
     for (auto& [k, e] : map_) {
-      if (Entry* p = e.parent.empty() ? nullptr : Find(e.parent)) ++p->children;
+      Name(e.parent, +1);
+      Name(e.calibration, +1);
     }
   }
 
@@ -138,6 +143,17 @@ class ChainLru {
   }
 
  private:
+  // One more (+1) or one fewer (-1) stored entry names `key` (if stored).
+  void Name(const std::string& key, int delta) {
+    Entry* p = key.empty() ? nullptr : Find(key);
+    if (p == nullptr) return;
+    if (delta > 0) {
+      ++p->children;
+    } else if (p->children > 0) {
+      --p->children;
+    }
+  }
+
   std::unordered_map<std::string, Entry> map_;
   std::list<std::string> lru_;  // front = least recently used
   uint64_t total_ = 0;
@@ -187,7 +203,7 @@ class HostTier final : public Tier {
         ++store_failures_;
         continue;
       }
-      lru_.Insert(p.key, p.parent_key, p.bytes->size(), p.bytes);
+      lru_.Insert(p.key, p.parent_key, p.calibration_key, p.bytes->size(), p.bytes);
       ++stored;
       std::string victim;
       while (lru_.total_bytes() > o_.capacity_bytes && lru_.Evict(&victim)) {
@@ -258,7 +274,7 @@ class DiskTier final : public Tier {
       }
     }
     struct Found {
-      std::string key, parent;
+      StoredObjectHeader names;
       uint64_t bytes;
       int64_t mtime_ns;
     };
@@ -271,7 +287,7 @@ class DiskTier final : public Tier {
         Found x;
         struct stat st;
         if (::stat(path.c_str(), &st) != 0) continue;
-        if (!ReadHeader(path, &x.key, &x.parent, &x.bytes) || PathFor(x.key) != path) {
+        if (!ReadHeader(path, &x.names, &x.bytes) || PathFor(x.names.key) != path) {
           std::filesystem::remove(f.path(), ec2);
           ++discarded_;
           continue;
@@ -283,7 +299,9 @@ class DiskTier final : public Tier {
     std::sort(found.begin(), found.end(),
               [](const Found& a, const Found& b) { return a.mtime_ns < b.mtime_ns; });
     std::lock_guard<std::mutex> lock(mu_);
-    for (const Found& x : found) lru_.Insert(x.key, x.parent, x.bytes, nullptr);
+    for (const Found& x : found) {
+      lru_.Insert(x.names.key, x.names.parent_key, x.names.calibration_key, x.bytes, nullptr);
+    }
     lru_.RecountChildren();
     recovered_ = found.size();
     EvictOverBudgetLocked();
@@ -344,7 +362,7 @@ class DiskTier final : public Tier {
       }
       ++stored;
       std::lock_guard<std::mutex> lock(mu_);
-      lru_.Insert(p.key, p.parent_key, p.bytes->size(), nullptr);
+      lru_.Insert(p.key, p.parent_key, p.calibration_key, p.bytes->size(), nullptr);
       EvictOverBudgetLocked();
     }
     return stored;
@@ -378,8 +396,7 @@ class DiskTier final : public Tier {
   }
 
   // Reads and checks a file's header; false if it is not a whole object.
-  static bool ReadHeader(const std::string& path, std::string* key, std::string* parent,
-                         uint64_t* bytes) {
+  static bool ReadHeader(const std::string& path, StoredObjectHeader* names, uint64_t* bytes) {
     const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd < 0) return false;
     struct stat st;
@@ -401,10 +418,9 @@ class DiskTier final : public Tier {
     }
     ::close(fd);
     if (!ok) return false;
-    Result<BlockObjectInfo> info = ParseBlockObjectHeader(head, static_cast<uint64_t>(st.st_size));
+    Result<StoredObjectHeader> info = ParseStoredObjectHeader(head, static_cast<uint64_t>(st.st_size));
     if (!info.ok()) return false;
-    *key = info->key();
-    *parent = BlockKey(info->compat, info->parent);
+    *names = std::move(*info);
     *bytes = static_cast<uint64_t>(st.st_size);
     return true;
   }
@@ -415,12 +431,12 @@ class DiskTier final : public Tier {
       std::lock_guard<std::mutex> lock(mu_);
       if (lru_.Find(key) != nullptr) return true;
     }
-    std::string k, parent;
+    StoredObjectHeader names;
     uint64_t bytes;
-    if (!ReadHeader(PathFor(key), &k, &parent, &bytes) || k != key) return false;
+    if (!ReadHeader(PathFor(key), &names, &bytes) || names.key != key) return false;
     std::lock_guard<std::mutex> lock(mu_);
     if (lru_.Find(key) == nullptr) {
-      lru_.Insert(key, parent, bytes, nullptr);
+      lru_.Insert(key, names.parent_key, names.calibration_key, bytes, nullptr);
       EvictOverBudgetLocked();
     }
     return lru_.Find(key) != nullptr;

@@ -22,10 +22,31 @@
 //   128  4*nt  token ids (u32)
 //     .  32*L  sections: per layer k_offset, k_bytes, v_offset, v_bytes (u64,
 //              offsets from the payload's start)
+//     .    16  only with flag kBlockFlagCalibrated: the calibration digest (lo, hi)
 //     H     -  payload: per layer K [n_kv_heads][block_size][k_row_bytes], V likewise
+//
+// The calibration object (n = n_layers * 2 * n_kv_heads transforms):
+//
+//   off  size  field
+//     0     4  magic "KVCL"
+//     4     2  version (kCalibrationObjectVersion)
+//     6     2  flags (0)
+//     8     4  header_bytes H = 128 + 8 * n
+//    12     4  n
+//    16     8  payload_bytes (4 * the floats' count)
+//    24    16  compat digest (lo, hi)
+//    40    16  calibration digest (lo, hi)
+//    56    12  n_layers, n_kv_heads, head_dim (u32 each)
+//    68     4  library format version
+//    72    40  zero
+//   112     8  XXH3-64 of bytes [0, H) with this field read as zero
+//   120     8  zero
+//   128   8*n  per transform (layer, side, head order): mean length, col_scale length (u32)
+//     H     -  per transform: mean then col_scale (f32)
 //
 // Stateless functions; thread-safe.
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include <fmt/format.h>
@@ -50,6 +71,8 @@ namespace kvcache {
 namespace {
 
 constexpr uint8_t kMagic[4] = {'K', 'V', 'C', 'B'};
+constexpr uint8_t kCalibrationMagic[4] = {'K', 'V', 'C', 'L'};
+constexpr uint32_t kMaxTransforms = 1u << 20;
 
 template <typename T>
 void Put(uint8_t* p, T v) {
@@ -79,8 +102,9 @@ uint64_t HeaderChecksum(std::span<const uint8_t> header) {
   return h;
 }
 
-size_t HeaderBytes(uint32_t n_tokens, uint32_t n_layers) {
-  return kBlockObjectFixedHeader + 4 * size_t{n_tokens} + 32 * size_t{n_layers};
+size_t HeaderBytes(uint32_t n_tokens, uint32_t n_layers, bool calibrated) {
+  return kBlockObjectFixedHeader + 4 * size_t{n_tokens} + 32 * size_t{n_layers} +
+         (calibrated ? 16 : 0);
 }
 
 // The per-layer section table (K offset, K bytes, V offset, V bytes: u64
@@ -197,10 +221,15 @@ std::string BlockKey(const BlockHash& compat, const BlockHash& chain) {
   return "kvc1:" + HashHex(compat) + ":" + HashHex(chain);
 }
 
+std::string CalibrationKey(const BlockHash& compat, const BlockHash& calibration) {
+  return "kvcal1:" + HashHex(compat) + ":" + HashHex(calibration);
+}
+
 Result<std::vector<uint8_t>> EncodeBlockObject(const BlockPool& pool, uint32_t block,
                                                const BlockHash& compat, const BlockHash& chain,
                                                const BlockHash& parent,
-                                               std::span<const TokenId> tokens) {
+                                               std::span<const TokenId> tokens,
+                                               std::optional<BlockHash> calibration) {
   const Geometry& g = pool.geometry();
   if (block >= pool.num_blocks()) return Status::InvalidArgument("block object: block out of range");
   if (tokens.size() != g.block_size()) {
@@ -210,12 +239,16 @@ Result<std::vector<uint8_t>> EncodeBlockObject(const BlockPool& pool, uint32_t b
   const uint32_t L = g.n_layers();
   const size_t k_bytes = pool.block_stride(Side::kKey);
   const size_t v_bytes = pool.block_stride(Side::kValue);
-  const size_t H = HeaderBytes(static_cast<uint32_t>(tokens.size()), L);
+  const size_t H = HeaderBytes(static_cast<uint32_t>(tokens.size()), L, calibration.has_value());
   const uint64_t payload = uint64_t{L} * (k_bytes + v_bytes);
   std::vector<uint8_t> out(H + payload);
   uint8_t* p = out.data();
   std::memcpy(p, kMagic, 4);
   Put<uint16_t>(p + 4, kBlockObjectVersion);
+  if (calibration.has_value()) {
+    Put<uint16_t>(p + 6, kBlockFlagCalibrated);
+    PutHash(p + H - 16, *calibration);
+  }
   Put<uint32_t>(p + 8, static_cast<uint32_t>(H));
   Put<uint32_t>(p + 12, static_cast<uint32_t>(tokens.size()));
   Put<uint64_t>(p + 16, payload);
@@ -268,7 +301,8 @@ Result<BlockObjectInfo> ParseBlockObjectHeader(std::span<const uint8_t> bytes,
                    Get<uint32_t>(p + 84)};
   if (info.geometry.n_layers > Geometry::kMaxLayers || n_tokens != info.geometry.block_size ||
       n_tokens > (1u << 20) ||
-      info.header_bytes != HeaderBytes(n_tokens, info.geometry.n_layers) ||
+      info.header_bytes != HeaderBytes(n_tokens, info.geometry.n_layers,
+                                       (Get<uint16_t>(p + 6) & kBlockFlagCalibrated) != 0) ||
       bytes.size() < info.header_bytes || total_bytes != info.header_bytes + info.payload_bytes) {
     return Status::Corruption("object: sizes disagree");
   }
@@ -281,10 +315,13 @@ Result<BlockObjectInfo> ParseBlockObjectHeader(std::span<const uint8_t> bytes,
   if (Get<uint32_t>(p + 92) != kLibraryFormatVersion) {
     return Status::FailedPrecondition("object: library format version");
   }
-  // Flags: none are defined in version 1 (a writer that sets one writes
-  // something this reader does not know). Reserved bytes are zero, and the
-  // row sizes are the formats' own: the layout is exact, nothing is ignored.
-  if (Get<uint16_t>(p + 6) != 0) return Status::FailedPrecondition("object: unknown flags");
+  // Flags: only kBlockFlagCalibrated is defined (a writer that sets another
+  // writes something this reader does not know). Reserved bytes are zero,
+  // and the row sizes are the formats' own: the layout is exact, nothing is
+  // ignored.
+  if ((Get<uint16_t>(p + 6) & ~kBlockFlagCalibrated) != 0) {
+    return Status::FailedPrecondition("object: unknown flags");
+  }
   if (Get<uint16_t>(p + 90) != 0 || Get<uint64_t>(p + 120) != 0) {
     return Status::Corruption("object: reserved bytes not zero");
   }
@@ -299,6 +336,8 @@ Result<BlockObjectInfo> ParseBlockObjectHeader(std::span<const uint8_t> bytes,
   info.parent = GetHash(p + 56);
   info.tokens.resize(n_tokens);
   std::memcpy(info.tokens.data(), p + kBlockObjectFixedHeader, size_t{n_tokens} * 4);
+  info.calibrated = (Get<uint16_t>(p + 6) & kBlockFlagCalibrated) != 0;
+  if (info.calibrated) info.calibration = GetHash(p + info.header_bytes - 16);
   return info;
 }
 
@@ -383,6 +422,186 @@ Status DecodeBlockObjectInto(std::span<const uint8_t> bytes, BlockPool& pool, ui
                 v_bytes);
   }
   return Status::Ok();
+}
+
+// --- the calibration object ----------------------------------------------------
+
+namespace {
+
+size_t CalibrationHeaderBytes(uint32_t n) { return kBlockObjectFixedHeader + 8 * size_t{n}; }
+
+bool AllFinite(const std::vector<float>& v, bool positive) {
+  for (float x : v) {
+    if (!std::isfinite(x) || (positive && !(x > 0))) return false;
+  }
+  return true;
+}
+
+// What a calibration object's header says, checked: magic, version, sizes,
+// header checksum, flags and reserved bytes.
+struct CalibrationHeader {
+  uint32_t n = 0, header_bytes = 0;
+  uint64_t payload_bytes = 0;
+  BlockHash compat, digest;
+  GeometryOptions geometry;
+};
+
+Result<CalibrationHeader> ParseCalibrationHeader(std::span<const uint8_t> bytes, uint64_t total_bytes) {
+  if (bytes.size() < kBlockObjectFixedHeader) return Status::Corruption("calibration: too short");
+  const uint8_t* p = bytes.data();
+  if (std::memcmp(p, kCalibrationMagic, 4) != 0) return Status::Corruption("calibration: bad magic");
+  if (Get<uint16_t>(p + 4) != kCalibrationObjectVersion) {
+    return Status::FailedPrecondition(fmt::format("calibration: version {} (this library reads {})",
+                                                  Get<uint16_t>(p + 4), kCalibrationObjectVersion));
+  }
+  CalibrationHeader h;
+  h.header_bytes = Get<uint32_t>(p + 8);
+  h.n = Get<uint32_t>(p + 12);
+  h.payload_bytes = Get<uint64_t>(p + 16);
+  if (h.n > kMaxTransforms || h.header_bytes != CalibrationHeaderBytes(h.n) ||
+      bytes.size() < h.header_bytes || h.payload_bytes > total_bytes ||
+      total_bytes != h.header_bytes + h.payload_bytes) {
+    return Status::Corruption("calibration: sizes disagree");
+  }
+  if (Get<uint64_t>(p + 112) != HeaderChecksum(bytes.first(h.header_bytes))) {
+    return Status::Corruption("calibration: header checksum");
+  }
+  if (Get<uint32_t>(p + 68) != kLibraryFormatVersion || Get<uint16_t>(p + 6) != 0) {
+    return Status::FailedPrecondition("calibration: library format version or flags");
+  }
+  for (size_t off = 72; off < 112; off += 8) {
+    if (Get<uint64_t>(p + off) != 0) return Status::Corruption("calibration: reserved bytes not zero");
+  }
+  if (Get<uint64_t>(p + 120) != 0) return Status::Corruption("calibration: reserved bytes not zero");
+  h.compat = GetHash(p + 24);
+  h.digest = GetHash(p + 40);
+  h.geometry = {Get<uint32_t>(p + 56), Get<uint32_t>(p + 60), Get<uint32_t>(p + 64), 0};
+  return h;
+}
+
+// The transforms of a calibration object whose header parsed; kCorrupt
+// unless every length is 0 or head_dim and they add up to the payload.
+std::optional<Calibration> ReadTransforms(std::span<const uint8_t> bytes, const CalibrationHeader& h) {
+  const uint8_t* lengths = bytes.data() + kBlockObjectFixedHeader;
+  const uint32_t D = h.geometry.head_dim;
+  uint64_t floats = 0;
+  for (uint32_t i = 0; i < 2 * h.n; ++i) {
+    const uint32_t len = Get<uint32_t>(lengths + 4 * size_t{i});
+    if (len != 0 && len != D) return std::nullopt;
+    floats += len;
+  }
+  if (floats * 4 != h.payload_bytes) return std::nullopt;
+  Calibration c;
+  c.transforms.resize(h.n);
+  const uint8_t* body = bytes.data() + h.header_bytes;
+  for (uint32_t i = 0; i < h.n; ++i) {
+    for (int part = 0; part < 2; ++part) {
+      std::vector<float>& v = part == 0 ? c.transforms[i].mean : c.transforms[i].col_scale;
+      v.resize(Get<uint32_t>(lengths + 8 * size_t{i} + 4 * part));
+      std::memcpy(v.data(), body, v.size() * 4);
+      body += v.size() * 4;
+    }
+  }
+  return c;
+}
+
+}  // namespace
+
+Status CheckCalibration(const Calibration& calibration, const GeometryOptions& g) {
+  const size_t want = size_t{g.n_layers} * 2 * g.n_kv_heads;
+  if (calibration.transforms.size() != want) {
+    return Status::InvalidArgument(fmt::format(
+        "calibration: {} transforms for {} layers x 2 sides x {} kv heads", calibration.transforms.size(),
+        g.n_layers, g.n_kv_heads));
+  }
+  for (const RowTransform& t : calibration.transforms) {
+    if ((!t.mean.empty() && t.mean.size() != g.head_dim) ||
+        (!t.col_scale.empty() && t.col_scale.size() != g.head_dim)) {
+      return Status::InvalidArgument(fmt::format("calibration: a transform is not {} wide", g.head_dim));
+    }
+    if (!AllFinite(t.mean, false) || !AllFinite(t.col_scale, true)) {
+      return Status::InvalidArgument("calibration: a mean is not finite or a col_scale not > 0");
+    }
+  }
+  return Status::Ok();
+}
+
+Result<std::vector<uint8_t>> EncodeCalibrationObject(const Calibration& calibration,
+                                                     const GeometryOptions& g, const BlockHash& compat) {
+  KV_RETURN_IF_ERROR(CheckCalibration(calibration, g));
+  const uint32_t n = static_cast<uint32_t>(calibration.transforms.size());
+  if (n > kMaxTransforms) return Status::InvalidArgument("calibration: too many transforms");
+  uint64_t floats = 0;
+  for (const RowTransform& t : calibration.transforms) floats += t.mean.size() + t.col_scale.size();
+  const size_t H = CalibrationHeaderBytes(n);
+  std::vector<uint8_t> out(H + floats * 4);
+  uint8_t* p = out.data();
+  std::memcpy(p, kCalibrationMagic, 4);
+  Put<uint16_t>(p + 4, kCalibrationObjectVersion);
+  Put<uint32_t>(p + 8, static_cast<uint32_t>(H));
+  Put<uint32_t>(p + 12, n);
+  Put<uint64_t>(p + 16, floats * 4);
+  PutHash(p + 24, compat);
+  PutHash(p + 40, CalibrationDigest(calibration));
+  Put<uint32_t>(p + 56, g.n_layers);
+  Put<uint32_t>(p + 60, g.n_kv_heads);
+  Put<uint32_t>(p + 64, g.head_dim);
+  Put<uint32_t>(p + 68, kLibraryFormatVersion);
+  uint8_t* lengths = p + kBlockObjectFixedHeader;
+  uint8_t* body = p + H;
+  for (uint32_t i = 0; i < n; ++i) {
+    const RowTransform& t = calibration.transforms[i];
+    Put<uint32_t>(lengths + 8 * size_t{i}, static_cast<uint32_t>(t.mean.size()));
+    Put<uint32_t>(lengths + 8 * size_t{i} + 4, static_cast<uint32_t>(t.col_scale.size()));
+    std::memcpy(body, t.mean.data(), t.mean.size() * 4);
+    body += t.mean.size() * 4;
+    std::memcpy(body, t.col_scale.data(), t.col_scale.size() * 4);
+    body += t.col_scale.size() * 4;
+  }
+  Put<uint64_t>(p + 112, HeaderChecksum(std::span<const uint8_t>(p, H)));
+  return out;
+}
+
+CalibrationLoad DecodeCalibrationObject(std::span<const uint8_t> bytes, const BlockHash& compat,
+                                        const BlockHash& digest, const GeometryOptions& g) {
+  CalibrationLoad out;
+  Result<CalibrationHeader> h = ParseCalibrationHeader(bytes, bytes.size());
+  if (!h.ok()) {
+    out.miss = h.status().code() == StatusCode::kFailedPrecondition ? TierMiss::kIncompatible
+                                                                   : TierMiss::kCorrupt;
+    return out;
+  }
+  out.miss = TierMiss::kIncompatible;
+  if (!(h->compat == compat)) return out;
+  out.miss = TierMiss::kCorrupt;
+  if (!(h->digest == digest)) return out;  // another calibration under this key
+  out.miss = TierMiss::kIncompatible;
+  if (h->geometry.n_layers != g.n_layers || h->geometry.n_kv_heads != g.n_kv_heads ||
+      h->geometry.head_dim != g.head_dim) {
+    return out;
+  }
+  out.miss = TierMiss::kCorrupt;
+  std::optional<Calibration> c = ReadTransforms(bytes, *h);
+  if (!c.has_value() || !CheckCalibration(*c, g).ok() || !(CalibrationDigest(*c) == digest)) return out;
+  out.calibration = std::make_shared<const Calibration>(std::move(*c));
+  return out;
+}
+
+Result<StoredObjectHeader> ParseStoredObjectHeader(std::span<const uint8_t> bytes,
+                                                   uint64_t total_bytes) {
+  StoredObjectHeader out;
+  if (bytes.size() >= 4 && std::memcmp(bytes.data(), kCalibrationMagic, 4) == 0) {
+    KV_ASSIGN_OR_RETURN(CalibrationHeader h, ParseCalibrationHeader(bytes, total_bytes));
+    out.key = CalibrationKey(h.compat, h.digest);
+    return out;
+  }
+  KV_ASSIGN_OR_RETURN(BlockObjectInfo info, ParseBlockObjectHeader(bytes, total_bytes));
+  out.key = info.key();
+  out.parent_key = BlockKey(info.compat, info.parent);
+  if (info.calibrated && !(info.calibration == BlockHash{})) {
+    out.calibration_key = CalibrationKey(info.compat, info.calibration);
+  }
+  return out;
 }
 
 }  // namespace kvcache

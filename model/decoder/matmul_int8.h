@@ -1,0 +1,42 @@
+// The integer-lane weight product behind MatMul's MatMulInputs::kInt8 path
+// (the rounding and the exact summation order are in matmul_int8.cc's
+// opening comment): inputs rounded to int8 per 32 values once per product,
+// Q4_1 / Q8_0 rows multiplied in integer lanes, one scale per block.
+//
+// Thread safety: pure functions; a QuantizedInputs is read-only once made.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "model/decoder/matmul.h"
+
+namespace kvcache::model {
+
+inline constexpr uint32_t kInt8Block = 32;
+
+// n tokens of `cols` values (a multiple of 32), rounded per block of 32.
+struct QuantizedInputs {
+  uint32_t n = 0, cols = 0;
+  std::vector<int8_t> q;   // [n][cols] codes in [-127, 127]
+  // [n][cols / 32][2]: the block's scale dx = amax / 127, then
+  // c = dx * the sum of its codes.
+  std::vector<float> dxc;
+};
+
+void QuantizeInputs(const float* x, uint32_t n, uint32_t cols, QuantizedInputs* out);
+
+// True iff MatMul takes the integer path for w (kInt8 requested, a Q4_1 or
+// Q8_0 matrix).
+inline bool UsesInt8(const WeightMatrix& w) {
+  return w.inputs == MatMulInputs::kInt8 && (w.type == GgmlType::kQ4_1 || w.type == GgmlType::kQ8_0);
+}
+
+// The reference: out[t][r] for every row (w a Q4_1 or Q8_0 matrix).
+void MatMulInt8Scalar(const WeightMatrix& w, const QuantizedInputs& x, float* out);
+// Rows [r0, r1), the best SIMD target (runtime dispatch); bit-identical to
+// MatMulInt8Scalar.
+void MatMulRowsInt8(const WeightMatrix& w, uint32_t r0, uint32_t r1, const QuantizedInputs& x,
+                    float* out);
+
+}  // namespace kvcache::model

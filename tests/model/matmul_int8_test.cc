@@ -1,0 +1,171 @@
+// The integer-lane weight product (model/decoder/matmul_int8.h): the input
+// rounding, every SIMD target against the scalar reference bit for bit,
+// thread counts and batch sizes that change nothing, and how close it stays
+// to the exact f32 product.
+#include "model/decoder/matmul_int8.h"
+
+#include <gtest/gtest.h>
+#include <hwy/targets.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kvcache/float16.h"
+#include "kvcache/thread_pool.h"
+#include "model/decoder/matmul.h"
+
+namespace kvcache::model {
+namespace {
+
+// rows x cols of random codes with scales of real-model magnitude (Q4_1:
+// d in [0.001, 0.05], m in [-0.4, 0]; Q8_0: d in [0.0005, 0.01]).
+std::vector<uint8_t> RandomMatrix(GgmlType t, uint32_t rows, uint32_t cols, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  const size_t bb = t == GgmlType::kQ4_1 ? 20 : 34;
+  std::vector<uint8_t> b(static_cast<size_t>(rows) * cols / 32 * bb);
+  for (uint8_t& x : b) x = static_cast<uint8_t>(rng());
+  std::uniform_real_distribution<float> u(0, 1);
+  for (size_t blk = 0; blk < b.size() / bb; ++blk) {
+    uint8_t* p = &b[blk * bb];
+    const uint16_t d = FloatToF16(t == GgmlType::kQ4_1 ? 0.001f + 0.049f * u(rng) : 0.0005f + 0.0095f * u(rng));
+    std::memcpy(p, &d, 2);
+    if (t == GgmlType::kQ4_1) {
+      const uint16_t m = FloatToF16(-0.4f * u(rng));
+      std::memcpy(p + 2, &m, 2);
+    }
+  }
+  return b;
+}
+
+std::vector<float> RandomInputs(size_t n, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> nd;
+  std::vector<float> x(n);
+  for (float& v : x) v = nd(rng);
+  x[0] = 40.0f;  // an outlier channel, as real activations have
+  return x;
+}
+
+WeightMatrix Matrix(GgmlType t, const std::vector<uint8_t>& bytes, uint32_t rows, uint32_t cols) {
+  WeightMatrix w{t, bytes.data(), rows, cols, static_cast<size_t>(cols) / 32 * (t == GgmlType::kQ4_1 ? 20 : 34)};
+  w.inputs = MatMulInputs::kInt8;
+  return w;
+}
+
+TEST(MatMulInt8, QuantizeInputsRoundsPerBlockOf32) {
+  std::vector<float> x(64, 0.0f);
+  x[0] = 2.54f;    // the block's amax: code 127, scale 0.02
+  x[1] = -1.27f;   // -63.5 -> -64 (ties to even)
+  x[2] = 0.01f;    // 0.5 -> 0
+  x[3] = 0.03f;    // 1.5 -> 2
+  // the second block is all zeros: scale 0, codes 0
+  QuantizedInputs q;
+  QuantizeInputs(x.data(), 1, 64, &q);
+  ASSERT_EQ(q.q.size(), 64u);
+  EXPECT_EQ(q.q[0], 127);
+  EXPECT_EQ(q.q[1], -64);
+  EXPECT_EQ(q.q[2], 0);
+  EXPECT_EQ(q.q[3], 2);
+  EXPECT_FLOAT_EQ(q.dxc[0], 2.54f / 127.0f);
+  EXPECT_FLOAT_EQ(q.dxc[1], q.dxc[0] * (127 - 64 + 0 + 2));
+  EXPECT_EQ(q.dxc[2], 0.0f);
+  EXPECT_EQ(q.dxc[3], 0.0f);
+  for (int j = 32; j < 64; ++j) EXPECT_EQ(q.q[j], 0);
+}
+
+// Restores runtime dispatch when a test ends, even through a failed ASSERT.
+struct DefaultTargets {
+  ~DefaultTargets() { hwy::SetSupportedTargetsForTest(0); }
+};
+
+TEST(MatMulInt8, EverySimdTargetMatchesScalar) {
+  DefaultTargets restore;
+  for (int64_t target : hwy::SupportedAndGeneratedTargets()) {
+    hwy::SetSupportedTargetsForTest(target);
+    SCOPED_TRACE(hwy::TargetName(target));
+    for (GgmlType t : {GgmlType::kQ4_1, GgmlType::kQ8_0}) {
+      for (uint32_t cols : {32u, 64u, 576u}) {
+        for (uint32_t rows : {1u, 3u, 4u, 9u}) {
+          for (uint32_t n : {1u, 2u, 5u}) {
+            SCOPED_TRACE(GgmlTypeName(t) + " rows=" + std::to_string(rows) + " cols=" +
+                         std::to_string(cols) + " n=" + std::to_string(n));
+            const std::vector<uint8_t> bytes = RandomMatrix(t, rows, cols, rows * 31 + cols);
+            const WeightMatrix w = Matrix(t, bytes, rows, cols);
+            const std::vector<float> x = RandomInputs(static_cast<size_t>(n) * cols, n + cols);
+            QuantizedInputs q;
+            QuantizeInputs(x.data(), n, cols, &q);
+            std::vector<float> want(static_cast<size_t>(n) * rows, -1.0f), got(want.size(), -2.0f);
+            MatMulInt8Scalar(w, q, want.data());
+            MatMulRowsInt8(w, 0, rows, q, got.data());
+            ASSERT_EQ(0, std::memcmp(want.data(), got.data(), want.size() * 4));
+          }
+        }
+      }
+    }
+  }
+}
+
+// Through MatMul: any thread count and any batch gives each token the bits
+// it gets alone (the batch invariance the serving engine relies on).
+TEST(MatMulInt8, ThreadsAndBatchChangeNothing) {
+  const uint32_t rows = 67, cols = 576, n = 5;
+  for (GgmlType t : {GgmlType::kQ4_1, GgmlType::kQ8_0}) {
+    const std::vector<uint8_t> bytes = RandomMatrix(t, rows, cols, 5);
+    const WeightMatrix w = Matrix(t, bytes, rows, cols);
+    const std::vector<float> x = RandomInputs(static_cast<size_t>(n) * cols, 6);
+    QuantizedInputs q;
+    QuantizeInputs(x.data(), n, cols, &q);
+    std::vector<float> want(static_cast<size_t>(n) * rows);
+    MatMulInt8Scalar(w, q, want.data());
+    for (uint32_t threads : {1u, 2u, 3u}) {
+      ThreadPool pool(threads);
+      std::vector<float> got(want.size());
+      MatMul(w, x.data(), n, got.data(), &pool);
+      ASSERT_EQ(0, std::memcmp(want.data(), got.data(), want.size() * 4)) << threads << " threads";
+      for (uint32_t i = 0; i < n; ++i) {
+        std::vector<float> one(rows);
+        MatMul(w, x.data() + static_cast<size_t>(i) * cols, 1, one.data(), &pool);
+        ASSERT_EQ(0, std::memcmp(one.data(), want.data() + static_cast<size_t>(i) * rows, rows * 4))
+            << "token " << i << " alone";
+      }
+    }
+  }
+}
+
+// The approximation: relative to the exact f32 product of the same weights,
+// the error is what int8 inputs cost (about amax / 254 per value), far below
+// the values themselves; and the f32 path ignores nothing of kInt8 for F32
+// matrices.
+TEST(MatMulInt8, StaysCloseToTheExactProduct) {
+  const uint32_t rows = 64, cols = 576;
+  for (GgmlType t : {GgmlType::kQ4_1, GgmlType::kQ8_0}) {
+    const std::vector<uint8_t> bytes = RandomMatrix(t, rows, cols, 9);
+    WeightMatrix w = Matrix(t, bytes, rows, cols);
+    const std::vector<float> x = RandomInputs(cols, 10);
+    std::vector<float> fast(rows), exact(rows);
+    MatMul(w, x.data(), 1, fast.data(), nullptr);
+    w.inputs = MatMulInputs::kF32;
+    MatMulScalar(w, x.data(), 1, exact.data());
+    double err = 0, norm = 0;
+    for (uint32_t r = 0; r < rows; ++r) {
+      err += (fast[r] - exact[r]) * (fast[r] - exact[r]);
+      norm += exact[r] * exact[r];
+    }
+    EXPECT_LT(std::sqrt(err / norm), 0.02) << GgmlTypeName(t);
+    EXPECT_GT(std::sqrt(err / norm), 0.0) << GgmlTypeName(t) << ": rounding the inputs must show";
+  }
+  std::vector<float> f(64 * 32), x = RandomInputs(32, 11), a(64), b(64);
+  for (size_t i = 0; i < f.size(); ++i) f[i] = static_cast<float>(i % 7) - 3.0f;
+  WeightMatrix wf = WeightMatrix::F32(f, 64, 32);
+  wf.inputs = MatMulInputs::kInt8;
+  EXPECT_FALSE(UsesInt8(wf));
+  MatMul(wf, x.data(), 1, a.data(), nullptr);
+  MatMulScalar(wf, x.data(), 1, b.data());
+  for (int r = 0; r < 64; ++r) EXPECT_NEAR(a[r], b[r], 1e-4f);
+}
+
+}  // namespace
+}  // namespace kvcache::model
