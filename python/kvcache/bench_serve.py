@@ -257,6 +257,74 @@ async def _wait_settled(reader, timeout=10.0):
         await asyncio.sleep(0.02)
 
 
+async def _ttft_once(client, prompt):
+    """Streams a one-token completion; returns (TTFT seconds, usage)."""
+    start = time.perf_counter()
+    first, usage = None, None
+    stream = await client.completions.create(model="default", prompt=prompt, max_tokens=1, temperature=0,
+                                             stream=True, stream_options={"include_usage": True},
+                                             extra_body={"ignore_eos": True})
+    async for chunk in stream:
+        if first is None and any(c.text for c in chunk.choices):
+            first = time.perf_counter() - start
+        if chunk.usage is not None:
+            usage = chunk.usage
+    if first is None or usage is None:
+        raise RuntimeError("a probe stream ended without its token or its usage")
+    return first, usage
+
+
+def _cached_of(usage):
+    d = getattr(usage, "prompt_tokens_details", None)
+    return (getattr(d, "cached_tokens", None) or 0) if d else 0
+
+
+async def probe_ttft(base_url, args, replica_url=None, api_key="unused"):
+    """TTFT of a long completion prompt whose shared part is new (uncached),
+    then of the same shared part with another tail (cached in this server's
+    pool), then, with `replica_url`, of the same shared part with a third tail
+    on that server (adopted from a tier they share). `args.rounds` rounds, each
+    on fresh text; medians. Prompts are words from WORDS, about one token
+    each; the reported token counts are the server's."""
+    import openai
+
+    rng = random.Random(args.seed)
+
+    def make_client(url):
+        return openai.AsyncOpenAI(base_url=url.rstrip("/") + "/v1", api_key=api_key, max_retries=0,
+                                  http_client=openai.DefaultAsyncHttpxClient(trust_env=False,
+                                                                             timeout=args.timeout))
+
+    clients = [make_client(base_url)] + ([make_client(replica_url)] if replica_url else [])
+    samples = {"uncached": [], "cached": [], "replica": []}
+    tokens = {}
+    try:
+        for r in range(args.rounds):
+            shared = f"Record {r} {rng.random()}: " + _words(rng, args.probe_words)
+            tails = [" Then: " + _words(rng, args.probe_tail_words) for _ in range(3)]
+            for kind, client, tail in (("uncached", clients[0], tails[0]), ("cached", clients[0], tails[1]),
+                                       ("replica", clients[-1], tails[2])):
+                if kind == "replica" and replica_url is None:
+                    continue
+                if kind == "replica":
+                    await asyncio.sleep(args.replica_delay)  # the tier writes land
+                ttft, usage = await _ttft_once(client, shared + tail)
+                samples[kind].append(ttft)
+                tokens[kind] = (usage.prompt_tokens, _cached_of(usage))
+    finally:
+        for c in clients:
+            await c.close()
+    row = {"probe": "ttft", "rounds": args.rounds, "seed": args.seed}
+    for kind, vals in samples.items():
+        if vals:
+            row[f"{kind}_ttft_ms"] = percentile(vals, 50) * 1000.0
+            row[f"{kind}_prompt_tokens"], row[f"{kind}_cached_tokens"] = tokens[kind]
+    row["cached_over_uncached"] = row["cached_ttft_ms"] / row["uncached_ttft_ms"]
+    if replica_url:
+        row["replica_over_uncached"] = row["replica_ttft_ms"] / row["uncached_ttft_ms"]
+    return row
+
+
 class SpawnedServer:
     """`kvcache serve --port 0 ARGS` on a free port, stopped by stop()."""
 
@@ -309,6 +377,12 @@ def run_all(args):
     if args.requests < 1 or args.max_tokens < 1:
         raise ValueError("--requests and --max-tokens must be >= 1")
     rows = []
+    if args.ttft_probe:
+        if not args.base_url or args.spawn is not None:
+            raise ValueError("--ttft-probe needs --base-url (and optionally --replica-url), not --spawn")
+        if args.rounds < 1 or args.probe_words < 1:
+            raise ValueError("--rounds and --probe-words must be >= 1")
+        return [asyncio.run(probe_ttft(args.base_url, args, args.replica_url, args.api_key))]
     if args.spawn is None:
         if args.kv_formats:
             raise ValueError("--kv-formats needs --spawn")
@@ -381,6 +455,14 @@ def parser():
     ap.add_argument("--allow-eos", action="store_true", help="let a request end at EOS (no ignore_eos)")
     ap.add_argument("--api-key", default="unused")
     ap.add_argument("--timeout", type=float, default=600.0, help="per-request timeout, seconds")
+    ap.add_argument("--ttft-probe", action="store_true",
+                    help="instead of a load: TTFT of a long prompt uncached, cached, and on --replica-url")
+    ap.add_argument("--replica-url", help="--ttft-probe: a second server sharing a tier with --base-url")
+    ap.add_argument("--probe-words", type=int, default=950, help="--ttft-probe: words of the shared part")
+    ap.add_argument("--probe-tail-words", type=int, default=40, help="--ttft-probe: words of each tail")
+    ap.add_argument("--rounds", type=int, default=3, help="--ttft-probe: rounds (medians reported)")
+    ap.add_argument("--replica-delay", type=float, default=1.0,
+                    help="--ttft-probe: seconds between the first server's requests and the replica's")
     ap.add_argument("--json", help="write {\"results\": [row, ...]} here")
     return ap
 
@@ -392,7 +474,7 @@ def main(argv=None):
     except (OSError, ValueError, RuntimeError) as e:
         print(f"kvcache.bench_serve: {e}", file=sys.stderr)
         return 2
-    if args.spawn is None:
+    if args.spawn is None and not args.ttft_probe:
         for r in rows:
             _print_row(r, sys.stderr)
     doc = {"results": rows}
@@ -402,7 +484,7 @@ def main(argv=None):
     else:
         json.dump(doc, sys.stdout, indent=1)
         print()
-    return 0 if all(r["lost"] == 0 for r in rows) else 1
+    return 0 if all(r.get("lost", 0) == 0 for r in rows) else 1
 
 
 if __name__ == "__main__":

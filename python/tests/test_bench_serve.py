@@ -123,6 +123,19 @@ def test_against_a_server(smol):
     assert row["requests_per_s"] == pytest.approx(requests / row["wall_s"])
 
 
+def test_ttft_probe(smol):
+    args = args_for("--ttft-probe", "--base-url", smol.base_url, "--probe-words", "120",
+                    "--probe-tail-words", "10", "--rounds", "2")
+    row = asyncio.run(bs.probe_ttft(smol.base_url, args))
+    assert row["uncached_cached_tokens"] == 0
+    # The second prompt shares ~120 words with the first: every full block of them is adopted.
+    assert row["cached_prompt_tokens"] > 100
+    assert 64 <= row["cached_cached_tokens"] < row["cached_prompt_tokens"]
+    assert row["uncached_ttft_ms"] > 0 and row["cached_ttft_ms"] > 0
+    assert row["cached_over_uncached"] == pytest.approx(row["cached_ttft_ms"] / row["uncached_ttft_ms"])
+    assert "replica_ttft_ms" not in row
+
+
 def test_spawn_sweep_writes_json(tmp_path):
     sf.need_smollm()
     out = tmp_path / "bench.json"
@@ -149,6 +162,8 @@ def test_spawn_sweep_writes_json(tmp_path):
     ["--base-url", "http://127.0.0.1:9", "--kv-formats", "bf16"],
     ["--requests", "2"],
     ["--spawn", "--model x", "--cli", "/nonexistent/kvcache", "--requests", "2"],
+    ["--ttft-probe", "--spawn", "--model x"],
+    ["--ttft-probe", "--base-url", "http://127.0.0.1:9", "--rounds", "0"],
 ])
 def test_bad_arguments_are_errors(argv, capsys):
     assert bs.main(argv) == 2

@@ -105,7 +105,7 @@ def ask(server, user):
     return r.choices[0].message.content, r.usage.prompt_tokens, (details.cached_tokens if details else 0)
 
 
-@pytest.mark.parametrize("kv_format", ["bf16"])
+@pytest.mark.parametrize("kv_format", ["bf16", "turbo4"])
 def test_second_replica_adopts_the_first_ones_blocks(replicas, redis_port, kv_format):
     assert redis_command(redis_port, "FLUSHALL") == "+OK"
     a, b = replicas(kv_format), replicas(kv_format)
