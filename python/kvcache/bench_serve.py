@@ -371,23 +371,31 @@ def _int_list(text, name):
     return vals
 
 
-def run_all(args):
-    """Every run the arguments ask for; returns the result rows."""
+def _validate(args):
+    """Raises ValueError for arguments that cannot make a run; returns the concurrencies."""
     concurrencies = _int_list(args.concurrency, "concurrency")
     if args.requests < 1 or args.max_tokens < 1:
         raise ValueError("--requests and --max-tokens must be >= 1")
-    rows = []
     if args.ttft_probe:
         if not args.base_url or args.spawn is not None:
             raise ValueError("--ttft-probe needs --base-url (and optionally --replica-url), not --spawn")
         if args.rounds < 1 or args.probe_words < 1:
             raise ValueError("--rounds and --probe-words must be >= 1")
-        return [asyncio.run(probe_ttft(args.base_url, args, args.replica_url, args.api_key))]
-    if args.spawn is None:
+    elif args.spawn is None:
         if args.kv_formats:
             raise ValueError("--kv-formats needs --spawn")
         if not args.base_url:
             raise ValueError("give --base-url or --spawn")
+    return concurrencies
+
+
+def run_all(args):
+    """Every run the arguments ask for; returns the result rows."""
+    concurrencies = _validate(args)
+    if args.ttft_probe:
+        return [asyncio.run(probe_ttft(args.base_url, args, args.replica_url, args.api_key))]
+    rows = []
+    if args.spawn is None:
         for c in concurrencies:
             rows.append(asyncio.run(run_load(args.base_url, _with(args, c), args.api_key)))
         return rows
