@@ -3,6 +3,8 @@
 #   ./run.sh demo              install what is missing, build, run the main job
 #   ./run.sh test              install, build, run every test (what CI runs)
 #   ./run.sh kvcache ARGS...   run the CLI from the release build
+#   ./run.sh serve [ARGS...]   kvcache serve on SmolLM2 (OpenAI-compatible,
+#                              127.0.0.1:8080 unless --host/--port say otherwise)
 #   ./run.sh bench [ARGS...]   run the Google Benchmark suite (short by default)
 #   ./run.sh report [--full]   measure here, draw the charts under docs/img/
 #   ./run.sh sanitize [asan|tsan]  build with a sanitizer and run the tests
@@ -96,6 +98,13 @@ case "$cmd" in
     build release kvcache_cli
     exec "build/release/tools/kvcache" "$@"
     ;;
+  serve)
+    setup quiet
+    fetch_model
+    build release kvcache_cli
+    exec "build/release/tools/kvcache" serve \
+      --model "${KVCACHE_MODEL_DIR:-$HOME/.cache/kvcache/models}/SmolLM2-135M-Instruct.Q4_1.gguf" "$@"
+    ;;
   bench)
     setup
     build release kvcache_bench
@@ -171,6 +180,6 @@ case "$cmd" in
     build "${1:-release}"
     ;;
   *)
-    sed -n '2,13p' "$0"
+    sed -n '2,15p' "$0"
     ;;
 esac

@@ -12,6 +12,7 @@
 #include "kvcache/float16.h"
 #include "kvcache/thread_pool.h"
 #include "model/decoder/matmul.h"
+#include "testing/bench_support.h"
 
 namespace {
 
@@ -67,5 +68,20 @@ void BM_MatMul(benchmark::State& state) {
 }
 BENCHMARK(BM_MatMul)->ArgsProduct({{0, 1}, {0, 1}, {1, 64}, {1}, {0}});
 BENCHMARK(BM_MatMul)->ArgsProduct({{0, 1}, {0, 1}, {1}, {1, 2}, {1}})->UseRealTime();
+
+// The floor the streamed products are compared with: one read of 96 MB
+// (SmolLM2's weights as stored) split over the threads, in the same run.
+void BM_ReadBandwidth(benchmark::State& state) {
+  const uint32_t threads = static_cast<uint32_t>(state.range(0));
+  std::unique_ptr<kvcache::ThreadPool> pool =
+      threads > 1 ? std::make_unique<kvcache::ThreadPool>(threads) : nullptr;
+  kvcache::attention_internal::ReadBandwidthProbe probe(96u << 20);
+  double gbps = 0;
+  for (auto _ : state) gbps = probe.MeasureOnce(pool.get());
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * (96 << 20));
+  state.SetLabel("read 96 MB, threads=" + std::to_string(threads));
+  benchmark::DoNotOptimize(gbps);
+}
+BENCHMARK(BM_ReadBandwidth)->Arg(1)->Arg(2)->UseRealTime();
 
 }  // namespace

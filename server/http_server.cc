@@ -160,6 +160,22 @@ void OpenAiServer::Impl::Collect(engine::RequestStream& stream, const ResponseCo
   res.set_content(Dump(CompletionJson(ctx, c)), kJson);
 }
 
+// What ends a stream: the finish chunk (or an error event), the usage
+// chunk when asked for, [DONE].
+std::string FinalEvents(const StreamState& st, const StreamEvent& ev) {
+  std::string tail;
+  if (ev.finish_reason == engine::FinishReason::kError) {
+    tail += SseEvent(nlohmann::json::parse(
+        ErrorBody(ApiError{500, ev.error.ToString(), "server_error", "", "engine_error"})));
+  } else {
+    tail += SseEvent(ChunkJson(st.ctx, "", false, FinishReasonString(ev.finish_reason), false, {},
+                               st.include_usage));
+  }
+  if (st.include_usage) tail += SseEvent(UsageChunkJson(st.ctx, ev.usage));
+  tail += kSseDone;
+  return tail;
+}
+
 // One call of the content provider: the next event's chunks (or a comment
 // line while none comes, which also finds a vanished client); false when
 // the client is gone, which ends the response and cancels the request.
@@ -191,17 +207,7 @@ bool OpenAiServer::Impl::StreamStep(StreamState& st, httplib::DataSink& sink) {
   }
   if (!ev.finished) return true;
   st.finished = true;
-  std::string tail;
-  if (ev.finish_reason == engine::FinishReason::kError) {
-    tail += SseEvent(nlohmann::json::parse(
-        ErrorBody(ApiError{500, ev.error.ToString(), "server_error", "", "engine_error"})));
-  } else {
-    tail += SseEvent(ChunkJson(st.ctx, "", false, FinishReasonString(ev.finish_reason), false, {},
-                               st.include_usage));
-  }
-  if (st.include_usage) tail += SseEvent(UsageChunkJson(st.ctx, ev.usage));
-  tail += kSseDone;
-  if (!write(tail)) return false;
+  if (!write(FinalEvents(st, ev))) return false;
   sink.done();
   return true;
 }

@@ -48,9 +48,10 @@ std::string TypeError(const char* key, const char* want) {
   return std::string("'") + key + "' must be " + want;
 }
 
-// A number field within [lo, hi]; false (and *err) when mistyped or out of range.
+// A number field within [lo, hi] ((lo, hi] when lo_open); false (and *err)
+// when mistyped or out of range.
 bool ReadNumber(const json& j, const char* key, double lo, double hi, std::optional<double>* out,
-                ApiError* err) {
+                ApiError* err, bool lo_open = false) {
   const json* f = Field(j, key);
   if (f == nullptr) return true;
   if (!f->is_number()) {
@@ -58,8 +59,8 @@ bool ReadNumber(const json& j, const char* key, double lo, double hi, std::optio
     return false;
   }
   const double v = f->get<double>();
-  if (!std::isfinite(v) || v < lo || v > hi) {
-    *err = BadRequest("'" + std::string(key) + "' must be in [" + json(lo).dump() + ", " +
+  if (!std::isfinite(v) || v < lo || (lo_open && v == lo) || v > hi) {
+    *err = BadRequest("'" + std::string(key) + "' must be in " + (lo_open ? "(" : "[") + json(lo).dump() + ", " +
                           json(hi).dump() + "]",
                       key, "invalid_value");
     return false;
@@ -201,7 +202,7 @@ bool ReadSampling(const json& j, CompletionRequest* r, ApiError* err) {
   std::optional<double> temperature, top_p;
   std::optional<int64_t> top_k, seed;
   if (!ReadNumber(j, "temperature", 0.0, 2.0, &temperature, err) ||
-      !ReadNumber(j, "top_p", std::numeric_limits<double>::min(), 1.0, &top_p, err) ||
+      !ReadNumber(j, "top_p", 0.0, 1.0, &top_p, err, /*lo_open=*/true) ||
       !ReadInteger(j, "top_k", -1, std::numeric_limits<uint32_t>::max(), &top_k, err) ||
       !ReadInteger(j, "seed", std::numeric_limits<int64_t>::min(),
                    static_cast<uint64_t>(std::numeric_limits<int64_t>::max()), &seed, err)) {

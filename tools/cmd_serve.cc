@@ -91,7 +91,11 @@ int RunServe(ServeCliOptions o) {
   auto options = EngineOptionsFor(o);
   if (!options.ok()) return Fail(options.status());
   auto eng = engine::Engine::Create(**lm, *options);
-  if (!eng.ok()) return Fail(eng.status());
+  if (!eng.ok()) {
+    // The usual cause: a pool too small for one full-context sequence.
+    return Fail(Status(eng.status().code(),
+                       eng.status().message() + " (see --pool-mib, --context, --kv-format, --block-size)"));
+  }
   if (o.http.model_name.empty()) o.http.model_name = std::filesystem::path(o.model_path).stem().string();
   server::OpenAiServer http(**eng, o.http);
   if (Status s = http.Bind(); !s.ok()) return Fail(s);

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <vector>
 
 namespace kvcache::model {
 
@@ -116,21 +117,33 @@ Status Decoder::ForwardLayer(uint32_t l, std::span<const BatchItem> items,
   MatMul(w.wq, xb_.data(), n, q_.data(), pool);
   MatMul(w.wk, xb_.data(), n, k_.data(), pool);
   MatMul(w.wv, xb_.data(), n, v_.data(), pool);
-  size_t off = 0;  // the item's first token in the step
-  for (size_t it = 0; it < items.size(); ++it) {
-    const size_t ni = items[it].tokens.size();
+  // Each item's RoPE, Store and Attend touch only its own rows and its own
+  // backend, so the items run as parallel tasks (a sequence's bits do not
+  // depend on which thread runs it); the first failure in item order wins.
+  std::vector<size_t> offs(items.size() + 1, 0);  // the item's first token in the step
+  for (size_t it = 0; it < items.size(); ++it) offs[it + 1] = offs[it] + items[it].tokens.size();
+  std::vector<Status> status(items.size());
+  auto attend_item = [&](uint32_t it, uint32_t) {
+    const size_t off = offs[it], ni = items[it].tokens.size();
     for (size_t i = 0; i < ni; ++i) {
       const uint32_t pos = starts[it] + static_cast<uint32_t>(i);
       ApplyRope(q_.data() + (off + i) * dim, c.n_heads, hd, pos, c.rope_theta);
       ApplyRope(k_.data() + (off + i) * kv_dim, c.n_kv_heads, hd, pos, c.rope_theta);
     }
     KvBackend& kv = *items[it].kv;
-    KV_RETURN_IF_ERROR(kv.Store(l, std::span<const float>(k_).subspan(off * kv_dim, ni * kv_dim),
-                                std::span<const float>(v_).subspan(off * kv_dim, ni * kv_dim)));
-    KV_RETURN_IF_ERROR(kv.Attend(l, std::span<const float>(q_).subspan(off * dim, ni * dim),
-                                 std::span<float>(att_).subspan(off * dim, ni * dim)));
-    off += ni;
+    status[it] = kv.Store(l, std::span<const float>(k_).subspan(off * kv_dim, ni * kv_dim),
+                          std::span<const float>(v_).subspan(off * kv_dim, ni * kv_dim));
+    if (!status[it].ok()) return;
+    status[it] = kv.Attend(l, std::span<const float>(q_).subspan(off * dim, ni * dim),
+                           std::span<float>(att_).subspan(off * dim, ni * dim));
+  };
+  const uint32_t num_items = static_cast<uint32_t>(items.size());
+  if (pool != nullptr && num_items > 1) {
+    pool->ParallelFor(num_items, attend_item);
+  } else {
+    for (uint32_t it = 0; it < num_items; ++it) attend_item(it, 0);
   }
+  for (const Status& st : status) KV_RETURN_IF_ERROR(st);
   MatMul(w.wo, att_.data(), n, xb_.data(), pool);
   add_into_x();
   // SwiGLU feed-forward.

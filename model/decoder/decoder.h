@@ -33,7 +33,10 @@ namespace kvcache::model {
 // One sequence's share of a batched pass (Decoder::ForwardBatch).
 struct BatchItem {
   std::span<const int32_t> tokens;  // one token (a decode) or a chunk (a prefill)
-  KvBackend* kv = nullptr;          // this sequence's storage; distinct per item
+  // This sequence's storage; distinct per item. With more than one thread
+  // the items' Store/Attend calls run at the same time on different
+  // threads, so backends may share only thread-safe state (a BlockPool).
+  KvBackend* kv = nullptr;
   bool all_logits = false;          // logits for every token, or the last one only
 };
 
@@ -45,7 +48,8 @@ struct ForwardOptions {
 
 class Decoder {
  public:
-  // num_threads: threads for the weight products (the caller's included).
+  // num_threads: threads for the weight products and for the items of a
+  // batched pass (the caller's included).
   explicit Decoder(const Model& model, uint32_t num_threads = 1);
 
   const Model& model() const { return *model_; }
