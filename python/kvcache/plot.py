@@ -208,6 +208,13 @@ def plot_quality(rows, out, ext, machine, kind):
     return [path]
 
 
+def _save(plt, fig, path):
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return [path]
+
+
 def plot_simulate(rows, out, ext, machine):
     plt = _plt()
     labels = [pair_name(r) for r in rows]
@@ -221,11 +228,7 @@ def plot_simulate(rows, out, ext, machine):
     a2.set_ylim(0, 1)
     a2.set_xlabel("K:V format")
     fig.suptitle("Serving simulation: one pool, each format\n" + machine, fontsize=10)
-    fig.tight_layout()
-    path = out / f"simulate.{ext}"
-    fig.savefig(path)
-    plt.close(fig)
-    return [path]
+    return _save(plt, fig, out / f"simulate.{ext}")
 
 
 def plot_serve(rows, out, ext, machine):
@@ -239,11 +242,7 @@ def plot_serve(rows, out, ext, machine):
     for ax in (a1, a2):
         ax.set_xlabel("K:V format x concurrent clients")
     fig.suptitle("kvcache serve under load (bench_serve)\n" + machine, fontsize=10)
-    fig.tight_layout()
-    path = out / f"serve.{ext}"
-    fig.savefig(path)
-    plt.close(fig)
-    return [path]
+    return _save(plt, fig, out / f"serve.{ext}")
 
 
 def plot_files(paths, out_dir, ext="png", machine=None):
