@@ -145,7 +145,8 @@ async def _one_request(client, messages, args, record):
                 if c.finish_reason:
                     finish = c.finish_reason
     except Exception as e:  # a lost request, counted and described, never fatal
-        record["error"] = f"{type(e).__name__}: {e}"
+        cause = e.__cause__ or e.__context__
+        record["error"] = f"{type(e).__name__}: {e}" + (f" ({type(cause).__name__}: {cause})" if cause else "")
     record["start"] = start
     record["end"] = time.perf_counter()
     record["chunk_times"] = stamps
