@@ -31,7 +31,7 @@ namespace {
 struct ServeCliOptions {
   std::string model_path, tokenizer_path;
   std::string kv_format = "f32";
-  uint32_t pool_mib = 256;
+  uint32_t pool_mib = 512;  // holds SmolLM2's whole 8192-token context in f32 (360 MiB)
   uint32_t context = 0;  // 0: the model's
   uint32_t drain_seconds = 10;
   bool no_prefix_cache = false;
