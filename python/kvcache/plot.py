@@ -10,7 +10,9 @@ Reads the JSON that the CLI prints and writes one PNG (or SVG) chart per idea:
   against bits per value, one point per format pair, with the Pareto front
   (``quality_eval.png``, ``quality_perplexity.png``);
 - ``kvcache simulate --json``: concurrent requests and prefix hit rate per format
-  (``simulate.png``).
+  (``simulate.png``);
+- ``python -m kvcache.bench_serve --json``: output tokens/s and time to first token
+  per format and concurrency against ``kvcache serve`` (``serve.png``).
 
 Each input is recognised by its fields, so files can be given in any order; a file
 may hold one JSON document or one object per line. Titles name the machine's CPU
@@ -58,6 +60,8 @@ def kind_of(row):
         return "perplexity"
     if "mean_concurrent" in row and "kv_format" in row:
         return "simulate"
+    if "output_tokens_per_s" in row and "ttft_p50_ms" in row:
+        return "serve"
     return None
 
 
@@ -204,6 +208,13 @@ def plot_quality(rows, out, ext, machine, kind):
     return [path]
 
 
+def _save(plt, fig, path):
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return [path]
+
+
 def plot_simulate(rows, out, ext, machine):
     plt = _plt()
     labels = [pair_name(r) for r in rows]
@@ -217,11 +228,21 @@ def plot_simulate(rows, out, ext, machine):
     a2.set_ylim(0, 1)
     a2.set_xlabel("K:V format")
     fig.suptitle("Serving simulation: one pool, each format\n" + machine, fontsize=10)
-    fig.tight_layout()
-    path = out / f"simulate.{ext}"
-    fig.savefig(path)
-    plt.close(fig)
-    return [path]
+    return _save(plt, fig, out / f"simulate.{ext}")
+
+
+def plot_serve(rows, out, ext, machine):
+    plt = _plt()
+    labels = [f"{r.get('kv_format') or '?'} x{r['concurrency']}" for r in rows]
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(9, 4))
+    _grouped_bars(a1, labels, {"output": [r["output_tokens_per_s"] for r in rows]}, "output tokens/s")
+    _grouped_bars(a2, labels, {"p50": [r["ttft_p50_ms"] or 0 for r in rows],
+                               "p99": [r["ttft_p99_ms"] or 0 for r in rows]},
+                  "time to first token (ms)")
+    for ax in (a1, a2):
+        ax.set_xlabel("K:V format x concurrent clients")
+    fig.suptitle("kvcache serve under load (bench_serve)\n" + machine, fontsize=10)
+    return _save(plt, fig, out / f"serve.{ext}")
 
 
 def plot_files(paths, out_dir, ext="png", machine=None):
@@ -236,7 +257,7 @@ def plot_files(paths, out_dir, ext="png", machine=None):
             if k:
                 by_kind[k].append(r)
     if not by_kind:
-        raise ValueError("no kvcache bench/eval/perplexity/simulate rows in " + ", ".join(map(str, paths)))
+        raise ValueError("no kvcache bench/eval/perplexity/simulate/bench_serve rows in " + ", ".join(map(str, paths)))
     files = []
     if by_kind["attention"]:
         files += plot_attention(by_kind["attention"], out, ext, machine)
@@ -247,6 +268,8 @@ def plot_files(paths, out_dir, ext="png", machine=None):
             files += plot_quality(by_kind[k], out, ext, machine, k)
     if by_kind["simulate"]:
         files += plot_simulate(by_kind["simulate"], out, ext, machine)
+    if by_kind["serve"]:
+        files += plot_serve(by_kind["serve"], out, ext, machine)
     return files
 
 

@@ -62,3 +62,16 @@ def test_bad_input(tmp_path, capsys):
     assert plot.main([str(bad), "--out", str(tmp_path)]) == 2
     assert "no kvcache" in capsys.readouterr().err
     assert plot.main([str(tmp_path / "missing.json")]) == 2
+
+
+def test_serve_chart(tmp_path):
+    """bench_serve's {"results": [...]} gives serve.png; a null TTFT (nothing completed) still plots."""
+    doc = {"results": [{"kv_format": f, "concurrency": c, "output_tokens_per_s": t, "ttft_p50_ms": p50,
+                        "ttft_p99_ms": p50 and 3 * p50, "requests": 8, "lost": 0}
+                       for f, c, t, p50 in [("bf16", 1, 20.0, 150.0), ("bf16", 16, 90.0, 900.0),
+                                            ("turbo4", 32, 150.0, None)]]}
+    src = tmp_path / "serve.json"
+    src.write_text(json.dumps(doc))
+    files = plot.plot_files([src], tmp_path / "img")
+    assert [f.name for f in files] == ["serve.png"]
+    assert files[0].read_bytes()[:8] == PNG and files[0].stat().st_size > 5000
