@@ -3,6 +3,11 @@
 // error bodies of what httplib rejects itself.
 #include "server/http_server.h"
 
+// httplib listens with a backlog of 5 by default: a burst of clients
+// connecting at once overflows it, and the kernel drops their handshakes
+// (seen as requests lost about a second in). The kernel caps this at
+// net.core.somaxconn.
+#define CPPHTTPLIB_LISTEN_BACKLOG 1024
 #include <httplib.h>
 
 #include <atomic>
