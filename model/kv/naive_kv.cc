@@ -239,18 +239,27 @@ Status NaiveKv::Attend(uint32_t layer, std::span<const float> q, std::span<float
   const float* keys = k_[layer].data();
   const float* values = v_[layer].data();
   scratch_.resize(num_tokens_);
+  // Keys transposed per head, [n_kv_heads][head_dim][num_tokens], so each
+  // score still sums q[d] * k[d] in order d = 0, 1, ... but the loop runs
+  // over positions (vectorizable without reordering any sum).
+  const size_t n = num_tokens_;
+  keys_t_.resize(static_cast<size_t>(shape_.n_kv_heads) * hd * n);
+  for (uint32_t t = 0; t < n; ++t) {
+    for (uint32_t c = 0; c < kv_dim; ++c) keys_t_[c * n + t] = keys[static_cast<size_t>(t) * kv_dim + c];
+  }
   for (uint32_t i = 0; i < pass_; ++i) {
     const uint32_t len = base + i + 1;  // positions 0 ..= this query's
     for (uint32_t h = 0; h < shape_.n_heads; ++h) {
       const float* qh = q.data() + static_cast<size_t>(i) * q_dim + h * hd;
       const uint32_t kvh = h / group;
       float* att = scratch_.data();
-      for (uint32_t t = 0; t < len; ++t) {
-        const float* kt = keys + static_cast<size_t>(t) * kv_dim + kvh * hd;
-        float s = 0;
-        for (uint32_t d = 0; d < hd; ++d) s += qh[d] * kt[d];
-        att[t] = s * inv_sqrt;
+      std::fill_n(att, len, 0.0f);
+      for (uint32_t d = 0; d < hd; ++d) {
+        const float qd = qh[d];
+        const float* kd = keys_t_.data() + (static_cast<size_t>(kvh) * hd + d) * n;
+        for (uint32_t t = 0; t < len; ++t) att[t] += qd * kd[t];
       }
+      for (uint32_t t = 0; t < len; ++t) att[t] *= inv_sqrt;
       float mx = att[0];
       for (uint32_t t = 1; t < len; ++t) mx = std::max(mx, att[t]);
       float sum = 0;

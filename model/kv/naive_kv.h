@@ -86,6 +86,7 @@ class NaiveKv final : public KvBackend {
   // [n_layers][stored_[l]][kv_dim]: the rows attention reads, and as given
   std::vector<std::vector<float>> k_, v_, raw_k_, raw_v_;
   std::vector<float> scratch_;  // [positions] scores
+  std::vector<float> keys_t_;   // [n_kv_heads][head_dim][positions] keys, transposed
   std::vector<uint8_t> encoded_;
   std::vector<uint32_t> stored_;  // [n_layers] positions stored per layer
   std::vector<uint32_t> q_end_;   // [n_layers] QuantizedEnd of the rows attended now
