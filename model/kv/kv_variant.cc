@@ -45,7 +45,7 @@ Status ParseSide(std::string_view text, std::string_view spec, bool key, KvVaria
 // One "+OPT"; `seen` guards repeats.
 Status ParseOption(std::string_view text, std::string_view opt, std::vector<std::string>& seen,
                    KvVariant& v) {
-  const std::string key = opt == "sym" || opt == "ob" || opt == "cal" || opt == "rot"
+  const std::string key = opt == "sym" || opt == "ob" || opt == "cal" || opt == "rot" || opt == "eb"
                               ? std::string(opt)
                               : std::string(opt.substr(0, 1));
   if (std::find(seen.begin(), seen.end(), key) != seen.end()) {
@@ -56,6 +56,7 @@ Status ParseOption(std::string_view text, std::string_view opt, std::vector<std:
   if (opt == "ob") return v.open_block = true, Status::Ok();
   if (opt == "cal") return v.calibrate = true, Status::Ok();
   if (opt == "rot") return v.rotate = true, Status::Ok();
+  if (opt == "eb") return v.from_bf16 = true, Status::Ok();
   uint32_t n = 0;
   const bool num = ParseUint(opt.substr(1), n);
   if (num && key == "s") return v.sinks = n, Status::Ok();
@@ -66,7 +67,7 @@ Status ParseOption(std::string_view text, std::string_view opt, std::vector<std:
     return v.block_tokens = n, Status::Ok();
   }
   return Bad(text, "unknown option '" + std::string(opt) +
-                       "' (known: sN, rN, ob, gN, sym, cal, rot, oN)");
+                       "' (known: sN, rN, ob, gN, sym, cal, rot, oN, eb)");
 }
 
 double SideBits(Format f, uint32_t head_dim) {
@@ -116,6 +117,7 @@ std::string KvVariantName(const KvVariant& v) {
   if (v.calibrate) s += "+cal";
   if (v.rotate) s += "+rot";
   if (v.key_outliers) s += "+o" + std::to_string(v.key_outliers);
+  if (v.from_bf16) s += "+eb";
   return s;
 }
 

@@ -21,7 +21,8 @@
 // both sides. Options: sN (sinks), rN (recent window), ob (open block kept
 // bf16), gN (block tokens, default 16), sym (kc: symmetric absmax scale
 // instead of scale + min), cal (calibrate), rot (rotate before the codec),
-// oN (N key outlier channels dense). "turbo4+s4+r128", "kc4:turbo4+s4+ob",
+// oN (N key outlier channels dense), eb (encode each row from its bf16
+// rounding, as a cache that demotes its stored bf16 rows does). "turbo4+s4+r128", "kc4:turbo4+s4+ob",
 // "q4_0+rot".
 //
 // Thread safety: plain values and pure functions.
@@ -54,6 +55,7 @@ struct KvVariant {
   bool calibrate = false;
   bool rotate = false;
   uint32_t key_outliers = 0;
+  bool from_bf16 = false;    // encode the bf16 row (what demoting a stored bf16 row sees)
   bool operator==(const KvVariant&) const = default;
 
   // Rows move from bf16 to the codec a block at a time (open_block, or

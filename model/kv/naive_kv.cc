@@ -174,6 +174,9 @@ Status NaiveKv::Quantize(uint32_t layer, bool key, uint32_t t0, uint32_t t1) {
       std::copy_n(raw.data() + static_cast<size_t>(t) * kv_dim + h * hd, hd,
                   rows.data() + static_cast<size_t>(t - t0) * hd);
     }
+    if (variant_.from_bf16) {
+      for (float& x : rows) x = BF16ToFloat(FloatToBF16(x));
+    }
     KV_RETURN_IF_ERROR(QuantizeHead(layer, key, h, t0, rows));
     for (uint32_t t = t0; t < t1; ++t) {
       std::copy_n(rows.data() + static_cast<size_t>(t - t0) * hd, hd,

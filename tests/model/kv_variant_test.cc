@@ -39,7 +39,7 @@ TEST(KvVariant, ParsesAndPrintsBack) {
   EXPECT_EQ(b.key_outliers, 2u);
   EXPECT_TRUE(Parse("q4_0").plain());
   EXPECT_TRUE(Parse("q4_0+rot").rotate);
-  for (const char* s : {"turbo4+s4+r128", "kc3:q8_0+ob+g32+sym+cal+o2", "q4_0:q8_0+rot", "bf16:turbo2"}) {
+  for (const char* s : {"turbo4+s4+r128", "kc3:q8_0+ob+g32+sym+cal+o2+eb", "q4_0:q8_0+rot", "bf16:turbo2"}) {
     const KvVariant v = Parse(s);
     EXPECT_EQ(Parse(KvVariantName(v).c_str()), v) << s;
   }
@@ -268,6 +268,17 @@ TEST(NaiveKvVariant, CalibrationRotationAndOutliersMatchTheirReferences) {
   z = CodecRoundTrip(*q4, z);
   for (size_t t = 0; t < 48; ++t) z[t * kHd + 3] = Bf16(raw[t * kHd + 3]);
   ExpectHeadRows((*out)->AttendedKeys(0), z, 0, 0);
+}
+
+TEST(NaiveKvVariant, EncodeFromBf16RoundsTheRowFirst) {
+  const auto k = Rows(20, 11), v = Rows(20, 12);
+  auto kv = NaiveKv::CreateVariant(Shape(), Parse("q8_0+eb"));
+  ASSERT_TRUE(kv.ok());
+  Feed(**kv, k, v, 20);
+  auto q8 = RowCodec::Create(Format::kQ8_0, kHd, Side::kValue);
+  std::vector<float> r = Head(v, 1, 0, 20);
+  for (float& x : r) x = Bf16(x);
+  ExpectHeadRows((*kv)->AttendedValues(0), CodecRoundTrip(*q8, r), 1, 0);
 }
 
 TEST(NaiveKvVariant, RejectsWindowsAndOutliersThatDoNotFit) {
