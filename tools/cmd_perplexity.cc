@@ -14,6 +14,8 @@
 #include <chrono>
 #include <cmath>
 #include <fstream>
+#include <functional>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -72,6 +74,17 @@ std::string LogprobsPath(const std::string& base, FormatPair pair, bool several)
   return stem + "." + std::string(FormatName(pair.k)) + "_" + std::string(FormatName(pair.v)) + ext;
 }
 
+// The scores of one evaluation, in the JSON every format prints.
+void PutResult(const model::PerplexityResult& r, nlohmann::json& j) {
+  j["num_predictions"] = r.num_predictions;
+  j["mean_nll"] = r.mean_nll;
+  j["perplexity"] = r.perplexity;
+  j["f32_mean_nll"] = r.ref_mean_nll;
+  j["f32_perplexity"] = std::exp(r.ref_mean_nll);
+  j["kl_vs_f32"] = r.kl_vs_ref;
+  j["top1_agree_vs_f32"] = r.top1_agree_vs_ref;
+}
+
 nlohmann::json EvaluationJson(const PerplexityCliOptions& o, const model::FormatEvaluation& e, uint32_t head_dim,
                               size_t num_tokens, size_t encoded) {
   const bool ok = e.state == model::FormatEvaluation::State::kOk;
@@ -91,32 +104,133 @@ nlohmann::json EvaluationJson(const PerplexityCliOptions& o, const model::Format
   if (!ok) {
     j["error"] = e.message;
   } else {
-    j["num_predictions"] = r.num_predictions;
-    j["mean_nll"] = r.mean_nll;
-    j["perplexity"] = r.perplexity;
-    j["f32_mean_nll"] = r.ref_mean_nll;
-    j["f32_perplexity"] = std::exp(r.ref_mean_nll);
-    j["kl_vs_f32"] = r.kl_vs_ref;
-    j["top1_agree_vs_f32"] = r.top1_agree_vs_ref;
+    PutResult(r, j);
     j["k_bits_per_value"] = BitsPerValue(e.formats.k, head_dim);
     j["v_bits_per_value"] = BitsPerValue(e.formats.v, head_dim);
   }
   return j;
 }
 
-int RunPerplexity(const PerplexityCliOptions& o) {
-  std::string text = o.prompt;
-  if (!o.text_file.empty()) {
-    std::ifstream in(o.text_file, std::ios::binary);
-    if (!in) return Fail(Status::IoError("cannot open " + o.text_file));
-    std::ostringstream ss;
-    ss << in.rdbuf();
-    text = ss.str();
+// Progress on stderr, at most every 2 s, per pass over the text (each
+// format's, and the f32 reference's).
+std::function<void(size_t, size_t)> ProgressPrinter() {
+  struct State {
+    std::chrono::steady_clock::time_point pass_start, last;
+    size_t pass = 0, prev_done = 0, first_done = 0;
+  };
+  return [st = std::make_shared<State>()](size_t done, size_t total) {
+    const auto now = std::chrono::steady_clock::now();
+    if (done <= st->prev_done || st->pass == 0) {  // a new pass began
+      ++st->pass;
+      st->pass_start = st->last = now;
+      st->first_done = done;
+    }
+    st->prev_done = done;
+    if (done < total && now - st->last < std::chrono::seconds(2)) return;
+    st->last = now;
+    const double secs = std::chrono::duration<double>(now - st->pass_start).count();
+    const double tps = secs > 0 ? (done - st->first_done) / secs : 0;
+    const double eta = tps > 0 ? (total - done) / tps : 0;
+    fmt::print(stderr, "\rperplexity: pass {}: {}/{} tokens, {:.1f} tok/s, ETA {:.0f} s   {}", st->pass, done,
+               total, tps, eta, done == total ? "\n" : "");
+  };
+}
+
+// --prompt, or the contents of --text-file.
+Result<std::string> ReadText(const PerplexityCliOptions& o) {
+  if (o.text_file.empty()) return o.prompt;
+  std::ifstream in(o.text_file, std::ios::binary);
+  if (!in) return Status::IoError("cannot open " + o.text_file);
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// True when a spec uses KvVariant syntax (options or kc keys), which only the
+// naive backend models.
+bool IsVariantSpec(const std::string& list) {
+  return list.find('+') != std::string::npos || list.find("kc") != std::string::npos;
+}
+
+Result<std::vector<model::KvVariant>> ParseVariants(const std::string& list) {
+  std::vector<model::KvVariant> out;
+  std::stringstream ss(list);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    KV_ASSIGN_OR_RETURN(model::KvVariant v, model::ParseKvVariant(item));
+    out.push_back(v);
   }
+  if (out.empty()) return Status::InvalidArgument("--formats: no variant given");
+  return out;
+}
+
+// Bits are counted at this many positions (the model's context).
+constexpr uint32_t kBitsAtPositions = 8192;
+
+nlohmann::json VariantJson(const PerplexityCliOptions& o, const model::VariantEvaluation& e,
+                           uint32_t head_dim, size_t num_tokens) {
+  const model::VariantBits bits = model::KvVariantBits(e.variant, head_dim, kBitsAtPositions);
+  nlohmann::json j;
+  j["model"] = o.model_path;
+  j["kv_format"] = model::KvVariantName(e.variant);
+  j["backend"] = "naive";
+  j["chunk_tokens"] = o.chunk;
+  j["prefill_tokens"] = o.prefill;
+  j["num_tokens"] = num_tokens;
+  j["supported"] = true;
+  j["status"] = "ok";
+  PutResult(e.result, j);
+  j["bits_at_positions"] = kBitsAtPositions;
+  j["k_bits_per_value"] = bits.k;
+  j["v_bits_per_value"] = bits.v;
+  j["bits_per_value"] = bits.mean();
+  return j;
+}
+
+int RunVariants(const PerplexityCliOptions& o, model::Decoder& decoder, std::span<const int32_t> tokens,
+                const model::PerplexityOptions& p) {
+  auto variants = ParseVariants(o.formats.empty() ? o.kv_format : o.formats);
+  if (!variants.ok()) return Fail(variants.status());
+  if (!o.eviction.empty()) return Fail(Status::InvalidArgument("--eviction does not combine with kv variants"));
+  auto evals = model::EvaluateVariants(decoder, tokens, *variants, p);
+  if (!evals.ok()) return Fail(evals.status());
+  const uint32_t hd = decoder.config().head_dim();
+  nlohmann::json list = nlohmann::json::array();
+  for (const model::VariantEvaluation& e : *evals) {
+    if (!o.logprobs_out.empty()) {
+      const uint64_t shape[1] = {e.result.logprobs.size()};
+      std::string path = o.logprobs_out;
+      if (evals->size() > 1) path += "." + model::KvVariantName(e.variant) + ".npy";
+      if (Status s = WriteNpy(path, shape, e.result.logprobs); !s.ok()) return Fail(s);
+    }
+    nlohmann::json j = VariantJson(o, e, hd, tokens.size());
+    if (o.json) {
+      list.push_back(std::move(j));
+      continue;
+    }
+    fmt::print("kv {} (naive): {} predictions, perplexity {:.4f} (f32 {:.4f}), KL vs f32 {:.3e}, "
+               "top-1 agreement {:.2f}%, bits/value at {} positions K {:.3f} V {:.3f}\n",
+               model::KvVariantName(e.variant), e.result.num_predictions, e.result.perplexity,
+               std::exp(e.result.ref_mean_nll), e.result.kl_vs_ref, 100.0 * e.result.top1_agree_vs_ref,
+               kBitsAtPositions, j["k_bits_per_value"].get<double>(), j["v_bits_per_value"].get<double>());
+  }
+  if (o.json) fmt::print("{}\n", list.dump(2));
+  return 0;
+}
+
+int RunPerplexity(const PerplexityCliOptions& o) {
+  auto read = ReadText(o);
+  if (!read.ok()) return Fail(read.status());
+  const std::string text = std::move(read).value();
   auto files = model::LoadedModel::Load(o.model_path, o.tokenizer_path);
   if (!files.ok()) return Fail(files.status());
   const model::LoadedModel& lm = **files;
-  auto parsed = model::ParseKvBackendOptions(o.kv_format, o.layout, o.backend, o.block_size);
+  const bool variant = IsVariantSpec(o.formats.empty() ? o.kv_format : o.formats);
+  if (variant && o.backend != "naive") {
+    return Fail(Status::InvalidArgument("kv variants (kcB keys, +options) need --backend naive"));
+  }
+  auto parsed = model::ParseKvBackendOptions(variant ? "f32" : o.kv_format, o.layout, o.backend,
+                                             o.block_size);
   if (!parsed.ok()) return Fail(parsed.status());
   model::KvBackendOptions kv_options = *parsed;
   auto eviction = model::ParseEvictionSpec(o.eviction);
@@ -124,7 +238,7 @@ int RunPerplexity(const PerplexityCliOptions& o) {
   kv_options.eviction = *eviction;
   kv_options.eviction.max_chunk_tokens = std::max(o.chunk, o.prefill);
   std::vector<FormatPair> pairs = {kv_options.formats};
-  if (!o.formats.empty()) {
+  if (!o.formats.empty() && !variant) {
     auto p = ParsePairs(o.formats);
     if (!p.ok()) return Fail(p.status());
     pairs = *p;
@@ -144,26 +258,8 @@ int RunPerplexity(const PerplexityCliOptions& o) {
   p.chunk_tokens = o.chunk;
   p.prefill_tokens = o.prefill;
   p.max_seq_len = static_cast<uint32_t>(tokens.size());
-  // Progress on stderr, at most every 2 s, per pass over the text (each
-  // format's, and the f32 reference's).
-  auto pass_start = std::chrono::steady_clock::now(), last = pass_start;
-  size_t pass = 0, prev_done = 0, first_done = 0;
-  p.on_progress = [&](size_t done, size_t total) {
-    const auto now = std::chrono::steady_clock::now();
-    if (done <= prev_done || pass == 0) {  // a new pass began
-      ++pass;
-      pass_start = last = now;
-      first_done = done;
-    }
-    prev_done = done;
-    if (done < total && now - last < std::chrono::seconds(2)) return;
-    last = now;
-    const double secs = std::chrono::duration<double>(now - pass_start).count();
-    const double tps = secs > 0 ? (done - first_done) / secs : 0;
-    const double eta = tps > 0 ? (total - done) / tps : 0;
-    fmt::print(stderr, "\rperplexity: pass {}: {}/{} tokens, {:.1f} tok/s, ETA {:.0f} s   {}", pass, done,
-               total, tps, eta, done == total ? "\n" : "");
-  };
+  p.on_progress = ProgressPrinter();
+  if (variant) return RunVariants(o, decoder, tokens, p);
   auto evals = model::EvaluateFormats(decoder, tokens, kv_options, pairs, p);
   if (!evals.ok()) return Fail(evals.status());
   const uint32_t hd = decoder.config().head_dim();
@@ -205,7 +301,9 @@ const bool kRegistered = RegisterCommand(
       app->add_option("--model", o->model_path, "GGUF file, or llama2.c v1 checkpoint")->required();
       app->add_option("--tokenizer", o->tokenizer_path, "llama2.c tokenizer.bin (not for GGUF)");
       app->add_option("--formats", o->formats,
-                      "K:V,K:V,... evaluated in one process against one f32 run (overrides --kv-format)");
+                      "K:V,K:V,... evaluated in one process against one f32 run (overrides --kv-format); "
+                      "with --backend naive also kv variants: KSPEC[:VSPEC][+OPT]... (model/kv/kv_variant.h), "
+                      "e.g. turbo4+s4+r128, kc4:turbo4+s4+ob, q4_0+rot");
       app->add_option("--max-tokens", o->max_tokens, "Score at most the first N tokens (0 = all that fit)")
           ->capture_default_str();
       app->add_option("--threads", o->threads, "Threads for the weight products")->capture_default_str();

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "model/generate/generate.h"
+#include "model/kv/naive_kv.h"
 
 namespace kvcache::model {
 
@@ -163,6 +164,30 @@ Result<FormatEvaluation> EvaluateFormat(Decoder& decoder, std::span<const int32_
   KV_ASSIGN_OR_RETURN(std::vector<FormatEvaluation> all,
                       EvaluateFormats(decoder, tokens, backend, pair, options));
   return std::move(all[0]);
+}
+
+Result<std::vector<VariantEvaluation>> EvaluateVariants(Decoder& decoder,
+                                                        std::span<const int32_t> tokens,
+                                                        std::span<const KvVariant> variants,
+                                                        const PerplexityOptions& options) {
+  AttentionShape shape = decoder.attention_shape();
+  if (options.max_seq_len != 0) shape.max_seq_len = std::min(shape.max_seq_len, options.max_seq_len);
+  std::vector<std::unique_ptr<NaiveKv>> backends;
+  for (const KvVariant& v : variants) {  // every variant checked before the first run
+    KV_ASSIGN_OR_RETURN(auto kv, NaiveKv::CreateVariant(shape, v));
+    backends.push_back(std::move(kv));
+  }
+  KV_ASSIGN_OR_RETURN(auto ref, NaiveKv::Create(shape, FormatPair{}));
+  KV_ASSIGN_OR_RETURN(std::vector<float> ref_logits, TeacherForcedLogits(decoder, *ref, tokens, options));
+  ref.reset();
+  std::vector<VariantEvaluation> out;
+  for (size_t i = 0; i < variants.size(); ++i) {
+    KV_ASSIGN_OR_RETURN(std::vector<float> logits,
+                        TeacherForcedLogits(decoder, *backends[i], tokens, options));
+    backends[i].reset();
+    out.push_back({variants[i], ScoreLogits(logits, tokens, decoder.config().vocab_size, ref_logits)});
+  }
+  return out;
 }
 
 }  // namespace kvcache::model

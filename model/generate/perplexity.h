@@ -24,6 +24,7 @@
 #include "model/decoder/decoder.h"
 #include "model/kv/kv_backend.h"
 #include "model/kv/kv_factory.h"
+#include "model/kv/kv_variant.h"
 
 namespace kvcache::model {
 
@@ -95,6 +96,18 @@ Result<std::vector<FormatEvaluation>> EvaluateFormats(Decoder& decoder,
 Result<FormatEvaluation> EvaluateFormat(Decoder& decoder, std::span<const int32_t> tokens,
                                         const KvBackendOptions& backend,
                                         const PerplexityOptions& options = {});
+
+// Storage variants (model/kv/kv_variant.h) on the naive reference backend,
+// each against one naive f32 run. Errors (a variant the model's shape cannot
+// take included) are returned as a Status before anything is evaluated.
+struct VariantEvaluation {
+  KvVariant variant;
+  PerplexityResult result;
+};
+Result<std::vector<VariantEvaluation>> EvaluateVariants(Decoder& decoder,
+                                                        std::span<const int32_t> tokens,
+                                                        std::span<const KvVariant> variants,
+                                                        const PerplexityOptions& options = {});
 
 // Log-softmax helpers on one row of logits (double accumulation).
 double LogSumExp(std::span<const float> logits);

@@ -74,6 +74,26 @@ TEST(Cli, PerplexityJsonAndUnsupportedFormats) {
             2);
 }
 
+TEST(Cli, PerplexityKvVariantsOnTheNaiveBackend) {
+  const std::string base = "perplexity " + ModelArgs() +
+                           " --prompt 'Tom and Sue went to the park. They played on the swings.'"
+                           " --json --backend naive --formats ";
+  CliRun r = RunCli(base + "bf16+s2+r4,kc4:bf16,f32");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  auto j = nlohmann::json::parse(r.out);
+  ASSERT_EQ(j.size(), 3u);
+  EXPECT_EQ(j[0]["kv_format"], "bf16:bf16+s2+r4");
+  EXPECT_EQ(j[1]["kv_format"], "kc4:bf16");
+  EXPECT_DOUBLE_EQ(j[1]["k_bits_per_value"].get<double>(), ((8192 - 15) * 6.0 + 15 * 16) / 8192);
+  EXPECT_GT(j[1]["kl_vs_f32"].get<double>(), 0.0);
+  EXPECT_EQ(j[2]["kl_vs_f32"].get<double>(), 0.0);  // f32 equals the reference
+  // Unknown options, windows that do not fit, variants on the cache backend.
+  EXPECT_EQ(RunCli(base + "bf16+zz").exit_code, 2);
+  EXPECT_EQ(RunCli(base + "bf16+s4+r100000").exit_code, 2);
+  EXPECT_EQ(RunCli("perplexity " + ModelArgs() + " --prompt 'Tom went' --backend cache --kv-format bf16+s4").exit_code,
+            2);
+}
+
 TEST(DemoReport, PrintsStoryAndTable) {
   tools::DemoReportOptions o;
   o.model_path = testing::ModelDir() + "stories260K_v1.bin";
