@@ -16,6 +16,7 @@
 #include <fstream>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -40,6 +41,7 @@ struct PerplexityCliOptions {
   uint32_t prefill = 0;
   uint32_t max_tokens = 0;
   uint32_t threads = 2;
+  std::string matmul = "f32";
   std::string logprobs_out;
   std::string eviction;
   bool json = false;
@@ -218,6 +220,16 @@ int RunVariants(const PerplexityCliOptions& o, model::Decoder& decoder, std::spa
   return 0;
 }
 
+// With --matmul int8, the model the formats are scored on (the reference
+// always runs the exact products); null for the exact products.
+Result<std::unique_ptr<model::LoadedModel>> LoadScoredModel(const PerplexityCliOptions& o) {
+  KV_ASSIGN_OR_RETURN(model::MatMulInputs inputs, model::ParseMatMulInputs(o.matmul));
+  if (inputs == model::MatMulInputs::kF32) return std::unique_ptr<model::LoadedModel>();
+  model::GgufLoadOptions load;
+  load.matmul_inputs = inputs;
+  return model::LoadedModel::Load(o.model_path, o.tokenizer_path, load);
+}
+
 int RunPerplexity(const PerplexityCliOptions& o) {
   auto read = ReadText(o);
   if (!read.ok()) return Fail(read.status());
@@ -244,7 +256,11 @@ int RunPerplexity(const PerplexityCliOptions& o) {
     pairs = *p;
   }
 
-  model::Decoder decoder(lm.model(), std::max(1u, o.threads));
+  auto scored = LoadScoredModel(o);
+  if (!scored.ok()) return Fail(scored.status());
+  std::optional<model::Decoder> exact;  // the reference's, when the scored products differ
+  if (*scored) exact.emplace(lm.model(), std::max(1u, o.threads));
+  model::Decoder decoder((*scored ? **scored : lm).model(), std::max(1u, o.threads));
   auto encoded_ids = lm.Encode(text);
   if (!encoded_ids.ok()) return Fail(encoded_ids.status());
   std::vector<int32_t> tokens = std::move(encoded_ids).value();
@@ -259,6 +275,7 @@ int RunPerplexity(const PerplexityCliOptions& o) {
   p.prefill_tokens = o.prefill;
   p.max_seq_len = static_cast<uint32_t>(tokens.size());
   p.on_progress = ProgressPrinter();
+  if (exact) p.reference_decoder = &*exact;
   if (variant) return RunVariants(o, decoder, tokens, p);
   auto evals = model::EvaluateFormats(decoder, tokens, kv_options, pairs, p);
   if (!evals.ok()) return Fail(evals.status());
@@ -307,6 +324,9 @@ const bool kRegistered = RegisterCommand(
       app->add_option("--max-tokens", o->max_tokens, "Score at most the first N tokens (0 = all that fit)")
           ->capture_default_str();
       app->add_option("--threads", o->threads, "Threads for the weight products")->capture_default_str();
+      app->add_option("--matmul", o->matmul,
+                      "f32 | int8: the products the formats are scored with (the f32 reference stays exact)")
+          ->capture_default_str();
       app->add_option("--eviction", o->eviction,
                       "streaming:SINKS,WINDOW | h2o:BUDGET,RECENT (bounded cache; KL still vs the full f32 cache)");
       app->add_option("--logprobs-out", o->logprobs_out,

@@ -88,7 +88,8 @@ Result<PerplexityResult> Perplexity(Decoder& decoder, KvBackend& kv, KvBackend* 
   KV_ASSIGN_OR_RETURN(std::vector<float> logits, TeacherForcedLogits(decoder, kv, tokens, options));
   std::vector<float> ref_logits;
   if (ref) {
-    KV_ASSIGN_OR_RETURN(ref_logits, TeacherForcedLogits(decoder, *ref, tokens, options));
+    Decoder& ref_decoder = options.reference_decoder ? *options.reference_decoder : decoder;
+    KV_ASSIGN_OR_RETURN(ref_logits, TeacherForcedLogits(ref_decoder, *ref, tokens, options));
   }
   return ScoreLogits(logits, tokens, decoder.config().vocab_size, ref_logits);
 }
@@ -120,7 +121,8 @@ Result<std::vector<FormatEvaluation>> EvaluateFormats(Decoder& decoder,
     o.eviction = EvictionSpec{};  // the reference keeps every position
     KV_ASSIGN_OR_RETURN(auto ref, CreateKvBackend(shape, o));
     o.eviction = backend.eviction;
-    KV_ASSIGN_OR_RETURN(ref_logits, TeacherForcedLogits(decoder, *ref, tokens, options));
+    Decoder& ref_decoder = options.reference_decoder ? *options.reference_decoder : decoder;
+    KV_ASSIGN_OR_RETURN(ref_logits, TeacherForcedLogits(ref_decoder, *ref, tokens, options));
     return Status::Ok();
   };
   std::vector<FormatEvaluation> out;
@@ -138,7 +140,7 @@ Result<std::vector<FormatEvaluation>> EvaluateFormats(Decoder& decoder,
     Result<std::vector<float>> logits = Status::Internal("unset");
     if (Status s = reference(); !s.ok()) {
       logits = s;
-    } else if (pair == FormatPair{} && !backend.eviction.enabled()) {
+    } else if (pair == FormatPair{} && !backend.eviction.enabled() && options.reference_decoder == nullptr) {
       logits = ref_logits;  // f32:f32 is the reference itself
     } else {
       o.formats = pair;
@@ -178,7 +180,8 @@ Result<std::vector<VariantEvaluation>> EvaluateVariants(Decoder& decoder,
     backends.push_back(std::move(kv));
   }
   KV_ASSIGN_OR_RETURN(auto ref, NaiveKv::Create(shape, FormatPair{}));
-  KV_ASSIGN_OR_RETURN(std::vector<float> ref_logits, TeacherForcedLogits(decoder, *ref, tokens, options));
+  Decoder& ref_decoder = options.reference_decoder ? *options.reference_decoder : decoder;
+  KV_ASSIGN_OR_RETURN(std::vector<float> ref_logits, TeacherForcedLogits(ref_decoder, *ref, tokens, options));
   ref.reset();
   std::vector<VariantEvaluation> out;
   for (size_t i = 0; i < variants.size(); ++i) {

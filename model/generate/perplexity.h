@@ -37,6 +37,11 @@ struct PerplexityOptions {
   // Called after each Forward pass with the positions fed so far and the
   // total (progress output); may be empty.
   std::function<void(size_t done, size_t total)> on_progress;
+  // The decoder that computes the f32 reference of EvaluateFormats and
+  // EvaluateVariants; null: the scored decoder itself. Another decoder
+  // measures what the scored one's products cost (int8 inputs against exact
+  // ones); an f32:f32 entry is then scored, not taken as the reference.
+  Decoder* reference_decoder = nullptr;
 };
 
 // The logits after each of tokens[0 .. size-1) ([size-1][vocab]): what

@@ -58,6 +58,22 @@ TEST(SmolLm2Cli, Int8MatMulInputs) {
   const CliRun bad = RunCli("generate --model " + SmolLm2Path() + " --prompt-ids 1 --steps 1 --matmul int4");
   EXPECT_EQ(bad.exit_code, 2);
   EXPECT_EQ(bad.out, "");
+
+  // perplexity --matmul int8 scores the int8 products against the exact
+  // ones: an f32 cache is no longer its own reference (KL > 0), while the
+  // reference's perplexity is the exact run's.
+  const std::string ppl = "perplexity --model " + SmolLm2Path() +
+                          " --text-file /usr/share/common-licenses/GPL-3 --max-tokens 48 --chunk 16"
+                          " --formats f32:f32 --json";
+  const CliRun exact = RunCli(ppl);
+  const CliRun int8 = RunCli(ppl + " --matmul int8");
+  ASSERT_EQ(exact.exit_code, 0) << exact.out;
+  ASSERT_EQ(int8.exit_code, 0) << int8.out;
+  const auto je = nlohmann::json::parse(exact.out)[0], ji = nlohmann::json::parse(int8.out)[0];
+  EXPECT_EQ(je["kl_vs_f32"].get<double>(), 0.0);
+  EXPECT_GT(ji["kl_vs_f32"].get<double>(), 0.0);
+  EXPECT_LT(ji["kl_vs_f32"].get<double>(), 0.05);
+  EXPECT_EQ(ji["f32_mean_nll"], je["mean_nll"]);
 }
 
 // Token 173 is the lone byte 0xE2 (the start of a 3-byte character): the JSON
