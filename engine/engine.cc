@@ -438,6 +438,7 @@ Status EngineImpl::StartRequest(Request& r) {
   o.layout = CacheLayout::kPaged;
   o.block_size = options_.block_size;
   o.pool = pool_;
+  o.attention_pool = decoder_.thread_pool();
   KV_ASSIGN_OR_RETURN(std::unique_ptr<model::CacheKv> kv,
                       model::CacheKv::Create(decoder_.attention_shape(), o));
   const size_t adopted = Adopt(*kv, r);

@@ -211,6 +211,7 @@ int RunGenerate(const GenerateCliOptions& o) {
     c.layout = CacheLayout::kPaged;
     c.block_size = kv_options.block_size;
     c.pool = tier_run->pool;
+    c.attention_pool = decoder.thread_pool();
     auto created = model::CacheKv::Create(shape, c);
     if (!created.ok()) return Fail(created.status());
     paged = created->get();
@@ -228,7 +229,9 @@ int RunGenerate(const GenerateCliOptions& o) {
     adopted_blocks = *adopted / kv_options.block_size;
     tier_run->lookup_seconds = SecondsBetween(start, Clock::now());
   } else {
-    kv = model::CreateKvBackend(shape, kv_options);
+    model::KvBackendOptions with_threads = kv_options;
+    with_threads.attention_pool = decoder.thread_pool();
+    kv = model::CreateKvBackend(shape, with_threads);
     if (!kv.ok()) return Fail(kv.status());
   }
 

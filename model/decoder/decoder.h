@@ -55,6 +55,9 @@ class Decoder {
   const Model& model() const { return *model_; }
   const ModelConfig& config() const { return model_->config(); }
   AttentionShape attention_shape() const;
+  // The decoder's threads (null for one): a KV backend may run its attention
+  // on them (CacheKvOptions::attention_pool) for a pass of a single sequence.
+  ThreadPool* thread_pool() const { return pool_.get(); }
 
   // Runs `tokens` at positions kv.num_tokens() .. + tokens.size() - 1,
   // storing their K/V in `kv`. logits: [tokens.size()][vocab], or

@@ -17,7 +17,7 @@ Result<std::unique_ptr<CacheKv>> CacheKv::Create(const AttentionShape& shape,
     c.capacity_tokens = shape.max_seq_len;
     KV_ASSIGN_OR_RETURN(SequenceCache cache,
                         SequenceCache::CreateContiguous(geometry, options.formats, c));
-    return std::unique_ptr<CacheKv>(new CacheKv(shape, std::move(cache)));
+    return std::unique_ptr<CacheKv>(new CacheKv(shape, std::move(cache), options.attention_pool));
   }
   std::shared_ptr<BlockPool> pool = options.pool;
   if (!pool) {
@@ -27,7 +27,7 @@ Result<std::unique_ptr<CacheKv>> CacheKv::Create(const AttentionShape& shape,
     KV_ASSIGN_OR_RETURN(pool, BlockPool::Create(geometry, options.formats, p));
   }
   KV_ASSIGN_OR_RETURN(SequenceCache cache, SequenceCache::CreatePaged(pool));
-  return std::unique_ptr<CacheKv>(new CacheKv(shape, std::move(cache)));
+  return std::unique_ptr<CacheKv>(new CacheKv(shape, std::move(cache), options.attention_pool));
 }
 
 Status CacheKv::Store(uint32_t layer, std::span<const float> k, std::span<const float> v) {
@@ -45,6 +45,7 @@ Status CacheKv::Attend(uint32_t layer, std::span<const float> q, std::span<float
   KV_ASSIGN_OR_RETURN(LayerKvView view, seq_.View(layer));
   AttentionOptions options;
   options.n_q_heads = shape_.n_heads;
+  options.pool = attention_pool_;
   AttentionOutput output;
   output.out = out;
   if (pass_tokens() == 1) return AttendDecode(view, q, options, output);

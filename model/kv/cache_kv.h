@@ -18,6 +18,7 @@
 #include "kvcache/cache.h"
 #include "kvcache/format.h"
 #include "kvcache/pool.h"
+#include "kvcache/thread_pool.h"
 #include "model/kv/kv_backend.h"
 #include "model/kv/sequence_kv.h"
 
@@ -31,6 +32,9 @@ struct CacheKvOptions {
   // blocks (0 = enough for four sequences of max_seq_len).
   std::shared_ptr<BlockPool> pool;
   uint32_t pool_blocks = 0;
+  // Threads for attention (AttentionOptions::pool; bit-identical to one
+  // thread); null: the calling thread. Must outlive the CacheKv and its forks.
+  ThreadPool* attention_pool = nullptr;
 };
 
 class CacheKv final : public SequenceKv<SequenceCache> {
@@ -66,11 +70,12 @@ class CacheKv final : public SequenceKv<SequenceCache> {
   const SequenceCache& cache() const { return seq_; }
 
  private:
-  CacheKv(const AttentionShape& shape, SequenceCache cache)
-      : SequenceKv("cache kv", shape, std::move(cache)) {}
+  CacheKv(const AttentionShape& shape, SequenceCache cache, ThreadPool* attention_pool)
+      : SequenceKv("cache kv", shape, std::move(cache)), attention_pool_(attention_pool) {}
   std::unique_ptr<SequenceKv> WithSequence(SequenceCache cache) const override {
-    return std::unique_ptr<SequenceKv>(new CacheKv(shape_, std::move(cache)));
+    return std::unique_ptr<SequenceKv>(new CacheKv(shape_, std::move(cache), attention_pool_));
   }
+  ThreadPool* attention_pool_;
 };
 
 }  // namespace kvcache::model

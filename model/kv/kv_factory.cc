@@ -28,6 +28,7 @@ Result<std::unique_ptr<KvBackend>> CreateKvBackend(const AttentionShape& shape,
   c.formats = options.formats;
   c.layout = options.layout;
   c.block_size = options.block_size;
+  c.attention_pool = options.attention_pool;
   KV_ASSIGN_OR_RETURN(auto kv, CacheKv::Create(shape, c));
   return std::unique_ptr<KvBackend>(std::move(kv));
 }

@@ -11,6 +11,7 @@
 
 #include "kvcache/cache.h"
 #include "kvcache/format.h"
+#include "kvcache/thread_pool.h"
 #include "model/kv/evict_kv.h"
 #include "model/kv/kv_backend.h"
 
@@ -28,6 +29,8 @@ struct KvBackendOptions {
   uint32_t block_size = 16;                       // kCache paged only
   // kCache contiguous only: bounded memory (model/kv/evict_kv.h) when enabled.
   EvictionSpec eviction;
+  // kCache: threads for attention (CacheKvOptions::attention_pool).
+  ThreadPool* attention_pool = nullptr;
 };
 
 // InvalidArgument when a format cannot take the model's head_dim (the
