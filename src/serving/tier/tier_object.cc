@@ -498,7 +498,7 @@ std::optional<Calibration> ReadTransforms(std::span<const uint8_t> bytes, const 
     for (int part = 0; part < 2; ++part) {
       std::vector<float>& v = part == 0 ? c.transforms[i].mean : c.transforms[i].col_scale;
       v.resize(Get<uint32_t>(lengths + 8 * size_t{i} + 4 * part));
-      std::memcpy(v.data(), body, v.size() * 4);
+      if (!v.empty()) std::memcpy(v.data(), body, v.size() * 4);  // (an empty vector's data() may be null)
       body += v.size() * 4;
     }
   }
@@ -553,9 +553,10 @@ Result<std::vector<uint8_t>> EncodeCalibrationObject(const Calibration& calibrat
     const RowTransform& t = calibration.transforms[i];
     Put<uint32_t>(lengths + 8 * size_t{i}, static_cast<uint32_t>(t.mean.size()));
     Put<uint32_t>(lengths + 8 * size_t{i} + 4, static_cast<uint32_t>(t.col_scale.size()));
-    std::memcpy(body, t.mean.data(), t.mean.size() * 4);
+    // (an empty vector's data() may be null: memcpy must not see it)
+    if (!t.mean.empty()) std::memcpy(body, t.mean.data(), t.mean.size() * 4);
     body += t.mean.size() * 4;
-    std::memcpy(body, t.col_scale.data(), t.col_scale.size() * 4);
+    if (!t.col_scale.empty()) std::memcpy(body, t.col_scale.data(), t.col_scale.size() * 4);
     body += t.col_scale.size() * 4;
   }
   Put<uint64_t>(p + 112, HeaderChecksum(std::span<const uint8_t>(p, H)));
