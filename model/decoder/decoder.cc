@@ -104,7 +104,8 @@ Status Decoder::CheckBatch(std::span<const BatchItem> items, std::span<const flo
 }
 
 Status Decoder::ForwardLayer(uint32_t l, std::span<const BatchItem> items,
-                             std::span<const uint32_t> starts, uint32_t n) {
+                             std::span<const uint32_t> starts, std::span<const size_t> offs,
+                             uint32_t n) {
   const ModelConfig& c = config();
   const uint32_t dim = c.dim, kv_dim = c.kv_dim(), hd = c.head_dim();
   const LayerWeights& w = model_->layer(l);
@@ -120,9 +121,8 @@ Status Decoder::ForwardLayer(uint32_t l, std::span<const BatchItem> items,
   // Each item's RoPE, Store and Attend touch only its own rows and its own
   // backend, so the items run as parallel tasks (a sequence's bits do not
   // depend on which thread runs it); the first failure in item order wins.
-  std::vector<size_t> offs(items.size() + 1, 0);  // the item's first token in the step
-  for (size_t it = 0; it < items.size(); ++it) offs[it + 1] = offs[it] + items[it].tokens.size();
-  std::vector<Status> status(items.size());
+  std::vector<Status>& status = item_status_;
+  status.assign(items.size(), Status::Ok());
   auto attend_item = [&](uint32_t it, uint32_t) {
     const size_t off = offs[it], ni = items[it].tokens.size();
     for (size_t i = 0; i < ni; ++i) {
@@ -210,11 +210,13 @@ Status Decoder::ForwardBatch(std::span<const BatchItem> items, std::span<float> 
   Resize(n);
   const Model& m = *model_;
   std::vector<uint32_t> starts(items.size());
-  size_t off = 0;
+  std::vector<size_t> offs(items.size() + 1, 0);
   for (size_t it = 0; it < items.size(); ++it) {
+    size_t off = offs[it];
     for (int32_t t : items[it].tokens) {
       m.embedding().DecodeRows(static_cast<uint32_t>(t), 1, x_.data() + off++ * c.dim);
     }
+    offs[it + 1] = off;
     starts[it] = items[it].kv->num_tokens();
   }
   auto roll_back = [&](size_t count) {
@@ -228,7 +230,7 @@ Status Decoder::ForwardBatch(std::span<const BatchItem> items, std::span<float> 
     }
   }
   for (uint32_t l = 0; l < n_layers; ++l) {
-    Status s = ForwardLayer(l, items, starts, n);
+    Status s = ForwardLayer(l, items, starts, offs, n);
     if (!s.ok()) {
       roll_back(items.size());
       return s;

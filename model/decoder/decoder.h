@@ -90,8 +90,9 @@ class Decoder {
                     const ForwardOptions& options, size_t* total) const;
   // Layer l of a pass over the items' n tokens (item i's from starts[i]):
   // x_ in, x_ out.
+  // offs[i]: item i's first token in the step (items.size() + 1 entries).
   Status ForwardLayer(uint32_t l, std::span<const BatchItem> items,
-                      std::span<const uint32_t> starts, uint32_t n);
+                      std::span<const uint32_t> starts, std::span<const size_t> offs, uint32_t n);
   // The final norm and classifier over the rows the items ask for.
   void Classify(std::span<const BatchItem> items, std::span<float> logits);
   void Resize(uint32_t n);
@@ -100,6 +101,7 @@ class Decoder {
   std::unique_ptr<ThreadPool> pool_;  // null for one thread
   // Scratch, sized for n tokens on demand: [n][dim], [n][q_dim], [n][kv_dim], [n][hidden].
   std::vector<float> x_, xb_, q_, k_, v_, att_, hb_, hb2_;
+  std::vector<Status> item_status_;  // per item of the step's attention
 };
 
 // Plain helpers, shared with tests.
