@@ -98,12 +98,44 @@ enum class CapacityPolicy : uint8_t {
   kFixed,  // planned capacity is a hard limit; appends past it fail (CapacityExceeded)
 };
 
+// A precision window for low-bit formats: the first `sinks` positions and
+// the last `recent` positions of every layer and kv head are kept a second
+// time, as bf16 rows, beside the cache's own rows, and attention reads those
+// bf16 rows instead of the quantized ones (the positions that carry most of
+// every query's softmax mass: docs/compression.md). Every row still goes
+// into the cache's format at append, so blocks, forks, prefix reuse and tiers
+// see exactly the rows a cache without the window holds; the window is
+// per-sequence memory outside the pool ((sinks + recent) bf16 rows per
+// layer, side and kv head, counted in allocated_bytes()).
+//
+// Which positions are held. Position p < sinks is held when it was appended
+// to a cache holding every position before it (not after AdoptPrefix). Of
+// the rest, the last `recent` appended positions are held. Truncate keeps
+// what it can: a position that left the window before the truncation does
+// not come back (it is attended in the cache's format), so after
+// Truncate(n) the window holds [max(p0, n - recent), n) only, p0 being its
+// first held position before, until appends refill it.
+//
+// Requirements: every head stores every position (no AppendOptions::alive
+// with a dead head, no KeepRows): FailedPrecondition otherwise. A window is
+// for quantized formats: InvalidArgument when both K and V are f32, f16 or
+// bf16, or for more than kMaxSinks sinks / kMaxRecent recent positions.
+struct PrecisionWindow {
+  static constexpr uint32_t kMaxSinks = 1024;
+  static constexpr uint32_t kMaxRecent = 1u << 16;
+  uint32_t sinks = 0;
+  uint32_t recent = 0;
+  bool enabled() const { return sinks > 0 || recent > 0; }
+  bool operator==(const PrecisionWindow&) const = default;
+};
+
 struct ContiguousOptions {
   // Planned capacity per head, in tokens (0 = start empty and grow). A
   // head's buffer is allocated at this size when it first stores a row.
   uint32_t capacity_tokens = 0;
   CapacityPolicy policy = CapacityPolicy::kGrow;
   uint64_t rotation_seed = RowCodec::kDefaultRotationSeed;
+  PrecisionWindow window;  // none by default
 };
 
 struct PagedOptions {
@@ -114,6 +146,7 @@ struct PagedOptions {
   // no block from the pool. A caller that wants the first block promised
   // even for an empty plan passes max(planned_tokens, 1).
   uint32_t reserve_tokens = 0;
+  PrecisionWindow window;  // none by default
 };
 
 struct AppendOptions {
@@ -215,6 +248,8 @@ class SequenceCache {
   uint32_t block_size() const;
   const std::shared_ptr<BlockPool>& pool() const;  // null for contiguous
   const RowCodec& codec(Side side) const;
+  // The precision window (none unless created with one; kept by Fork and Clone).
+  const PrecisionWindow& precision_window() const;
 
   // --- lengths and memory ------------------------------------------------
   uint32_t num_tokens() const;                // max over layers

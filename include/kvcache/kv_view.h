@@ -97,6 +97,17 @@ struct LayerKvView {
   const uint32_t* block_table = nullptr;  // [num_blocks] logical -> physical
   uint32_t num_blocks = 0;
   KvSideView k, v;
+  // Rows at positions below first_position are not attended through this
+  // view (a precision window holds them in `hot`); 0 for a plain view.
+  uint32_t first_position = 0;
+  // A precision window (cache.h, PrecisionWindow): the bf16 rows of this
+  // layer that attention reads together with this view's rows, under one
+  // softmax; nullptr for none. Same n_kv_heads, head_dim and num_tokens; its
+  // rows are slots in no particular position order (positions always set),
+  // a slot holding nothing at position UINT32_MAX (never visible). This
+  // view's own rows then exclude the held positions: rows [first_position,
+  // rows(h)) with no stored positions.
+  const LayerKvView* hot = nullptr;
 
   uint32_t rows(uint32_t head) const { return head_len ? head_len[head] : num_tokens; }
   uint32_t position(uint32_t head, uint32_t row) const {

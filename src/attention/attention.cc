@@ -10,6 +10,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
+#include <vector>
 
 #include "attention/plan.h"
 #include "attention/reference.h"
@@ -70,6 +72,26 @@ Status CheckSide(const LayerKvView& view, const KvSideView& side, const char* na
   return Status::Ok();
 }
 
+Status CheckView(const LayerKvView& view);
+
+// A view's precision window (kv_view.h): a plain view of the same shape
+// whose slots all name their positions.
+Status CheckWindowView(const LayerKvView& view) {
+  const LayerKvView& hot = *view.hot;
+  if (hot.hot != nullptr || view.positions != nullptr || hot.positions == nullptr) {
+    return Status::InvalidArgument(
+        "attention: a precision window is a view with positions beside a view without them");
+  }
+  if (hot.n_kv_heads != view.n_kv_heads || hot.head_dim != view.head_dim ||
+      hot.num_tokens != view.num_tokens) {
+    return Status::InvalidArgument(
+        "attention: the precision window's shape differs from its view's");
+  }
+  const Status st = CheckView(hot);
+  if (!st.ok()) return Status(st.code(), "precision window: " + st.message());
+  return Status::Ok();
+}
+
 Status CheckView(const LayerKvView& view) {
   if (view.n_kv_heads == 0 || view.n_kv_heads > Geometry::kMaxKvHeads) {
     return Status::InvalidArgument(
@@ -102,7 +124,11 @@ Status CheckView(const LayerKvView& view) {
   }
   KV_RETURN_IF_ERROR(CheckSide(view, view.k, "K"));
   KV_RETURN_IF_ERROR(CheckSide(view, view.v, "V"));
-  return Status::Ok();
+  if (view.first_position > view.num_tokens) {
+    return Status::InvalidArgument(fmt::format("attention: first_position {} past num_tokens {}",
+                                               view.first_position, view.num_tokens));
+  }
+  return view.hot ? CheckWindowView(view) : Status::Ok();
 }
 
 Status CheckWindow(uint32_t window, uint32_t num_tokens) {
@@ -240,6 +266,73 @@ Plan NewPlan(const AttentionOptions& options, uint32_t head_dim) {
   return plan;
 }
 
+// A view with a precision window attends in two parts in one plan: its own
+// rows and the window's (each a plain job per kv head, with its own lse),
+// then MergeParts folds them as one softmax over both:
+//   m = max(lse_0, lse_1), w_i = exp(lse_i - m) / sum_i exp(lse_i - m),
+//   out = w_0 out_0 + w_1 out_1, lse = m + log(sum_i exp(lse_i - m)),
+// the split-softmax combine of flash-decoding, exact up to rounding.
+struct PartOutput {
+  std::vector<float> out, lse, probs;
+};
+
+void AddParts(Plan& plan, const LayerKvView& view, uint32_t n_queries, const float* q,
+              const AttentionOptions& options, bool want_probs, PartOutput parts[2]) {
+  const size_t qd = static_cast<size_t>(n_queries) * options.n_q_heads;
+  const LayerKvView* views[2] = {&view, view.hot};
+  for (int i = 0; i < 2; ++i) {
+    parts[i].out.assign(qd * view.head_dim, 0.0f);
+    parts[i].lse.assign(qd, 0.0f);
+    if (want_probs) parts[i].probs.assign(qd * view.num_tokens, 0.0f);
+    AddSequence(plan, *views[i], n_queries, q, options, {}, parts[i].out.data(),
+                parts[i].lse.data(), want_probs ? parts[i].probs.data() : nullptr, nullptr);
+  }
+}
+
+// Row r of the window's probabilities `ph` of kv head h, added at its
+// position into p ([num_tokens]) with weight w.
+void AddWindowProbs(const LayerKvView& hot, uint32_t h, const float* ph, float w, float* p) {
+  for (uint32_t r = 0; r < hot.rows(h); ++r) {
+    const uint32_t pos = hot.position(h, r);
+    if (pos < hot.num_tokens) p[pos] += w * ph[r];
+  }
+}
+
+// Folds the parts into the caller's outputs (lse, probs, kv_probs may be null).
+void MergeParts(const LayerKvView& view, uint32_t n_queries, uint32_t n_q_heads,
+                const PartOutput parts[2], float* out, float* lse, float* probs,
+                float* kv_probs) {
+  const uint32_t d = view.head_dim, N = view.num_tokens, group = n_q_heads / view.n_kv_heads;
+  const size_t qd = static_cast<size_t>(n_queries) * n_q_heads;
+  const bool want_probs = !parts[0].probs.empty();
+  std::vector<float> row(want_probs ? N : 0);
+  if (kv_probs) std::fill(kv_probs, kv_probs + size_t{view.n_kv_heads} * N, 0.0f);
+  for (size_t qh = 0; qh < qd; ++qh) {
+    const float l0 = parts[0].lse[qh], l1 = parts[1].lse[qh];
+    const float m = std::max(l0, l1);
+    float w0 = 0.0f, w1 = 0.0f, sum = 0.0f;
+    if (m != -std::numeric_limits<float>::infinity()) {
+      w0 = std::exp(l0 - m);
+      w1 = std::exp(l1 - m);
+      sum = w0 + w1;
+      w0 /= sum;
+      w1 /= sum;
+    }
+    for (uint32_t i = 0; i < d; ++i) {
+      out[qh * d + i] = w0 * parts[0].out[qh * d + i] + w1 * parts[1].out[qh * d + i];
+    }
+    if (lse) lse[qh] = sum > 0.0f ? m + std::log(sum) : m;
+    if (!want_probs) continue;
+    const uint32_t h = static_cast<uint32_t>(qh % n_q_heads) / group;
+    for (uint32_t r = 0; r < N; ++r) row[r] = w0 * parts[0].probs[qh * N + r];
+    AddWindowProbs(*view.hot, h, parts[1].probs.data() + qh * N, w1, row.data());
+    if (probs) std::copy(row.begin(), row.end(), probs + qh * N);
+    if (kv_probs) {
+      for (uint32_t r = 0; r < N; ++r) kv_probs[size_t{h} * N + r] += row[r];
+    }
+  }
+}
+
 // AttendMulti, with per-head windows when `windows` is not empty
 // (AttendHeadWindows), and with profile non-null its profiled twin (plan.h
 // RunPlanProfiled).
@@ -263,16 +356,29 @@ Status AttendMultiImpl(const LayerKvView& view, uint32_t n_queries, std::span<co
   KV_RETURN_IF_ERROR(CheckSize(output.kv_probs,
                                static_cast<size_t>(view.n_kv_heads) * view.num_tokens,
                                "kv_probs", true));
+  if (view.hot && !windows.empty()) {
+    return Status::InvalidArgument(
+        "attention: per-head windows do not combine with a precision window");
+  }
+  auto ptr = [](std::span<float> x) { return x.empty() ? nullptr : x.data(); };
   Plan plan = NewPlan(options, view.head_dim);
-  AddSequence(plan, view, n_queries, q.data(), options, windows, output.out.data(),
-              output.lse.empty() ? nullptr : output.lse.data(),
-              output.probs.empty() ? nullptr : output.probs.data(),
-              output.kv_probs.empty() ? nullptr : output.kv_probs.data());
+  PartOutput parts[2];
+  if (view.hot) {
+    AddParts(plan, view, n_queries, q.data(), options,
+             !output.probs.empty() || !output.kv_probs.empty(), parts);
+  } else {
+    AddSequence(plan, view, n_queries, q.data(), options, windows, output.out.data(),
+                ptr(output.lse), ptr(output.probs), ptr(output.kv_probs));
+  }
   PrepareQueries(plan);
   if (profile != nullptr) {
     attention_internal::RunPlanProfiled(plan, profile);
   } else {
     attention_internal::RunPlan(plan);
+  }
+  if (view.hot) {
+    MergeParts(view, n_queries, options.n_q_heads, parts, output.out.data(), ptr(output.lse),
+               ptr(output.probs), ptr(output.kv_probs));
   }
   return Status::Ok();
 }
@@ -328,12 +434,27 @@ Status AttendDecodeBatch(std::span<const LayerKvView> views, std::span<const flo
   KV_RETURN_IF_ERROR(CheckSize(out, views.size() * per_seq, "out", false));
   KV_RETURN_IF_ERROR(CheckSize(lse, views.size() * options.n_q_heads, "lse", true));
   Plan plan = NewPlan(options, d);
+  std::vector<PartOutput> parts;  // two per sequence with a precision window
+  for (const LayerKvView& v : views) parts.resize(parts.size() + (v.hot ? 2 : 0));
+  size_t next_part = 0;
   for (size_t s = 0; s < views.size(); ++s) {
+    if (views[s].hot) {
+      AddParts(plan, views[s], 1, q.data() + s * per_seq, options, false, &parts[next_part]);
+      next_part += 2;
+      continue;
+    }
     AddSequence(plan, views[s], 1, q.data() + s * per_seq, options, {}, out.data() + s * per_seq,
                 lse.empty() ? nullptr : lse.data() + s * options.n_q_heads, nullptr, nullptr);
   }
   PrepareQueries(plan);
   attention_internal::RunPlan(plan);
+  next_part = 0;
+  for (size_t s = 0; s < views.size(); ++s) {
+    if (!views[s].hot) continue;
+    MergeParts(views[s], 1, options.n_q_heads, &parts[next_part], out.data() + s * per_seq,
+               lse.empty() ? nullptr : lse.data() + s * options.n_q_heads, nullptr, nullptr);
+    next_part += 2;
+  }
   return Status::Ok();
 }
 

@@ -225,24 +225,28 @@ struct Prefetcher {
 struct Visibility {
   const uint32_t* positions;  // nullptr: row r is position r
   uint32_t window, n_sink;
+  uint32_t first;  // positions below it are not attended (LayerKvView::first_position)
   HWY_INLINE uint32_t Pos(uint32_t r) const { return positions ? positions[r] : r; }
   HWY_INLINE bool Visible(uint32_t p, uint32_t qpos) const {
-    if (p > qpos) return false;
+    if (p > qpos || p < first) return false;
     return window == 0 || p + window > qpos || p < n_sink;
   }
 };
 
 HWY_INLINE Visibility MakeVisibility(const HeadJob& job) {
   const LayerKvView& v = *job.view;
-  return {v.positions ? v.positions[job.head] : nullptr, job.window, job.n_sink};
+  return {v.positions ? v.positions[job.head] : nullptr, job.window, job.n_sink,
+          v.first_position};
 }
 
 
 // True when every row in [r0, r1) is visible to every query of the job
-// (no stored positions, no window, queries at or after row r1 - 1): the
-// common decode case, which skips all per-row visibility checks.
-HWY_INLINE bool AllVisible(const Visibility& vis, const QueryVec* qv, int nq, uint32_t r1) {
-  if (vis.positions != nullptr || vis.window != 0) return false;
+// (no stored positions, no window, rows at or past `first`, queries at or
+// after row r1 - 1): the common decode case, which skips all per-row
+// visibility checks.
+HWY_INLINE bool AllVisible(const Visibility& vis, const QueryVec* qv, int nq, uint32_t r0,
+                           uint32_t r1) {
+  if (vis.positions != nullptr || vis.window != 0 || r0 < vis.first) return false;
   for (int j = 0; j < nq; ++j) {
     if (qv[j].qpos + 1 < r1) return false;
   }

@@ -532,7 +532,7 @@ void KPassRows(const KArgs& a, const int16_t* const* q16, const float* qscale,
   }
   k.scale = plan.scale * ValueMul(F);
   k.has_bias = job.has_bias;
-  const bool all_visible = AllVisible(vis, qv, kQB, a.r1);
+  const bool all_visible = AllVisible(vis, qv, kQB, a.r0, a.r1);
   const HeadRows rows(view, view.k, job.head);
   auto row_dots = [&](const uint8_t* p, float* dots) HWY_ATTR {
     (void)q16;

@@ -150,7 +150,7 @@ void VPass(const VArgs& a) {
     e[j] = a.e + static_cast<size_t>(a.qi0 + j) * job.rows;
     o[j] = a.o + static_cast<size_t>(a.qi0 + j) * pd;
   }
-  const bool all_visible = AllVisible(vis, qv, kQB, a.r1);
+  const bool all_visible = AllVisible(vis, qv, kQB, a.r0, a.r1);
   const HeadRows hrows(view, view.v, job.head);
   // Prefetch runs on past the segment, so the next segment's rows are in
   // flight when this call ends. A tile's prefetch steps are spread over its

@@ -82,12 +82,22 @@ std::unique_ptr<SequenceCache::State> NewState(const Geometry& g, FormatPair f) 
   return st;
 }
 
+// The precision window's store, when `window` asks for one.
+Status AddWindow(SequenceCache::State& st, const PrecisionWindow& window) {
+  if (!window.enabled()) return Status::Ok();
+  KV_ASSIGN_OR_RETURN(st.window, WindowStore::Create(st.geometry, st.formats, window));
+  st.window_spec = window;
+  return Status::Ok();
+}
+
 // A state with the metadata every copy of `s` shares (not storage).
 std::unique_ptr<SequenceCache::State> CopyMeta(const SequenceCache::State& s) {
   auto st = NewState(s.geometry, s.formats);
   st->codec[0] = s.codec[0];
   st->codec[1] = s.codec[1];
   st->layers = s.layers;
+  st->window_spec = s.window_spec;
+  if (s.window) st->window = s.window->Copy();
   return st;
 }
 
@@ -104,10 +114,12 @@ Result<SequenceCache> SequenceCache::CreateContiguous(const Geometry& geometry, 
                                                options.capacity_tokens, kMaxCacheTokens));
   }
   auto st = NewState(geometry, formats);
+  KV_RETURN_IF_ERROR(AddWindow(*st, options.window));
   st->codec[0] = std::make_shared<const RowCodec>(std::move(kc));
   st->codec[1] = std::make_shared<const RowCodec>(std::move(vc));
   st->store = std::make_unique<ContiguousStore>(geometry.n_layers(), geometry.n_kv_heads(),
                                                 st->row_bytes, options);
+  st->Touch();
   return SequenceCache(std::move(st));
 }
 
@@ -115,6 +127,8 @@ Result<SequenceCache> SequenceCache::CreatePaged(std::shared_ptr<BlockPool> pool
                                                  const PagedOptions& options) {
   if (!pool) return Status::InvalidArgument("cache: paged layout needs a pool");
   auto st = NewState(pool->geometry(), pool->formats());
+  KV_RETURN_IF_ERROR(AddWindow(*st, options.window));
+  st->Touch();
   st->codec[0] = pool->shared_codec(Side::kKey);
   st->codec[1] = pool->shared_codec(Side::kValue);
   st->store = std::make_unique<PagedStore>(std::move(pool));
@@ -138,6 +152,7 @@ void SequenceCache::Release() {
     fresh.head_len.assign(s.geometry.n_kv_heads(), 0);
     l = std::move(fresh);
   }
+  s.window.reset();
   s.released = true;
   s.Touch();
 }
@@ -156,6 +171,7 @@ const RowCodec& SequenceCache::codec(Side side) const {
   return *s_->codec[static_cast<int>(side)];
 }
 bool SequenceCache::released() const { return s_->released; }
+const PrecisionWindow& SequenceCache::precision_window() const { return s_->window_spec; }
 
 uint32_t SequenceCache::num_tokens() const { return s_->num_tokens(); }
 uint32_t SequenceCache::num_tokens(uint32_t layer) const {
@@ -169,14 +185,19 @@ uint32_t SequenceCache::head_len(uint32_t layer, uint32_t head) const {
 uint32_t SequenceCache::capacity_tokens() const {
   return s_->released ? 0 : s_->store->capacity_tokens();
 }
-size_t SequenceCache::allocated_bytes() const { return s_->store->allocated_bytes(); }
+size_t SequenceCache::allocated_bytes() const {
+  return s_->store->allocated_bytes() + (s_->window ? s_->window->allocated_bytes() : 0);
+}
 
 size_t SequenceCache::used_bytes() const {
   const State& s = *s_;
-  size_t rows = 0;
-  for (const LayerMeta& l : s.layers)
-    for (uint32_t x : l.head_len) rows += x;
-  return rows * (s.row_bytes[0] + s.row_bytes[1]);
+  size_t rows = 0, held = 0;
+  for (uint32_t l = 0; l < s.layers.size(); ++l) {
+    for (uint32_t x : s.layers[l].head_len) rows += x;
+    if (s.window) held += size_t{s.window->held(l)} * s.geometry.n_kv_heads();
+  }
+  return rows * (s.row_bytes[0] + s.row_bytes[1]) +
+         held * 2 * RowBytes(Format::kBF16, s.geometry.head_dim());
 }
 
 bool SequenceCache::is_within_planned_capacity() const {
@@ -235,8 +256,10 @@ Status SequenceCache::Truncate(uint32_t num_tokens) {
     return Status::OutOfRange(
         fmt::format("cache: truncate to {} tokens, only {} stored", num_tokens, s.num_tokens()));
   }
-  for (LayerMeta& lm : s.layers) {
-    if (lm.num_tokens > num_tokens) TruncateLayer(lm, num_tokens);
+  for (uint32_t l = 0; l < s.layers.size(); ++l) {
+    if (s.layers[l].num_tokens <= num_tokens) continue;
+    TruncateLayer(s.layers[l], num_tokens);
+    if (s.window) s.window->Truncate(l, num_tokens);
   }
   KV_RETURN_IF_ERROR(s.store->Shrink(s.layers));
   s.Touch();
@@ -256,7 +279,9 @@ Status SequenceCache::Clear() {
   State& s = *s_;
   if (s.released) return UsedAfterRelease();
   KV_RETURN_IF_ERROR(Truncate(0));
-  for (LayerMeta& lm : s.layers) {
+  for (uint32_t l = 0; l < s.layers.size(); ++l) {
+    if (s.window) s.window->Reset(l, 0);
+    LayerMeta& lm = s.layers[l];
     lm.transforms[0] = lm.transforms[1] = nullptr;
     lm.positions.clear();
     lm.head_imp.clear();
@@ -353,6 +378,7 @@ Status SequenceCache::AdoptPrefix(std::span<const uint32_t> blocks,
     LayerMeta& lm = s.layers[l];
     lm.num_tokens = rows;
     lm.head_len.assign(H, rows);
+    if (s.window) s.window->Reset(l, rows);  // the adopted rows are the blocks' alone
     for (int side = 0; side < kSides; ++side) {
       lm.transforms[side] =
           calibration && rows > 0 ? TransformsOf(*calibration, l, side, H) : nullptr;
@@ -383,6 +409,7 @@ Result<std::vector<float>> DecodeHead(const SequenceCache::State& s, uint32_t l,
                                              {out.data() + size_t{r} * D, size_t{cnt} * D}, tf));
     r += cnt;
   }
+  if (s.window) KV_RETURN_IF_ERROR(s.window->Overlay(l, side, h, out));
   return out;
 }
 
@@ -462,6 +489,11 @@ Result<LayerKvView> SequenceCache::View(uint32_t layer) const {
   v.num_tokens = lm.num_tokens;
   v.head_len = lm.head_len.data();
   if (lm.has_positions()) v.positions = lm.position_ptrs.data();
+  if (s.window) {  // this view: the rows outside the window; the window's rows beside it
+    v.head_len = s.window->cold_len(layer);
+    v.first_position = s.window->cold_first(layer);
+    v.hot = s.window->hot(layer);
+  }
   v.num_blocks = s.store->num_blocks();
   KvSideView* sides[kSides] = {&v.k, &v.v};
   for (int side = 0; side < kSides; ++side) {
@@ -519,6 +551,7 @@ Status SequenceCache::CheckInvariants() const {
   const State& s = *s_;
   for (uint32_t l = 0; l < s.layers.size(); ++l) {
     KV_RETURN_IF_ERROR(CheckLayer(s.layers[l], l, s.geometry.n_kv_heads()));
+    if (s.window) KV_RETURN_IF_ERROR(s.window->CheckInvariants(l, s.layers[l].num_tokens));
   }
   if (s.context_len[0] != s.num_tokens()) return Broken("context_len stale");
   return s.store->CheckInvariants(s.layers, s.released);
@@ -527,9 +560,13 @@ Status SequenceCache::CheckInvariants() const {
 std::string SequenceCache::DebugString() const {
   const State& s = *s_;
   const bool paged = s.store->layout() == CacheLayout::kPaged;
-  return fmt::format("SequenceCache{{{} {} {} tokens={} used={}B allocated={}B{}{}}}",
+  const std::string window =
+      s.window_spec.enabled()
+          ? fmt::format(" window=s{}+r{}", s.window_spec.sinks, s.window_spec.recent)
+          : "";
+  return fmt::format("SequenceCache{{{} {} {}{} tokens={} used={}B allocated={}B{}{}}}",
                      s.geometry.ToString(), FormatPairName(s.formats),
-                     paged ? "paged" : "contiguous", s.num_tokens(), used_bytes(),
+                     paged ? "paged" : "contiguous", window, s.num_tokens(), used_bytes(),
                      allocated_bytes(), s.released ? " released" : "", s.store->DebugString());
 }
 
@@ -562,12 +599,16 @@ std::vector<float> LayerCache::Importance() const { return seq_->Importance(laye
 Result<LayerKvView> LayerCache::View() const { return seq_->View(layer_); }
 size_t LayerCache::allocated_bytes() const {
   const SequenceCache::State& s = *seq_->s_;
-  return s.released ? 0 : s.store->allocated_bytes(layer_);
+  if (s.released) return 0;
+  return s.store->allocated_bytes(layer_) + (s.window ? s.window->allocated_bytes(layer_) : 0);
 }
 size_t LayerCache::used_bytes() const {
   size_t rows = 0;
   for (uint32_t h = 0; h < seq_->n_kv_heads(); ++h) rows += seq_->head_len(layer_, h);
-  return rows * (seq_->s_->row_bytes[0] + seq_->s_->row_bytes[1]);
+  const SequenceCache::State& s = *seq_->s_;
+  const size_t held = s.window ? size_t{s.window->held(layer_)} * s.geometry.n_kv_heads() : 0;
+  return rows * (s.row_bytes[0] + s.row_bytes[1]) +
+         held * 2 * RowBytes(Format::kBF16, s.geometry.head_dim());
 }
 
 }  // namespace kvcache

@@ -102,6 +102,11 @@ Result<AppendPlan> PlanAppend(const State& s, uint32_t l0, uint32_t nl, uint32_t
     return Status::InvalidArgument(fmt::format(
         "cache: alive mask has {} entries, want {} or {}", alive.size(), H, size_t{nl} * H));
   }
+  if (s.window && std::find(alive.begin(), alive.end(), 0) != alive.end()) {
+    return Status::FailedPrecondition(
+        "cache: a precision window needs every head to store every position (dead heads in the "
+        "alive mask)");
+  }
   for (uint32_t li = 0; li < nl; ++li) {
     if (s.layers[l0 + li].num_tokens + uint64_t{T} > kMaxCacheTokens) {
       return Status::CapacityExceeded(fmt::format("cache: more than {} tokens", kMaxCacheTokens));
@@ -257,6 +262,13 @@ Status AppendRows(State& s, uint32_t l0, uint32_t nl, const float* k, const floa
   const float* const src[kSides] = {k, v};
   KV_RETURN_IF_ERROR(T == 1 && k != nullptr && v != nullptr ? EncodeToken(s, plan, src, made)
                                                             : EncodeChunk(s, plan, src, made));
+  if (s.window) {  // the rows are known finite now
+    const size_t layer_floats = size_t{T} * s.geometry.kv_dim();
+    for (uint32_t li = 0; li < nl; ++li) {
+      s.window->Append(l0 + li, s.layers[l0 + li].num_tokens, T, k ? k + li * layer_floats : nullptr,
+                       v ? v + li * layer_floats : nullptr);
+    }
+  }
   CommitRows(s, plan);
   made.Commit(s);
   guard.Commit(s.layers);

@@ -72,6 +72,10 @@ void KeepHeadMeta(LayerMeta& lm, uint32_t head, std::span<const uint32_t> rows) 
 Status SequenceCache::KeepRows(uint32_t layer, uint32_t head, std::span<const uint32_t> rows) {
   State& s = *s_;
   KV_RETURN_IF_ERROR(CheckLayerHead(s, layer, head));
+  if (s.window) {
+    return Status::FailedPrecondition(
+        "cache: KeepRows drops rows a precision window needs (every head stores every position)");
+  }
   LayerMeta& lm = s.layers[layer];
   KV_RETURN_IF_ERROR(CheckKeptRows(rows, lm.head_len[head], layer, head));
   const uint32_t k = static_cast<uint32_t>(rows.size());

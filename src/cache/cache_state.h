@@ -32,6 +32,7 @@
 #include <string>
 #include <vector>
 
+#include "cache/window_store.h"
 #include "kvcache/cache.h"
 
 namespace kvcache {
@@ -174,6 +175,9 @@ struct SequenceCache::State {
   std::vector<LayerMeta> layers;
   std::unique_ptr<RowStore> store;
   uint32_t context_len[1] = {0};
+  // The precision window's rows (null without one, and after Release).
+  PrecisionWindow window_spec;
+  std::unique_ptr<WindowStore> window;
 
   // Scratch (not state): gathered input rows.
   std::vector<float> scratch;
@@ -191,6 +195,9 @@ struct SequenceCache::State {
     for (LayerMeta& l : layers) {
       l.position_ptrs.resize(l.positions.size());
       for (size_t h = 0; h < l.positions.size(); ++h) l.position_ptrs[h] = l.positions[h].data();
+    }
+    if (window) {
+      for (uint32_t l = 0; l < layers.size(); ++l) window->Refresh(l, layers[l].num_tokens);
     }
   }
 };
