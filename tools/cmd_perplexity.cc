@@ -148,8 +148,8 @@ Result<std::string> ReadText(const PerplexityCliOptions& o) {
   return ss.str();
 }
 
-// True when a spec uses KvVariant syntax (options or kc keys), which only the
-// naive backend models.
+// True when a spec uses KvVariant syntax (options or kc keys): the naive
+// backend models every variant, the cache builds sinks and recent windows.
 bool IsVariantSpec(const std::string& list) {
   return list.find('+') != std::string::npos || list.find("kc") != std::string::npos;
 }
@@ -171,11 +171,15 @@ constexpr uint32_t kBitsAtPositions = 8192;
 
 nlohmann::json VariantJson(const PerplexityCliOptions& o, const model::VariantEvaluation& e,
                            uint32_t head_dim, size_t num_tokens) {
-  const model::VariantBits bits = model::KvVariantBits(e.variant, head_dim, kBitsAtPositions);
+  const bool cache = o.backend == "cache";
+  const model::VariantBits bits =
+      cache ? model::CacheWindowBits(e.variant, head_dim, kBitsAtPositions)
+            : model::KvVariantBits(e.variant, head_dim, kBitsAtPositions);
   nlohmann::json j;
   j["model"] = o.model_path;
   j["kv_format"] = model::KvVariantName(e.variant);
-  j["backend"] = "naive";
+  j["backend"] = o.backend;
+  if (cache) j["layout"] = o.layout;
   j["chunk_tokens"] = o.chunk;
   j["prefill_tokens"] = o.prefill;
   j["num_tokens"] = num_tokens;
@@ -190,11 +194,12 @@ nlohmann::json VariantJson(const PerplexityCliOptions& o, const model::VariantEv
 }
 
 int RunVariants(const PerplexityCliOptions& o, model::Decoder& decoder, std::span<const int32_t> tokens,
-                const model::PerplexityOptions& p) {
+                const model::PerplexityOptions& p, const model::KvBackendOptions& backend) {
   auto variants = ParseVariants(o.formats.empty() ? o.kv_format : o.formats);
   if (!variants.ok()) return Fail(variants.status());
   if (!o.eviction.empty()) return Fail(Status::InvalidArgument("--eviction does not combine with kv variants"));
-  auto evals = model::EvaluateVariants(decoder, tokens, *variants, p);
+  const bool cache = backend.kind == model::BackendKind::kCache;
+  auto evals = model::EvaluateVariants(decoder, tokens, *variants, p, cache ? &backend : nullptr);
   if (!evals.ok()) return Fail(evals.status());
   const uint32_t hd = decoder.config().head_dim();
   nlohmann::json list = nlohmann::json::array();
@@ -210,9 +215,9 @@ int RunVariants(const PerplexityCliOptions& o, model::Decoder& decoder, std::spa
       list.push_back(std::move(j));
       continue;
     }
-    fmt::print("kv {} (naive): {} predictions, perplexity {:.4f} (f32 {:.4f}), KL vs f32 {:.3e}, "
+    fmt::print("kv {} ({}): {} predictions, perplexity {:.4f} (f32 {:.4f}), KL vs f32 {:.3e}, "
                "top-1 agreement {:.2f}%, bits/value at {} positions K {:.3f} V {:.3f}\n",
-               model::KvVariantName(e.variant), e.result.num_predictions, e.result.perplexity,
+               model::KvVariantName(e.variant), cache ? o.layout : o.backend, e.result.num_predictions, e.result.perplexity,
                std::exp(e.result.ref_mean_nll), e.result.kl_vs_ref, 100.0 * e.result.top1_agree_vs_ref,
                kBitsAtPositions, j["k_bits_per_value"].get<double>(), j["v_bits_per_value"].get<double>());
   }
@@ -238,9 +243,6 @@ int RunPerplexity(const PerplexityCliOptions& o) {
   if (!files.ok()) return Fail(files.status());
   const model::LoadedModel& lm = **files;
   const bool variant = IsVariantSpec(o.formats.empty() ? o.kv_format : o.formats);
-  if (variant && o.backend != "naive") {
-    return Fail(Status::InvalidArgument("kv variants (kcB keys, +options) need --backend naive"));
-  }
   auto parsed = model::ParseKvBackendOptions(variant ? "f32" : o.kv_format, o.layout, o.backend,
                                              o.block_size);
   if (!parsed.ok()) return Fail(parsed.status());
@@ -276,7 +278,7 @@ int RunPerplexity(const PerplexityCliOptions& o) {
   p.max_seq_len = static_cast<uint32_t>(tokens.size());
   p.on_progress = ProgressPrinter();
   if (exact) p.reference_decoder = &*exact;
-  if (variant) return RunVariants(o, decoder, tokens, p);
+  if (variant) return RunVariants(o, decoder, tokens, p, kv_options);
   auto evals = model::EvaluateFormats(decoder, tokens, kv_options, pairs, p);
   if (!evals.ok()) return Fail(evals.status());
   const uint32_t hd = decoder.config().head_dim();
@@ -319,8 +321,9 @@ const bool kRegistered = RegisterCommand(
       app->add_option("--tokenizer", o->tokenizer_path, "llama2.c tokenizer.bin (not for GGUF)");
       app->add_option("--formats", o->formats,
                       "K:V,K:V,... evaluated in one process against one f32 run (overrides --kv-format); "
-                      "with --backend naive also kv variants: KSPEC[:VSPEC][+OPT]... (model/kv/kv_variant.h), "
-                      "e.g. turbo4+s4+r128, kc4:turbo4+s4+ob, q4_0+rot");
+                      "also kv variants: KSPEC[:VSPEC][+OPT]... (model/kv/kv_variant.h), e.g. turbo4+s4+r128 "
+                      "(the cache's precision window; --backend naive models it and kc4:turbo4+s4+ob, "
+                      "q4_0+rot, ...)");
       app->add_option("--max-tokens", o->max_tokens, "Score at most the first N tokens (0 = all that fit)")
           ->capture_default_str();
       app->add_option("--threads", o->threads, "Threads for the weight products")->capture_default_str();

@@ -171,15 +171,34 @@ Result<FormatEvaluation> EvaluateFormat(Decoder& decoder, std::span<const int32_
 Result<std::vector<VariantEvaluation>> EvaluateVariants(Decoder& decoder,
                                                         std::span<const int32_t> tokens,
                                                         std::span<const KvVariant> variants,
-                                                        const PerplexityOptions& options) {
+                                                        const PerplexityOptions& options,
+                                                        const KvBackendOptions* cache) {
   AttentionShape shape = decoder.attention_shape();
   if (options.max_seq_len != 0) shape.max_seq_len = std::min(shape.max_seq_len, options.max_seq_len);
-  std::vector<std::unique_ptr<NaiveKv>> backends;
+  // The cache's backends for a variant (or the f32 reference: window none).
+  auto on_cache = [&](FormatPair formats, PrecisionWindow window) {
+    KvBackendOptions o = *cache;
+    o.formats = formats;
+    o.window = window;
+    return CreateKvBackend(shape, o);
+  };
+  std::vector<std::unique_ptr<KvBackend>> backends;
   for (const KvVariant& v : variants) {  // every variant checked before the first run
-    KV_ASSIGN_OR_RETURN(auto kv, NaiveKv::CreateVariant(shape, v));
-    backends.push_back(std::move(kv));
+    if (cache != nullptr) {
+      KV_ASSIGN_OR_RETURN(PrecisionWindow window, CacheWindowOf(v));
+      KV_ASSIGN_OR_RETURN(auto kv, on_cache(v.formats, window));
+      backends.push_back(std::move(kv));
+    } else {
+      KV_ASSIGN_OR_RETURN(auto kv, NaiveKv::CreateVariant(shape, v));
+      backends.push_back(std::move(kv));
+    }
   }
-  KV_ASSIGN_OR_RETURN(auto ref, NaiveKv::Create(shape, FormatPair{}));
+  std::unique_ptr<KvBackend> ref;
+  if (cache != nullptr) {
+    KV_ASSIGN_OR_RETURN(ref, on_cache(FormatPair{}, PrecisionWindow{}));
+  } else {
+    KV_ASSIGN_OR_RETURN(ref, NaiveKv::Create(shape, FormatPair{}));
+  }
   Decoder& ref_decoder = options.reference_decoder ? *options.reference_decoder : decoder;
   KV_ASSIGN_OR_RETURN(std::vector<float> ref_logits, TeacherForcedLogits(ref_decoder, *ref, tokens, options));
   ref.reset();

@@ -103,8 +103,11 @@ Result<FormatEvaluation> EvaluateFormat(Decoder& decoder, std::span<const int32_
                                         const PerplexityOptions& options = {});
 
 // Storage variants (model/kv/kv_variant.h) on the naive reference backend,
-// each against one naive f32 run. Errors (a variant the model's shape cannot
-// take included) are returned as a Status before anything is evaluated.
+// each against one naive f32 run; or, with `cache` (a kCache backend: its
+// layout and block size), on the cache itself, each variant a format pair
+// with its precision window (CacheWindowOf), against one f32 run of that
+// cache. Errors (a variant the model's shape or the cache cannot take
+// included) are returned as a Status before anything is evaluated.
 struct VariantEvaluation {
   KvVariant variant;
   PerplexityResult result;
@@ -112,7 +115,8 @@ struct VariantEvaluation {
 Result<std::vector<VariantEvaluation>> EvaluateVariants(Decoder& decoder,
                                                         std::span<const int32_t> tokens,
                                                         std::span<const KvVariant> variants,
-                                                        const PerplexityOptions& options = {});
+                                                        const PerplexityOptions& options = {},
+                                                        const KvBackendOptions* cache = nullptr);
 
 // Log-softmax helpers on one row of logits (double accumulation).
 double LogSumExp(std::span<const float> logits);

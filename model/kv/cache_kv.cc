@@ -15,6 +15,7 @@ Result<std::unique_ptr<CacheKv>> CacheKv::Create(const AttentionShape& shape,
   if (options.layout == CacheLayout::kContiguous) {
     ContiguousOptions c;
     c.capacity_tokens = shape.max_seq_len;
+    c.window = options.window;
     KV_ASSIGN_OR_RETURN(SequenceCache cache,
                         SequenceCache::CreateContiguous(geometry, options.formats, c));
     return std::unique_ptr<CacheKv>(new CacheKv(shape, std::move(cache), options.attention_pool));
@@ -26,7 +27,9 @@ Result<std::unique_ptr<CacheKv>> CacheKv::Create(const AttentionShape& shape,
     p.num_blocks = options.pool_blocks ? options.pool_blocks : 4 * per_seq;
     KV_ASSIGN_OR_RETURN(pool, BlockPool::Create(geometry, options.formats, p));
   }
-  KV_ASSIGN_OR_RETURN(SequenceCache cache, SequenceCache::CreatePaged(pool));
+  PagedOptions paged;
+  paged.window = options.window;
+  KV_ASSIGN_OR_RETURN(SequenceCache cache, SequenceCache::CreatePaged(pool, paged));
   return std::unique_ptr<CacheKv>(new CacheKv(shape, std::move(cache), options.attention_pool));
 }
 

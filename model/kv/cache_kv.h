@@ -35,6 +35,9 @@ struct CacheKvOptions {
   // Threads for attention (AttentionOptions::pool; bit-identical to one
   // thread); null: the calling thread. Must outlive the CacheKv and its forks.
   ThreadPool* attention_pool = nullptr;
+  // Sinks and recent positions kept as bf16 rows beside the quantized ones
+  // (cache.h, PrecisionWindow); none by default.
+  PrecisionWindow window;
 };
 
 class CacheKv final : public SequenceKv<SequenceCache> {

@@ -12,6 +12,11 @@ Result<std::unique_ptr<KvBackend>> CreateKvBackend(const AttentionShape& shape,
                                                    const KvBackendOptions& options) {
   KV_RETURN_IF_ERROR(CheckHeadDim(options.formats.k, shape.head_dim));
   KV_RETURN_IF_ERROR(CheckHeadDim(options.formats.v, shape.head_dim));
+  if (options.window.enabled() && (options.kind == BackendKind::kNaive || options.eviction.enabled())) {
+    return Status::InvalidArgument(
+        "a precision window (+sN/+rN) needs the cache backend without eviction (the naive backend "
+        "models it through kv variants)");
+  }
   if (options.kind == BackendKind::kNaive) {
     if (options.eviction.enabled()) return Status::InvalidArgument("eviction needs the cache backend");
     KV_ASSIGN_OR_RETURN(auto kv, NaiveKv::Create(shape, options.formats));
@@ -29,8 +34,25 @@ Result<std::unique_ptr<KvBackend>> CreateKvBackend(const AttentionShape& shape,
   c.layout = options.layout;
   c.block_size = options.block_size;
   c.attention_pool = options.attention_pool;
+  c.window = options.window;
   KV_ASSIGN_OR_RETURN(auto kv, CacheKv::Create(shape, c));
   return std::unique_ptr<KvBackend>(std::move(kv));
+}
+
+Result<PrecisionWindow> CacheWindowOf(const KvVariant& variant) {
+  KvVariant rest = variant;
+  rest.sinks = rest.recent = 0;
+  rest.calibrate = false;
+  if (!rest.plain()) {
+    return Status::InvalidArgument(
+        "kv variant '" + KvVariantName(variant) +
+        "': the cache builds sinks (+sN) and a recent window (+rN) over a format pair; kc keys, "
+        "+ob, +gN, +oN, +rot, +sym and +eb are the naive backend's (--backend naive)");
+  }
+  PrecisionWindow w;
+  w.sinks = variant.sinks;
+  w.recent = variant.recent;
+  return w;
 }
 
 Result<BackendKind> ParseBackendKind(std::string_view name) {
@@ -59,9 +81,19 @@ Result<KvBackendOptions> ParseKvBackendOptions(std::string_view kv_format,
                                                std::string_view layout,
                                                std::string_view backend, uint32_t block_size) {
   KvBackendOptions options;
-  KV_ASSIGN_OR_RETURN(options.formats, ParseFormatPair(kv_format));
   KV_ASSIGN_OR_RETURN(options.layout, ParseCacheLayout(layout));
   KV_ASSIGN_OR_RETURN(options.kind, ParseBackendKind(backend));
+  if (kv_format.find('+') != std::string_view::npos) {
+    KV_ASSIGN_OR_RETURN(KvVariant variant, ParseKvVariant(kv_format));
+    if (options.kind != BackendKind::kCache) {
+      return Status::InvalidArgument("kv format '" + std::string(kv_format) +
+                                     "': options (+...) need the cache backend here");
+    }
+    KV_ASSIGN_OR_RETURN(options.window, CacheWindowOf(variant));
+    options.formats = variant.formats;
+  } else {
+    KV_ASSIGN_OR_RETURN(options.formats, ParseFormatPair(kv_format));
+  }
   options.block_size = block_size;
   return options;
 }

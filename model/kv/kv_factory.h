@@ -14,6 +14,7 @@
 #include "kvcache/thread_pool.h"
 #include "model/kv/evict_kv.h"
 #include "model/kv/kv_backend.h"
+#include "model/kv/kv_variant.h"
 
 namespace kvcache::model {
 
@@ -31,7 +32,15 @@ struct KvBackendOptions {
   EvictionSpec eviction;
   // kCache: threads for attention (CacheKvOptions::attention_pool).
   ThreadPool* attention_pool = nullptr;
+  // kCache: the precision window (CacheKvOptions::window); not with eviction.
+  PrecisionWindow window;
 };
+
+// The precision window a variant spells ("turbo4+s4+r128": sinks and recent
+// positions over a plain format pair; "+cal" is accepted, the cache always
+// calibrates the formats that calibrate). InvalidArgument naming the option
+// for anything the cache does not build (kc keys, ob, g, o, rot, eb, sym).
+Result<PrecisionWindow> CacheWindowOf(const KvVariant& variant);
 
 // InvalidArgument when a format cannot take the model's head_dim (the
 // message says which), Unimplemented when a format is not built yet.
@@ -44,7 +53,9 @@ std::string_view BackendKindName(BackendKind kind);
 // "contiguous" | "paged".
 Result<CacheLayout> ParseCacheLayout(std::string_view name);
 std::string_view CacheLayoutName(CacheLayout layout);
-// Backend options from their command-line spellings ("k:v", "paged", "cache").
+// Backend options from their command-line spellings ("k:v", "paged",
+// "cache"); on the cache backend kv_format may add a precision window
+// ("turbo4+s4+r128", CacheWindowOf).
 Result<KvBackendOptions> ParseKvBackendOptions(std::string_view kv_format,
                                                std::string_view layout,
                                                std::string_view backend, uint32_t block_size);

@@ -140,6 +140,19 @@ VariantBits KvVariantBits(const KvVariant& v, uint32_t head_dim, uint32_t positi
   return {mix(k), mix(val)};
 }
 
+VariantBits CacheWindowBits(const KvVariant& v, uint32_t head_dim, uint32_t positions) {
+  KvVariant plain = KvVariant::Of(v.formats);
+  auto calibrates = [](Format f) {
+    return f == Format::kQ8 || f == Format::kTurbo8 || f == Format::kTurbo4 ||
+           f == Format::kTurbo3 || f == Format::kTurbo2;
+  };
+  plain.calibrate = calibrates(v.formats.k) || calibrates(v.formats.v);
+  VariantBits bits = KvVariantBits(plain, head_dim, positions);
+  const double n = std::max(positions, 1u);
+  const double window = std::min(n, static_cast<double>(v.sinks) + v.recent) * 16.0 / n;
+  return {bits.k + window, bits.v + window};
+}
+
 Status ChannelBlockRoundTrip(const ChannelQuant& quant, uint32_t head_dim,
                              std::span<const float> rows, std::span<float> decoded) {
   if (quant.bits < 2 || quant.bits > 8) {

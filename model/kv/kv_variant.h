@@ -87,6 +87,11 @@ struct VariantBits {
   double mean() const { return (k + v) / 2; }
 };
 VariantBits KvVariantBits(const KvVariant& variant, uint32_t head_dim, uint32_t positions);
+// The same for the cache's precision window (cache.h, PrecisionWindow) with
+// the variant's sinks and recent count: every position stays in the format
+// (with the calibration the cache fits for q8 and turbo formats), and the
+// window's sinks + recent bf16 slots come on top.
+VariantBits CacheWindowBits(const KvVariant& variant, uint32_t head_dim, uint32_t positions);
 
 // The scalar reference of per-channel block key quantization. rows:
 // [n][head_dim] f32 (the block's tokens of one head), decoded: the same

@@ -147,3 +147,49 @@ def test_busy_cache_refuses_mutation():
     assert saw_refusal
     seq.check_invariants()
     assert seq.num_tokens == 16384
+
+
+@pytest.mark.parametrize("paged", [False, True])
+def test_precision_window_rows_and_attention(rng, paged):
+    """Sinks and recent positions read back as their bf16 rounding and
+    attention equals the float64 reference over those rows; the rest are
+    the format's own rows (a windowless twin decodes them the same)."""
+    g = kvcache.Geometry(1, 2, 64, 16)
+    sinks, recent, n = 4, 20, 60
+    make = []
+    for window in [(sinks, recent), (0, 0)]:
+        if paged:
+            pool = kvcache.BlockPool(g, "turbo3", num_blocks=16)
+            make.append(kvcache.SequenceCache.paged(pool, sinks=window[0], recent=window[1]))
+        else:
+            make.append(kvcache.SequenceCache.contiguous(g, "turbo3", sinks=window[0],
+                                                         recent=window[1]))
+    seq, twin = make
+    assert seq.precision_window == (sinks, recent) and twin.precision_window == (0, 0)
+    shape = (1, n, 2, 64)
+    k = rng.standard_normal(shape).astype(np.float32)
+    v = rng.standard_normal(shape).astype(np.float32)
+    for s in (seq, twin):
+        s.append(k, v)
+    held = np.zeros(n, bool)
+    held[:sinks] = True
+    held[n - recent:] = True
+
+    def bf16(x):  # round to nearest even on the upper 16 bits
+        u = x.view(np.uint32).astype(np.uint64)
+        u = (u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000
+        return u.astype(np.uint32).view(np.float32)
+
+    q = rng.standard_normal((4, 64)).astype(np.float32)
+    out = kvcache.attend_decode(seq, 0, q)
+    for h in range(2):
+        got_k, cold_k = seq.head_keys(0, h), twin.head_keys(0, h)
+        np.testing.assert_array_equal(got_k[held], bf16(k[0, held, h]))
+        np.testing.assert_array_equal(got_k[~held], cold_k[~held])
+        got_v = seq.head_values(0, h)
+        np.testing.assert_array_equal(got_v[held], bf16(v[0, held, h]))
+        want, _, _ = reference_attention(got_k, got_v, q[2 * h:2 * h + 2])
+        np.testing.assert_allclose(out[2 * h:2 * h + 2], want, rtol=1e-4, atol=1e-4)
+    seq.check_invariants()
+    with pytest.raises(kvcache.InvalidArgument, match="precision window"):
+        kvcache.SequenceCache.contiguous(g, "bf16", sinks=4, recent=8)
