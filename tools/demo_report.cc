@@ -152,6 +152,22 @@ Status Report::PrintTable() const {
     std::fprintf(out, "%-16s %9s %11.4f %9.4f %11.2e %9.1f%% %8.1f MiB\n", name.c_str(), bits.c_str(),
                  r.perplexity, r.mean_nll, r.kl_vs_ref, 100.0 * r.top1_agree_vs_ref, mib);
   }
+  if (!options.windows.empty() && backend.kind == BackendKind::kCache) {
+    KV_ASSIGN_OR_RETURN(std::vector<model::VariantEvaluation> windows,
+                        model::EvaluateVariants(decoder, tokens, options.windows, p, &backend));
+    for (const model::VariantEvaluation& e : windows) {
+      const model::VariantBits b = model::CacheWindowBits(e.variant, hd, c.max_seq_len);
+      const PerplexityResult& r = e.result;
+      const std::string bits = Fmt("%.3g", b.k) + "/" + Fmt("%.3g", b.v);
+      std::fprintf(out, "%-16s %9s %11.4f %9.4f %11.2e %9.1f%% %8.1f MiB\n",
+                   model::KvVariantName(e.variant).c_str(), bits.c_str(), r.perplexity, r.mean_nll,
+                   r.kl_vs_ref, 100.0 * r.top1_agree_vs_ref, context_values * (b.k + b.v) / 8 / (1024.0 * 1024.0));
+    }
+    std::fprintf(out,
+                 "(+sN+rN: a precision window, the first N and the last N positions also kept as bf16 "
+                 "rows; over %zu tokens it holds a large share of them, docs/smollm2.md has 4096)\n",
+                 tokens.size());
+  }
   std::fprintf(out, "(KV @ context: K+V of %u layers x %u kv heads x %u positions)\n", c.n_layers, c.n_kv_heads,
                c.max_seq_len);
   return Status::Ok();

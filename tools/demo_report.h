@@ -39,6 +39,10 @@ struct DemoReportOptions {
   uint32_t prefill_tokens = 16;
   // Formats in the table; empty = DefaultDemoFormats().
   std::vector<FormatPair> formats;
+  // Precision windows ("turbo4+s4+r120") added to the table on the cache
+  // backend, each against its own f32 run; bits counted at the model's
+  // context with the window's bf16 slots.
+  std::vector<model::KvVariant> windows;
   // Backend of the story and the table (its formats field is ignored: the
   // story uses f32).
   model::KvBackendOptions backend;

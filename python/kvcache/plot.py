@@ -7,7 +7,8 @@ Reads the JSON that the CLI prints and writes one PNG (or SVG) chart per idea:
 - ``kvcache bench encode --json``: encode throughput per format and target
   (``encode.png``);
 - ``kvcache eval --json`` and ``kvcache perplexity --formats ... --json``: quality
-  against bits per value, one point per format pair, with the Pareto front
+  against bits per value, one point per format pair (precision windows included),
+  with the Pareto front, and eviction budgets as a second series with its own front
   (``quality_eval.png``, ``quality_perplexity.png``);
 - ``kvcache simulate --json``: concurrent requests and prefix hit rate per format
   (``simulate.png``);
@@ -176,26 +177,54 @@ def pareto(points):
     return front
 
 
+def is_eviction(row):
+    return row.get("eviction") not in (None, "none")
+
+
+def quality_series(rows, kind):
+    """Points (bits, KL, label) per series: "formats" (every position kept, precision
+    windows included) and "eviction" (perplexity rows with an eviction budget, at the
+    bits per position they keep on average: the format's bits x kept / scored tokens)."""
+    series = {"formats": [], "eviction": []}
+    for r in rows:
+        if kind == "eval":
+            series["formats"].append(((r["k_bits"] + r["v_bits"]) / 2, r["softmax_kl"], pair_name(r)))
+            continue
+        if r.get("kl_vs_f32") is None:
+            continue
+        bits = (r["k_bits_per_value"] + r["v_bits_per_value"]) / 2
+        if is_eviction(r):
+            bits = r.get("effective_bits_per_value", bits)
+            series["eviction"].append((bits, r["kl_vs_f32"], f"{pair_name(r)} {r['eviction']}"))
+        else:
+            series["formats"].append((bits, r["kl_vs_f32"], pair_name(r)))
+    return series
+
+
 def plot_quality(rows, out, ext, machine, kind):
     plt = _plt()
     if kind == "eval":
-        pts = [((r["k_bits"] + r["v_bits"]) / 2, r["softmax_kl"], pair_name(r)) for r in rows]
         ylabel, what = "softmax KL vs f32 (nats, mean over queries)", "Attention quality vs bits"
     else:
-        pts = [((r["k_bits_per_value"] + r["v_bits_per_value"]) / 2, r["kl_vs_f32"], pair_name(r))
-               for r in rows]
         ylabel, what = "next-token KL vs f32 cache (nats)", "Model quality vs bits"
-    pts = [p for p in pts if p[1] is not None]
+    series = quality_series(rows, kind)
+    pts = series["formats"] + series["eviction"]
     floor = min([p[1] for p in pts if p[1] > 0] or [1e-12]) / 10
-    shown = [(b, max(e, floor), name) for b, e, name in pts]
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    ax.scatter([p[0] for p in shown], [p[1] for p in shown], s=18)
-    for b, e, name in shown:
-        ax.annotate(name, (b, e), fontsize=7, xytext=(3, 2), textcoords="offset points")
-    front = pareto(shown)
-    ax.plot([p[0] for p in front], [p[1] for p in front], "--", lw=1, label="Pareto front")
+    styles = {"formats": ("o", "every position kept"), "eviction": ("x", "eviction budgets")}
+    for name, (marker, label) in styles.items():
+        shown = [(b, max(e, floor), n) for b, e, n in series[name]]
+        if not shown:
+            continue
+        ax.scatter([p[0] for p in shown], [p[1] for p in shown], s=18, marker=marker, label=label)
+        for b, e, n in shown:
+            ax.annotate(n, (b, e), fontsize=7, xytext=(3, 2), textcoords="offset points")
+        front = pareto(shown)
+        ax.plot([p[0] for p in front], [p[1] for p in front], "--", lw=1,
+                label=f"Pareto front ({label})" if series["eviction"] else "Pareto front")
     ax.set_yscale("log")
-    ax.set_xlabel("bits per value (mean of K and V, scales included)")
+    ax.set_xlabel("bits per value (mean of K and V, scales included"
+                  + ("; eviction: per position of the text" if series["eviction"] else "") + ")")
     ax.set_ylabel(ylabel + (f"; 0 drawn at {floor:.0e}" if any(p[1] == 0 for p in pts) else ""))
     ax.legend(fontsize=8)
     src = rows[0].get("model") or rows[0].get("data") or ""

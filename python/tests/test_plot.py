@@ -56,6 +56,23 @@ def test_pareto_front():
     assert [p[2] for p in plot.pareto(pts)] == ["t4", "fp8", "q8_0", "bf16", "f32"]
 
 
+def test_eviction_is_a_second_series(tmp_path):
+    rows = [{"kv_format": "bf16:bf16", "eviction": "none", "kl_vs_f32": 1e-6, "k_bits_per_value": 16,
+             "v_bits_per_value": 16},
+            {"kv_format": "turbo4:turbo4+s4+r120", "kl_vs_f32": 2e-3, "k_bits_per_value": 4.75,
+             "v_bits_per_value": 4.75},
+            {"kv_format": "bf16:bf16", "eviction": "h2o:512,64", "kl_vs_f32": 3e-2,
+             "k_bits_per_value": 16, "v_bits_per_value": 16, "effective_bits_per_value": 2.0}]
+    series = plot.quality_series(rows, "perplexity")
+    assert [p[2] for p in series["formats"]] == ["bf16:bf16", "turbo4:turbo4+s4+r120"]
+    assert series["eviction"] == [(2.0, 3e-2, "bf16:bf16 h2o:512,64")]
+    src = tmp_path / "ppl.json"
+    src.write_text(json.dumps(rows))
+    files = plot.plot_files([src], tmp_path / "img")
+    assert [f.name for f in files] == ["quality_perplexity.png"]
+    assert files[0].read_bytes()[:8] == PNG and files[0].stat().st_size > 5000
+
+
 def test_bad_input(tmp_path, capsys):
     bad = tmp_path / "x.json"
     bad.write_text('{"nothing": 1}')
