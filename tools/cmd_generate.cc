@@ -182,7 +182,10 @@ int RunGenerate(const GenerateCliOptions& o) {
   const model::LoadedModel& lm = **files;
   auto parsed = model::ParseKvBackendOptions(o.kv_format, o.layout, o.backend, o.block_size);
   if (!parsed.ok()) return Fail(parsed.status());
-  const model::KvBackendOptions& kv_options = *parsed;
+  model::KvBackendOptions kv_options = *parsed;
+  // A precision window keeps enough rows for a rejected draft to leave it as
+  // plain decoding has it (cache.h, PrecisionWindow::slack).
+  if (kv_options.window.recent > 0) kv_options.window.slack = std::max(kv_options.window.slack, o.draft);
   auto prompt_ids = PromptIds(o, lm);
   if (!prompt_ids.ok()) return Fail(prompt_ids.status());
   const std::vector<int32_t>& prompt = *prompt_ids;
@@ -210,6 +213,7 @@ int RunGenerate(const GenerateCliOptions& o) {
     c.formats = kv_options.formats;
     c.layout = CacheLayout::kPaged;
     c.block_size = kv_options.block_size;
+    c.window = kv_options.window;
     c.pool = tier_run->pool;
     c.attention_pool = decoder.thread_pool();
     auto created = model::CacheKv::Create(shape, c);
@@ -366,7 +370,8 @@ int RunGenerate(const GenerateCliOptions& o) {
   j["model"] = o.model_path;
   // JSON strings must be UTF-8: decoded text may end inside a character.
   j["prompt"] = model::SanitizeUtf8(o.prompt);
-  j["kv_format"] = FormatPairName(kv_options.formats);
+  j["kv_format"] = o.kv_format.find('+') != std::string::npos ? o.kv_format
+                                                              : FormatPairName(kv_options.formats);
   j["layout"] = tier_run ? "paged" : o.layout;  // --tiers runs paged
   j["backend"] = o.backend;
   j["temperature"] = o.temperature;

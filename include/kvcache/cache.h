@@ -105,26 +105,33 @@ enum class CapacityPolicy : uint8_t {
 // every query's softmax mass: docs/compression.md). Every row still goes
 // into the cache's format at append, so blocks, forks, prefix reuse and tiers
 // see exactly the rows a cache without the window holds; the window is
-// per-sequence memory outside the pool ((sinks + recent) bf16 rows per
-// layer, side and kv head, counted in allocated_bytes()).
+// per-sequence memory outside the pool ((sinks + recent + slack) bf16 rows
+// per layer, side and kv head, counted in allocated_bytes()).
 //
 // Which positions are held. Position p < sinks is held when it was appended
 // to a cache holding every position before it (not after AdoptPrefix). Of
-// the rest, the last `recent` appended positions are held. Truncate keeps
-// what it can: a position that left the window before the truncation does
-// not come back (it is attended in the cache's format), so after
-// Truncate(n) the window holds [max(p0, n - recent), n) only, p0 being its
-// first held position before, until appends refill it.
+// the rest, the window keeps the bf16 rows of the last recent + slack
+// appended positions and attention reads the last `recent` of them. So a
+// Truncate of up to `slack` positions (a speculative reject of that many
+// draft tokens) leaves the window exactly as if the dropped positions had
+// never been appended: speculative decoding with drafts of up to slack
+// tokens gives plain decoding's results. A deeper truncation keeps what it
+// can: a position whose row was overwritten is attended in the cache's
+// format, so after Truncate(n) the window holds [max(p0, n - recent), n),
+// p0 being its first kept position before, until appends refill it.
 //
 // Requirements: every head stores every position (no AppendOptions::alive
 // with a dead head, no KeepRows): FailedPrecondition otherwise. A window is
 // for quantized formats: InvalidArgument when both K and V are f32, f16 or
-// bf16, or for more than kMaxSinks sinks / kMaxRecent recent positions.
+// bf16, or for more than kMaxSinks sinks / kMaxRecent recent positions /
+// kMaxSlack slack rows, or slack without recent.
 struct PrecisionWindow {
   static constexpr uint32_t kMaxSinks = 1024;
   static constexpr uint32_t kMaxRecent = 1u << 16;
+  static constexpr uint32_t kMaxSlack = 1024;
   uint32_t sinks = 0;
   uint32_t recent = 0;
+  uint32_t slack = 0;  // extra rows kept for truncations (see above); needs recent > 0
   bool enabled() const { return sinks > 0 || recent > 0; }
   bool operator==(const PrecisionWindow&) const = default;
 };

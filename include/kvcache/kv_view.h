@@ -97,17 +97,21 @@ struct LayerKvView {
   const uint32_t* block_table = nullptr;  // [num_blocks] logical -> physical
   uint32_t num_blocks = 0;
   KvSideView k, v;
-  // Rows at positions below first_position are not attended through this
-  // view (a precision window holds them in `hot`); 0 for a plain view.
-  uint32_t first_position = 0;
   // A precision window (cache.h, PrecisionWindow): the bf16 rows of this
   // layer that attention reads together with this view's rows, under one
   // softmax; nullptr for none. Same n_kv_heads, head_dim and num_tokens; its
   // rows are slots in no particular position order (positions always set),
-  // a slot holding nothing at position UINT32_MAX (never visible). This
-  // view's own rows then exclude the held positions: rows [first_position,
-  // rows(h)) with no stored positions.
+  // a slot holding nothing at position UINT32_MAX (never visible).
+  // Who reads what, for a query at position q (each position exactly once):
+  //   this view: positions p >= first_position with p < recent_from or
+  //              p + recent <= q (no stored positions here);
+  //   hot:       its positions p <= q with p < first_position (the sinks)
+  //              or p + recent > q (the query's last `recent` positions).
+  // Without a window: first_position 0, recent 0 (no such rule), hot null.
   const LayerKvView* hot = nullptr;
+  uint32_t first_position = 0;
+  uint32_t recent = 0;
+  uint32_t recent_from = 0;
 
   uint32_t rows(uint32_t head) const { return head_len ? head_len[head] : num_tokens; }
   uint32_t position(uint32_t head, uint32_t row) const {

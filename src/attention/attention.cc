@@ -280,12 +280,19 @@ void AddParts(Plan& plan, const LayerKvView& view, uint32_t n_queries, const flo
               const AttentionOptions& options, bool want_probs, PartOutput parts[2]) {
   const size_t qd = static_cast<size_t>(n_queries) * options.n_q_heads;
   const LayerKvView* views[2] = {&view, view.hot};
+  // The window's rows: each query's last `recent` positions and the sinks,
+  // as a sliding window over its slots (kv_view.h).
+  const std::vector<HeadWindow> hot_windows(view.n_kv_heads,
+                                            HeadWindow{view.recent, view.first_position});
   for (int i = 0; i < 2; ++i) {
     parts[i].out.assign(qd * view.head_dim, 0.0f);
     parts[i].lse.assign(qd, 0.0f);
     if (want_probs) parts[i].probs.assign(qd * view.num_tokens, 0.0f);
-    AddSequence(plan, *views[i], n_queries, q, options, {}, parts[i].out.data(),
-                parts[i].lse.data(), want_probs ? parts[i].probs.data() : nullptr, nullptr);
+    AddSequence(plan, *views[i], n_queries, q, options,
+                i == 1 && view.recent != 0 ? std::span<const HeadWindow>(hot_windows)
+                                           : std::span<const HeadWindow>(),
+                parts[i].out.data(), parts[i].lse.data(),
+                want_probs ? parts[i].probs.data() : nullptr, nullptr);
   }
 }
 
@@ -356,9 +363,9 @@ Status AttendMultiImpl(const LayerKvView& view, uint32_t n_queries, std::span<co
   KV_RETURN_IF_ERROR(CheckSize(output.kv_probs,
                                static_cast<size_t>(view.n_kv_heads) * view.num_tokens,
                                "kv_probs", true));
-  if (view.hot && !windows.empty()) {
+  if (view.hot && (!windows.empty() || options.window != 0)) {
     return Status::InvalidArgument(
-        "attention: per-head windows do not combine with a precision window");
+        "attention: a sliding window does not combine with a precision window");
   }
   auto ptr = [](std::span<float> x) { return x.empty() ? nullptr : x.data(); };
   Plan plan = NewPlan(options, view.head_dim);
@@ -427,6 +434,10 @@ Status AttendDecodeBatch(std::span<const LayerKvView> views, std::span<const flo
           views[s].n_kv_heads, views[s].head_dim, n_kv, d));
     }
     KV_RETURN_IF_ERROR(CheckOptions(options, n_kv, views[s].num_tokens));
+    if (views[s].hot && options.window != 0) {
+      return Status::InvalidArgument(fmt::format(
+          "attention: sequence {}: a sliding window does not combine with a precision window", s));
+    }
   }
   const size_t per_seq = static_cast<size_t>(options.n_q_heads) * d;
   KV_RETURN_IF_ERROR(CheckSize(q, views.size() * per_seq, "query", false));

@@ -225,10 +225,13 @@ struct Prefetcher {
 struct Visibility {
   const uint32_t* positions;  // nullptr: row r is position r
   uint32_t window, n_sink;
-  uint32_t first;  // positions below it are not attended (LayerKvView::first_position)
+  // A precision window's rule for the view's own rows (kv_view.h): not
+  // below `first`, and from recent_from on only `recent` or more back.
+  uint32_t first, recent, recent_from;
   HWY_INLINE uint32_t Pos(uint32_t r) const { return positions ? positions[r] : r; }
   HWY_INLINE bool Visible(uint32_t p, uint32_t qpos) const {
     if (p > qpos || p < first) return false;
+    if (recent != 0 && p >= recent_from && p + recent > qpos) return false;
     return window == 0 || p + window > qpos || p < n_sink;
   }
 };
@@ -236,7 +239,7 @@ struct Visibility {
 HWY_INLINE Visibility MakeVisibility(const HeadJob& job) {
   const LayerKvView& v = *job.view;
   return {v.positions ? v.positions[job.head] : nullptr, job.window, job.n_sink,
-          v.first_position};
+          v.first_position, v.recent, v.recent_from};
 }
 
 
@@ -247,8 +250,10 @@ HWY_INLINE Visibility MakeVisibility(const HeadJob& job) {
 HWY_INLINE bool AllVisible(const Visibility& vis, const QueryVec* qv, int nq, uint32_t r0,
                            uint32_t r1) {
   if (vis.positions != nullptr || vis.window != 0 || r0 < vis.first) return false;
+  // Rows the window serves to some query (recent rule) need the per-row check.
+  const uint32_t need = vis.recent != 0 && r1 > vis.recent_from ? r1 + vis.recent : r1;
   for (int j = 0; j < nq; ++j) {
-    if (qv[j].qpos + 1 < r1) return false;
+    if (uint64_t{qv[j].qpos} + 1 < need) return false;
   }
   return true;
 }

@@ -492,6 +492,8 @@ Result<LayerKvView> SequenceCache::View(uint32_t layer) const {
   if (s.window) {  // this view: the rows outside the window; the window's rows beside it
     v.head_len = s.window->cold_len(layer);
     v.first_position = s.window->cold_first(layer);
+    v.recent = s.window_spec.recent;
+    v.recent_from = s.window->recent_from(layer);
     v.hot = s.window->hot(layer);
   }
   v.num_blocks = s.store->num_blocks();

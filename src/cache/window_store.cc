@@ -16,10 +16,16 @@ bool IsFloatFormat(Format f) { return f == Format::kF32 || f == Format::kF16 || 
 Result<std::unique_ptr<WindowStore>> WindowStore::Create(const Geometry& geometry,
                                                          FormatPair formats,
                                                          const PrecisionWindow& window) {
-  if (window.sinks > PrecisionWindow::kMaxSinks || window.recent > PrecisionWindow::kMaxRecent) {
+  if (window.sinks > PrecisionWindow::kMaxSinks || window.recent > PrecisionWindow::kMaxRecent ||
+      window.slack > PrecisionWindow::kMaxSlack) {
     return Status::InvalidArgument(fmt::format(
-        "cache: precision window of {} sinks and {} recent positions (at most {} and {})",
-        window.sinks, window.recent, PrecisionWindow::kMaxSinks, PrecisionWindow::kMaxRecent));
+        "cache: precision window of {} sinks, {} recent positions and {} slack rows (at most {}, "
+        "{} and {})",
+        window.sinks, window.recent, window.slack, PrecisionWindow::kMaxSinks,
+        PrecisionWindow::kMaxRecent, PrecisionWindow::kMaxSlack));
+  }
+  if (window.slack > 0 && window.recent == 0) {
+    return Status::InvalidArgument("cache: precision window slack without recent positions");
   }
   if (!window.enabled()) return Status::InvalidArgument("cache: empty precision window");
   if (IsFloatFormat(formats.k) && IsFloatFormat(formats.v)) {
@@ -36,7 +42,8 @@ Result<std::unique_ptr<WindowStore>> WindowStore::Create(const Geometry& geometr
 WindowStore::WindowStore(const Geometry& g, const PrecisionWindow& w, RowCodec codec)
     : geometry_(g),
       window_(w),
-      slots_(w.sinks + w.recent),
+      ring_(w.recent + w.slack),
+      slots_(w.sinks + w.recent + w.slack),
       row_bytes_(codec.row_bytes()),
       codec_(std::move(codec)),
       layers_(g.n_layers()),
@@ -53,7 +60,7 @@ WindowStore::WindowStore(const Geometry& g, const PrecisionWindow& w, RowCodec c
 
 uint32_t WindowStore::SlotOf(uint32_t p) const {
   if (p < window_.sinks) return p;
-  return window_.sinks + (p - window_.sinks) % window_.recent;
+  return window_.sinks + (p - window_.sinks) % ring_;
 }
 
 uint8_t* WindowStore::Row(Layer& l, int side, uint32_t head, uint32_t slot) {
@@ -77,9 +84,9 @@ void WindowStore::WriteRow(Layer& l, uint32_t slot, uint32_t p, const float* k, 
 void WindowStore::Append(uint32_t layer, uint32_t n0, uint32_t T, const float* k,
                          const float* v) {
   const size_t kv = geometry_.kv_dim();
-  const uint32_t n1 = n0 + T, S = window_.sinks, W = window_.recent;
-  // The ring keeps the last W positions of the append (and of the sequence).
-  const uint32_t ring_from = std::max(S, n1 > W ? n1 - W : 0u);
+  const uint32_t n1 = n0 + T, S = window_.sinks, R = ring_;
+  // The ring keeps the last R positions of the append (and of the sequence).
+  const uint32_t ring_from = std::max(S, n1 > R ? n1 - R : 0u);
   {
     Layer& l = layers_[layer];
     for (uint32_t t = 0; t < T; ++t) {
@@ -92,16 +99,16 @@ void WindowStore::Append(uint32_t layer, uint32_t n0, uint32_t T, const float* k
           WriteRow(l, p, p, kr, vr);
           ++l.sinks_held;
         }
-      } else if (W > 0 && p >= ring_from) {
+      } else if (R > 0 && p >= ring_from) {
         WriteRow(l, SlotOf(p), p, kr, vr);
       }
     }
     // Positions below S that are not held sinks, and those that left the
     // ring, are the cache's.
     // Every position that leaves the ring here had its slot overwritten: an
-    // append of W or more positions rewrites every slot, and in a shorter
-    // one a held p' < ring_from (so p' >= n0 - W) is replaced by p' + W.
-    l.hot_begin = std::max({l.hot_begin, std::min(n1, S), W > 0 ? ring_from : n1});
+    // append of R or more positions rewrites every slot, and in a shorter
+    // one a held p' < ring_from (so p' >= n0 - R) is replaced by p' + R.
+    l.ring_begin = std::max({l.ring_begin, std::min(n1, S), R > 0 ? ring_from : n1});
   }
 }
 
@@ -111,19 +118,20 @@ void WindowStore::Truncate(uint32_t layer, uint32_t n) {
     if (p != kNone && p >= n) p = kNone;
   }
   l.sinks_held = std::min(l.sinks_held, n);
-  l.hot_begin = std::min(l.hot_begin, n);
+  l.ring_begin = std::min(l.ring_begin, n);
 }
 
 void WindowStore::Reset(uint32_t layer, uint32_t n) {
   Layer& l = layers_[layer];
   std::fill(l.slot_pos.begin(), l.slot_pos.end(), kNone);
   l.sinks_held = 0;
-  l.hot_begin = n;
+  l.ring_begin = n;
 }
 
 void WindowStore::Refresh(uint32_t layer, uint32_t num_tokens) {
   Layer& l = layers_[layer];
-  const uint32_t H = geometry_.n_kv_heads();
+  const uint32_t H = geometry_.n_kv_heads(), W = window_.recent;
+  l.hot_begin = std::max(l.ring_begin, num_tokens > W ? num_tokens - W : 0u);
   l.cold_len.assign(H, std::min(l.hot_begin, num_tokens));
   l.hot_len.assign(H, std::min(num_tokens, slots_));
   l.positions.assign(H, l.slot_pos.data());
@@ -156,7 +164,9 @@ Status WindowStore::Overlay(uint32_t layer, int side, uint32_t head,
   const uint32_t D = geometry_.head_dim();
   for (uint32_t slot = 0; slot < slots_; ++slot) {
     const uint32_t p = l.slot_pos[slot];
-    if (p == kNone || size_t{p + 1} * D > rows.size()) continue;
+    if (p == kNone || (p >= l.sinks_held && p < l.hot_begin) || size_t{p + 1} * D > rows.size()) {
+      continue;
+    }
     const uint8_t* src = l.rows[side].data() + (size_t{head} * slots_ + slot) * row_bytes_;
     KV_RETURN_IF_ERROR(codec_.Decode({src, row_bytes_}, {rows.data() + size_t{p} * D, D}));
   }
@@ -185,21 +195,21 @@ Status WindowStore::CheckInvariants(uint32_t layer, uint32_t num_tokens) const {
                                         what));
   };
   if (l.sinks_held > std::min(num_tokens, window_.sinks)) return broken("too many sinks held");
-  if (l.hot_begin < l.sinks_held) return broken("recent rows start below the sinks");
-  if (num_tokens > l.hot_begin && l.hot_begin < window_.sinks) {
-    return broken("recent rows start inside the sinks");
+  if (l.ring_begin < l.sinks_held) return broken("the ring starts below the sinks");
+  if (num_tokens > l.ring_begin && l.ring_begin < window_.sinks) {
+    return broken("the ring starts inside the sinks");
   }
-  if (num_tokens > l.hot_begin && num_tokens - l.hot_begin > window_.recent) {
-    return broken("more recent rows than the window");
+  if (num_tokens > l.ring_begin && num_tokens - l.ring_begin > ring_) {
+    return broken("more ring rows than slots");
   }
   for (uint32_t p = 0; p < num_tokens; ++p) {
-    const bool held = p < l.sinks_held || p >= l.hot_begin;
+    const bool held = p < l.sinks_held || p >= l.ring_begin;
     if (held && l.slot_pos[SlotOf(p)] != p) return broken("a held position is not in its slot");
   }
   for (uint32_t slot = 0; slot < slots_; ++slot) {
     const uint32_t p = l.slot_pos[slot];
     if (p == kNone) continue;
-    if (p >= num_tokens || SlotOf(p) != slot || (p >= l.sinks_held && p < l.hot_begin)) {
+    if (p >= num_tokens || SlotOf(p) != slot || (p >= l.sinks_held && p < l.ring_begin)) {
       return broken("a slot holds a position the window does not");
     }
   }

@@ -1,19 +1,23 @@
 // The rows of a precision window (cache.h, PrecisionWindow): per layer, per
-// side, per kv head `sinks + recent` bf16 slots beside the cache's RowStore,
-// and the two views attention reads them through.
+// side, per kv head `sinks + ring` bf16 slots (ring = recent + slack) beside
+// the cache's RowStore, and the two views attention reads them through.
 //
 // Slots. Position p < sinks lives in slot p; position p >= sinks in slot
-// sinks + (p - sinks) % recent (a ring: appending p overwrites p - recent,
-// which has left the window by then). slot_pos[slot] says which position a
-// slot holds, kNone for none. Per layer:
+// sinks + (p - sinks) % ring (appending p overwrites p - ring, which has
+// left the ring by then). slot_pos[slot] says which position a slot holds,
+// kNone for none. Per layer:
 //   sinks_held  positions [0, sinks_held) are held in their slots;
-//   hot_begin   positions [hot_begin, num_tokens) are held in the ring;
-//               hot_begin >= sinks_held, and every position in
-//               [sinks_held, hot_begin) is not held (the cache's own rows
-//               serve it), so each position is attended exactly once.
+//   ring_begin  positions [ring_begin, num_tokens) are held in the ring;
+//               every position in [sinks_held, ring_begin) is not held.
+// A query at position q reads from the window the sinks held and the ring
+// positions p with p + recent > q; the cache's rows serve the rest (the
+// rule of kv_view.h, with first_position = sinks_held and recent_from =
+// ring_begin), so each position is attended exactly once.
+//   hot_begin   max(ring_begin, num_tokens - recent), set by Refresh: what
+//               the sequence's last position reads from the window.
 // The views: the cache's view of the layer gets head_len = hot_begin for
-// every head and first_position = sinks_held (its rows outside the window);
-// hot() is a per-head-buffer view of the min(num_tokens, slots) first slots.
+// every head (no later query needs more of its rows); hot() is a
+// per-head-buffer view of the min(num_tokens, slots) first slots.
 //
 // Thread safety: as SequenceCache (mutated by the cache's mutating calls;
 // the views are rebuilt by Refresh at the end of each and only read after).
@@ -59,14 +63,16 @@ class WindowStore {
   const LayerKvView* hot(uint32_t layer) const { return &layers_[layer].view; }
   const uint32_t* cold_len(uint32_t layer) const { return layers_[layer].cold_len.data(); }
   uint32_t cold_first(uint32_t layer) const { return layers_[layer].sinks_held; }
+  uint32_t recent_from(uint32_t layer) const { return layers_[layer].ring_begin; }
 
-  // Replaces the held positions' rows in `rows` ([num_tokens][head_dim], the
-  // cache's decoded rows of one head) by their bf16 rows.
+  // Replaces, in `rows` ([num_tokens][head_dim], the cache's decoded rows of
+  // one head), the rows the sequence's last position reads from the window
+  // by their bf16 rows.
   Status Overlay(uint32_t layer, int side, uint32_t head, std::vector<float>& rows) const;
 
   // A deep copy (Fork, Clone); its views are rebuilt by the next Refresh.
   std::unique_ptr<WindowStore> Copy() const { return std::unique_ptr<WindowStore>(new WindowStore(*this)); }
-  // Slots holding a position in the layer.
+  // Slots holding a row in the layer.
   uint32_t held(uint32_t layer) const;
 
   size_t allocated_bytes() const;
@@ -76,7 +82,8 @@ class WindowStore {
  private:
   struct Layer {
     uint32_t sinks_held = 0;
-    uint32_t hot_begin = 0;
+    uint32_t ring_begin = 0;
+    uint32_t hot_begin = 0;                  // Refresh
     std::vector<uint32_t> slot_pos;          // [slots]
     std::vector<uint8_t> rows[2];            // [n_kv_heads][slots][row_bytes] per side
     // View storage (Refresh): [n_kv_heads] each.
@@ -93,6 +100,7 @@ class WindowStore {
 
   Geometry geometry_;
   PrecisionWindow window_;
+  uint32_t ring_;  // recent + slack
   uint32_t slots_;
   size_t row_bytes_;
   RowCodec codec_;  // bf16, both sides

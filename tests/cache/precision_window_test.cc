@@ -37,37 +37,51 @@ Geometry Geo(uint32_t block) {
   return *g;
 }
 
-// Which positions the window holds, by the rules of cache.h.
+// Which positions the window holds, by the rules of cache.h: sinks held
+// while appended in order, the last recent + slack appended positions kept,
+// the last `recent` positions of the sequence among those attended.
 class WindowModel {
  public:
   explicit WindowModel(PrecisionWindow w) : w_(w) {}
   void Append(uint32_t n0, uint32_t T) {
-    for (uint32_t p = n0; p < n0 + T; ++p) {
+    const uint32_t n1 = n0 + T, ring = w_.recent + w_.slack;
+    for (uint32_t p = n0; p < n1; ++p) {
       if (p < w_.sinks) {
-        bool all_before = true;
-        for (uint32_t q = 0; q < p; ++q) all_before &= held_.count(q) > 0;
-        if (all_before) held_.insert(p);
-      } else if (w_.recent > 0) {
-        held_.insert(p);
+        if (sinks_ == p) sinks_ = p + 1;
+      } else if (ring > 0) {
+        kept_.insert(p);
       }
     }
-    const uint32_t n1 = n0 + T;
-    for (auto it = held_.begin(); it != held_.end();) {
-      const bool old_recent = *it >= w_.sinks && n1 > *it + w_.recent;
-      it = old_recent ? held_.erase(it) : std::next(it);
+    for (auto it = kept_.begin(); it != kept_.end();) {
+      it = n1 > *it + ring ? kept_.erase(it) : std::next(it);
     }
+    n_ = n1;
   }
   void Truncate(uint32_t n) {
-    held_.erase(held_.lower_bound(n), held_.end());
-    // A position that left the window before does not come back: nothing to do.
+    kept_.erase(kept_.lower_bound(n), kept_.end());
+    sinks_ = std::min(sinks_, n);
+    n_ = n;
   }
-  void Reset() { held_.clear(); }
-  bool held(uint32_t p) const { return held_.count(p) > 0; }
-  size_t size() const { return held_.size(); }
+  void Reset(uint32_t n) {
+    kept_.clear();
+    sinks_ = 0;
+    n_ = n;
+  }
+  // Read from the window by a query at position q (default: the last).
+  bool held(uint32_t p, uint32_t q) const {
+    return p < sinks_ || (kept_.count(p) > 0 && p + w_.recent > q);
+  }
+  bool held(uint32_t p) const { return held(p, n_ - 1); }
+  size_t size() const {
+    size_t k = 0;
+    for (uint32_t p = 0; p < n_; ++p) k += held(p);
+    return k;
+  }
 
  private:
   PrecisionWindow w_;
-  std::set<uint32_t> held_;
+  uint32_t sinks_ = 0, n_ = 0;
+  std::set<uint32_t> kept_;
 };
 
 // A cache with the window, its twin without, the model and every input row.
@@ -129,14 +143,17 @@ void Truncate(Subject& s, uint32_t n) {
   s.v.resize(s.k.size());
 }
 
-// The rows attention must see for (layer, head, side): [n][D].
-std::vector<float> Effective(const Subject& s, uint32_t l, uint32_t h, int side) {
+// The rows a query at position q must see for (layer, head, side):
+// [q + 1][D] (default: the last position's, all [n][D]).
+std::vector<float> Effective(const Subject& s, uint32_t l, uint32_t h, int side,
+                             uint32_t q = UINT32_MAX) {
+  if (q == UINT32_MAX) q = s.cache.num_tokens() - 1;
   auto cold = side == 0 ? s.twin.HeadKeys(l, h) : s.twin.HeadValues(l, h);
   EXPECT_TRUE(cold.ok());
-  std::vector<float> rows = *cold;
+  std::vector<float> rows(cold->begin(), cold->begin() + size_t{q + 1} * kDim);
   const std::vector<float>& in = side == 0 ? s.k : s.v;
-  for (uint32_t p = 0; p < s.cache.num_tokens(); ++p) {
-    if (!s.model.held(p)) continue;
+  for (uint32_t p = 0; p <= q; ++p) {
+    if (!s.model.held(p, q)) continue;
     for (uint32_t i = 0; i < kDim; ++i) rows[size_t{p} * kDim + i] = Bf16(in[At(p, l, h) + i]);
   }
   return rows;
@@ -169,31 +186,49 @@ void Accumulate(Diffs& d, const std::vector<float>& got, const std::vector<float
 }
 
 // Attention through the windowed view against the reference over the
-// effective rows, for the last T positions of every layer.
+// effective rows each query sees, for the last T positions of every layer.
 void CheckAttention(const Subject& s, std::mt19937& rng, uint32_t T, ThreadPool* pool) {
   const uint32_t n = s.cache.num_tokens();
   T = std::min(T, n);
   std::normal_distribution<float> nd(0.0f, 1.0f);
-  std::vector<float> q(size_t{T} * kQHeads * kDim);
+  const size_t per_q = size_t{kQHeads} * kDim;
+  std::vector<float> q(T * per_q);
   for (float& x : q) x = nd(rng);
   for (uint32_t l = 0; l < kLayers; ++l) {
     auto view = s.cache.View(l);
     ASSERT_TRUE(view.ok());
     ASSERT_NE(view->hot, nullptr);
-    std::vector<std::vector<float>> keys(kHeads), values(kHeads);
-    std::vector<ReferenceHead> heads(kHeads);
-    for (uint32_t h = 0; h < kHeads; ++h) {
-      keys[h] = Effective(s, l, h, 0);
-      values[h] = Effective(s, l, h, 1);
-      heads[h] = {keys[h], values[h], {}};
-    }
     AttentionOptions o;
     o.n_q_heads = kQHeads;
     o.float_query_keys = true;  // no query rounding: float rounding only
-    const size_t qd = size_t{T} * kQHeads;
-    std::vector<float> out(qd * kDim), lse(qd), probs(qd * n), kvp(size_t{kHeads} * n);
-    std::vector<float> wout = out, wlse = lse, wprobs = probs, wkvp = kvp;
-    ASSERT_TRUE(AttendReference(heads, kDim, n, T, q, o, {wout, wlse, wprobs, wkvp}).ok());
+    // The reference, one query at a time over the rows that query sees.
+    std::vector<float> wout(T * per_q), wlse(T * kQHeads), wprobs(size_t{T} * kQHeads * n, 0.0f),
+        wkvp(size_t{kHeads} * n, 0.0f);
+    for (uint32_t t = 0; t < T; ++t) {
+      const uint32_t qpos = n - T + t;
+      std::vector<std::vector<float>> keys(kHeads), values(kHeads);
+      std::vector<ReferenceHead> heads(kHeads);
+      for (uint32_t h = 0; h < kHeads; ++h) {
+        keys[h] = Effective(s, l, h, 0, qpos);
+        values[h] = Effective(s, l, h, 1, qpos);
+        heads[h] = {keys[h], values[h], {}};
+      }
+      std::vector<float> p1(size_t{kQHeads} * (qpos + 1)), kv1(size_t{kHeads} * (qpos + 1));
+      ASSERT_TRUE(AttendReference(heads, kDim, qpos + 1, 1,
+                                  std::span<const float>(q).subspan(t * per_q, per_q), o,
+                                  {std::span<float>(wout).subspan(t * per_q, per_q),
+                                   std::span<float>(wlse).subspan(t * kQHeads, kQHeads), p1, kv1})
+                      .ok());
+      for (uint32_t j = 0; j < kQHeads; ++j) {
+        for (uint32_t p = 0; p <= qpos; ++p) {
+          wprobs[(size_t{t} * kQHeads + j) * n + p] = p1[size_t{j} * (qpos + 1) + p];
+        }
+      }
+      for (uint32_t h = 0; h < kHeads; ++h) {
+        for (uint32_t p = 0; p <= qpos; ++p) wkvp[size_t{h} * n + p] += kv1[size_t{h} * (qpos + 1) + p];
+      }
+    }
+    std::vector<float> out(wout.size()), lse(wlse.size()), probs(wprobs.size()), kvp(wkvp.size());
     o.pool = pool;
     testing::ForEachHwyTarget([&] {
       const Status st = AttendMulti(*view, T, q, o, {out, lse, probs, kvp});
@@ -241,7 +276,7 @@ TEST_P(PrecisionWindowTest, HoldsTheDocumentedRowsAndAttendsAsTheReference) {
                                 {Format::kQ8_0, Format::kQ4_0},
                                 {Format::kTurbo2, Format::kBF16}};
   const FormatPair f = formats[which];
-  const PrecisionWindow w{.sinks = 4, .recent = 24};
+  const PrecisionWindow w{.sinks = 4, .recent = 24, .slack = 4};
   const Geometry g = Geo(8);
   std::shared_ptr<BlockPool> pool;
   Subject s = Make(g, f, w, paged, &pool);
@@ -253,10 +288,21 @@ TEST_P(PrecisionWindowTest, HoldsTheDocumentedRowsAndAttendsAsTheReference) {
   CheckAll(s, rng, &threads);
   for (int i = 0; i < 20; ++i) Append(s, rng, 1);  // decode past the window
   EXPECT_EQ(s.model.size(), 4u + 24u);
+  EXPECT_EQ(s.cache.used_bytes(), s.twin.used_bytes() + size_t{kLayers} * kHeads * 2 * 32 *
+                                                            RowBytes(Format::kBF16, kDim));
   CheckAll(s, rng, &threads);
   Append(s, rng, 40);  // a chunk longer than the ring
   CheckAll(s, rng, nullptr);
-  Truncate(s, s.cache.num_tokens() - 3);  // a speculative reject
+  {  // a speculative reject within the slack restores the window exactly
+    std::vector<std::vector<float>> before;
+    for (uint32_t l = 0; l < kLayers; ++l) before.push_back(*s.cache.HeadKeys(l, 1));
+    const uint32_t n = s.cache.num_tokens();
+    Append(s, rng, 4);
+    Truncate(s, n);
+    for (uint32_t l = 0; l < kLayers; ++l) EXPECT_EQ(*s.cache.HeadKeys(l, 1), before[l]);
+  }
+  CheckAll(s, rng, &threads);
+  Truncate(s, s.cache.num_tokens() - 3);
   CheckAll(s, rng, &threads);
   Append(s, rng, 2);
   CheckAll(s, rng, nullptr);
@@ -287,7 +333,7 @@ TEST_P(PrecisionWindowTest, HoldsTheDocumentedRowsAndAttendsAsTheReference) {
   // Clear starts over with sinks again.
   ASSERT_TRUE(s.cache.Clear().ok());
   ASSERT_TRUE(s.twin.Clear().ok());
-  s.model.Reset();
+  s.model.Reset(0);
   Truncate(s, 0);
   Append(s, rng, 9);
   CheckAll(s, rng, &threads);
@@ -360,6 +406,7 @@ TEST(PrecisionWindowPrefix, AdoptedBlocksAreColdAndLaterRowsHeld) {
   ASSERT_TRUE(adopted->AdoptPrefix(blocks, cal).ok());
   ASSERT_TRUE(adopted_twin->AdoptPrefix(twin_blocks, twin_cal).ok());
   Subject t{std::move(*adopted), std::move(*adopted_twin), WindowModel(w), s.k, s.v};
+  t.model.Reset(16);
   CheckAll(t, rng, nullptr);  // nothing held: the view is the blocks alone
   Append(t, rng, 5);
   CheckAll(t, rng, nullptr);
@@ -378,6 +425,10 @@ TEST(PrecisionWindowErrors, RefusedAndNothingChanges) {
                 .code(),
             StatusCode::kInvalidArgument);
   EXPECT_EQ(SequenceCache::CreateContiguous(g, turbo, {.window = {.sinks = 5000, .recent = 8}})
+                .status()
+                .code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(SequenceCache::CreateContiguous(g, turbo, {.window = {.sinks = 4, .slack = 2}})
                 .status()
                 .code(),
             StatusCode::kInvalidArgument);

@@ -102,5 +102,23 @@ TEST(Speculative, EarlyExitOptionsAndPartialDepthPasses) {
 INSTANTIATE_TEST_SUITE_P(Backends, SpeculativeOnBackend, ::testing::ValuesIn(AllBackends()),
                          testing::BackendName);
 
+// A precision window whose slack covers the longest draft: a reject leaves
+// the window as plain decoding has it, so the tokens are the same.
+std::vector<BackendParam> WindowBackends() {
+  std::vector<BackendParam> out;
+  KvBackendOptions o;
+  o.kind = BackendKind::kCache;
+  o.formats = {Format::kFp8E4M3, Format::kFp8E4M3};
+  o.window = {.sinks = 4, .recent = 16, .slack = 4};
+  o.layout = CacheLayout::kContiguous;
+  out.push_back({"contiguous_fp8_window", o});
+  o.layout = CacheLayout::kPaged;
+  o.block_size = 4;
+  out.push_back({"paged4_fp8_window", o});
+  return out;
+}
+INSTANTIATE_TEST_SUITE_P(Windows, SpeculativeOnBackend, ::testing::ValuesIn(WindowBackends()),
+                         testing::BackendName);
+
 }  // namespace
 }  // namespace kvcache::model
