@@ -15,6 +15,7 @@
 #include <condition_variable>
 #include <mutex>
 #include <thread>
+#include <utility>
 
 #include "server/metrics_text.h"
 #include "server/openai_json.h"
@@ -28,6 +29,12 @@ using std::chrono::milliseconds;
 constexpr const char* kJson = "application/json";
 // How long a handler waits for its stream before checking on its client.
 constexpr milliseconds kPollInterval{1000};
+// A non-streamed completion that ends within this is answered whole, with
+// its own status; a longer one is answered through a chunked provider that
+// watches the client (WholeStep).
+constexpr milliseconds kWholeAnswerWait{150};
+// How often that provider looks at the client's socket.
+constexpr milliseconds kWatchInterval{50};
 
 void SendError(httplib::Response& res, const ApiError& e) {
   res.status = e.status;
@@ -46,6 +53,20 @@ bool SameSecret(std::string_view presented, std::string_view key) {
   for (size_t i = 0; i < key.size(); ++i) diff |= static_cast<unsigned char>(presented[i] ^ key[i]);
   return diff == 0;
 }
+
+// A non-streamed request's state: the completion collected so far, and how
+// it ended; shared by the handler, the content provider and its releaser.
+struct WholeState {
+  std::shared_ptr<engine::RequestStream> stream;
+  ResponseContext ctx;
+  bool logprobs = false;
+  int32_t prev_token = 0;
+  Completion c;
+  bool finished = false;
+  engine::FinishReason finish_reason = engine::FinishReason::kStop;
+  Status error;
+  std::chrono::steady_clock::time_point last_beat;
+};
 
 // A streamed request's state, shared by the content provider and its releaser.
 struct StreamState {
@@ -85,8 +106,12 @@ struct OpenAiServer::Impl {
   void Configure();
   void HandleCompletion(const httplib::Request& req, httplib::Response& res, Endpoint endpoint);
   bool Tokenize(const CompletionRequest& r, engine::RequestParams* params, ApiError* err) const;
-  void Collect(engine::RequestStream& stream, const ResponseContext& ctx, const CompletionRequest& r,
-               int32_t prev_token, httplib::Response& res);
+  // Reads st's stream for up to `budget`; true once it finished.
+  bool Collect(WholeState& st, milliseconds budget) const;
+  // The finished completion's body and status.
+  std::pair<int, std::string> WholeBody(const WholeState& st) const;
+  bool WholeStep(WholeState& st, httplib::DataSink& sink);
+  void AnswerWhole(const std::shared_ptr<WholeState>& st, httplib::Response& res);
   bool StreamStep(StreamState& st, httplib::DataSink& sink);
   std::vector<LogprobEntry> Entries(const std::vector<engine::TokenOut>& tokens, int32_t* prev) const;
   std::string Piece(int32_t prev, int32_t token) const;
@@ -142,27 +167,81 @@ bool OpenAiServer::Impl::Tokenize(const CompletionRequest& r, engine::RequestPar
   return true;
 }
 
-void OpenAiServer::Impl::Collect(engine::RequestStream& stream, const ResponseContext& ctx,
-                                 const CompletionRequest& r, int32_t prev_token, httplib::Response& res) {
-  Completion c;
-  c.logprobs = r.logprobs;
-  StreamEvent ev;
-  for (;;) {
-    if (!stream.Next(&ev, kPollInterval)) continue;
-    for (const engine::TokenOut& t : ev.tokens) c.text += t.text;
-    if (r.logprobs) {
-      std::vector<LogprobEntry> e = Entries(ev.tokens, &prev_token);
-      c.entries.insert(c.entries.end(), e.begin(), e.end());
+bool OpenAiServer::Impl::Collect(WholeState& st, milliseconds budget) const {
+  const auto end = std::chrono::steady_clock::now() + budget;
+  while (!st.finished) {
+    const auto left = std::chrono::duration_cast<milliseconds>(end - std::chrono::steady_clock::now());
+    StreamEvent ev;
+    if (left.count() <= 0 || !st.stream->Next(&ev, left)) return false;
+    for (const engine::TokenOut& t : ev.tokens) st.c.text += t.text;
+    if (st.logprobs) {
+      std::vector<LogprobEntry> e = Entries(ev.tokens, &st.prev_token);
+      st.c.entries.insert(st.c.entries.end(), e.begin(), e.end());
     }
-    if (ev.finished) break;
+    if (!ev.finished) continue;
+    st.finished = true;
+    st.finish_reason = ev.finish_reason;
+    st.error = std::move(ev.error);
+    st.c.text += ev.text_tail;
+    st.c.finish_reason = std::string(FinishReasonString(ev.finish_reason));
+    st.c.usage = ev.usage;
   }
-  if (ev.finish_reason == engine::FinishReason::kError) {
-    return SendError(res, ApiError{500, ev.error.ToString(), "server_error", "", "engine_error"});
+  return true;
+}
+
+std::pair<int, std::string> OpenAiServer::Impl::WholeBody(const WholeState& st) const {
+  if (st.finish_reason == engine::FinishReason::kError) {
+    return {500, ErrorBody(ApiError{500, st.error.ToString(), "server_error", "", "engine_error"})};
   }
-  c.text += ev.text_tail;
-  c.finish_reason = std::string(FinishReasonString(ev.finish_reason));
-  c.usage = ev.usage;
-  res.set_content(Dump(CompletionJson(ctx, c)), kJson);
+  return {200, Dump(CompletionJson(st.ctx, st.c))};
+}
+
+// One call of a long non-streamed completion's content provider: waits a
+// little for the stream; while it runs, checks that the client is still
+// there (a closed socket reads as not writable: httplib's is_writable asks
+// the socket) and once a second writes a space, which JSON allows before
+// the value, so that a vanished peer also fails a write. A client gone
+// cancels the request at once: its blocks go back at the next step.
+bool OpenAiServer::Impl::WholeStep(WholeState& st, httplib::DataSink& sink) {
+  const auto gone = [&] {
+    st.stream->Cancel();
+    return false;
+  };
+  if (!Collect(st, kWatchInterval)) {
+    if (sink.is_writable && !sink.is_writable()) return gone();
+    const auto now = std::chrono::steady_clock::now();
+    if (now - st.last_beat >= kPollInterval) {
+      st.last_beat = now;
+      if (!sink.write(" ", 1)) return gone();
+    }
+    return true;
+  }
+  // Status 200 is already sent: an engine error comes as the error object.
+  const std::string body = WholeBody(st).second;
+  if (!sink.write(body.data(), body.size())) return gone();
+  sink.done();
+  return true;
+}
+
+// A completion that ends soon is answered with its status and length; a
+// longer one through a chunked body (WholeStep) so that a client going away
+// is noticed. The releaser cancels the request however the response ends.
+void OpenAiServer::Impl::AnswerWhole(const std::shared_ptr<WholeState>& st, httplib::Response& res) {
+  Begin();
+  if (Collect(*st, kWholeAnswerWait)) {
+    auto [status, body] = WholeBody(*st);
+    res.status = status;
+    res.set_content(std::move(body), kJson);
+    End();
+    return;
+  }
+  st->last_beat = std::chrono::steady_clock::now();
+  res.set_chunked_content_provider(
+      kJson, [this, st](size_t, httplib::DataSink& sink) { return WholeStep(*st, sink); },
+      [this, st](bool) {
+        st->stream->Cancel();
+        End();
+      });
 }
 
 // What ends a stream: the finish chunk (or an error event), the usage
@@ -236,10 +315,13 @@ void OpenAiServer::Impl::HandleCompletion(const httplib::Request& req, httplib::
                       (endpoint == Endpoint::kChat ? "chatcmpl-" : "cmpl-") + std::to_string(stream->id()),
                       UnixNow(), options.model_name};
   if (!r.stream) {
-    Begin();
-    Collect(*stream, ctx, r, last_prompt_token, res);
-    End();
-    return;
+    auto st = std::make_shared<WholeState>();
+    st->stream = stream;
+    st->ctx = ctx;
+    st->logprobs = r.logprobs;
+    st->c.logprobs = r.logprobs;
+    st->prev_token = last_prompt_token;
+    return AnswerWhole(st, res);
   }
   Begin();
   auto st = std::make_shared<StreamState>();
