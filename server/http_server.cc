@@ -13,9 +13,12 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <deque>
+#include <functional>
 #include <mutex>
 #include <thread>
 #include <utility>
+#include <vector>
 
 #include "server/metrics_text.h"
 #include "server/openai_json.h"
@@ -53,6 +56,73 @@ bool SameSecret(std::string_view presented, std::string_view key) {
   for (size_t i = 0; i < key.size(); ++i) diff |= static_cast<unsigned char>(presented[i] ^ key[i]);
   return diff == 0;
 }
+
+// True on the threads that answer connections beyond the queue's bound: the
+// pre-routing handler gives each of their requests 503 queue_full.
+thread_local bool t_over_capacity = false;
+
+// httplib's task queue for accepted connections: `threads` serve them, at
+// most `max_waiting` wait for a free one; a connection beyond that is handed
+// to one of a few rejecting threads, which answer its requests with 503 and
+// close it. (httplib's ThreadPool queues without bound: a burst of
+// connections would wait, unanswered, behind long completions.) Every
+// connection's task runs, so every socket is closed by httplib.
+class ConnectionQueue final : public httplib::TaskQueue {
+ public:
+  ConnectionQueue(size_t threads, size_t max_waiting) : max_waiting_(max_waiting) {
+    for (size_t i = 0; i < threads; ++i) workers_.emplace_back([this] { Work(jobs_, false); });
+    for (size_t i = 0; i < kRejecters; ++i) workers_.emplace_back([this] { Work(rejects_, true); });
+  }
+  ~ConnectionQueue() override { shutdown(); }
+
+  void enqueue(std::function<void()> fn) override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      // A connection an idle worker will take does not wait.
+      const bool fits = jobs_.size() < idle_ + max_waiting_;
+      (fits ? jobs_ : rejects_).push_back(std::move(fn));
+    }
+    cv_.notify_all();
+  }
+
+  void shutdown() override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stopping_) return;
+      stopping_ = true;
+    }
+    cv_.notify_all();
+    for (std::thread& t : workers_) t.join();
+  }
+
+ private:
+  static constexpr size_t kRejecters = 2;
+
+  void Work(std::deque<std::function<void()>>& queue, bool rejecter) {
+    t_over_capacity = rejecter;
+    for (;;) {
+      std::function<void()> fn;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        if (!rejecter) ++idle_;
+        cv_.wait(lock, [&] { return !queue.empty() || stopping_; });
+        if (!rejecter) --idle_;
+        if (queue.empty()) return;  // stopping, and nothing left to close
+        fn = std::move(queue.front());
+        queue.pop_front();
+      }
+      fn();
+    }
+  }
+
+  const size_t max_waiting_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> jobs_, rejects_;
+  size_t idle_ = 0;  // workers waiting for a connection
+  bool stopping_ = false;
+  std::vector<std::thread> workers_;
+};
 
 // A non-streamed request's state: the completion collected so far, and how
 // it ended; shared by the handler, the content provider and its releaser.
@@ -340,10 +410,19 @@ void OpenAiServer::Impl::HandleCompletion(const httplib::Request& req, httplib::
 }
 
 void OpenAiServer::Impl::Configure() {
-  http.new_task_queue = [n = std::max<uint32_t>(1, options.http_threads)] { return new httplib::ThreadPool(n); };
+  http.new_task_queue = [n = std::max<uint32_t>(1, options.http_threads), q = options.http_queue] {
+    return new ConnectionQueue(n, q);
+  };
   http.set_payload_max_length(options.max_body_bytes);
   http.set_keep_alive_timeout(options.keep_alive_seconds);
   http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    if (t_over_capacity) {
+      res.set_header("Connection", "close");
+      SendError(res, ApiError{503, "every HTTP thread is busy and " + std::to_string(options.http_queue) +
+                                       " connections wait already (--http-queue)",
+                              "server_unavailable", "", "queue_full"});
+      return httplib::Server::HandlerResponse::Handled;
+    }
     if (options.api_key.empty() || !req.path.starts_with("/v1/")) return httplib::Server::HandlerResponse::Unhandled;
     const std::string auth = req.get_header_value("Authorization");
     if (auth.starts_with("Bearer ") && SameSecret(std::string_view(auth).substr(7), options.api_key)) {

@@ -412,6 +412,45 @@ def test_full_queue_is_503(stories_keyed):
     assert codes.count(503) >= 4 and 200 in codes, codes
 
 
+def test_connections_beyond_the_http_queue_get_503():
+    # Two HTTP threads, one connection may wait: two requests whose bodies
+    # are not sent yet hold both threads, a third connection waits, a
+    # fourth is answered 503 queue_full at once; then all the others are
+    # served.
+    sf.need_cli()
+    server = sf.Server([*sf.STORIES, "--http-threads", "2", "--http-queue", "1"])
+    try:
+        body = json.dumps({"prompt": "Once upon a time", "max_tokens": 3}).encode()
+        head = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+                b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n")
+        holders = []
+        for _ in range(2):
+            s = socket.create_connection(("127.0.0.1", server.port), timeout=30)
+            s.sendall(head + body[:5])
+            holders.append(s)
+            time.sleep(0.3)  # taken by a thread
+        waiter = socket.create_connection(("127.0.0.1", server.port), timeout=30)
+        waiter.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        time.sleep(0.3)
+        t0 = time.monotonic()
+        status, headers, raw = sf.raw_exchange(server.port, head + body, timeout=10)
+        assert time.monotonic() - t0 < 2  # not after the holders' 5 s read timeout
+        assert status == 503 and json.loads(raw)["error"]["code"] == "queue_full"
+        assert headers.get("connection") == "close"
+        for s in holders:
+            s.sendall(body[5:])
+        for s in holders:
+            status, _, raw = read_response(s)
+            s.close()
+            assert status == 200 and json.loads(raw)["usage"]["completion_tokens"] >= 1
+        status, _, raw = read_response(waiter)
+        waiter.close()
+        assert status == 200 and json.loads(raw)["status"] == "ok"
+        assert server.metrics()['kvcache_http_requests_total{code="503"}'] == 1
+    finally:
+        assert server.terminate() == 0, "".join(server.stderr_lines)
+
+
 def test_sigterm_drains_and_exits_zero():
     sf.need_cli()
     server = sf.Server([*sf.STORIES, "--drain-seconds", "20"])
