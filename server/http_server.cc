@@ -30,6 +30,11 @@ using engine::StreamEvent;
 using std::chrono::milliseconds;
 
 constexpr const char* kJson = "application/json";
+// The same for a watched (chunked) answer. httplib 0.11 compresses a body
+// whose type is exactly "application/json" for a client that accepts gzip
+// or br, and its compressor keeps small writes: the heartbeat spaces would
+// not reach the socket. With the charset parameter it leaves the body as is.
+constexpr const char* kWatchedJson = "application/json; charset=utf-8";
 // How long a handler waits for its stream before checking on its client.
 constexpr milliseconds kPollInterval{1000};
 // A non-streamed completion that ends within this is answered whole, with
@@ -307,7 +312,7 @@ void OpenAiServer::Impl::AnswerWhole(const std::shared_ptr<WholeState>& st, http
   }
   st->last_beat = std::chrono::steady_clock::now();
   res.set_chunked_content_provider(
-      kJson, [this, st](size_t, httplib::DataSink& sink) { return WholeStep(*st, sink); },
+      kWatchedJson, [this, st](size_t, httplib::DataSink& sink) { return WholeStep(*st, sink); },
       [this, st](bool) {
         st->stream->Cancel();
         End();

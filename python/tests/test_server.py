@@ -240,11 +240,14 @@ def post_completion(port, doc, extra=b""):
 def test_long_whole_completion_is_json_after_heartbeats(smol):
     # Long enough to be answered through the chunked body that watches the
     # client: a JSON value after leading spaces (one a second), as the
-    # openai client reads it.
-    s = post_completion(smol.port, {"prompt": "Once upon a time", "max_tokens": 40, "ignore_eos": True})
+    # openai client reads it; not compressed, so that the spaces reach the
+    # socket, even for a client that accepts gzip.
+    s = post_completion(smol.port, {"prompt": "Once upon a time", "max_tokens": 40, "ignore_eos": True},
+                        b"Accept-Encoding: gzip, br\r\n")
     status, headers, body = read_response(s)
     s.close()
     assert status == 200 and headers["content-type"].startswith("application/json")
+    assert headers.get("transfer-encoding") == "chunked" and "content-encoding" not in headers
     doc = json.loads(body)
     assert doc["usage"]["completion_tokens"] == 40 and doc["choices"][0]["finish_reason"] == "length"
     assert body.lstrip(b" ").startswith(b"{")
