@@ -16,7 +16,11 @@
 // the step. Whether the reservation can be met is worked out first from a
 // lookup that takes nothing and counts nothing (PrefixCache::Peek) and the
 // pool's available blocks, so a request waiting for blocks costs no counted
-// lookup per step.
+// lookup per step. Full blocks are published as they fill
+// (OffloadCache::Publish with the request's chain hashes; without tiers the
+// offload cache only names them in the prefix cache). A step whose pass runs
+// out of blocks preempts the youngest running request and runs again
+// without it.
 //
 // Shared prefixes. Submit hashes the prompt's full blocks once (the chains
 // the prefix cache names them by). A waiting request is held back while
@@ -24,11 +28,10 @@
 // the waiting one could adopt: the block at that request's publication
 // point carries the same chain hash in both (chains: equal there, equal
 // before). One comparison per running request; a held request is passed
-// over, and requests behind it may be admitted. Full blocks are published as
-// they fill (OffloadCache::Publish with the request's chain hashes; without
-// tiers the offload cache only names them in the prefix cache). A step whose
-// pass runs out of blocks preempts the youngest running request and runs
-// again without it.
+// over, and requests behind it may be admitted. The hold lapses if the
+// running request's prefill stands still at kMaxStalledHolds admissions in
+// a row (its step budget taken by decodes), so no one waits on a request
+// that does not move.
 #include "engine/engine.h"
 
 #include <algorithm>
@@ -70,6 +73,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 constexpr uint32_t kMaxStops = 8;
+constexpr uint32_t kMaxStalledHolds = 4;
 constexpr uint32_t kMaxTopLogprobs = 20;
 
 // A request's output, shared by its stream and the engine.
@@ -94,6 +98,10 @@ struct Request {
   uint32_t cached_tokens = 0;
   bool admitted_before = false;
   bool held_before = false;  // held back for a running request's prefill at least once
+  // The request it was last held for, that one's computed tokens then, and
+  // the admissions since at which they had not grown.
+  uint64_t hold_leader = 0, hold_leader_tokens = 0;
+  uint32_t hold_stalls = 0;
   bool done = false;
   uint64_t admit_seq = 0;  // larger: admitted later (preemption picks the largest)
   std::unique_ptr<model::CacheKv> kv;  // while running
@@ -195,8 +203,10 @@ class EngineImpl final : public Engine {
   void DropCancelled();
   void Admit();
   // True while a running request will publish, and has not yet, a full
-  // block `r` could adopt (its publication point's chain hash is r's too).
-  bool HeldBack(const Request& r) const;
+  // block `r` could adopt (its publication point's chain hash is r's too),
+  // unless that request's prefill has stood still at the last
+  // kMaxStalledHolds admissions (a step budget the decodes take whole).
+  bool HeldBack(Request& r) const;
   // Whether r's reservation can be met now, adopting what the prefix cache
   // holds (looked up without references or counting).
   bool CanReserve(const Request& r) const;
@@ -464,14 +474,20 @@ void EngineImpl::Admit() {
   counters_.prefix_holds += newly_held;
 }
 
-bool EngineImpl::HeldBack(const Request& r) const {
+bool EngineImpl::HeldBack(Request& r) const {
   const uint32_t B = options_.block_size;
   const size_t adoptable = std::min(r.hashes.size(), (r.tokens.size() - 1) / B);
   if (!offload_ || adoptable == 0) return false;
   for (const auto& leader : running_) {
     const size_t p = leader->published;
     if (leader->publish_stopped || leader->done || leader->stream->cancelled.load()) continue;
-    if (p < adoptable && p < leader->hashes.size() && leader->hashes[p] == r.hashes[p]) return true;
+    if (p >= adoptable || p >= leader->hashes.size() || leader->hashes[p] != r.hashes[p]) continue;
+    const uint64_t computed = leader->kv->num_tokens();
+    const bool stalled = r.hold_leader == leader->id && r.hold_leader_tokens == computed;
+    r.hold_stalls = stalled ? r.hold_stalls + 1 : 0;
+    r.hold_leader = leader->id;
+    r.hold_leader_tokens = computed;
+    return r.hold_stalls < kMaxStalledHolds;
   }
   return false;
 }

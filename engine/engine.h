@@ -27,7 +27,9 @@
 // requests may pass it -- until that request has published them; it is then
 // admitted adopting them, instead of prefilling the same prefix side by side.
 // The hold ends as soon as the running request publishes those blocks,
-// finishes, is cancelled or preempted, or stops publishing (a duplicate).
+// finishes, is cancelled or preempted, or stops publishing (a duplicate), or
+// when its prefill has not moved for four steps (the step's token budget
+// going to decodes): then the waiting request is admitted as any other.
 // A request waiting for blocks is admitted (and its prefix looked up) once
 // the pool can meet its reservation.
 //

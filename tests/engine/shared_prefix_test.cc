@@ -3,7 +3,8 @@
 // equal model::Generate's on each prompt alone):
 //   the first one prefills the shared blocks, the others wait for it to
 //     publish them and adopt them (cached_tokens = their shared full blocks);
-//   a leader cancelled mid-prefill does not stall its followers;
+//   a leader cancelled mid-prefill does not stall its followers, nor does
+//     one whose prefill gets no tokens (decodes take the step budget);
 //   a request waiting for blocks is looked up once per admission, not once
 //     per step.
 #include <gtest/gtest.h>
@@ -165,6 +166,40 @@ TEST(EngineSharedPrefix, ALeaderCancelledMidPrefillDoesNotStallItsFollower) {
   EXPECT_EQ(mt.pool_blocks_used, 0u);
   std::printf("follower adopted %u of %zu shared tokens\n", out[1].last.usage.cached_tokens,
               shared * o.block_size);
+}
+
+TEST(EngineSharedPrefix, AFollowerOfAStalledLeaderIsNotHeldForEver) {
+  const model::LoadedModel* m = Stories();
+  ASSERT_NE(m, nullptr);
+  EngineOptions o = SmallEngine();
+  o.max_batch_tokens = 1;  // a decoding request takes every step's budget
+  auto e = MakeEngine(o);
+  ASSERT_NE(e, nullptr);
+  auto d = e->Submit(Greedy(Prompt(*m, 1), 450, true));
+  ASSERT_TRUE(d.ok());
+  StreamEvent ev;
+  ASSERT_TRUE((*d)->Next(&ev, std::chrono::seconds(10)));  // decoding now
+  const RequestParams lead = Greedy(SharedPrompt(*m, 12, 0), 6, true);
+  const RequestParams follow = Greedy(SharedPrompt(*m, 12, 1), 6, true);
+  auto l = e->Submit(lead);
+  ASSERT_TRUE(l.ok());
+  ASSERT_TRUE(Soon([&] { return e->Metrics().requests_running == 2; }));
+  auto f = e->Submit(follow);
+  ASSERT_TRUE(f.ok());
+  // The leader's prefill gets no tokens while the decode runs: the follower
+  // is admitted after a few steps instead of waiting for the decode's end.
+  ASSERT_TRUE(Soon([&] { return e->Metrics().requests_running == 3; }));
+  EXPECT_EQ(e->Metrics().requests_finished, 0u);  // the decode still runs
+  (*d)->Cancel();
+  std::vector<std::shared_ptr<RequestStream>> streams = {*d, *l, *f};
+  const std::vector<Outcome> out = Drain(streams);
+  EXPECT_EQ(out[0].last.finish_reason, FinishReason::kCancelled);
+  EXPECT_EQ(out[1].tokens, GenerateAlone(*m, lead.prompt, 6, true));
+  EXPECT_EQ(out[2].tokens, GenerateAlone(*m, follow.prompt, 6, true));
+  EXPECT_EQ(out[2].last.usage.cached_tokens, 0u);  // admitted before the leader published anything
+  const EngineMetrics mt = e->Metrics();
+  EXPECT_EQ(mt.prefix_holds, 1u);
+  EXPECT_EQ(mt.pool_blocks_used, 0u);
 }
 
 TEST(EngineSharedPrefix, ARequestWaitingForBlocksIsLookedUpOncePerAdmission) {
