@@ -12,11 +12,26 @@
 // adopts the longest cached prefix (OffloadCache::AcquireInto over the
 // context but its last token, so at least one token runs), then reserves
 // the context plus one block (CacheKv::Reserve): a request that cannot get
-// its reservation stays at the queue's front. Full blocks are published as
-// they fill (OffloadCache::Publish with the request's chain hashes; without
-// tiers the offload cache only names them in the prefix cache). A step whose
-// pass runs out of blocks preempts the youngest running request and runs
-// again without it.
+// its reservation stays where it is in the queue, and admission stops for
+// the step. Whether the reservation can be met is worked out first from a
+// lookup that takes nothing and counts nothing (PrefixCache::Peek) and the
+// pool's available blocks, so a request waiting for blocks costs no counted
+// lookup per step. Full blocks are published as they fill
+// (OffloadCache::Publish with the request's chain hashes; without tiers the
+// offload cache only names them in the prefix cache). A step whose pass runs
+// out of blocks preempts the youngest running request and runs again
+// without it.
+//
+// Shared prefixes. Submit hashes the prompt's full blocks once (the chains
+// the prefix cache names them by). A waiting request is held back while
+// some running request, still publishing, has not yet published a block
+// the waiting one could adopt: the block at that request's publication
+// point carries the same chain hash in both (chains: equal there, equal
+// before). One comparison per running request; a held request is passed
+// over, and requests behind it may be admitted. The hold lapses if the
+// running request's prefill stands still at kMaxStalledHolds admissions in
+// a row (its step budget taken by decodes), so no one waits on a request
+// that does not move.
 #include "engine/engine.h"
 
 #include <algorithm>
@@ -58,6 +73,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 constexpr uint32_t kMaxStops = 8;
+constexpr uint32_t kMaxStalledHolds = 4;
 constexpr uint32_t kMaxTopLogprobs = 20;
 
 // A request's output, shared by its stream and the engine.
@@ -75,10 +91,17 @@ struct Request {
   RequestParams params;
   std::shared_ptr<StreamState> stream;
   std::vector<int32_t> tokens;  // the prompt, then every generated token
-  std::vector<BlockHash> hashes;  // chain hashes of tokens' full blocks so far
+  // Chain hashes of tokens' full blocks: the prompt's from Submit, then
+  // extended as blocks are published.
+  std::vector<BlockHash> hashes;
   uint32_t generated = 0;
   uint32_t cached_tokens = 0;
   bool admitted_before = false;
+  bool held_before = false;  // held back for a running request's prefill at least once
+  // The request it was last held for, that one's computed tokens then, and
+  // the admissions since at which they had not grown.
+  uint64_t hold_leader = 0, hold_leader_tokens = 0;
+  uint32_t hold_stalls = 0;
   bool done = false;
   uint64_t admit_seq = 0;  // larger: admitted later (preemption picks the largest)
   std::unique_ptr<model::CacheKv> kv;  // while running
@@ -179,6 +202,14 @@ class EngineImpl final : public Engine {
   void Step();
   void DropCancelled();
   void Admit();
+  // True while a running request will publish, and has not yet, a full
+  // block `r` could adopt (its publication point's chain hash is r's too),
+  // unless that request's prefill has stood still at the last
+  // kMaxStalledHolds admissions (a step budget the decodes take whole).
+  bool HeldBack(Request& r) const;
+  // Whether r's reservation can be met now, adopting what the prefix cache
+  // holds (looked up without references or counting).
+  bool CanReserve(const Request& r) const;
   Status StartRequest(Request& r);
   size_t Adopt(model::CacheKv& kv, const Request& r);
   void RunBatch();
@@ -288,6 +319,11 @@ Status EngineImpl::CheckParams(const RequestParams& p) const {
 
 Result<std::shared_ptr<RequestStream>> EngineImpl::Submit(RequestParams params) {
   KV_RETURN_IF_ERROR(CheckParams(params));
+  std::vector<BlockHash> hashes;
+  if (options_.prefix_cache) {
+    const std::vector<TokenId> ids(params.prompt.begin(), params.prompt.end());
+    hashes = HashFullBlocks(ids, options_.block_size, "");
+  }
   auto state = std::make_shared<StreamState>();
   std::lock_guard<std::mutex> lock(shared_->mu);
   if (!shared_->accepting) return Status::FailedPrecondition("engine: shut down");
@@ -296,7 +332,9 @@ Result<std::shared_ptr<RequestStream>> EngineImpl::Submit(RequestParams params) 
                                      " requests wait already (max_waiting)");
   }
   const uint64_t id = next_id_.fetch_add(1);
-  shared_->waiting.push_back(std::make_unique<Request>(id, std::move(params), state));
+  auto request = std::make_unique<Request>(id, std::move(params), state);
+  request->hashes = std::move(hashes);
+  shared_->waiting.push_back(std::move(request));
   shared_->cv.notify_all();
   return std::shared_ptr<RequestStream>(std::make_shared<Stream>(id, state, shared_));
 }
@@ -316,6 +354,7 @@ EngineMetrics EngineImpl::Metrics() const {
     std::lock_guard<std::mutex> lock(shared_->mu);
     m.requests_waiting = shared_->waiting.size();
   }
+  if (prefix_) m.prefix_lookups = prefix_->stats().lookups;
   if (offload_) {
     for (const TierStats& t : offload_->stats().tiers) {
       m.tier_hit_blocks += t.hit_blocks;
@@ -397,27 +436,76 @@ void EngineImpl::DropCancelled() {
   for (auto& r : gone) Finish(*r, FinishReason::kCancelled);
 }
 
+// Admits waiting requests in queue order, passing over the held-back ones
+// (each is compared with the running set as it stands, so a request
+// admitted here holds back the later ones that share its prefix).
 void EngineImpl::Admit() {
+  uint64_t held = 0, newly_held = 0;
+  size_t at = 0;  // the next candidate's place in the queue
   while (running_.size() < options_.max_running) {
     std::unique_ptr<Request> r;
     {
       std::lock_guard<std::mutex> lock(shared_->mu);
-      if (shared_->waiting.empty()) return;
-      r = std::move(shared_->waiting.front());
-      shared_->waiting.pop_front();
+      auto& w = shared_->waiting;
+      for (; at < w.size() && HeldBack(*w[at]); ++at, ++held) {
+        newly_held += w[at]->held_before ? 0 : 1;
+        w[at]->held_before = true;
+      }
+      if (at == w.size()) break;
+      r = std::move(w[at]);
+      w.erase(w.begin() + static_cast<std::ptrdiff_t>(at));
     }
-    Status s = StartRequest(*r);
-    if (s.ok()) {
+    // With nothing running, blocks cannot come back: try, and fail if it must.
+    const bool wait = !running_.empty() && !CanReserve(*r);
+    Status s = wait ? Status::Ok() : StartRequest(*r);
+    if (!wait && s.ok()) {
       running_.push_back(std::move(r));
       continue;
     }
-    if (s.IsPoolExhausted() && !running_.empty()) {  // waits for blocks to come back
+    if (wait || (s.IsPoolExhausted() && !running_.empty())) {  // waits for blocks to come back
       std::lock_guard<std::mutex> lock(shared_->mu);
-      shared_->waiting.push_front(std::move(r));
-      return;
+      shared_->waiting.insert(shared_->waiting.begin() + static_cast<std::ptrdiff_t>(at), std::move(r));
+      break;
     }
     Finish(*r, FinishReason::kError, s);
   }
+  std::lock_guard<std::mutex> lock(metrics_mu_);
+  counters_.requests_held = held;
+  counters_.prefix_holds += newly_held;
+}
+
+bool EngineImpl::HeldBack(Request& r) const {
+  const uint32_t B = options_.block_size;
+  const size_t adoptable = std::min(r.hashes.size(), (r.tokens.size() - 1) / B);
+  if (!offload_ || adoptable == 0) return false;
+  for (const auto& leader : running_) {
+    const size_t p = leader->published;
+    if (leader->publish_stopped || leader->done || leader->stream->cancelled.load()) continue;
+    if (p >= adoptable || p >= leader->hashes.size() || leader->hashes[p] != r.hashes[p]) continue;
+    const uint64_t computed = leader->kv->num_tokens();
+    const bool stalled = r.hold_leader == leader->id && r.hold_leader_tokens == computed;
+    r.hold_stalls = stalled ? r.hold_stalls + 1 : 0;
+    r.hold_leader = leader->id;
+    r.hold_leader_tokens = computed;
+    return r.hold_stalls < kMaxStalledHolds;
+  }
+  return false;
+}
+
+bool EngineImpl::CanReserve(const Request& r) const {
+  const uint32_t B = options_.block_size;
+  const uint64_t want = std::min<uint64_t>(r.tokens.size() + B, decoder_.config().max_seq_len);
+  uint64_t hit = 0, parked = 0;
+  if (prefix_) {
+    const std::vector<TokenId> ids(r.tokens.begin(), r.tokens.end() - 1);
+    const PrefixMatch m = prefix_->Peek(ids, "");
+    hit = m.blocks.size();
+    for (uint32_t b : m.blocks) parked += pool_->state(b) == BlockState::kCached ? 1 : 0;
+  }
+  // Adopting a parked block takes it out of the available ones; the rest
+  // of the reservation needs new blocks (a tier's hit takes pool blocks too).
+  const uint64_t need = (want + B - 1) / B - std::min<uint64_t>(hit, (want + B - 1) / B);
+  return need + parked <= pool_->stats().available_blocks;
 }
 
 size_t EngineImpl::Adopt(model::CacheKv& kv, const Request& r) {

@@ -21,6 +21,18 @@
 // chunks of the other formats can round differently, as can their
 // calibration from the first chunk's rows.)
 //
+// Shared prefixes arriving together: a waiting request whose leading full
+// prompt blocks are being prefilled by a running request (the same chain
+// hashes, not yet published) is held back -- it stays waiting and later
+// requests may pass it -- until that request has published them; it is then
+// admitted adopting them, instead of prefilling the same prefix side by side.
+// The hold ends as soon as the running request publishes those blocks,
+// finishes, is cancelled or preempted, or stops publishing (a duplicate), or
+// when its prefill has not moved for four steps (the step's token budget
+// going to decodes): then the waiting request is admitted as any other.
+// A request waiting for blocks is admitted (and its prefix looked up) once
+// the pool can meet its reservation.
+//
 // When the pool runs out mid-generation the youngest running request is
 // preempted: its blocks are freed (full blocks stay in the prefix cache and
 // the tiers), it goes back to the front of the queue and later resumes by
@@ -144,6 +156,13 @@ struct EngineMetrics {
   uint64_t requests_running = 0, requests_waiting = 0;
   uint64_t requests_finished = 0, requests_cancelled = 0, preemptions = 0;
   uint64_t prompt_tokens = 0, cached_prompt_tokens = 0, generated_tokens = 0;
+  // Prefix-cache lookups: one per admission (a request waiting for blocks
+  // is looked up when its reservation can be met, not at every step).
+  uint64_t prefix_lookups = 0;
+  // Waiting requests held back, at the last admission, for a running
+  // request's prefill of the full prompt blocks they share (gauge), and
+  // requests ever held so (counter).
+  uint64_t requests_held = 0, prefix_holds = 0;
   uint64_t tier_hit_blocks = 0, tier_miss_blocks = 0;
   uint64_t steps = 0;
   // Step wall times: counts of steps at or below each bound (seconds), and

@@ -13,8 +13,12 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <deque>
+#include <functional>
 #include <mutex>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "server/metrics_text.h"
 #include "server/openai_json.h"
@@ -26,8 +30,19 @@ using engine::StreamEvent;
 using std::chrono::milliseconds;
 
 constexpr const char* kJson = "application/json";
+// The same for a watched (chunked) answer. httplib 0.11 compresses a body
+// whose type is exactly "application/json" for a client that accepts gzip
+// or br, and its compressor keeps small writes: the heartbeat spaces would
+// not reach the socket. With the charset parameter it leaves the body as is.
+constexpr const char* kWatchedJson = "application/json; charset=utf-8";
 // How long a handler waits for its stream before checking on its client.
 constexpr milliseconds kPollInterval{1000};
+// A non-streamed completion that ends within this is answered whole, with
+// its own status; a longer one is answered through a chunked provider that
+// watches the client (WholeStep).
+constexpr milliseconds kWholeAnswerWait{150};
+// How often that provider looks at the client's socket.
+constexpr milliseconds kWatchInterval{50};
 
 void SendError(httplib::Response& res, const ApiError& e) {
   res.status = e.status;
@@ -46,6 +61,87 @@ bool SameSecret(std::string_view presented, std::string_view key) {
   for (size_t i = 0; i < key.size(); ++i) diff |= static_cast<unsigned char>(presented[i] ^ key[i]);
   return diff == 0;
 }
+
+// True on the threads that answer connections beyond the queue's bound: the
+// pre-routing handler gives each of their requests 503 queue_full.
+thread_local bool t_over_capacity = false;
+
+// httplib's task queue for accepted connections: `threads` serve them, at
+// most `max_waiting` wait for a free one; a connection beyond that is handed
+// to one of a few rejecting threads, which answer its requests with 503 and
+// close it. (httplib's ThreadPool queues without bound: a burst of
+// connections would wait, unanswered, behind long completions.) Every
+// connection's task runs, so every socket is closed by httplib.
+class ConnectionQueue final : public httplib::TaskQueue {
+ public:
+  ConnectionQueue(size_t threads, size_t max_waiting) : max_waiting_(max_waiting) {
+    for (size_t i = 0; i < threads; ++i) workers_.emplace_back([this] { Work(jobs_, false); });
+    for (size_t i = 0; i < kRejecters; ++i) workers_.emplace_back([this] { Work(rejects_, true); });
+  }
+  ~ConnectionQueue() override { shutdown(); }
+
+  void enqueue(std::function<void()> fn) override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      // A connection an idle worker will take does not wait.
+      const bool fits = jobs_.size() < idle_ + max_waiting_;
+      (fits ? jobs_ : rejects_).push_back(std::move(fn));
+    }
+    cv_.notify_all();
+  }
+
+  void shutdown() override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stopping_) return;
+      stopping_ = true;
+    }
+    cv_.notify_all();
+    for (std::thread& t : workers_) t.join();
+  }
+
+ private:
+  static constexpr size_t kRejecters = 2;
+
+  void Work(std::deque<std::function<void()>>& queue, bool rejecter) {
+    t_over_capacity = rejecter;
+    for (;;) {
+      std::function<void()> fn;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        if (!rejecter) ++idle_;
+        cv_.wait(lock, [&] { return !queue.empty() || stopping_; });
+        if (!rejecter) --idle_;
+        if (queue.empty()) return;  // stopping, and nothing left to close
+        fn = std::move(queue.front());
+        queue.pop_front();
+      }
+      fn();
+    }
+  }
+
+  const size_t max_waiting_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> jobs_, rejects_;
+  size_t idle_ = 0;  // workers waiting for a connection
+  bool stopping_ = false;
+  std::vector<std::thread> workers_;
+};
+
+// A non-streamed request's state: the completion collected so far, and how
+// it ended; shared by the handler, the content provider and its releaser.
+struct WholeState {
+  std::shared_ptr<engine::RequestStream> stream;
+  ResponseContext ctx;
+  bool logprobs = false;
+  int32_t prev_token = 0;
+  Completion c;
+  bool finished = false;
+  engine::FinishReason finish_reason = engine::FinishReason::kStop;
+  Status error;
+  std::chrono::steady_clock::time_point last_beat;
+};
 
 // A streamed request's state, shared by the content provider and its releaser.
 struct StreamState {
@@ -85,8 +181,12 @@ struct OpenAiServer::Impl {
   void Configure();
   void HandleCompletion(const httplib::Request& req, httplib::Response& res, Endpoint endpoint);
   bool Tokenize(const CompletionRequest& r, engine::RequestParams* params, ApiError* err) const;
-  void Collect(engine::RequestStream& stream, const ResponseContext& ctx, const CompletionRequest& r,
-               int32_t prev_token, httplib::Response& res);
+  // Reads st's stream for up to `budget`; true once it finished.
+  bool Collect(WholeState& st, milliseconds budget) const;
+  // The finished completion's body and status.
+  std::pair<int, std::string> WholeBody(const WholeState& st) const;
+  bool WholeStep(WholeState& st, httplib::DataSink& sink);
+  void AnswerWhole(const std::shared_ptr<WholeState>& st, httplib::Response& res);
   bool StreamStep(StreamState& st, httplib::DataSink& sink);
   std::vector<LogprobEntry> Entries(const std::vector<engine::TokenOut>& tokens, int32_t* prev) const;
   std::string Piece(int32_t prev, int32_t token) const;
@@ -142,27 +242,81 @@ bool OpenAiServer::Impl::Tokenize(const CompletionRequest& r, engine::RequestPar
   return true;
 }
 
-void OpenAiServer::Impl::Collect(engine::RequestStream& stream, const ResponseContext& ctx,
-                                 const CompletionRequest& r, int32_t prev_token, httplib::Response& res) {
-  Completion c;
-  c.logprobs = r.logprobs;
-  StreamEvent ev;
-  for (;;) {
-    if (!stream.Next(&ev, kPollInterval)) continue;
-    for (const engine::TokenOut& t : ev.tokens) c.text += t.text;
-    if (r.logprobs) {
-      std::vector<LogprobEntry> e = Entries(ev.tokens, &prev_token);
-      c.entries.insert(c.entries.end(), e.begin(), e.end());
+bool OpenAiServer::Impl::Collect(WholeState& st, milliseconds budget) const {
+  const auto end = std::chrono::steady_clock::now() + budget;
+  while (!st.finished) {
+    const auto left = std::chrono::duration_cast<milliseconds>(end - std::chrono::steady_clock::now());
+    StreamEvent ev;
+    if (left.count() <= 0 || !st.stream->Next(&ev, left)) return false;
+    for (const engine::TokenOut& t : ev.tokens) st.c.text += t.text;
+    if (st.logprobs) {
+      std::vector<LogprobEntry> e = Entries(ev.tokens, &st.prev_token);
+      st.c.entries.insert(st.c.entries.end(), e.begin(), e.end());
     }
-    if (ev.finished) break;
+    if (!ev.finished) continue;
+    st.finished = true;
+    st.finish_reason = ev.finish_reason;
+    st.error = std::move(ev.error);
+    st.c.text += ev.text_tail;
+    st.c.finish_reason = std::string(FinishReasonString(ev.finish_reason));
+    st.c.usage = ev.usage;
   }
-  if (ev.finish_reason == engine::FinishReason::kError) {
-    return SendError(res, ApiError{500, ev.error.ToString(), "server_error", "", "engine_error"});
+  return true;
+}
+
+std::pair<int, std::string> OpenAiServer::Impl::WholeBody(const WholeState& st) const {
+  if (st.finish_reason == engine::FinishReason::kError) {
+    return {500, ErrorBody(ApiError{500, st.error.ToString(), "server_error", "", "engine_error"})};
   }
-  c.text += ev.text_tail;
-  c.finish_reason = std::string(FinishReasonString(ev.finish_reason));
-  c.usage = ev.usage;
-  res.set_content(Dump(CompletionJson(ctx, c)), kJson);
+  return {200, Dump(CompletionJson(st.ctx, st.c))};
+}
+
+// One call of a long non-streamed completion's content provider: waits a
+// little for the stream; while it runs, checks that the client is still
+// there (a closed socket reads as not writable: httplib's is_writable asks
+// the socket) and once a second writes a space, which JSON allows before
+// the value, so that a vanished peer also fails a write. A client gone
+// cancels the request at once: its blocks go back at the next step.
+bool OpenAiServer::Impl::WholeStep(WholeState& st, httplib::DataSink& sink) {
+  const auto gone = [&] {
+    st.stream->Cancel();
+    return false;
+  };
+  if (!Collect(st, kWatchInterval)) {
+    if (sink.is_writable && !sink.is_writable()) return gone();
+    const auto now = std::chrono::steady_clock::now();
+    if (now - st.last_beat >= kPollInterval) {
+      st.last_beat = now;
+      if (!sink.write(" ", 1)) return gone();
+    }
+    return true;
+  }
+  // Status 200 is already sent: an engine error comes as the error object.
+  const std::string body = WholeBody(st).second;
+  if (!sink.write(body.data(), body.size())) return gone();
+  sink.done();
+  return true;
+}
+
+// A completion that ends soon is answered with its status and length; a
+// longer one through a chunked body (WholeStep) so that a client going away
+// is noticed. The releaser cancels the request however the response ends.
+void OpenAiServer::Impl::AnswerWhole(const std::shared_ptr<WholeState>& st, httplib::Response& res) {
+  Begin();
+  if (Collect(*st, kWholeAnswerWait)) {
+    auto [status, body] = WholeBody(*st);
+    res.status = status;
+    res.set_content(std::move(body), kJson);
+    End();
+    return;
+  }
+  st->last_beat = std::chrono::steady_clock::now();
+  res.set_chunked_content_provider(
+      kWatchedJson, [this, st](size_t, httplib::DataSink& sink) { return WholeStep(*st, sink); },
+      [this, st](bool) {
+        st->stream->Cancel();
+        End();
+      });
 }
 
 // What ends a stream: the finish chunk (or an error event), the usage
@@ -236,10 +390,13 @@ void OpenAiServer::Impl::HandleCompletion(const httplib::Request& req, httplib::
                       (endpoint == Endpoint::kChat ? "chatcmpl-" : "cmpl-") + std::to_string(stream->id()),
                       UnixNow(), options.model_name};
   if (!r.stream) {
-    Begin();
-    Collect(*stream, ctx, r, last_prompt_token, res);
-    End();
-    return;
+    auto st = std::make_shared<WholeState>();
+    st->stream = stream;
+    st->ctx = ctx;
+    st->logprobs = r.logprobs;
+    st->c.logprobs = r.logprobs;
+    st->prev_token = last_prompt_token;
+    return AnswerWhole(st, res);
   }
   Begin();
   auto st = std::make_shared<StreamState>();
@@ -258,10 +415,19 @@ void OpenAiServer::Impl::HandleCompletion(const httplib::Request& req, httplib::
 }
 
 void OpenAiServer::Impl::Configure() {
-  http.new_task_queue = [n = std::max<uint32_t>(1, options.http_threads)] { return new httplib::ThreadPool(n); };
+  http.new_task_queue = [n = std::max<uint32_t>(1, options.http_threads), q = options.http_queue] {
+    return new ConnectionQueue(n, q);
+  };
   http.set_payload_max_length(options.max_body_bytes);
   http.set_keep_alive_timeout(options.keep_alive_seconds);
   http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    if (t_over_capacity) {
+      res.set_header("Connection", "close");
+      SendError(res, ApiError{503, "every HTTP thread is busy and " + std::to_string(options.http_queue) +
+                                       " connections wait already (--http-queue)",
+                              "server_unavailable", "", "queue_full"});
+      return httplib::Server::HandlerResponse::Handled;
+    }
     if (options.api_key.empty() || !req.path.starts_with("/v1/")) return httplib::Server::HandlerResponse::Unhandled;
     const std::string auth = req.get_header_value("Authorization");
     if (auth.starts_with("Bearer ") && SameSecret(std::string_view(auth).substr(7), options.api_key)) {

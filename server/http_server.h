@@ -16,9 +16,12 @@
 // Streaming responses are server-sent events written through httplib's
 // chunked content provider; when a write fails (the client went away) the
 // request is cancelled at once, so its blocks go back to the pool at the
-// engine's next step. Each connection is served by one thread of a pool of
-// `http_threads`; a handler blocks on its request's stream, never on the
-// engine's step thread.
+// engine's next step. A non-streamed completion that runs longer than a
+// moment is answered through a chunked body too, whose provider watches the
+// client's socket, so a client that goes away cancels it the same way.
+// Each connection is served by one thread of a pool of `http_threads`, and at
+// most `http_queue` more wait for one (503 queue_full beyond); a handler
+// blocks on its request's stream, never on the engine's step thread.
 //
 // Thread safety: Bind, then Run on one thread; Stop and Shutdown from any
 // thread (a signal-handling thread); Run returns once every in-flight
@@ -43,6 +46,9 @@ struct ServerOptions {
   size_t max_body_bytes = 1u << 20;   // larger bodies get 413
   std::string model_name = "kvcache"; // the id /v1/models and responses carry
   uint32_t http_threads = 32;         // concurrent connections served
+  // Connections that may wait for a free HTTP thread; beyond that a new
+  // connection's requests get 503 queue_full and it is closed.
+  uint32_t http_queue = 64;
   int keep_alive_seconds = 2;         // an idle kept-alive connection's lifetime
 };
 

@@ -59,6 +59,11 @@ std::string PrometheusText(const engine::EngineMetrics& m, const HttpCounters& h
   Single(&out, "prompt_tokens_total", "counter", "Prompt tokens of admitted requests", m.prompt_tokens);
   Single(&out, "prefix_hit_tokens_total", "counter", "Prompt tokens adopted from the prefix cache or a tier",
          m.cached_prompt_tokens);
+  Single(&out, "prefix_lookups_total", "counter", "Prefix-cache lookups (one per admission)", m.prefix_lookups);
+  Single(&out, "requests_held", "gauge", "Waiting requests held for a running request's prefill of their prefix",
+         m.requests_held);
+  Single(&out, "prefix_holds_total", "counter", "Requests held back to adopt a prefix another request prefilled",
+         m.prefix_holds);
   Single(&out, "generated_tokens_total", "counter", "Tokens sampled", m.generated_tokens);
   Single(&out, "tier_hits_total", "counter", "Blocks found in an offload tier", m.tier_hit_blocks);
   Single(&out, "tier_misses_total", "counter", "Blocks looked up in the tiers and not found",

@@ -145,6 +145,8 @@ void AddOptions(CLI::App* app, ServeCliOptions* o) {
   app->add_option("--max-body-bytes", o->http.max_body_bytes, "Largest request body (413 beyond)")
       ->capture_default_str();
   app->add_option("--http-threads", o->http.http_threads, "Connections served at once")->capture_default_str();
+  app->add_option("--http-queue", o->http.http_queue, "Connections waiting for an HTTP thread before 503")
+      ->capture_default_str();
   app->add_option("--drain-seconds", o->drain_seconds, "On SIGTERM: time in-flight requests get to finish")
       ->capture_default_str();
 }

@@ -10,6 +10,9 @@ reports what a serving configuration delivers:
   ``kvcache_prompt_tokens_total``, deltas of /metrics across the run);
 - the peak of ``kvcache_requests_running`` (polled during the run) and the
   preemptions (delta of ``kvcache_preemptions_total``);
+- the requests held back to adopt a prefix another request was prefilling
+  (delta of ``kvcache_prefix_holds_total``) and the prefix-cache lookups
+  (``kvcache_prefix_lookups_total``);
 - lost requests: errors, or streams that ended without a finish reason or
   without their usage.
 
@@ -197,6 +200,10 @@ def summarize(records, wall_s, before, after, peak_running):
         "prefix_hit_rate": delta("kvcache_prefix_hit_tokens_total") / prompt_delta if prompt_delta else 0.0,
         "peak_running": int(peak_running),
         "preemptions": int(delta("kvcache_preemptions_total")),
+        # Requests held back for another's prefill of their shared prefix,
+        # and prefix-cache lookups (one per admission).
+        "prefix_holds": int(delta("kvcache_prefix_holds_total")),
+        "prefix_lookups": int(delta("kvcache_prefix_lookups_total")),
         "server_generated_tokens": int(delta("kvcache_generated_tokens_total")),
         "errors": sorted({r["error"] for r in records if "error" in r})[:5],
     }
@@ -443,7 +450,8 @@ def _print_row(row, f):
           f"TTFT p50 {_fmt(row['ttft_p50_ms'], '.0f')} p99 {_fmt(row['ttft_p99_ms'], '.0f')} ms, "
           f"ITL p50 {_fmt(row['itl_p50_ms'], '.1f')} p99 {_fmt(row['itl_p99_ms'], '.1f')} ms, "
           f"hit {row['prefix_hit_rate']:.2f}, peak running {row['peak_running']}, "
-          f"preemptions {row['preemptions']}, lost {row['lost']}", file=f)
+          f"preemptions {row['preemptions']}, holds {row.get('prefix_holds', 0)}, "
+          f"lookups {row.get('prefix_lookups', 0)}, lost {row['lost']}", file=f)
 
 
 def parser():

@@ -1,7 +1,8 @@
 """`kvcache serve` through the real `openai` client: chat and completions,
 whole and streamed; 16 concurrent greedy clients each equal to `kvcache
 generate` on the same prompt; prefix-cache hits reported as cached_tokens;
-a client that disconnects mid-stream gives its blocks back; hundreds of
+a client that disconnects mid-stream, or before a non-streamed answer, gives
+its blocks back at once; hundreds of
 malformed requests never crash it and always get a JSON error with the
 right status; the bearer key; a full queue; SIGTERM drains and exits 0.
 A soak (2,000 requests, 16-way) runs with KVCACHE_SERVER_SOAK=1.
@@ -192,6 +193,88 @@ def test_disconnect_mid_stream_returns_blocks(smol):
     assert m["kvcache_generated_tokens_total"] - base["kvcache_generated_tokens_total"] < 400
 
 
+def read_response(s):
+    """Reads one whole HTTP/1.1 response from socket `s` (Content-Length or
+    chunked): (status, headers lower-cased, body bytes)."""
+    raw = b""
+    while b"\r\n\r\n" not in raw:
+        b = s.recv(65536)
+        assert b, raw
+        raw += b
+    head, _, rest = raw.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    headers = {k.strip().lower(): v.strip() for k, _, v in (h.partition(":") for h in lines[1:])}
+
+    def more():
+        b = s.recv(65536)
+        assert b, "the connection closed inside the body"
+        return b
+    if headers.get("transfer-encoding") == "chunked":
+        body = b""
+        while True:
+            while b"\r\n" not in rest:
+                rest += more()
+            size_line, _, rest = rest.partition(b"\r\n")
+            n = int(size_line.split(b";")[0], 16)
+            while len(rest) < n + 2:
+                rest += more()
+            body, rest = body + rest[:n], rest[n + 2:]
+            if n == 0:
+                break
+    else:
+        n = int(headers.get("content-length", "0"))
+        while len(rest) < n:
+            rest += more()
+        body = rest[:n]
+    return int(lines[0].split(" ")[1]), headers, body
+
+
+def post_completion(port, doc, extra=b""):
+    body = json.dumps(doc).encode()
+    s = socket.create_connection(("127.0.0.1", port), timeout=60)
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n" + extra +
+              b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+    return s
+
+
+def test_long_whole_completion_is_json_after_heartbeats(smol):
+    # Long enough to be answered through the chunked body that watches the
+    # client: a JSON value after leading spaces (one a second), as the
+    # openai client reads it; not compressed, so that the spaces reach the
+    # socket, even for a client that accepts gzip.
+    s = post_completion(smol.port, {"prompt": "Once upon a time", "max_tokens": 40, "ignore_eos": True},
+                        b"Accept-Encoding: gzip, br\r\n")
+    status, headers, body = read_response(s)
+    s.close()
+    assert status == 200 and headers["content-type"].startswith("application/json")
+    assert headers.get("transfer-encoding") == "chunked" and "content-encoding" not in headers
+    doc = json.loads(body)
+    assert doc["usage"]["completion_tokens"] == 40 and doc["choices"][0]["finish_reason"] == "length"
+    assert body.lstrip(b" ").startswith(b"{")
+
+
+def test_disconnect_before_a_whole_answer_returns_blocks(smol):
+    base = smol.wait_idle()
+    assert base['kvcache_pool_blocks{state="used"}'] == 0
+    s = post_completion(smol.port, {"prompt": "Once upon a time", "max_tokens": 600, "ignore_eos": True})
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        during = smol.metrics()
+        if during["kvcache_generated_tokens_total"] - base["kvcache_generated_tokens_total"] >= 10:
+            break
+        time.sleep(0.05)
+    assert during['kvcache_pool_blocks{state="used"}'] > 0
+    closed = time.monotonic()
+    s.close()
+    m = smol.wait_idle(timeout=15)
+    took = time.monotonic() - closed
+    assert m["kvcache_requests_running"] == 0
+    assert m['kvcache_pool_blocks{state="used"}'] == base['kvcache_pool_blocks{state="used"}']
+    assert m["kvcache_requests_cancelled_total"] == base["kvcache_requests_cancelled_total"] + 1
+    assert m["kvcache_generated_tokens_total"] - base["kvcache_generated_tokens_total"] < 600
+    assert took < 3, took  # at the next look at the socket (50 ms), not at max_tokens
+
+
 def malformed_cases():
     """(name, raw request bytes, allowed statuses)."""
     def post(path, body, extra=b""):
@@ -322,20 +405,53 @@ def test_full_queue_is_503(stories_keyed):
         s.sendall(request)
     codes = []
     for s in socks:
-        raw = b""
-        while True:
-            b = s.recv(65536)
-            if not b:
-                break
-            raw += b
+        status, _, raw = read_response(s)
         s.close()
-        status = int(raw.split(b" ", 2)[1])
-        body = json.loads(raw.partition(b"\r\n\r\n")[2])
+        body = json.loads(raw)
         if status == 503:
             assert body["error"]["code"] == "queue_full"
         codes.append(status)
     assert set(codes) <= {200, 503}
     assert codes.count(503) >= 4 and 200 in codes, codes
+
+
+def test_connections_beyond_the_http_queue_get_503():
+    # Two HTTP threads, one connection may wait: two requests whose bodies
+    # are not sent yet hold both threads, a third connection waits, a
+    # fourth is answered 503 queue_full at once; then all the others are
+    # served.
+    sf.need_cli()
+    server = sf.Server([*sf.STORIES, "--http-threads", "2", "--http-queue", "1"])
+    try:
+        body = json.dumps({"prompt": "Once upon a time", "max_tokens": 3}).encode()
+        head = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+                b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n")
+        holders = []
+        for _ in range(2):
+            s = socket.create_connection(("127.0.0.1", server.port), timeout=30)
+            s.sendall(head + body[:5])
+            holders.append(s)
+            time.sleep(0.3)  # taken by a thread
+        waiter = socket.create_connection(("127.0.0.1", server.port), timeout=30)
+        waiter.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        time.sleep(0.3)
+        t0 = time.monotonic()
+        status, headers, raw = sf.raw_exchange(server.port, head + body, timeout=10)
+        assert time.monotonic() - t0 < 2  # not after the holders' 5 s read timeout
+        assert status == 503 and json.loads(raw)["error"]["code"] == "queue_full"
+        assert headers.get("connection") == "close"
+        for s in holders:
+            s.sendall(body[5:])
+        for s in holders:
+            status, _, raw = read_response(s)
+            s.close()
+            assert status == 200 and json.loads(raw)["usage"]["completion_tokens"] >= 1
+        status, _, raw = read_response(waiter)
+        waiter.close()
+        assert status == 200 and json.loads(raw)["status"] == "ok"
+        assert server.metrics()['kvcache_http_requests_total{code="503"}'] == 1
+    finally:
+        assert server.terminate() == 0, "".join(server.stderr_lines)
 
 
 def test_sigterm_drains_and_exits_zero():

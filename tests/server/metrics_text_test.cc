@@ -52,6 +52,9 @@ TEST(MetricsText, SamplesAndFamilies) {
   m.cached_prompt_tokens = 64;
   m.generated_tokens = 1234;
   m.tier_hit_blocks = 5;
+  m.prefix_lookups = 11;
+  m.requests_held = 3;
+  m.prefix_holds = 8;
   m.steps = 7;
   m.step_seconds_bounds = {0.001, 0.01, 0.1};
   m.step_seconds_counts = {1, 5, 6};
@@ -69,6 +72,10 @@ TEST(MetricsText, SamplesAndFamilies) {
   EXPECT_EQ(p.samples["kvcache_prefix_hit_tokens_total"], "64");
   EXPECT_EQ(p.samples["kvcache_generated_tokens_total"], "1234");
   EXPECT_EQ(p.samples["kvcache_tier_hits_total"], "5");
+  EXPECT_EQ(p.samples["kvcache_prefix_lookups_total"], "11");
+  EXPECT_EQ(p.samples["kvcache_requests_held"], "3");
+  EXPECT_EQ(p.samples["kvcache_prefix_holds_total"], "8");
+  EXPECT_EQ(p.types["kvcache_requests_held"], "gauge");
   EXPECT_EQ(p.samples["kvcache_step_seconds_bucket{le=\"0.001\"}"], "1");
   EXPECT_EQ(p.samples["kvcache_step_seconds_bucket{le=\"0.1\"}"], "6");
   EXPECT_EQ(p.samples["kvcache_step_seconds_bucket{le=\"+Inf\"}"], "7");
