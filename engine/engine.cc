@@ -523,6 +523,7 @@ size_t EngineImpl::Adopt(model::CacheKv& kv, const Request& r) {
 Status EngineImpl::StartRequest(Request& r) {
   model::CacheKvOptions o;
   o.formats = options_.formats;
+  o.window = options_.window;
   o.layout = CacheLayout::kPaged;
   o.block_size = options_.block_size;
   o.pool = pool_;

@@ -60,6 +60,7 @@
 #include <string>
 #include <vector>
 
+#include "kvcache/cache.h"
 #include "kvcache/format.h"
 #include "kvcache/status.h"
 #include "model/decoder/loaded_model.h"
@@ -68,6 +69,12 @@ namespace kvcache::engine {
 
 struct EngineOptions {
   FormatPair formats;                // the K:V format of every sequence
+  // Sinks and recent positions of every sequence also kept as bf16 rows
+  // (cache.h, PrecisionWindow; per-sequence memory outside the pool). A
+  // request that adopts cached blocks reads their positions, sinks
+  // included, in the format, so with a window its answer can differ from
+  // the same request run uncached (each is deterministic).
+  PrecisionWindow window;
   uint32_t block_size = 16;          // paged blocks, tokens
   uint64_t pool_bytes = 256ull << 20;  // the block pool's size in bytes (K and V, all layers)
   uint32_t max_batch_tokens = 256;   // tokens per step (decodes + prefill chunks)

@@ -22,6 +22,7 @@
 #include "engine/engine.h"
 #include "model/decoder/loaded_model.h"
 #include "model/io/model_fingerprint.h"
+#include "model/kv/kv_factory.h"
 #include "server/http_server.h"
 #include "tools/command.h"
 
@@ -49,7 +50,10 @@ int Fail(const Status& s) {
 // from the file when tiers are given.
 Result<engine::EngineOptions> EngineOptionsFor(const ServeCliOptions& o) {
   engine::EngineOptions e = o.engine;
-  KV_ASSIGN_OR_RETURN(e.formats, ParseFormatPair(o.kv_format));
+  KV_ASSIGN_OR_RETURN(model::KvBackendOptions kv,
+                      model::ParseKvBackendOptions(o.kv_format, "paged", "cache", e.block_size));
+  e.formats = kv.formats;
+  e.window = kv.window;
   e.pool_bytes = uint64_t{o.pool_mib} << 20;
   e.prefix_cache = !o.no_prefix_cache;
   if (!e.tiers.empty()) {
@@ -126,7 +130,8 @@ void AddOptions(CLI::App* app, ServeCliOptions* o) {
   app->add_option("--model-name", o->http.model_name, "The model id clients see (default: the file's stem)");
   app->add_option("--host", o->http.host, "Address to bind")->capture_default_str();
   app->add_option("--port", o->http.port, "Port to bind (0: any free one)")->capture_default_str();
-  app->add_option("--kv-format", o->kv_format, "K:V cache format (or one name for both)")->capture_default_str();
+  app->add_option("--kv-format", o->kv_format,
+                      "K:V cache format (or one name for both), with a precision window: turbo4+s4+r120")->capture_default_str();
   app->add_option("--pool-mib", o->pool_mib, "Block pool size, MiB")->capture_default_str();
   app->add_option("--block-size", o->engine.block_size, "Paged block size in tokens")->capture_default_str();
   app->add_option("--matmul", o->matmul,

@@ -80,6 +80,42 @@ TEST(Engine, ConcurrentGreedyRequestsEqualGenerateAlone) {
   EXPECT_LE(mt.step_seconds_counts.back(), mt.steps);
 }
 
+// A precision window in the engine: each request's greedy tokens equal
+// model::Generate on a paged cache with the same window, alone. The slack
+// covers the longest pass, so chunked prefill (the engine) and one-pass
+// prefill (Generate) read the same rows; without the prefix cache nothing
+// is adopted (adopted blocks bring no bf16 rows).
+TEST(Engine, PrecisionWindowRequestsEqualGenerateAlone) {
+  const model::LoadedModel* m = Stories();
+  ASSERT_NE(m, nullptr);
+  EngineOptions o = SmallEngine();
+  o.formats = {Format::kFp8E4M3, Format::kFp8E4M3};
+  o.window = {.sinks = 4, .recent = 8, .slack = 64};
+  o.prefix_cache = false;
+  auto e = MakeEngine(o);
+  ASSERT_NE(e, nullptr);
+  std::vector<RequestParams> params;
+  for (int i = 0; i < 6; ++i) params.push_back(Greedy(Prompt(*m, i), 24));
+  const std::vector<Outcome> out = RunAll(*e, params);
+  ASSERT_EQ(out.size(), params.size());
+  model::Decoder d(m->model(), 1);
+  model::KvBackendOptions b;
+  b.formats = o.formats;
+  b.layout = CacheLayout::kPaged;
+  b.window = o.window;
+  for (size_t i = 0; i < params.size(); ++i) {
+    auto kv = model::CreateKvBackend(d.attention_shape(), b);
+    ASSERT_TRUE(kv.ok()) << kv.status().ToString();
+    model::GenerateOptions g;
+    g.max_new_tokens = params[i].max_tokens;
+    g.stop_tokens = m->stop_tokens();
+    auto want = model::Generate(d, **kv, params[i].prompt, g);
+    ASSERT_TRUE(want.ok()) << want.status().ToString();
+    EXPECT_EQ(out[i].tokens, want->tokens) << i;
+  }
+  EXPECT_EQ(e->Metrics().pool_blocks_used, 0u);
+}
+
 TEST(Engine, TinyPoolPreemptsAndLosesNothing) {
   const model::LoadedModel* m = Stories();
   ASSERT_NE(m, nullptr);
