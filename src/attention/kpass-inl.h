@@ -528,8 +528,8 @@ void RowDotsNibble(const uint8_t* p, uint32_t d, const int16_t* const* q16, cons
 // query's sign flipped where the code is negative (codes 0..7: a byte blend
 // with -q, computed once per K pass), u8 x i8 multiply-adds of byte pairs
 // into int16 (vpmaddubsw: a pair is at most 2 * 127 * 127 < 2^15, no
-// saturation) and of int16 pairs into int32 (vpmaddwd by ones; one vpdpbusd
-// on AVX3_DL), the low and the high halves added: int32 lane k then holds 8
+// saturation) and of int16 pairs into int32 (vpmaddwd by ones), the low
+// and the high halves added: int32 lane k then holds 8
 // products of group k / 2 of the chunk, converted and multiplied by the
 // group scales in one FMA. Half the per-query instructions of the int16
 // path. Exact but for the query's rounding: a score moves by at most
@@ -590,9 +590,9 @@ inline void QuantizeQueryNibble8(const float* q, uint32_t d, Nibble8Query* out) 
 HWY_INLINE hn::Vec<hn::Repartition<int32_t, D8N8>> DotBytesN(hn::Vec<D8N8> a_u8, hn::Vec<D8N8> b_i8,
                                                              hn::Vec<hn::Repartition<int32_t, D8N8>> acc) {
   using VI = hn::Vec<hn::Repartition<int32_t, D8N8>>;
-#if HWY_TARGET == HWY_AVX3_DL
-  return VI{_mm512_dpbusd_epi32(acc.raw, a_u8.raw, b_i8.raw)};
-#elif HWY_TARGET <= HWY_AVX3
+#if HWY_TARGET <= HWY_AVX3
+  // (Highway 1.0.3's AVX3_DL target enables avxvnni, the 256-bit VEX form,
+  // not avx512vnni: the 512-bit vpdpbusd is not available to it.)
   const __m512i p = _mm512_maddubs_epi16(a_u8.raw, b_i8.raw);
   return hn::Add(acc, VI{_mm512_madd_epi16(p, _mm512_set1_epi16(1))});
 #elif HWY_TARGET == HWY_AVX2
