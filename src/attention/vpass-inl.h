@@ -135,14 +135,14 @@ HWY_INLINE void AccumulateBlock(const VTile& tile, const float* const* w, float*
 
 // ---------------------------------------------------------------------------
 // turbo4i values on AVX2 and AVX-512 (head_dim a multiple of 4 * the vector
-// bytes, at most kT4IMaxDim): per 16-row tile, each row's codes become
-// int8 levels once (low and high nibbles through vpshufb, regrouped into
-// each 16-value group's even/odd order by two 64-bit interleaves per
-// vector) and its weights e_r times the group scales s_g / 128 once per
-// query (ws, 4 lanes per multiply); then per value block and row: the 16
-// levels widened to int32 and converted (vpmovsxbd, vcvtdq2ps: two
-// instructions, no table permutes, no scale multiply) and one FMA per query
-// vector. Rows still add in row order per output value; the weight times
+// bytes, at most kT4IMaxDim): per 16-row tile, each row's codes are split
+// into nibbles once (AVX2: and looked up as int8 levels by vpshufb),
+// regrouped into each 16-value group's even/odd order by two 64-bit
+// interleaves per vector, and its weights e_r times the group scales
+// s_g / 128 made once per query (ws, 4 lanes per multiply); then per value
+// block and row: two instructions to f32 levels (AVX-512: vpmovzxbd +
+// vpermps; AVX2: vpmovsxbd + vcvtdq2ps; no scale multiply) and one FMA per
+// query vector. Rows still add in row order per output value; the weight times
 // scale is rounded once more than e_r * (s_g * level) (within float
 // rounding of the decoded reference).
 
@@ -152,6 +152,19 @@ using DB8 = hn::ScalableTag<uint8_t>;
 constexpr uint32_t kVB = static_cast<uint32_t>(hn::MaxLanes(DB8()));  // code bytes per vector
 
 HWY_INLINE bool T4IValuesFit(uint32_t d) { return d % (2 * kVB) == 0 && d <= kT4IMaxDim; }
+
+// AVX-512 keeps the code nibbles in the buffer and looks the levels up as
+// f32 with one vpermps per block (a shuffle-port instruction, where the int8
+// route's vcvtdq2ps shares the FMAs' port; the two measured alike on the
+// machine of docs/perf/attention.md). AVX2's vpermps has 8 entries: int8
+// levels, vpmovsxbd + vcvtdq2ps.
+#if HWY_TARGET <= HWY_AVX3
+constexpr bool kT4INibbles = true;
+#else
+constexpr bool kT4INibbles = false;
+#endif
+alignas(64) inline constexpr float kT4ILevelsF[16] = {-127, -102, -80, -62, -46, -32, -18, -6,
+                                                      6,    18,   32,  46,  62,  80,  102, 127};
 
 // Offset of group g's 16 levels in a row's level buffer (T4ILevels).
 HWY_INLINE uint32_t T4IGroupOffset(uint32_t g) {
@@ -168,8 +181,12 @@ HWY_INLINE void T4ILevels(const uint8_t* p, uint32_t d, int8_t* out) {
   const auto mask = hn::Set(d8, uint8_t{15});
   for (uint32_t c = 0; c < d / (2 * kVB); ++c) {
     const auto x = hn::LoadU(d8, p + c * kVB);
-    const auto lo = hn::TableLookupBytes(table, hn::And(x, mask));
-    const auto hi = hn::TableLookupBytes(table, hn::And(hn::BitCast(d8, hn::ShiftRight<4>(hn::BitCast(dw, x))), mask));
+    auto lo = hn::And(x, mask);
+    auto hi = hn::And(hn::BitCast(d8, hn::ShiftRight<4>(hn::BitCast(dw, x))), mask);
+    if constexpr (!kT4INibbles) {
+      lo = hn::TableLookupBytes(table, lo);
+      hi = hn::TableLookupBytes(table, hi);
+    }
     uint8_t* o = reinterpret_cast<uint8_t*>(out) + c * 2 * kVB;
     hn::StoreU(hn::BitCast(d8, hn::InterleaveLower(dq, hn::BitCast(dq, lo), hn::BitCast(dq, hi))), d8, o);
     hn::StoreU(hn::BitCast(d8, hn::InterleaveUpper(dq, hn::BitCast(dq, lo), hn::BitCast(dq, hi))), d8,
@@ -196,9 +213,16 @@ HWY_INLINE void T4IWeights(const uint8_t* sc, uint32_t d, const float* w, float 
   }
 }
 
-// kN int8 levels at p as f32.
-HWY_INLINE VF T4IBlockLevels(const int8_t* p) {
+// kN levels as f32: from int8 levels at p, or (kT4INibbles) from nibbles
+// through the f32 levels in `levels`.
+HWY_INLINE VF T4IBlockLevels(const int8_t* p, VF levels) {
+#if HWY_TARGET <= HWY_AVX3
+  const auto idx = hn::PromoteTo(DU(), hn::LoadU(hn::Rebind<uint8_t, DF>(), reinterpret_cast<const uint8_t*>(p)));
+  return VF{_mm512_permutexvar_ps(idx.raw, levels.raw)};
+#else
+  (void)levels;
   return hn::ConvertTo(DF(), hn::PromoteTo(DI(), hn::LoadU(hn::Rebind<int8_t, DF>(), p)));
+#endif
 }
 
 // Value block b of a prepared tile (VPassT4I): o[j][b] += sum over the
@@ -208,6 +232,7 @@ HWY_INLINE void T4IAccumulateBlock(const VTile& tile, const int8_t (*lv)[kT4IMax
                                    const float (*ws)[kQB][kT4IMaxDim / 16], float* const* o,
                                    uint32_t b) {
   const uint32_t ob = T4IGroupOffset(b);
+  const VF levels = hn::LoadU(DF(), kT4ILevelsF);  // the first kN (unused off AVX-512)
   VF acc[kQB][kVecs];
   for (int j = 0; j < kQB; ++j) {
     for (size_t v = 0; v < kVecs; ++v) acc[j][v] = hn::LoadU(DF(), o[j] + b * kDotLanes + v * kN);
@@ -217,7 +242,7 @@ HWY_INLINE void T4IAccumulateBlock(const VTile& tile, const int8_t (*lv)[kT4IMax
   if (tile.all) {
     for (uint32_t i = 0; i < tile.n; ++i) {
       VF vv[kVecs];
-      for (size_t v = 0; v < kVecs; ++v) vv[v] = T4IBlockLevels(lv[i] + ob + v * kN);
+      for (size_t v = 0; v < kVecs; ++v) vv[v] = T4IBlockLevels(lv[i] + ob + v * kN, levels);
       for (int j = 0; j < kQB; ++j) {
         const VF ew = hn::Set(DF(), ws[i][j][b]);
         for (size_t v = 0; v < kVecs; ++v) acc[j][v] = hn::MulAdd(ew, vv[v], acc[j][v]);
@@ -226,7 +251,7 @@ HWY_INLINE void T4IAccumulateBlock(const VTile& tile, const int8_t (*lv)[kT4IMax
   } else {
     for (uint32_t i = 0; i < tile.n; ++i) {
       VF vv[kVecs];
-      for (size_t v = 0; v < kVecs; ++v) vv[v] = T4IBlockLevels(lv[i] + ob + v * kN);
+      for (size_t v = 0; v < kVecs; ++v) vv[v] = T4IBlockLevels(lv[i] + ob + v * kN, levels);
       for (int j = 0; j < kQB; ++j) {
         if (!(tile.masks[i] & (1u << j))) continue;
         const VF ew = hn::Set(DF(), ws[i][j][b]);
