@@ -197,19 +197,28 @@ HWY_INLINE void T4ILevels(const uint8_t* p, uint32_t d, int8_t* out) {
 // ws[j][g] = w[j] * s_g / 128 for the d / 16 E4M3 group scales at sc.
 template <int kQB>
 HWY_INLINE void T4IWeights(const uint8_t* sc, uint32_t d, const float* w, float (*ws)[kT4IMaxDim / 16]) {
-  const hn::FixedTag<uint8_t, 4> d8;
-  const hn::FixedTag<uint16_t, 4> du16;
-  const hn::FixedTag<int16_t, 4> di16;
-  const hn::FixedTag<hwy::float16_t, 4> dh;
-  const hn::FixedTag<float, 4> df4;
-  for (uint32_t g = 0; g < d / 16; g += 4) {
-    // E4M3 -> f16 by moving bits (E4M3Block): the scale times 2^-8.
-    const auto u = hn::BitCast(di16, hn::ShiftLeft<8>(hn::PromoteTo(du16, hn::LoadU(d8, sc + g))));
-    const auto s4 = hn::PromoteTo(
-        df4, hn::BitCast(dh, hn::And(hn::ShiftRight<1>(u), hn::Set(di16, static_cast<int16_t>(0xBFFF)))));
-    for (int j = 0; j < kQB; ++j) {
-      hn::StoreU(hn::Mul(hn::Set(df4, w[j] * (kE4M3BlockMul * fi::kTurbo4IStep)), s4), df4, ws[j] + g);
+  // kL groups per step (8 where the groups allow: d a multiple of 128).
+  auto run = [&](auto tag) HWY_ATTR {
+    using DF4 = decltype(tag);
+    constexpr size_t kL = hn::MaxLanes(DF4());
+    const hn::Rebind<uint8_t, DF4> d8;
+    const hn::Rebind<uint16_t, DF4> du16;
+    const hn::Rebind<int16_t, DF4> di16;
+    const hn::Rebind<hwy::float16_t, DF4> dh;
+    for (uint32_t g = 0; g < d / 16; g += kL) {
+      // E4M3 -> f16 by moving bits (E4M3Block): the scale times 2^-8.
+      const auto u = hn::BitCast(di16, hn::ShiftLeft<8>(hn::PromoteTo(du16, hn::LoadU(d8, sc + g))));
+      const auto sv = hn::PromoteTo(
+          tag, hn::BitCast(dh, hn::And(hn::ShiftRight<1>(u), hn::Set(di16, static_cast<int16_t>(0xBFFF)))));
+      for (int j = 0; j < kQB; ++j) {
+        hn::StoreU(hn::Mul(hn::Set(tag, w[j] * (kE4M3BlockMul * fi::kTurbo4IStep)), sv), tag, ws[j] + g);
+      }
     }
+  };
+  if (d % 128 == 0) {
+    run(hn::FixedTag<float, 8>());
+  } else {
+    run(hn::FixedTag<float, 4>());
   }
 }
 
