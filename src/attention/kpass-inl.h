@@ -525,8 +525,9 @@ void RowDotsNibble(const uint8_t* p, uint32_t d, const int16_t* const* q16, cons
 // step for the whole vector (qs = max|q| / 127), and per chunk of kB8N code
 // bytes (a full vector: 2 * kB8N values, kB8N / 8 groups) the level
 // magnitudes |L| looked up from the low and the high nibbles (vpshufb), the
-// query's sign flipped where the code is negative (codes 0..7: a byte blend
-// with -q, computed once per K pass), u8 x i8 multiply-adds of byte pairs
+// query's sign flipped where the level is negative (vpsignb by the signed
+// levels; AVX-512, which has no vpsignb: a byte blend with -q, computed
+// once per K pass, on codes 0..7), u8 x i8 multiply-adds of byte pairs
 // into int16 (vpmaddubsw: a pair is at most 2 * 127 * 127 < 2^15, no
 // saturation) and of int16 pairs into int32 (vpmaddwd by ones), the low
 // and the high halves added: int32 lane k then holds 8
@@ -644,9 +645,14 @@ HWY_INLINE void RowDotsNibble8(const uint8_t* p, uint32_t d, const Nibble8Query*
   const DF df;
   alignas(16) static constexpr int8_t kAbs[16] = {127, 102, 80, 62, 46, 32, 18, 6,
                                                   6,   18,  32, 46, 62, 80, 102, 127};
+#if HWY_TARGET <= HWY_AVX3
   const auto abs_table = hn::LoadDup128(d8, kAbs);
-  const auto mask = hn::Set(du8, uint8_t{15});
   const auto eight = hn::Set(d8, int8_t{8});
+#else
+  (void)kAbs;
+  const auto signed_table = hn::LoadDup128(d8, fi::kTurbo4IInt.data());
+#endif
+  const auto mask = hn::Set(du8, uint8_t{15});
   const uint8_t* sc = p + d / 2;
   VF tot[kQB];
   for (int j = 0; j < kQB; ++j) tot[j] = hn::Zero(df);
@@ -654,16 +660,32 @@ HWY_INLINE void RowDotsNibble8(const uint8_t* p, uint32_t d, const Nibble8Query*
     const auto x = hn::LoadU(du8, p + c * kB8N);
     const auto lo = hn::BitCast(d8, hn::And(x, mask));
     const auto hi = hn::BitCast(d8, hn::And(hn::BitCast(du8, hn::ShiftRight<4>(hn::BitCast(dw, x))), mask));
+    const VF s = GroupScalePairs(sc + c * (kB8N / 8));
+#if HWY_TARGET <= HWY_AVX3
+    // No vpsignb on 512-bit vectors: |L| from its own table, and a byte
+    // blend of q and -q on the codes' sign (codes 0..7: negative levels).
     const auto alo = hn::TableLookupBytes(abs_table, lo);
     const auto ahi = hn::TableLookupBytes(abs_table, hi);
-    const auto nlo = hn::Lt(lo, eight);  // codes 0..7: negative levels
+    const auto nlo = hn::Lt(lo, eight);
     const auto nhi = hn::Lt(hi, eight);
-    const VF s = GroupScalePairs(sc + c * (kB8N / 8));
+#else
+    // The signed levels, their magnitudes (vpabsb), and the query's sign
+    // flipped by theirs (vpsignb: one instruction, no -q loads).
+    const auto llo = hn::TableLookupBytes(signed_table, lo);
+    const auto lhi = hn::TableLookupBytes(signed_table, hi);
+    const auto alo = hn::Abs(llo);
+    const auto ahi = hn::Abs(lhi);
+#endif
     for (int j = 0; j < kQB; ++j) {
       const int8_t* q = qq[j]->q + 2 * kB8N * c;
+#if HWY_TARGET <= HWY_AVX3
       const int8_t* nq = qq[j]->neg + 2 * kB8N * c;
       const auto qlo = hn::IfThenElse(nlo, hn::Load(d8, nq), hn::Load(d8, q));
       const auto qhi = hn::IfThenElse(nhi, hn::Load(d8, nq + kB8N), hn::Load(d8, q + kB8N));
+#else
+      const auto qlo = SignBytes(hn::Load(d8, q), llo);
+      const auto qhi = SignBytes(hn::Load(d8, q + kB8N), lhi);
+#endif
       auto acc = DotBytesN(alo, qlo, hn::Zero(di));
       acc = DotBytesN(ahi, qhi, acc);
       tot[j] = hn::MulAdd(hn::ConvertTo(df, acc), s, tot[j]);
