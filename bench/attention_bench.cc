@@ -113,7 +113,7 @@ void BM_AttendInCache(benchmark::State& state) {
   state.SetLabel(std::string(FormatName(f)) + " " + SimdTarget());
 }
 BENCHMARK(BM_AttendInCache)
-    ->DenseRange(0, static_cast<int>(Format::kQ4_0))
+    ->DenseRange(0, static_cast<int>(Format::kTurbo4I))
     ->Unit(benchmark::kMicrosecond);
 
 // Args: format (both sides), sequences, context, threads.

@@ -635,9 +635,15 @@ HWY_INLINE VF GroupScalePairs(const uint8_t* sc) {
 }
 
 // dots[j] ~= <q_j, k> for the turbo4i row at p, kQB queries.
+// The factor each dot takes (qmul[j]: the query's step times 2^8 / 128,
+// Nibble8Mul, computed once per K pass so no row reloads it).
+HWY_INLINE float Nibble8Mul(const Nibble8Query& q) {
+  return q.qs * (kE4M3BlockMul * fi::kTurbo4IStep);
+}
+
 template <int kQB>
 HWY_INLINE void RowDotsNibble8(const uint8_t* p, uint32_t d, const Nibble8Query* const* qq,
-                               float* dots) {
+                               const float* qmul, float* dots) {
   const D8N8 d8;
   const hn::RebindToUnsigned<D8N8> du8;
   const hn::Repartition<uint16_t, D8N8> dw;
@@ -696,7 +702,7 @@ HWY_INLINE void RowDotsNibble8(const uint8_t* p, uint32_t d, const Nibble8Query*
   } else {
     for (int j = 0; j < kQB; ++j) dots[j] = hn::GetLane(hn::SumOfLanes(df, tot[j]));
   }
-  for (int j = 0; j < kQB; ++j) dots[j] = dots[j] * (qq[j]->qs * (kE4M3BlockMul * fi::kTurbo4IStep));
+  for (int j = 0; j < kQB; ++j) dots[j] = dots[j] * qmul[j];
 }
 #else
 HWY_INLINE bool Nibble8Fits(uint32_t) { return false; }
@@ -704,9 +710,10 @@ struct Nibble8Query {
   float qs;
 };
 inline void QuantizeQueryNibble8(const float*, uint32_t, Nibble8Query*) {}
+inline float Nibble8Mul(const Nibble8Query&) { return 0.0f; }
 template <int kQB>
 void RowDotsNibble8(const uint8_t* p, uint32_t d, const Nibble8Query* const* qq,
-                    float* dots);  // never instantiated on this target
+                    const float* qmul, float* dots);  // never instantiated on this target
 #endif
 
 // The K pass proper, by key path: kFloat (decoded keys, FMAs), kInt16
@@ -845,13 +852,17 @@ void KPassRows(const KArgs& a, const int16_t* const* q16, const float* qscale,
   k.has_bias = job.has_bias;
   const bool all_visible = AllVisible(vis, qv, kQB, a.r1);
   const HeadRows rows(view, view.k, job.head);
+  float n8mul[kQB] = {};
+  if constexpr (kPath == KeyPath::kNibble8) {
+    for (int j = 0; j < kQB; ++j) n8mul[j] = Nibble8Mul(*n8[j]);
+  }
   auto row_dots = [&](const uint8_t* p, float* dots) HWY_ATTR {
     (void)q16;
     (void)qscale;
     (void)q8;
     (void)n8;
     if constexpr (kPath == KeyPath::kNibble8) {
-      RowDotsNibble8<kQB>(p, d, n8, dots);
+      RowDotsNibble8<kQB>(p, d, n8, n8mul, dots);
     } else if constexpr (kPath == KeyPath::kNibble) {
       RowDotsNibble<kQB>(p, d, q16, qscale, dots);
     } else if constexpr (kPath == KeyPath::kInt16) {
