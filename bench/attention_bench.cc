@@ -64,7 +64,7 @@ void BM_Attend(benchmark::State& state) {
 void DecodeArgs(benchmark::internal::Benchmark* b) {
   const Format fs[] = {Format::kF32,  Format::kF16,    Format::kBF16,   Format::kFp8E4M3,
                        Format::kQ8,   Format::kTurbo8, Format::kTurbo4, Format::kTurbo3,
-                       Format::kTurbo2, Format::kQ8_0, Format::kQ4_0};
+                       Format::kTurbo2, Format::kQ8_0, Format::kQ4_0, Format::kTurbo4I};
   for (Format f : fs) {
     for (int paged : {0, 1}) {
       b->Args({static_cast<int>(f), static_cast<int>(f), 8192, paged, 1, 1});
@@ -73,6 +73,7 @@ void DecodeArgs(benchmark::internal::Benchmark* b) {
   b->Args({static_cast<int>(Format::kBF16), static_cast<int>(Format::kTurbo4), 8192, 1, 1, 1});
   b->Args({static_cast<int>(Format::kBF16), static_cast<int>(Format::kBF16), 32768, 1, 2, 1});
   b->Args({static_cast<int>(Format::kTurbo4), static_cast<int>(Format::kTurbo4), 32768, 1, 2, 1});
+  b->Args({static_cast<int>(Format::kTurbo4I), static_cast<int>(Format::kTurbo4I), 32768, 1, 2, 1});
   b->Args({static_cast<int>(Format::kBF16), static_cast<int>(Format::kBF16), 8192, 1, 1, 4});
 }
 BENCHMARK(BM_Attend)->Apply(DecodeArgs)->Unit(benchmark::kMicrosecond)->UseRealTime();
@@ -112,7 +113,7 @@ void BM_AttendInCache(benchmark::State& state) {
   state.SetLabel(std::string(FormatName(f)) + " " + SimdTarget());
 }
 BENCHMARK(BM_AttendInCache)
-    ->DenseRange(0, static_cast<int>(Format::kQ4_0))
+    ->DenseRange(0, static_cast<int>(Format::kTurbo4I))
     ->Unit(benchmark::kMicrosecond);
 
 // Args: format (both sides), sequences, context, threads.
@@ -148,6 +149,7 @@ void BM_AttendBatch(benchmark::State& state) {
 BENCHMARK(BM_AttendBatch)
     ->Args({static_cast<int>(Format::kBF16), 16, 2048, 2})
     ->Args({static_cast<int>(Format::kTurbo4), 16, 2048, 2})
+    ->Args({static_cast<int>(Format::kTurbo4I), 16, 2048, 2})
     ->Unit(benchmark::kMicrosecond)
     ->UseRealTime();
 

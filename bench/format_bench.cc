@@ -93,7 +93,7 @@ const bool kRegistered = [] {
     benchmark::RegisterBenchmark(("BM_Decode/" + name).c_str(), BM_Decode, f);
   }
   for (Format f : {Format::kQ8_0, Format::kQ4_0, Format::kTurbo8, Format::kTurbo4,
-                   Format::kTurbo3, Format::kTurbo2}) {
+                   Format::kTurbo3, Format::kTurbo2, Format::kTurbo4I}) {
     benchmark::RegisterBenchmark(("BM_EncodeBare/" + std::string(FormatName(f))).c_str(),
                                  BM_EncodeBare, f);
   }

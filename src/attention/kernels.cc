@@ -130,6 +130,7 @@ Family FamilyOf(Format f) {
     case Format::kQ4_0: return {&GgmlK, &GgmlV, &GgmlDecode};
     case Format::kTurbo8:
     case Format::kTurbo4:
+    case Format::kTurbo4I:
     case Format::kTurbo3:
     case Format::kTurbo2: return {&TurboK, &TurboV, &TurboDecode};
   }

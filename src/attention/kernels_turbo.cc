@@ -15,7 +15,8 @@
 HWY_BEFORE_NAMESPACE();
 namespace kvcache::attention_internal::HWY_NAMESPACE {
 
-using TurboFamily = FamilyKernels<Format::kTurbo8, Format::kTurbo4, Format::kTurbo3, Format::kTurbo2>;
+using TurboFamily = FamilyKernels<Format::kTurbo8, Format::kTurbo4, Format::kTurbo3,
+                                  Format::kTurbo2, Format::kTurbo4I>;
 
 KFn TurboK(Format f, bool /*exact*/, int qb) { return TurboFamily::K(f, qb); }
 VFn TurboV(Format f, bool /*exact*/, int qb) { return TurboFamily::V(f, qb); }

@@ -400,10 +400,328 @@ void RowDotsInt8(const uint8_t* p, uint32_t d, const Int8Query* const* qq,
                  float* dots);  // never instantiated on this target
 #endif
 
+// ---------------------------------------------------------------------------
+// Integer K path for turbo4i keys (x86 SIMD targets, the default for that
+// format): the levels are int8 / 128 by construction (format/turbo/turbo.h),
+// so a row's dot product is, exactly, sum_g (s_g / 128) * sum_{i in g}
+// L[c_i] * q16_i with the query rounded to int16 once per K pass (as the
+// q8_0 path above: qscale = max|q| / 32767). Per chunk of kN16 code bytes
+// (2 * kN16 values, kN16 / 8 groups): the low and the high nibbles are
+// looked up in the 16 int8 levels (TableLookupBytes: vpshufb) and widened to
+// int16 (vpmovsxbw), two int16 multiply-adds into int32 lanes (vpmaddwd)
+// per query, then one int32 -> f32 conversion and one FMA by the group
+// scales, lane k holding group k / 4 of the chunk. The codes are decoded
+// once per row for all kQB queries. An int32 lane adds 4 products of at most
+// 127 * 32767 per chunk (< 2^24, so its conversion is exact too): the
+// only rounding of the path is the query's (bound: docs/attention.md).
+// The query is permuted once into the order the chunks consume (the low
+// nibble values of the chunk's bytes, then the high ones).
+
+template <Format F>
+constexpr bool kNibbleIntKeys = KVCACHE_ATTN_X86_SIMD && F == Format::kTurbo4I;
+
+#if KVCACHE_ATTN_X86_SIMD
+using D8N = hn::Rebind<uint8_t, DI16>;   // kN16 code bytes
+using D8NI = hn::Rebind<int8_t, DI16>;
+
+HWY_INLINE bool NibbleIntFits(uint32_t d) { return IntPathFits(d) && d % (2 * kN16) == 0; }
+
+// q16[d] in chunk order from q[d] in nibble order (plan.h); returns qscale.
+HWY_INLINE float QuantizeQueryNibble(const float* q, uint32_t d, int16_t* q16) {
+  alignas(64) float perm[kIntMaxDim];
+  for (uint32_t j = 0; j < d / 2; ++j) {  // code byte j: group j / 8, values 2 (j % 8) + 0, 1
+    const uint32_t base = 2 * kN16 * (j / kN16) + j % kN16;
+    const float* g = q + 16 * (j / 8) + j % 8;
+    perm[base] = g[0];
+    perm[base + kN16] = g[8];
+  }
+  return QuantizeQuery(perm, d, q16);
+}
+
+// f32 lane k: the E4M3 group scale sc[k / 4] times 2^-8 (exact; the f16
+// move of E4M3Block with F16C; NaN codes 0x7F/0xFF, which the encoder never
+// writes, read as numbers), for the kN / 4 groups of a chunk.
+HWY_INLINE VF GroupScaleLanes(const uint8_t* sc) {
+#if HWY_TARGET <= HWY_AVX2
+  constexpr size_t kG = kN / 4;
+  uint32_t w = 0;
+  std::memcpy(&w, sc, kG);
+  const hn::Full128<uint8_t> d8;
+  alignas(16) static constexpr uint8_t kRep[16] = {0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3};
+  const auto rep = hn::TableLookupBytes(hn::BitCast(d8, hn::Set(hn::Full128<uint32_t>(), w)),
+                                        hn::Load(d8, kRep));
+#if HWY_TARGET == HWY_AVX2
+  const auto b = hn::LowerHalf(rep);
+#else
+  const auto b = rep;
+#endif
+  const hn::Rebind<uint16_t, DF> du16;
+  const hn::Rebind<int16_t, DF> di16;
+  const hn::Rebind<hwy::float16_t, DF> dh;
+  const auto wv = hn::BitCast(di16, hn::ShiftLeft<8>(hn::PromoteTo(du16, b)));
+  const auto h = hn::BitCast(dh, hn::And(hn::ShiftRight<1>(wv), hn::Set(di16, static_cast<int16_t>(0xBFFF))));
+  return hn::PromoteTo(DF(), h);
+#else
+  static_assert(kN == 4, "SSE4: one group per chunk");
+  return hn::Set(DF(), fi::E4M3ToFloat(sc[0]) * (1.0f / kE4M3BlockMul));
+#endif
+}
+
+// dots[j] ~= <q_j, k> for the turbo4i row at p, kQB queries (q16 from
+// QuantizeQueryNibble, scale qscale[j]).
+template <int kQB>
+HWY_INLINE void RowDotsNibble(const uint8_t* p, uint32_t d, const int16_t* const* q16,
+                              const float* qscale, float* dots) {
+  const DI32 di;
+  const DI16 d16;
+  const D8N d8;
+  const D8NI d8i;
+  const DF df;
+#if HWY_TARGET <= HWY_AVX3
+  const auto table = hn::LoadDup128(d8i, fi::kTurbo4IInt.data());
+#else
+  const auto table = hn::LoadU(hn::Full128<int8_t>(), fi::kTurbo4IInt.data());
+#endif
+  const auto mask = hn::Set(d8, uint8_t{15});
+  const hn::Repartition<uint16_t, D8N> dw;
+  const uint8_t* sc = p + d / 2;
+  VF tot[kQB];
+  for (int j = 0; j < kQB; ++j) tot[j] = hn::Zero(df);
+  for (uint32_t c = 0; c < d / (2 * kN16); ++c) {
+    const auto x = hn::LoadU(d8, p + c * kN16);
+    const auto lo = hn::BitCast(d8i, hn::And(x, mask));
+    const auto hi = hn::BitCast(d8i, hn::And(hn::BitCast(d8, hn::ShiftRight<4>(hn::BitCast(dw, x))), mask));
+    const auto lv = hn::PromoteTo(d16, hn::TableLookupBytes(table, lo));
+    const auto hv = hn::PromoteTo(d16, hn::TableLookupBytes(table, hi));
+    const VF s = GroupScaleLanes(sc + c * (kN16 / 8));
+    for (int j = 0; j < kQB; ++j) {
+      const int16_t* qc = q16[j] + 2 * kN16 * c;
+      auto s1 = hn::Zero(di);
+      auto acc = hn::ReorderWidenMulAccumulate(di, lv, hn::Load(d16, qc), hn::Zero(di), s1);
+      acc = hn::ReorderWidenMulAccumulate(di, hv, hn::Load(d16, qc + kN16), acc, s1);
+      tot[j] = hn::MulAdd(hn::ConvertTo(df, hn::Add(acc, s1)), s, tot[j]);
+    }
+  }
+  if constexpr (kQB == 4) {
+    Reduce4(tot[0], tot[1], tot[2], tot[3], dots);
+  } else {
+    for (int j = 0; j < kQB; ++j) dots[j] = hn::GetLane(hn::SumOfLanes(df, tot[j]));
+  }
+  // Scale lanes are s * 2^-8 and levels L / 128: the product is s * L * 2^-7.
+  for (int j = 0; j < kQB; ++j) dots[j] = dots[j] * (qscale[j] * (kE4M3BlockMul * fi::kTurbo4IStep));
+}
+#else
+HWY_INLINE bool NibbleIntFits(uint32_t) { return false; }
+inline float QuantizeQueryNibble(const float*, uint32_t, int16_t*) { return 0.0f; }
+template <int kQB>
+void RowDotsNibble(const uint8_t* p, uint32_t d, const int16_t* const* q16, const float* qscale,
+                   float* dots);  // never instantiated on this target
+#endif
+
+// ---------------------------------------------------------------------------
+// The int8-query turbo4i path (x86 SIMD targets, the default where head_dim
+// is a multiple of 2 * kB8N: 128 on AVX3, 64 on AVX2, 32 on SSE4; the int16
+// path above otherwise): the query rounded to int8 once per K pass with one
+// step for the whole vector (qs = max|q| / 127), and per chunk of kB8N code
+// bytes (a full vector: 2 * kB8N values, kB8N / 8 groups) the level
+// magnitudes |L| looked up from the low and the high nibbles (vpshufb), the
+// query's sign flipped where the level is negative (vpsignb by the signed
+// levels; AVX-512, which has no vpsignb: a byte blend with -q, computed
+// once per K pass, on codes 0..7), u8 x i8 multiply-adds of byte pairs
+// into int16 (vpmaddubsw: a pair is at most 2 * 127 * 127 < 2^15, no
+// saturation) and of int16 pairs into int32 (vpmaddwd by ones), the low
+// and the high halves added: int32 lane k then holds 8
+// products of group k / 2 of the chunk, converted and multiplied by the
+// group scales in one FMA. Half the per-query instructions of the int16
+// path. Exact but for the query's rounding: a score moves by at most
+// scale * qs / 2 * sum_i |k_i| (docs/attention.md).
+
+#if KVCACHE_ATTN_X86_SIMD
+#if HWY_TARGET <= HWY_AVX3
+using D8N8 = hn::Full512<int8_t>;
+#elif HWY_TARGET == HWY_AVX2
+using D8N8 = hn::Full256<int8_t>;
+#else
+using D8N8 = hn::Full128<int8_t>;
+#endif
+constexpr size_t kB8N = hn::MaxLanes(D8N8());  // code bytes per chunk
+static_assert(kB8N == 4 * kN, "an int32 lane per 4 code bytes");
+
+HWY_INLINE bool Nibble8Fits(uint32_t d) { return IntPathFits(d) && d % (2 * kB8N) == 0; }
+
+// The int8 query of the turbo4i path: q and -q in chunk order (per chunk,
+// the low-nibble values of its bytes, then the high ones), one step qs.
+struct Nibble8Query {
+  alignas(64) int8_t q[kIntMaxDim];
+  alignas(64) int8_t neg[kIntMaxDim];
+  float qs;
+};
+
+// From q[d] in nibble order (plan.h). Plain C++: every target rounds alike.
+// inf or NaN (a finite query can overflow in the column scales or the
+// rotation) gives a NaN step, so every score is NaN as in the float path.
+inline void QuantizeQueryNibble8(const float* q, uint32_t d, Nibble8Query* out) {
+  float amax = 0.0f;
+  bool finite = true;
+  for (uint32_t i = 0; i < d; ++i) {
+    finite = finite && std::isfinite(q[i]);
+    amax = std::max(amax, std::fabs(q[i]));
+  }
+  if (!finite || amax == 0.0f) {
+    std::fill(out->q, out->q + d, int8_t{0});
+    std::fill(out->neg, out->neg + d, int8_t{0});
+    out->qs = finite ? 0.0f : std::numeric_limits<float>::quiet_NaN();
+    return;
+  }
+  const float inv = 127.0f / amax;
+  for (uint32_t j = 0; j < d / 2; ++j) {  // code byte j: group j / 8, values 2 (j % 8) + 0, 1
+    const uint32_t base = 2 * kB8N * (j / kB8N) + j % kB8N;
+    const float* g = q + 16 * (j / 8) + j % 8;
+    for (uint32_t h = 0; h < 2; ++h) {
+      const float r = std::clamp(std::nearbyint(g[8 * h] * inv), -127.0f, 127.0f);
+      out->q[base + h * kB8N] = static_cast<int8_t>(r);
+      out->neg[base + h * kB8N] = static_cast<int8_t>(-r);
+    }
+  }
+  out->qs = amax / 127.0f;
+}
+
+// acc + the sums of 4 adjacent products a_u8[i] * b_i8[i] per int32 lane,
+// full vectors.
+HWY_INLINE hn::Vec<hn::Repartition<int32_t, D8N8>> DotBytesN(hn::Vec<D8N8> a_u8, hn::Vec<D8N8> b_i8,
+                                                             hn::Vec<hn::Repartition<int32_t, D8N8>> acc) {
+  using VI = hn::Vec<hn::Repartition<int32_t, D8N8>>;
+#if HWY_TARGET <= HWY_AVX3
+  // (Highway 1.0.3's AVX3_DL target enables avxvnni, the 256-bit VEX form,
+  // not avx512vnni: the 512-bit vpdpbusd is not available to it.)
+  const __m512i p = _mm512_maddubs_epi16(a_u8.raw, b_i8.raw);
+  return hn::Add(acc, VI{_mm512_madd_epi16(p, _mm512_set1_epi16(1))});
+#elif HWY_TARGET == HWY_AVX2
+  const __m256i p = _mm256_maddubs_epi16(a_u8.raw, b_i8.raw);
+  return hn::Add(acc, VI{_mm256_madd_epi16(p, _mm256_set1_epi16(1))});
+#else
+  const __m128i p = _mm_maddubs_epi16(a_u8.raw, b_i8.raw);
+  return hn::Add(acc, VI{_mm_madd_epi16(p, _mm_set1_epi16(1))});
+#endif
+}
+
+// f32 lane k: the E4M3 group scale sc[k / 2] times 2^-8 (as
+// GroupScaleLanes), for the kN / 2 groups of a chunk.
+HWY_INLINE VF GroupScalePairs(const uint8_t* sc) {
+#if HWY_TARGET <= HWY_AVX2
+  constexpr size_t kG = kN / 2;
+  uint64_t w = 0;
+  std::memcpy(&w, sc, kG);
+  const hn::Full128<uint8_t> d8;
+  alignas(16) static constexpr uint8_t kRep[16] = {0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7};
+  const auto rep = hn::TableLookupBytes(hn::BitCast(d8, hn::Set(hn::Full128<uint64_t>(), w)),
+                                        hn::Load(d8, kRep));
+#if HWY_TARGET == HWY_AVX2
+  const auto b = hn::LowerHalf(rep);
+#else
+  const auto b = rep;
+#endif
+  const hn::Rebind<uint16_t, DF> du16;
+  const hn::Rebind<int16_t, DF> di16;
+  const hn::Rebind<hwy::float16_t, DF> dh;
+  const auto wv = hn::BitCast(di16, hn::ShiftLeft<8>(hn::PromoteTo(du16, b)));
+  const auto h = hn::BitCast(dh, hn::And(hn::ShiftRight<1>(wv), hn::Set(di16, static_cast<int16_t>(0xBFFF))));
+  return hn::PromoteTo(DF(), h);
+#else
+  const float a = fi::E4M3ToFloat(sc[0]) * (1.0f / kE4M3BlockMul);
+  const float b = fi::E4M3ToFloat(sc[1]) * (1.0f / kE4M3BlockMul);
+  return VF{_mm_setr_ps(a, a, b, b)};
+#endif
+}
+
+// dots[j] ~= <q_j, k> for the turbo4i row at p, kQB queries.
+// The factor each dot takes (qmul[j]: the query's step times 2^8 / 128,
+// Nibble8Mul, computed once per K pass so no row reloads it).
+HWY_INLINE float Nibble8Mul(const Nibble8Query& q) {
+  return q.qs * (kE4M3BlockMul * fi::kTurbo4IStep);
+}
+
+template <int kQB>
+HWY_INLINE void RowDotsNibble8(const uint8_t* p, uint32_t d, const Nibble8Query* const* qq,
+                               const float* qmul, float* dots) {
+  const D8N8 d8;
+  const hn::RebindToUnsigned<D8N8> du8;
+  const hn::Repartition<uint16_t, D8N8> dw;
+  const hn::Repartition<int32_t, D8N8> di;
+  const DF df;
+  alignas(16) static constexpr int8_t kAbs[16] = {127, 102, 80, 62, 46, 32, 18, 6,
+                                                  6,   18,  32, 46, 62, 80, 102, 127};
+#if HWY_TARGET <= HWY_AVX3
+  const auto abs_table = hn::LoadDup128(d8, kAbs);
+  const auto eight = hn::Set(d8, int8_t{8});
+#else
+  (void)kAbs;
+  const auto signed_table = hn::LoadDup128(d8, fi::kTurbo4IInt.data());
+#endif
+  const auto mask = hn::Set(du8, uint8_t{15});
+  const uint8_t* sc = p + d / 2;
+  VF tot[kQB];
+  for (int j = 0; j < kQB; ++j) tot[j] = hn::Zero(df);
+  for (uint32_t c = 0; c < d / (2 * kB8N); ++c) {
+    const auto x = hn::LoadU(du8, p + c * kB8N);
+    const auto lo = hn::BitCast(d8, hn::And(x, mask));
+    const auto hi = hn::BitCast(d8, hn::And(hn::BitCast(du8, hn::ShiftRight<4>(hn::BitCast(dw, x))), mask));
+    const VF s = GroupScalePairs(sc + c * (kB8N / 8));
+#if HWY_TARGET <= HWY_AVX3
+    // No vpsignb on 512-bit vectors: |L| from its own table, and a byte
+    // blend of q and -q on the codes' sign (codes 0..7: negative levels).
+    const auto alo = hn::TableLookupBytes(abs_table, lo);
+    const auto ahi = hn::TableLookupBytes(abs_table, hi);
+    const auto nlo = hn::Lt(lo, eight);
+    const auto nhi = hn::Lt(hi, eight);
+#else
+    // The signed levels, their magnitudes (vpabsb), and the query's sign
+    // flipped by theirs (vpsignb: one instruction, no -q loads).
+    const auto llo = hn::TableLookupBytes(signed_table, lo);
+    const auto lhi = hn::TableLookupBytes(signed_table, hi);
+    const auto alo = hn::Abs(llo);
+    const auto ahi = hn::Abs(lhi);
+#endif
+    for (int j = 0; j < kQB; ++j) {
+      const int8_t* q = qq[j]->q + 2 * kB8N * c;
+#if HWY_TARGET <= HWY_AVX3
+      const int8_t* nq = qq[j]->neg + 2 * kB8N * c;
+      const auto qlo = hn::IfThenElse(nlo, hn::Load(d8, nq), hn::Load(d8, q));
+      const auto qhi = hn::IfThenElse(nhi, hn::Load(d8, nq + kB8N), hn::Load(d8, q + kB8N));
+#else
+      const auto qlo = SignBytes(hn::Load(d8, q), llo);
+      const auto qhi = SignBytes(hn::Load(d8, q + kB8N), lhi);
+#endif
+      auto acc = DotBytesN(alo, qlo, hn::Zero(di));
+      acc = DotBytesN(ahi, qhi, acc);
+      tot[j] = hn::MulAdd(hn::ConvertTo(df, acc), s, tot[j]);
+    }
+  }
+  if constexpr (kQB == 4) {
+    Reduce4(tot[0], tot[1], tot[2], tot[3], dots);
+  } else {
+    for (int j = 0; j < kQB; ++j) dots[j] = hn::GetLane(hn::SumOfLanes(df, tot[j]));
+  }
+  for (int j = 0; j < kQB; ++j) dots[j] = dots[j] * qmul[j];
+}
+#else
+HWY_INLINE bool Nibble8Fits(uint32_t) { return false; }
+struct Nibble8Query {
+  float qs;
+};
+inline void QuantizeQueryNibble8(const float*, uint32_t, Nibble8Query*) {}
+inline float Nibble8Mul(const Nibble8Query&) { return 0.0f; }
+template <int kQB>
+void RowDotsNibble8(const uint8_t* p, uint32_t d, const Nibble8Query* const* qq,
+                    const float* qmul, float* dots);  // never instantiated on this target
+#endif
+
 // The K pass proper, by key path: kFloat (decoded keys, FMAs), kInt16
 // (q8, q8_0, q4_0 keys through RowDotsInt with the queries already in q16, qscale),
 // kInt8 (ggml keys through RowDotsInt8 with the queries in q8).
-enum class KeyPath { kFloat, kInt16, kInt8 };
+// kNibble (turbo4i keys through RowDotsNibble, queries in q16, qscale),
+// kNibble8 (turbo4i keys through RowDotsNibble8, queries in a.n8).
+enum class KeyPath { kFloat, kInt16, kInt8, kNibble, kNibble8 };
 
 // Where a K pass over kQB query vectors puts its scores (s[j][r]), their
 // running maxima, and what each score adds (scale, then bias when
@@ -514,7 +832,7 @@ HWY_INLINE void ScoreRunMasked(const RowDotsFn& row_dots, const uint8_t* p, uint
 
 template <Format F, bool kExact, int kQB, KeyPath kPath>
 void KPassRows(const KArgs& a, const int16_t* const* q16, const float* qscale,
-               const Int8Query* const* q8) {
+               const Int8Query* const* q8, const Nibble8Query* const* n8 = nullptr) {
   const Plan& plan = *a.plan;
   const HeadJob& job = *a.job;
   const LayerKvView& view = *job.view;
@@ -534,11 +852,20 @@ void KPassRows(const KArgs& a, const int16_t* const* q16, const float* qscale,
   k.has_bias = job.has_bias;
   const bool all_visible = AllVisible(vis, qv, kQB, a.r0, a.r1);
   const HeadRows rows(view, view.k, job.head);
+  float n8mul[kQB] = {};
+  if constexpr (kPath == KeyPath::kNibble8) {
+    for (int j = 0; j < kQB; ++j) n8mul[j] = Nibble8Mul(*n8[j]);
+  }
   auto row_dots = [&](const uint8_t* p, float* dots) HWY_ATTR {
     (void)q16;
     (void)qscale;
     (void)q8;
-    if constexpr (kPath == KeyPath::kInt16) {
+    (void)n8;
+    if constexpr (kPath == KeyPath::kNibble8) {
+      RowDotsNibble8<kQB>(p, d, n8, n8mul, dots);
+    } else if constexpr (kPath == KeyPath::kNibble) {
+      RowDotsNibble<kQB>(p, d, q16, qscale, dots);
+    } else if constexpr (kPath == KeyPath::kInt16) {
       RowDotsInt<F, kQB>(p, d, q16, qscale, dots);
     } else if constexpr (kPath == KeyPath::kInt8) {
       RowDotsInt8<F, kQB>(p, d, q8, dots);
@@ -566,6 +893,29 @@ template <Format F, bool kExact, int kQB>
 void KPass(const KArgs& a) {
   const uint32_t d = a.plan->head_dim;
   const QueryVec* qv = a.plan->queries.data() + a.job->first_query + a.qi0;
+  if constexpr (kNibbleIntKeys<F> && !kExact) {
+    if (a.plan->int_keys && Nibble8Fits(d)) {
+      // turbo4i keys: the queries rounded to int8 once per K pass.
+      Nibble8Query qbuf[kQB];
+      const Nibble8Query* n8[kQB];
+      for (int j = 0; j < kQB; ++j) {
+        QuantizeQueryNibble8(qv[j].q, d, &qbuf[j]);
+        n8[j] = &qbuf[j];
+      }
+      return KPassRows<F, kExact, kQB, KeyPath::kNibble8>(a, nullptr, nullptr, nullptr, n8);
+    }
+    if (a.plan->int_keys && NibbleIntFits(d)) {
+      // turbo4i keys: the queries rounded to int16 once per K pass.
+      alignas(64) int16_t q16_buf[kQB * kIntMaxDim];
+      const int16_t* q16[kQB];
+      float qscale[kQB];
+      for (int j = 0; j < kQB; ++j) {
+        qscale[j] = QuantizeQueryNibble(qv[j].q, d, q16_buf + j * kIntMaxDim);
+        q16[j] = q16_buf + j * kIntMaxDim;
+      }
+      return KPassRows<F, kExact, kQB, KeyPath::kNibble>(a, q16, qscale, nullptr);
+    }
+  }
   if constexpr (kIntKeys<F> && !kExact) {
     if (a.plan->int_keys && IntPathFits(d)) {
       if constexpr (kInt8Keys<F>) {

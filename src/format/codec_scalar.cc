@@ -19,6 +19,7 @@ RowEncodeFn ScalarEncoder(Format f) {
     case Format::kQ8: return EncodeFp8Q8Row;
     case Format::kTurbo8:
     case Format::kTurbo4:
+    case Format::kTurbo4I:
     case Format::kTurbo3:
     case Format::kTurbo2: return EncodeTurboRow;
     case Format::kQ8_0:
@@ -36,6 +37,7 @@ RowDecodeFn ScalarDecoder(Format f) {
     case Format::kQ8: return DecodeFp8Q8Row;
     case Format::kTurbo8:
     case Format::kTurbo4:
+    case Format::kTurbo4I:
     case Format::kTurbo3:
     case Format::kTurbo2: return DecodeTurboRow;
     case Format::kQ8_0:

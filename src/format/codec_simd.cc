@@ -190,6 +190,7 @@ void EncodeRowsT(Format f, uint32_t d, size_t n, const float* HWY_RESTRICT x,
     case Format::kQ8: return EncodeFp8Q8RowsOf(f, d, n, x, out);
     case Format::kTurbo8:
     case Format::kTurbo4:
+    case Format::kTurbo4I:
     case Format::kTurbo3:
     case Format::kTurbo2: return EncodeTurboRowsOf(f, d, n, x, out);
     case Format::kQ8_0:
@@ -274,6 +275,7 @@ void DecodeRowsT(Format f, uint32_t d, size_t n, const uint8_t* HWY_RESTRICT in,
     case Format::kQ8: return DecodeRowsOf<Format::kQ8>(d, n, in, x);
     case Format::kTurbo8: return DecodeRowsOf<Format::kTurbo8>(d, n, in, x);
     case Format::kTurbo4: return DecodeRowsOf<Format::kTurbo4>(d, n, in, x);
+    case Format::kTurbo4I: return DecodeRowsOf<Format::kTurbo4I>(d, n, in, x);
     case Format::kTurbo3: return DecodeRowsOf<Format::kTurbo3>(d, n, in, x);
     case Format::kTurbo2: return DecodeRowsOf<Format::kTurbo2>(d, n, in, x);
     case Format::kQ8_0: return DecodeRowsOf<Format::kQ8_0>(d, n, in, x);

@@ -20,6 +20,7 @@ std::string_view FormatName(Format f) {
     case Format::kTurbo2: return "turbo2";
     case Format::kQ8_0: return "q8_0";
     case Format::kQ4_0: return "q4_0";
+    case Format::kTurbo4I: return "turbo4i";
   }
   return "unknown";
 }
@@ -57,6 +58,7 @@ uint32_t GroupSize(Format f) {
   switch (f) {
     case Format::kTurbo8:
     case Format::kTurbo4:
+    case Format::kTurbo4I:
     case Format::kTurbo3:
     case Format::kTurbo2: return 16;
     case Format::kQ8_0:
@@ -67,7 +69,7 @@ uint32_t GroupSize(Format f) {
 
 bool IsRotated(Format f) {
   return f == Format::kTurbo8 || f == Format::kTurbo4 || f == Format::kTurbo3 ||
-         f == Format::kTurbo2;
+         f == Format::kTurbo2 || f == Format::kTurbo4I;
 }
 
 Status CheckHeadDim(Format f, uint32_t head_dim) {
@@ -92,7 +94,8 @@ size_t RowBytes(Format f, uint32_t d) {
     case Format::kFp8E4M3: return n;
     case Format::kQ8: return n + 4;              // int8 codes + f32 row scale
     case Format::kTurbo8: return n + 2 * (n / 16);   // E4M3 codes + bf16 group scales
-    case Format::kTurbo4: return n / 2 + n / 16;     // 4-bit codes + E4M3 scales
+    case Format::kTurbo4:
+    case Format::kTurbo4I: return n / 2 + n / 16;    // 4-bit codes + E4M3 scales
     case Format::kTurbo3: return 6 * (n / 16) + n / 16;
     case Format::kTurbo2: return n / 4 + n / 16;
     case Format::kQ8_0: return 34 * (n / 32);

@@ -41,7 +41,8 @@ inline RowLayout LayoutOf(Format format, uint32_t d) {
       l.group_code_bytes = d;
       break;
     case Format::kTurbo8: l.codes_bytes = d; l.scale_bytes = 2; l.group_code_bytes = 16; break;
-    case Format::kTurbo4: l.codes_bytes = d / 2; l.scale_bytes = 1; l.group_code_bytes = 8; break;
+    case Format::kTurbo4:
+    case Format::kTurbo4I: l.codes_bytes = d / 2; l.scale_bytes = 1; l.group_code_bytes = 8; break;
     case Format::kTurbo3: l.codes_bytes = 6ull * (d / 16); l.scale_bytes = 1; l.group_code_bytes = 6; break;
     case Format::kTurbo2: l.codes_bytes = d / 4; l.scale_bytes = 1; l.group_code_bytes = 4; break;
     case Format::kQ8_0: l.codes_bytes = 34ull * (d / 32); l.group_code_bytes = 34; break;

@@ -2,6 +2,8 @@
 // the turbo nmse targets on gaussian data, calibration, rotation, and bad input.
 #include "kvcache/codec.h"
 
+#include "format/turbo/turbo.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -64,6 +66,25 @@ TEST(Codec, TurboTargetsOnGaussianHeadDim128) {
   EXPECT_LE(GaussianNmse(Format::kTurbo8), 0.0012);
 }
 
+TEST(Codec, Turbo4IMatchesTurbo4Error) {
+  // turbo4i's integer levels (turbo4's, scaled to 127 and rounded) cost at
+  // most ~2% more error than turbo4's fitted ones (docs/formats.md).
+  const double t4 = GaussianNmse(Format::kTurbo4);
+  const double t4i = GaussianNmse(Format::kTurbo4I);
+  EXPECT_LE(t4i, 0.012);
+  EXPECT_LE(t4i, 0.0055);
+  EXPECT_LE(t4i, 1.02 * t4) << t4;
+  EXPECT_LE(GaussianNmse(Format::kTurbo4I, Side::kValue), 0.0055);
+}
+
+TEST(Codec, Turbo4ILevelsAreInt8Over128) {
+  for (size_t i = 0; i < 16; ++i) {
+    const float l = format_internal::kTurbo4ILevels[i];
+    EXPECT_EQ(l * 128.0f, static_cast<float>(format_internal::kTurbo4IInt[i])) << i;
+    EXPECT_EQ(format_internal::kTurbo4IInt[i], -format_internal::kTurbo4IInt[15 - i]) << i;
+  }
+}
+
 TEST(Codec, OtherFormatsErrorOnGaussian) {
   EXPECT_EQ(GaussianNmse(Format::kF32), 0.0);
   EXPECT_LE(GaussianNmse(Format::kF16), 1e-7);
@@ -115,6 +136,7 @@ TEST(Codec, NonPowerOfTwoHeadDims) {
   for (uint32_t d : {48u, 80u, 96u, 112u}) {
     const std::vector<float> x = Gaussian(512 * d, d);
     EXPECT_LE(Nmse(x, RoundTrip(Make(Format::kTurbo4, d), x)), 0.012) << d;
+    EXPECT_LE(Nmse(x, RoundTrip(Make(Format::kTurbo4I, d), x)), 0.012) << d;
     EXPECT_LE(Nmse(x, RoundTrip(Make(Format::kTurbo2, d), x)), 0.13) << d;
   }
 }

@@ -40,20 +40,17 @@ HWY_INLINE hn::Vec<DU> LaneShifts(size_t v) {
   return hn::Load(DU(), buf);
 }
 
-// turbo4 in even/odd order: vector v of a group holds the low
-// nibbles (v * kN < 8) or the high nibbles of kN consecutive code bytes.
-template <>
-struct Decoder<Format::kTurbo4> {
+// turbo4 and turbo4i (the same layout, 16 levels) in even/odd order:
+// vector v of a group holds the low nibbles (v * kN < 8) or the high
+// nibbles of kN consecutive code bytes.
+struct Nibble4Decoder {
   static constexpr bool kTail = false;
   static constexpr bool kEvenOdd = true;
   uint32_t scales_offset;
   Table<8> neg, pos;  // levels 0..7 and 8..15
   VF all;             // 16 lanes: levels 0..15 (the first kN elsewhere, unused)
-  explicit Decoder(uint32_t d)
-      : scales_offset(d / 2),
-        neg(kTurbo4Levels.data()),
-        pos(kTurbo4Levels.data() + 8),
-        all(hn::LoadU(DF(), kTurbo4Levels.data())) {}
+  Nibble4Decoder(uint32_t d, const float* levels)
+      : scales_offset(d / 2), neg(levels), pos(levels + 8), all(hn::LoadU(DF(), levels)) {}
   HWY_INLINE RowRef Prepare(const uint8_t* p, uint32_t) const { return {p, 1.0f}; }
   HWY_INLINE void Block(const RowRef& r, uint32_t b, VF* out) const {
     const uint8_t* c = r.p + 8 * b;
@@ -93,6 +90,16 @@ struct Decoder<Format::kTurbo4> {
 #endif
   }
   HWY_INLINE float Value(const RowRef&, uint32_t) const { return 0.0f; }
+};
+template <>
+struct Decoder<Format::kTurbo4> : Nibble4Decoder {
+  explicit Decoder(uint32_t d) : Nibble4Decoder(d, kTurbo4Levels.data()) {}
+};
+// turbo4i: levels that are int8 / 128, so s * level is exact and the float
+// decode equals the integer kernels' products (attention/kpass-inl.h).
+template <>
+struct Decoder<Format::kTurbo4I> : Nibble4Decoder {
+  explicit Decoder(uint32_t d) : Nibble4Decoder(d, kTurbo4ILevels.data()) {}
 };
 
 template <>

@@ -242,7 +242,7 @@ HWY_INLINE void PackWords(Format f, const VTI* k, VTU* lo, VTU* hi) {
   const DTU du;
   auto u = [&](int i) { return hn::BitCast(du, k[i]); };
   VTU a = hn::Zero(du), b = hn::Zero(du);
-  if (f == Format::kTurbo4) {
+  if (f == Format::kTurbo4 || f == Format::kTurbo4I) {
     for (int i = 0; i < 8; ++i) {
       a = hn::Or(a, hn::ShiftLeftSame(u(i), 4 * i));
       b = hn::Or(b, hn::ShiftLeftSame(u(i + 8), 4 * i));
@@ -396,6 +396,7 @@ void EncodeTurboRowsOf(Format f, uint32_t d, size_t n, const float* HWY_RESTRICT
       if constexpr (kTL == 8) return EncodeTurbo8Batches(d, n, x, out);
       return EncodeTurbo8Groups(d, n, x, out);
     case Format::kTurbo4: return EncodeTurboRows(Turbo4Table(), f, d, n, x, out);
+    case Format::kTurbo4I: return EncodeTurboRows(Turbo4ITable(), f, d, n, x, out);
     case Format::kTurbo3: return EncodeTurboRows(Turbo3Table(), f, d, n, x, out);
     default: return EncodeTurboRows(Turbo2Table(), f, d, n, x, out);
   }
@@ -410,6 +411,7 @@ void TurboSearchLevelsFor(Format f, size_t n, const float* a, const float* s, fl
 #if HWY_TARGET != HWY_SCALAR
   switch (f) {
     case Format::kTurbo4: return TurboSearchLevelsOf(Turbo4Table(), n, a, s, level);
+    case Format::kTurbo4I: return TurboSearchLevelsOf(Turbo4ITable(), n, a, s, level);
     case Format::kTurbo3: return TurboSearchLevelsOf(Turbo3Table(), n, a, s, level);
     default: return TurboSearchLevelsOf(Turbo2Table(), n, a, s, level);
   }
@@ -417,13 +419,16 @@ void TurboSearchLevelsFor(Format f, size_t n, const float* a, const float* s, fl
   // SCALAR encodes turbo with the reference: the level of NearestCode.
   for (size_t i = 0; i < n; ++i) {
     const float y = a[i] / s[i];
-    const float* th = f == Format::kTurbo4   ? Turbo4Table().threshold
-                      : f == Format::kTurbo3 ? Turbo3Table().threshold
-                                             : Turbo2Table().threshold;
-    const float* lv = f == Format::kTurbo4   ? Turbo4Table().level + 8
-                      : f == Format::kTurbo3 ? Turbo3Table().level + 4
-                                             : Turbo2Table().level + 2;
-    const size_t nt = f == Format::kTurbo4 ? 7 : f == Format::kTurbo3 ? 3 : 1;
+    const float* th = f == Format::kTurbo4    ? Turbo4Table().threshold
+                      : f == Format::kTurbo4I ? Turbo4ITable().threshold
+                      : f == Format::kTurbo3  ? Turbo3Table().threshold
+                                              : Turbo2Table().threshold;
+    const float* lv = f == Format::kTurbo4    ? Turbo4Table().level + 8
+                      : f == Format::kTurbo4I ? Turbo4ITable().level + 8
+                      : f == Format::kTurbo3  ? Turbo3Table().level + 4
+                                              : Turbo2Table().level + 2;
+    const bool l16 = f == Format::kTurbo4 || f == Format::kTurbo4I;
+    const size_t nt = l16 ? 7 : f == Format::kTurbo3 ? 3 : 1;
     size_t c = 0;
     for (size_t j = 0; j < nt; ++j) c += y > th[j] ? 1 : 0;
     level[i] = lv[c];

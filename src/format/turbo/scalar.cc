@@ -21,6 +21,10 @@ const LevelTable<16>& Turbo4Table() {
   static const LevelTable<16> t(kTurbo4Levels);
   return t;
 }
+const LevelTable<16>& Turbo4ITable() {
+  static const LevelTable<16> t(kTurbo4ILevels);
+  return t;
+}
 const LevelTable<8>& Turbo3Table() {
   static const LevelTable<8> t(kTurbo3Levels);
   return t;
@@ -117,6 +121,10 @@ void EncodeTurboRow(Format f, uint32_t d, const float* x, uint8_t* out) {
         QuantizeTurboGroup(xg, Turbo4Table(), sc, codes);
         PackTurbo4(codes, dst);
         break;
+      case Format::kTurbo4I:
+        QuantizeTurboGroup(xg, Turbo4ITable(), sc, codes);
+        PackTurbo4(codes, dst);
+        break;
       case Format::kTurbo3:
         QuantizeTurboGroup(xg, Turbo3Table(), sc, codes);
         PackTurbo3(codes, dst);
@@ -138,6 +146,9 @@ void DecodeTurboRow(Format f, uint32_t d, const uint8_t* in, float* x) {
     switch (f) {
       case Format::kTurbo8: DecodeTurbo8Group(codes, LoadU16(sc), x + 16 * g); break;
       case Format::kTurbo4: DecodeTurbo4Group(codes, *sc, x + 16 * g); break;
+      case Format::kTurbo4I:
+        DecodeTurbo4Group(codes, *sc, x + 16 * g, kTurbo4ILevels.data());
+        break;
       case Format::kTurbo3: DecodeTurbo3Group(codes, *sc, x + 16 * g); break;
       case Format::kTurbo2: DecodeTurbo2Group(codes, *sc, x + 16 * g); break;
       default: return;

@@ -9,6 +9,8 @@
 //                            nibble and value 2j+1 in its high nibble;
 //             [d/2, d/2 + d/16) d/16 x E4M3 group scale.
 //                            value = scale * kTurbo4Levels[code]
+//   turbo4i   turbo4's layout; value = scale * kTurbo4ILevels[code], the levels
+//             integers / 128 (kTurbo4IInt), so integer kernels are exact
 //   turbo3    [0, 6d/16)     group g: bytes [6g, 6g+6) are one little-endian 48-bit
 //                            word, code i at bits 3i..3i+2;
 //             [6d/16, 7d/16) d/16 x E4M3 group scale. value = scale * kTurbo3Levels[code]
@@ -52,6 +54,19 @@ inline constexpr std::array<float, 16> kTurbo4Levels = {
     -1.0630157f, -0.8529882f, -0.6673639f, -0.5176435f, -0.3846969f, -0.2639617f,
     -0.1540296f, -0.0507288f, 0.0507288f,  0.1540296f,  0.2639617f,  0.3846969f,
     0.5176435f,  0.6673639f,  0.8529882f,  1.0630157f};
+// turbo4i: turbo4's levels scaled so that the largest is 127 and rounded to
+// integers (round(127 * l / 1.0630157)), over 128: every level is an int8
+// times 2^-7, so s * level is exact in f32 for every E4M3 scale s, and a
+// kernel may multiply the int8 levels in integer lanes and apply s / 128 per
+// group afterwards with no rounding of its own (docs/formats.md: its error).
+inline constexpr std::array<int8_t, 16> kTurbo4IInt = {-127, -102, -80, -62, -46, -32, -18, -6,
+                                                       6,    18,   32,  46,  62,  80,  102, 127};
+inline constexpr float kTurbo4IStep = 1.0f / 128.0f;
+inline constexpr std::array<float, 16> kTurbo4ILevels = [] {
+  std::array<float, 16> l{};
+  for (size_t i = 0; i < 16; ++i) l[i] = static_cast<float>(kTurbo4IInt[i]) * kTurbo4IStep;
+  return l;
+}();
 inline constexpr std::array<float, 8> kTurbo3Levels = {
     -0.9565287f, -0.5790571f, -0.3191016f, -0.1023969f,
     0.1023969f,  0.3191016f,  0.5790571f,  0.9565287f};
@@ -107,6 +122,7 @@ struct LevelTable {
 };
 // The tables of the three codebooks (built once, on first use).
 const LevelTable<16>& Turbo4Table();
+const LevelTable<16>& Turbo4ITable();
 const LevelTable<8>& Turbo3Table();
 const LevelTable<4>& Turbo2Table();
 
@@ -117,11 +133,13 @@ inline void DecodeTurbo8Group(const uint8_t* codes16, uint16_t scale_bf16, float
   const float s = BF16ToFloat(scale_bf16);
   for (int i = 0; i < 16; ++i) out16[i] = s * kE4M3ToFloat[codes16[i]];
 }
-inline void DecodeTurbo4Group(const uint8_t* codes8, uint8_t scale_e4m3, float* out16) {
+// turbo4 (levels kTurbo4Levels) and turbo4i (kTurbo4ILevels).
+inline void DecodeTurbo4Group(const uint8_t* codes8, uint8_t scale_e4m3, float* out16,
+                              const float* levels = kTurbo4Levels.data()) {
   const float s = E4M3ToFloat(scale_e4m3);
   for (int j = 0; j < 8; ++j) {
-    out16[2 * j] = s * kTurbo4Levels[codes8[j] & 0xF];
-    out16[2 * j + 1] = s * kTurbo4Levels[codes8[j] >> 4];
+    out16[2 * j] = s * levels[codes8[j] & 0xF];
+    out16[2 * j + 1] = s * levels[codes8[j] >> 4];
   }
 }
 inline uint64_t LoadLe48(const uint8_t* p) {
