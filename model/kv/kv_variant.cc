@@ -142,10 +142,7 @@ VariantBits KvVariantBits(const KvVariant& v, uint32_t head_dim, uint32_t positi
 
 VariantBits CacheWindowBits(const KvVariant& v, uint32_t head_dim, uint32_t positions) {
   KvVariant plain = KvVariant::Of(v.formats);
-  auto calibrates = [](Format f) {
-    return f == Format::kQ8 || f == Format::kTurbo8 || f == Format::kTurbo4 ||
-           f == Format::kTurbo3 || f == Format::kTurbo2;
-  };
+  auto calibrates = [](Format f) { return f == Format::kQ8 || IsRotated(f); };
   plain.calibrate = calibrates(v.formats.k) || calibrates(v.formats.v);
   VariantBits bits = KvVariantBits(plain, head_dim, positions);
   const double n = std::max(positions, 1u);
