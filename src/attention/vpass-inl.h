@@ -288,7 +288,7 @@ void VPassT4I(const VArgs& a) {
     e[j] = a.e + static_cast<size_t>(a.qi0 + j) * job.rows;
     o[j] = a.o + static_cast<size_t>(a.qi0 + j) * plan.padded_dim;
   }
-  const bool all_visible = AllVisible(vis, qv, kQB, a.r1);
+  const bool all_visible = AllVisible(vis, qv, kQB, a.r0, a.r1);
   const HeadRows hrows(view, view.v, job.head);
   std::optional<Prefetcher> own_pf;  // as VPass: spread over the value blocks
   if (a.pf == nullptr) own_pf.emplace(&hrows, &job.rows, 1, a.r0, kWholeRun);
