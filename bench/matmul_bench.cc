@@ -66,7 +66,7 @@ void BM_MatMul(benchmark::State& state) {
   state.SetLabel(std::string(t == GgmlType::kQ4_1 ? "q4_1" : "q8_0") + (state.range(1) ? " int8" : " f32") +
                  " n=" + std::to_string(n) + " threads=" + std::to_string(threads) + (big ? " streamed" : ""));
 }
-BENCHMARK(BM_MatMul)->ArgsProduct({{0, 1}, {0, 1}, {1, 64}, {1}, {0}});
+BENCHMARK(BM_MatMul)->ArgsProduct({{0, 1}, {0, 1}, {1, 16, 64}, {1}, {0}});
 BENCHMARK(BM_MatMul)->ArgsProduct({{0, 1}, {0, 1}, {1}, {1, 2}, {1}})->UseRealTime();
 
 // The floor the streamed products are compared with: one read of 96 MB
