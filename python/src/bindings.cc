@@ -389,32 +389,35 @@ NB_MODULE(_kvcache, m) {
       .def_static(
           "contiguous",
           [](const Geometry& geometry, const std::string& formats, uint32_t capacity_tokens,
-             bool fixed_capacity, uint64_t rotation_seed, uint32_t sinks, uint32_t recent) {
+             bool fixed_capacity, uint64_t rotation_seed, uint32_t sinks, uint32_t recent,
+             uint32_t slack) {
             ContiguousOptions o;
             o.capacity_tokens = capacity_tokens;
             o.policy = fixed_capacity ? CapacityPolicy::kFixed : CapacityPolicy::kGrow;
             o.rotation_seed = rotation_seed;
-            o.window = {.sinks = sinks, .recent = recent};
+            o.window = {.sinks = sinks, .recent = recent, .slack = slack};
             return std::make_unique<PyCache>(
                 Unwrap(SequenceCache::CreateContiguous(geometry, ParsePair(formats), o)));
           },
           "geometry"_a, "formats"_a = "f32", nb::kw_only(), "capacity_tokens"_a = 0,
           "fixed_capacity"_a = false, "rotation_seed"_a = RowCodec::kDefaultRotationSeed,
-          "sinks"_a = 0, "recent"_a = 0,
+          "sinks"_a = 0, "recent"_a = 0, "slack"_a = 0,
           "A contiguous cache (per head private buffers). sinks / recent > 0: a precision "
           "window (the first sinks and last recent positions also kept as bf16 rows, which "
-          "attention reads instead).")
+          "attention reads instead; slack more rows so that truncating up to slack positions "
+          "leaves it exact).")
       .def_static(
           "paged",
           [](std::shared_ptr<BlockPool> pool, uint32_t reserve_tokens, uint32_t sinks,
-             uint32_t recent) {
+             uint32_t recent, uint32_t slack) {
             if (!pool) ThrowInvalid("paged: pool is None");
             PagedOptions o;
             o.reserve_tokens = reserve_tokens;
-            o.window = {.sinks = sinks, .recent = recent};
+            o.window = {.sinks = sinks, .recent = recent, .slack = slack};
             return std::make_unique<PyCache>(Unwrap(SequenceCache::CreatePaged(std::move(pool), o)));
           },
           "pool"_a, nb::kw_only(), "reserve_tokens"_a = 0, "sinks"_a = 0, "recent"_a = 0,
+          "slack"_a = 0,
           "A paged cache on pool; reserve_tokens > 0 reserves up front (PoolExhausted if not); "
           "sinks / recent: a precision window, as for contiguous().")
       // shape
@@ -430,9 +433,10 @@ NB_MODULE(_kvcache, m) {
       .def_prop_ro(
           "precision_window",
           [](const PyCache& c) {
-            return nb::make_tuple(c.obj.precision_window().sinks, c.obj.precision_window().recent);
+            const PrecisionWindow& w = c.obj.precision_window();
+            return nb::make_tuple(w.sinks, w.recent, w.slack);
           },
-          "(sinks, recent) of the precision window; (0, 0) for none.")
+          "(sinks, recent, slack) of the precision window; (0, 0, 0) for none.")
       .def_prop_ro("pool", [](const PyCache& c) { return c.obj.pool(); })
       // lengths and memory
       .def_prop_ro("num_tokens", [](const PyCache& c) { return c.obj.num_tokens(); })

@@ -165,7 +165,7 @@ def test_precision_window_rows_and_attention(rng, paged):
             make.append(kvcache.SequenceCache.contiguous(g, "turbo3", sinks=window[0],
                                                          recent=window[1]))
     seq, twin = make
-    assert seq.precision_window == (sinks, recent) and twin.precision_window == (0, 0)
+    assert seq.precision_window == (sinks, recent, 0) and twin.precision_window == (0, 0, 0)
     shape = (1, n, 2, 64)
     k = rng.standard_normal(shape).astype(np.float32)
     v = rng.standard_normal(shape).astype(np.float32)
@@ -193,3 +193,12 @@ def test_precision_window_rows_and_attention(rng, paged):
     seq.check_invariants()
     with pytest.raises(kvcache.InvalidArgument, match="precision window"):
         kvcache.SequenceCache.contiguous(g, "bf16", sinks=4, recent=8)
+    with pytest.raises(kvcache.InvalidArgument, match="slack"):
+        kvcache.SequenceCache.contiguous(g, "turbo3", sinks=4, slack=2)
+    # With slack, a rejected draft leaves the window exactly as before.
+    spec = kvcache.SequenceCache.contiguous(g, "turbo3", sinks=sinks, recent=recent, slack=3)
+    spec.append(k, v)
+    before = spec.head_keys(0, 1).copy()
+    spec.append(k[:, :3], v[:, :3])
+    spec.truncate(n)
+    np.testing.assert_array_equal(spec.head_keys(0, 1), before)
