@@ -424,6 +424,7 @@ constexpr bool kNibbleIntKeys = KVCACHE_ATTN_X86_SIMD && F == Format::kTurbo4I;
 using D8N = hn::Rebind<uint8_t, DI16>;   // kN16 code bytes
 using D8NI = hn::Rebind<int8_t, DI16>;
 
+constexpr bool kNibbleIntPath = true;  // this target has RowDotsNibble
 HWY_INLINE bool NibbleIntFits(uint32_t d) { return IntPathFits(d) && d % (2 * kN16) == 0; }
 
 // q16[d] in chunk order from q[d] in nibble order (plan.h); returns qscale.
@@ -511,6 +512,7 @@ HWY_INLINE void RowDotsNibble(const uint8_t* p, uint32_t d, const int16_t* const
   for (int j = 0; j < kQB; ++j) dots[j] = dots[j] * (qscale[j] * (kE4M3BlockMul * fi::kTurbo4IStep));
 }
 #else
+constexpr bool kNibbleIntPath = false;  // tested at compile time, as kNibble8Path
 HWY_INLINE bool NibbleIntFits(uint32_t) { return false; }
 inline float QuantizeQueryNibble(const float*, uint32_t, int16_t*) { return 0.0f; }
 template <int kQB>
@@ -547,6 +549,7 @@ using D8N8 = hn::Full128<int8_t>;
 constexpr size_t kB8N = hn::MaxLanes(D8N8());  // code bytes per chunk
 static_assert(kB8N == 4 * kN, "an int32 lane per 4 code bytes");
 
+constexpr bool kNibble8Path = true;  // this target has RowDotsNibble8
 HWY_INLINE bool Nibble8Fits(uint32_t d) { return IntPathFits(d) && d % (2 * kB8N) == 0; }
 
 // The int8 query of the turbo4i path: q and -q in chunk order (per chunk,
@@ -705,6 +708,9 @@ HWY_INLINE void RowDotsNibble8(const uint8_t* p, uint32_t d, const Nibble8Query*
   for (int j = 0; j < kQB; ++j) dots[j] = dots[j] * qmul[j];
 }
 #else
+// No RowDotsNibble8 on this target: KPass tests the flag at compile time, so
+// no call to it is left for the linker even without optimization.
+constexpr bool kNibble8Path = false;
 HWY_INLINE bool Nibble8Fits(uint32_t) { return false; }
 struct Nibble8Query {
   float qs;
@@ -894,7 +900,7 @@ void KPass(const KArgs& a) {
   const uint32_t d = a.plan->head_dim;
   const QueryVec* qv = a.plan->queries.data() + a.job->first_query + a.qi0;
   if constexpr (kNibbleIntKeys<F> && !kExact) {
-    if (a.plan->int_keys && Nibble8Fits(d)) {
+    if (kNibble8Path && a.plan->int_keys && Nibble8Fits(d)) {
       // turbo4i keys: the queries rounded to int8 once per K pass.
       Nibble8Query qbuf[kQB];
       const Nibble8Query* n8[kQB];
@@ -902,7 +908,9 @@ void KPass(const KArgs& a) {
         QuantizeQueryNibble8(qv[j].q, d, &qbuf[j]);
         n8[j] = &qbuf[j];
       }
-      return KPassRows<F, kExact, kQB, KeyPath::kNibble8>(a, nullptr, nullptr, nullptr, n8);
+      if constexpr (kNibble8Path) {
+        return KPassRows<F, kExact, kQB, KeyPath::kNibble8>(a, nullptr, nullptr, nullptr, n8);
+      }
     }
     if (a.plan->int_keys && NibbleIntFits(d)) {
       // turbo4i keys: the queries rounded to int16 once per K pass.
@@ -913,7 +921,9 @@ void KPass(const KArgs& a) {
         qscale[j] = QuantizeQueryNibble(qv[j].q, d, q16_buf + j * kIntMaxDim);
         q16[j] = q16_buf + j * kIntMaxDim;
       }
-      return KPassRows<F, kExact, kQB, KeyPath::kNibble>(a, q16, qscale, nullptr);
+      if constexpr (kNibbleIntPath) {
+        return KPassRows<F, kExact, kQB, KeyPath::kNibble>(a, q16, qscale, nullptr);
+      }
     }
   }
   if constexpr (kIntKeys<F> && !kExact) {

@@ -147,6 +147,7 @@ HWY_INLINE void AccumulateBlock(const VTile& tile, const float* const* w, float*
 // rounding of the decoded reference).
 
 #if HWY_TARGET <= HWY_AVX2 && HWY_ARCH_X86
+constexpr bool kT4IValuePass = true;  // this target has VPassT4I
 constexpr uint32_t kT4IMaxDim = 256;
 using DB8 = hn::ScalableTag<uint8_t>;
 constexpr uint32_t kVB = static_cast<uint32_t>(hn::MaxLanes(DB8()));  // code bytes per vector
@@ -322,14 +323,17 @@ void VPassT4I(const VArgs& a) {
   }
 }
 #else
+// No VPassT4I on this target: VPass tests the flag at compile time, so no
+// call to it is left for the linker even without optimization.
+constexpr bool kT4IValuePass = false;
 HWY_INLINE bool T4IValuesFit(uint32_t) { return false; }
 template <int kQB>
-void VPassT4I(const VArgs& a);  // never instantiated on this target
+void VPassT4I(const VArgs& a);
 #endif
 
 template <Format F, bool kExact, int kQB>
 void VPass(const VArgs& a) {
-  if constexpr (F == Format::kTurbo4I && !kExact) {
+  if constexpr (F == Format::kTurbo4I && !kExact && kT4IValuePass) {
     if (T4IValuesFit(a.plan->head_dim)) return VPassT4I<kQB>(a);
   }
   const Plan& plan = *a.plan;
