@@ -87,29 +87,27 @@ void WindowStore::Append(uint32_t layer, uint32_t n0, uint32_t T, const float* k
   const uint32_t n1 = n0 + T, S = window_.sinks, R = ring_;
   // The ring keeps the last R positions of the append (and of the sequence).
   const uint32_t ring_from = std::max(S, n1 > R ? n1 - R : 0u);
-  {
-    Layer& l = layers_[layer];
-    for (uint32_t t = 0; t < T; ++t) {
-      const uint32_t p = n0 + t;
-      const size_t at = size_t{t} * kv;
-      const float* kr = k ? k + at : zeros_.data();
-      const float* vr = v ? v + at : zeros_.data();
-      if (p < S) {
-        if (p == l.sinks_held) {
-          WriteRow(l, p, p, kr, vr);
-          ++l.sinks_held;
-        }
-      } else if (R > 0 && p >= ring_from) {
-        WriteRow(l, SlotOf(p), p, kr, vr);
+  Layer& l = layers_[layer];
+  for (uint32_t t = 0; t < T; ++t) {
+    const uint32_t p = n0 + t;
+    const size_t at = size_t{t} * kv;
+    const float* kr = k ? k + at : zeros_.data();
+    const float* vr = v ? v + at : zeros_.data();
+    if (p < S) {
+      if (p == l.sinks_held) {
+        WriteRow(l, p, p, kr, vr);
+        ++l.sinks_held;
       }
+    } else if (R > 0 && p >= ring_from) {
+      WriteRow(l, SlotOf(p), p, kr, vr);
     }
-    // Positions below S that are not held sinks, and those that left the
-    // ring, are the cache's.
-    // Every position that leaves the ring here had its slot overwritten: an
-    // append of R or more positions rewrites every slot, and in a shorter
-    // one a held p' < ring_from (so p' >= n0 - R) is replaced by p' + R.
-    l.ring_begin = std::max({l.ring_begin, std::min(n1, S), R > 0 ? ring_from : n1});
   }
+  // Positions below S that are not held sinks, and those that left the
+  // ring, are the cache's. Every position that leaves the ring here had its
+  // slot overwritten: an append of R or more positions rewrites every slot,
+  // and in a shorter one a held p' < ring_from (so p' >= n0 - R) is
+  // replaced by p' + R.
+  l.ring_begin = std::max({l.ring_begin, std::min(n1, S), R > 0 ? ring_from : n1});
 }
 
 void WindowStore::Truncate(uint32_t layer, uint32_t n) {
