@@ -439,18 +439,10 @@ HWY_INLINE float QuantizeQueryNibble(const float* q, uint32_t d, int16_t* q16) {
   return QuantizeQuery(perm, d, q16);
 }
 
-// f32 lane k: the E4M3 group scale sc[k / 4] times 2^-8 (exact; the f16
-// move of E4M3Block with F16C; NaN codes 0x7F/0xFF, which the encoder never
-// writes, read as numbers), for the kN / 4 groups of a chunk.
-HWY_INLINE VF GroupScaleLanes(const uint8_t* sc) {
 #if HWY_TARGET <= HWY_AVX2
-  constexpr size_t kG = kN / 4;
-  uint32_t w = 0;
-  std::memcpy(&w, sc, kG);
-  const hn::Full128<uint8_t> d8;
-  alignas(16) static constexpr uint8_t kRep[16] = {0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3};
-  const auto rep = hn::TableLookupBytes(hn::BitCast(d8, hn::Set(hn::Full128<uint32_t>(), w)),
-                                        hn::Load(d8, kRep));
+// f32 lane k from byte k of `rep` (an E4M3 scale per lane) times 2^-8: the
+// shared step of GroupScaleLanes and GroupScalePairs.
+HWY_INLINE VF E4M3BytesToLanes(hn::Vec<hn::Full128<uint8_t>> rep) {
 #if HWY_TARGET == HWY_AVX2
   const auto b = hn::LowerHalf(rep);
 #else
@@ -462,6 +454,21 @@ HWY_INLINE VF GroupScaleLanes(const uint8_t* sc) {
   const auto wv = hn::BitCast(di16, hn::ShiftLeft<8>(hn::PromoteTo(du16, b)));
   const auto h = hn::BitCast(dh, hn::And(hn::ShiftRight<1>(wv), hn::Set(di16, static_cast<int16_t>(0xBFFF))));
   return hn::PromoteTo(DF(), h);
+}
+#endif
+
+// f32 lane k: the E4M3 group scale sc[k / 4] times 2^-8 (exact; the f16
+// move of E4M3Block with F16C; NaN codes 0x7F/0xFF, which the encoder never
+// writes, read as numbers), for the kN / 4 groups of a chunk.
+HWY_INLINE VF GroupScaleLanes(const uint8_t* sc) {
+#if HWY_TARGET <= HWY_AVX2
+  constexpr size_t kG = kN / 4;
+  uint32_t w = 0;
+  std::memcpy(&w, sc, kG);
+  const hn::Full128<uint8_t> d8;
+  alignas(16) static constexpr uint8_t kRep[16] = {0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3};
+  return E4M3BytesToLanes(hn::TableLookupBytes(
+      hn::BitCast(d8, hn::Set(hn::Full128<uint32_t>(), w)), hn::Load(d8, kRep)));
 #else
   static_assert(kN == 4, "SSE4: one group per chunk");
   return hn::Set(DF(), fi::E4M3ToFloat(sc[0]) * (1.0f / kE4M3BlockMul));
@@ -617,19 +624,8 @@ HWY_INLINE VF GroupScalePairs(const uint8_t* sc) {
   std::memcpy(&w, sc, kG);
   const hn::Full128<uint8_t> d8;
   alignas(16) static constexpr uint8_t kRep[16] = {0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7};
-  const auto rep = hn::TableLookupBytes(hn::BitCast(d8, hn::Set(hn::Full128<uint64_t>(), w)),
-                                        hn::Load(d8, kRep));
-#if HWY_TARGET == HWY_AVX2
-  const auto b = hn::LowerHalf(rep);
-#else
-  const auto b = rep;
-#endif
-  const hn::Rebind<uint16_t, DF> du16;
-  const hn::Rebind<int16_t, DF> di16;
-  const hn::Rebind<hwy::float16_t, DF> dh;
-  const auto wv = hn::BitCast(di16, hn::ShiftLeft<8>(hn::PromoteTo(du16, b)));
-  const auto h = hn::BitCast(dh, hn::And(hn::ShiftRight<1>(wv), hn::Set(di16, static_cast<int16_t>(0xBFFF))));
-  return hn::PromoteTo(DF(), h);
+  return E4M3BytesToLanes(hn::TableLookupBytes(
+      hn::BitCast(d8, hn::Set(hn::Full128<uint64_t>(), w)), hn::Load(d8, kRep)));
 #else
   const float a = fi::E4M3ToFloat(sc[0]) * (1.0f / kE4M3BlockMul);
   const float b = fi::E4M3ToFloat(sc[1]) * (1.0f / kE4M3BlockMul);
