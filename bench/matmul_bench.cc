@@ -1,5 +1,5 @@
 // The decoder's weight products (model/decoder/matmul.h) on SmolLM2's
-// shapes, exact f32 inputs against int8 inputs, times 1 token (decode) and
+// shapes, exact f32 inputs against int8 and bf16 inputs, times 1 token (decode) and
 // 64 (a prefill chunk), from cache and streamed from memory (sizes below).
 // Bytes/s counts the weight bytes read per product.
 #include <benchmark/benchmark.h>
@@ -40,7 +40,7 @@ Matrix MakeMatrix(GgmlType t, uint32_t rows, uint32_t cols) {
   return m;
 }
 
-// args: type (0 Q4_1, 1 Q8_0), inputs (0 f32, 1 int8), tokens, threads, size (0:
+// args: type (0 Q4_1, 1 Q8_0), inputs (0 f32, 1 int8, 2 bf16), tokens, threads, size (0:
 // cache-resident, [1536][576] and [4096][576]; 1: streamed from memory,
 // [46080][576] Q4_1 = 16.6 MB, about a third of SmolLM2's layers, and the
 // whole [49152][576] Q8_0 classifier, 30 MB)
@@ -52,7 +52,8 @@ void BM_MatMul(benchmark::State& state) {
       threads > 1 ? std::make_unique<kvcache::ThreadPool>(threads) : nullptr;
   Matrix m = t == GgmlType::kQ4_1 ? MakeMatrix(t, big ? 46080 : 1536, 576)
                                   : MakeMatrix(t, big ? 49152 : 4096, 576);
-  m.w.inputs = state.range(1) == 0 ? MatMulInputs::kF32 : MatMulInputs::kInt8;
+  const MatMulInputs kinds[] = {MatMulInputs::kF32, MatMulInputs::kInt8, MatMulInputs::kBf16};
+  m.w.inputs = kinds[state.range(1)];
   const uint32_t n = static_cast<uint32_t>(state.range(2));
   std::vector<float> x(static_cast<size_t>(n) * m.w.cols), out(static_cast<size_t>(n) * m.w.rows);
   std::mt19937_64 rng(2);
@@ -63,11 +64,11 @@ void BM_MatMul(benchmark::State& state) {
     benchmark::DoNotOptimize(out.data());
   }
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * static_cast<int64_t>(m.bytes.size()));
-  state.SetLabel(std::string(t == GgmlType::kQ4_1 ? "q4_1" : "q8_0") + (state.range(1) ? " int8" : " f32") +
+  state.SetLabel(std::string(t == GgmlType::kQ4_1 ? "q4_1" : "q8_0") + " " + std::string(kvcache::model::MatMulInputsName(m.w.inputs)) +
                  " n=" + std::to_string(n) + " threads=" + std::to_string(threads) + (big ? " streamed" : ""));
 }
-BENCHMARK(BM_MatMul)->ArgsProduct({{0, 1}, {0, 1}, {1, 16, 64}, {1}, {0}});
-BENCHMARK(BM_MatMul)->ArgsProduct({{0, 1}, {0, 1}, {1}, {1, 2}, {1}})->UseRealTime();
+BENCHMARK(BM_MatMul)->ArgsProduct({{0, 1}, {0, 1, 2}, {1, 16, 64}, {1}, {0}});
+BENCHMARK(BM_MatMul)->ArgsProduct({{0, 1}, {0, 1, 2}, {1}, {1, 2}, {1}})->UseRealTime();
 
 // The floor the streamed products are compared with: one read of 96 MB
 // (SmolLM2's weights as stored) split over the threads, in the same run.

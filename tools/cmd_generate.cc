@@ -438,7 +438,7 @@ const bool kRegistered = RegisterCommand(
       app->add_option("--weights", o->weights, "quantized (as stored) | f32 (decoded at load)")
           ->capture_default_str();
       app->add_option("--matmul", o->matmul,
-                      "f32 (exact products) | int8 (Q4_1/Q8_0 times inputs rounded to int8 per 32, integer lanes)")
+                      kMatMulHelp)
           ->capture_default_str();
       app->callback([app, o] {
         o->layout_given = app->count("--layout") > 0;

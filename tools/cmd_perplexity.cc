@@ -239,7 +239,7 @@ int RunVariants(const PerplexityCliOptions& o, model::Decoder& decoder, std::spa
   return 0;
 }
 
-// With --matmul int8, the model the formats are scored on (the reference
+// With --matmul int8 or bf16, the model the formats are scored on (the reference
 // always runs the exact products); null for the exact products.
 Result<std::unique_ptr<model::LoadedModel>> LoadScoredModel(const PerplexityCliOptions& o) {
   KV_ASSIGN_OR_RETURN(model::MatMulInputs inputs, model::ParseMatMulInputs(o.matmul));
@@ -342,7 +342,7 @@ const bool kRegistered = RegisterCommand(
           ->capture_default_str();
       app->add_option("--threads", o->threads, "Threads for the weight products")->capture_default_str();
       app->add_option("--matmul", o->matmul,
-                      "f32 | int8: the products the formats are scored with (the f32 reference stays exact)")
+                      "f32 | int8 | bf16: the products the formats are scored with (the f32 reference stays exact)")
           ->capture_default_str();
       app->add_option("--eviction", o->eviction,
                       "streaming:SINKS,WINDOW | h2o:BUDGET,RECENT (bounded cache; KL still vs the full f32 cache)");

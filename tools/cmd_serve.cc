@@ -25,6 +25,7 @@
 #include "model/kv/kv_factory.h"
 #include "server/http_server.h"
 #include "tools/command.h"
+#include "tools/kv_flags.h"
 
 namespace kvcache::tools {
 namespace {
@@ -135,7 +136,7 @@ void AddOptions(CLI::App* app, ServeCliOptions* o) {
   app->add_option("--pool-mib", o->pool_mib, "Block pool size, MiB")->capture_default_str();
   app->add_option("--block-size", o->engine.block_size, "Paged block size in tokens")->capture_default_str();
   app->add_option("--matmul", o->matmul,
-                  "f32 (exact products) | int8 (Q4_1/Q8_0 times inputs rounded to int8 per 32, integer lanes)")
+                  kMatMulHelp)
       ->capture_default_str();
   app->add_option("--context", o->context, "Sequence capacity in tokens (0: the model's)")->capture_default_str();
   app->add_option("--max-batch-tokens", o->engine.max_batch_tokens, "Tokens per engine step")

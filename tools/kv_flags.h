@@ -1,6 +1,7 @@
 // The K/V backend flags that `generate` and `perplexity` share:
 // --kv-format, --layout, --block-size, --backend (parsed by
-// model::ParseKvBackendOptions).
+// model::ParseKvBackendOptions), and the --matmul help of `generate` and
+// `serve`.
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -9,6 +10,11 @@
 #include <string>
 
 namespace kvcache::tools {
+
+inline constexpr const char* kMatMulHelp =
+    "f32 (exact products) | int8 (Q4_1/Q8_0 times inputs rounded to int8 per 32, integer lanes) | "
+    "bf16 (weights and inputs rounded to bf16, f32 sums; AMX tiles where the CPU has them: fast for "
+    "many tokens per step)";
 
 inline void AddKvBackendFlags(CLI::App* app, std::string& kv_format, std::string& layout,
                               uint32_t& block_size, std::string& backend) {

@@ -198,10 +198,28 @@ void RowsTimesInputs(const float* const* rows, const float* x, uint32_t n, uint3
   }
 }
 
+// Rounds p[0, n) to the nearest bf16 value (ties to even), kept as f32: the
+// weights and inputs of the bf16 products (matmul_bf16.h), bit for bit
+// FloatToBF16 (NaN and infinity do not arise in a model's rows).
+void RoundToBf16T(float* p, size_t n) {
+  const hn::ScalableTag<uint32_t> du;
+  const hn::Repartition<float, decltype(du)> df;
+  const size_t N = hn::Lanes(du);
+  size_t i = 0;
+  for (; i + N <= n; i += N) {
+    auto u = hn::BitCast(du, hn::LoadU(df, p + i));
+    const auto odd = hn::And(hn::ShiftRight<16>(u), hn::Set(du, 1u));
+    u = hn::And(hn::Add(u, hn::Add(hn::Set(du, 0x7fffu), odd)), hn::Set(du, 0xffff0000u));
+    hn::StoreU(hn::BitCast(df, u), df, p + i);
+  }
+  for (; i < n; ++i) p[i] = BF16ToFloat(FloatToBF16(p[i]));
+}
+
 // Rows [r0, r1) of w times the n inputs, 4 rows at a time; buf holds 4
-// decoded rows ([4][cols]).
+// decoded rows ([4][cols]). bf16: the decoded rows are rounded to bf16
+// first (the inputs already are).
 void MatMulRowsT(const WeightMatrix& w, uint32_t r0, uint32_t r1, const float* x, uint32_t n,
-                 float* out, float* buf) {
+                 float* out, float* buf, bool bf16) {
   for (uint32_t r = r0; r < r1; r += 4) {
     const uint32_t m = std::min<uint32_t>(4, r1 - r);
     // The next four rows, from memory while these four are decoded and
@@ -214,11 +232,12 @@ void MatMulRowsT(const WeightMatrix& w, uint32_t r0, uint32_t r1, const float* x
     const float* rows[4];
     for (uint32_t k = 0; k < m; ++k) {
       const uint8_t* src = w.data + static_cast<size_t>(r + k) * w.row_bytes;
-      if (w.type == GgmlType::kF32) {
+      if (w.type == GgmlType::kF32 && !bf16) {
         rows[k] = reinterpret_cast<const float*>(src);
       } else {
         float* dst = buf + static_cast<size_t>(k) * w.cols;
         DequantizeRowT(w.type, src, w.cols, dst);
+        if (bf16) RoundToBf16T(dst, w.cols);
         rows[k] = dst;
       }
     }
@@ -261,14 +280,16 @@ namespace kvcache::model {
 HWY_EXPORT(DequantizeRowT);
 HWY_EXPORT(DotT);
 HWY_EXPORT(MatMulRowsT);
+HWY_EXPORT(RoundToBf16T);
 
 float DotF32(const float* a, const float* b, size_t n) { return HWY_DYNAMIC_DISPATCH(DotT)(a, b, n); }
 
 namespace dequant_internal {
 void MatMulRows(const WeightMatrix& w, uint32_t r0, uint32_t r1, const float* x, uint32_t n,
-                float* out, float* buf) {
-  HWY_DYNAMIC_DISPATCH(MatMulRowsT)(w, r0, r1, x, n, out, buf);
+                float* out, float* buf, bool bf16) {
+  HWY_DYNAMIC_DISPATCH(MatMulRowsT)(w, r0, r1, x, n, out, buf, bf16);
 }
+void RoundToBf16Rows(float* p, size_t n) { HWY_DYNAMIC_DISPATCH(RoundToBf16T)(p, n); }
 }  // namespace dequant_internal
 
 Status DequantizeRow(GgmlType type, const uint8_t* src, size_t n, float* dst) {

@@ -2,6 +2,7 @@
 // row loop lives in gguf_dequant.cc (dispatch once per part).
 #include "model/decoder/matmul.h"
 
+#include "model/decoder/matmul_bf16.h"
 #include "model/decoder/matmul_int8.h"
 
 #include <algorithm>
@@ -12,7 +13,7 @@
 namespace kvcache::model {
 namespace dequant_internal {
 void MatMulRows(const WeightMatrix& w, uint32_t r0, uint32_t r1, const float* x, uint32_t n,
-                float* out, float* buf);
+                float* out, float* buf, bool bf16);
 }  // namespace dequant_internal
 
 WeightMatrix WeightMatrix::F32(std::span<const float> w, uint32_t rows, uint32_t cols) {
@@ -41,6 +42,7 @@ struct MatMulJob {
   uint32_t n;
   float* out;
   const QuantizedInputs* xq;  // the integer path's inputs, or null
+  const Bf16Inputs* xb;       // the bf16 path's inputs, or null
 };
 
 // Rows [rows * part / num_parts, rows * (part + 1) / num_parts) of the job.
@@ -52,9 +54,13 @@ void RunPart(const MatMulJob& j, uint32_t part, uint32_t num_parts) {
     MatMulRowsInt8(*j.w, r0, r1, *j.xq, j.out);
     return;
   }
+  if (j.xb != nullptr) {
+    MatMulRowsBf16(*j.w, r0, r1, *j.xb, j.out);
+    return;
+  }
   thread_local std::vector<float> buf;
   if (buf.size() < 4 * size_t{j.w->cols}) buf.resize(4 * size_t{j.w->cols});
-  dequant_internal::MatMulRows(*j.w, r0, r1, j.x, j.n, j.out, buf.data());
+  dequant_internal::MatMulRows(*j.w, r0, r1, j.x, j.n, j.out, buf.data(), false);
 }
 
 }  // namespace
@@ -63,9 +69,12 @@ void MatMul(const WeightMatrix& w, const float* x, uint32_t n, float* out, Threa
   // The caller's rounded inputs, reused from call to call (no allocation
   // once the largest product has been seen).
   thread_local QuantizedInputs xq;
+  thread_local Bf16Inputs xb;
   const bool int8 = UsesInt8(w);
+  const bool bf16 = w.inputs == MatMulInputs::kBf16;
   if (int8) QuantizeInputs(x, n, w.cols, &xq);
-  const MatMulJob job{&w, x, n, out, int8 ? &xq : nullptr};
+  if (bf16) PrepareBf16Inputs(x, n, w.cols, Bf16TilesAvailable(), &xb);
+  const MatMulJob job{&w, x, n, out, int8 ? &xq : nullptr, bf16 ? &xb : nullptr};
   if (pool == nullptr) {
     RunPart(job, 0, 1);
     return;
@@ -77,11 +86,16 @@ void MatMul(const WeightMatrix& w, const float* x, uint32_t n, float* out, Threa
 Result<MatMulInputs> ParseMatMulInputs(std::string_view name) {
   if (name == "f32") return MatMulInputs::kF32;
   if (name == "int8") return MatMulInputs::kInt8;
-  return Status::InvalidArgument("unknown matmul inputs '" + std::string(name) + "' (want f32 or int8)");
+  if (name == "bf16") return MatMulInputs::kBf16;
+  return Status::InvalidArgument("unknown matmul inputs '" + std::string(name) + "' (want f32, int8 or bf16)");
 }
 
 std::string_view MatMulInputsName(MatMulInputs inputs) {
-  return inputs == MatMulInputs::kInt8 ? "int8" : "f32";
+  switch (inputs) {
+    case MatMulInputs::kInt8: return "int8";
+    case MatMulInputs::kBf16: return "bf16";
+    default: return "f32";
+  }
 }
 
 void MatMulScalar(const WeightMatrix& w, const float* x, uint32_t n, float* out) {

@@ -21,6 +21,13 @@
 // target, thread count and row split gives the same bits
 // (model/decoder/matmul_int8.h). Other types ignore it.
 //
+// MatMulInputs::kBf16 is the fast path for products over many tokens (a
+// decode step of many sequences, a prefill chunk): weights and inputs
+// rounded to bf16, products summed in f32, on AMX tiles where the CPU has
+// them (model/decoder/matmul_bf16.h). Every matrix type takes it. A (t, r)
+// result again depends on x[t] and row r only, so batching and threads change
+// no bit; which kernel runs (tiles or f32 FMA) is fixed per machine.
+//
 // Thread safety: reentrant (calls that share a pool are serialized by it).
 #pragma once
 
@@ -35,7 +42,7 @@
 
 namespace kvcache::model {
 
-enum class MatMulInputs : uint8_t { kF32, kInt8 };
+enum class MatMulInputs : uint8_t { kF32, kInt8, kBf16 };
 
 struct WeightMatrix {
   GgmlType type = GgmlType::kF32;
@@ -53,7 +60,7 @@ struct WeightMatrix {
   void DecodeRows(uint32_t r, uint32_t n, float* out) const;
 };
 
-// "f32" | "int8".
+// "f32" | "int8" | "bf16".
 Result<MatMulInputs> ParseMatMulInputs(std::string_view name);
 std::string_view MatMulInputsName(MatMulInputs inputs);
 

@@ -138,16 +138,19 @@ TEST(SmolLm2BatchInvariance, MixedStepsEqualSequencesAloneBitForBit) {
   }
   streams[4] = streams[0];
   std::copy(text.begin() + 150, text.begin() + 160, streams[4].begin() + 15);
-  // (the int8-input products too: each token's inputs are rounded alone)
+  // (the int8- and bf16-input products too: each token's inputs are rounded
+  // alone, and the bf16 tiles compute each output element alone)
   const LoadedModel* int8 = SmolLm2(MatMulInputs::kInt8);
   ASSERT_NE(int8, nullptr);
+  const LoadedModel* bf16 = SmolLm2(MatMulInputs::kBf16);
+  ASSERT_NE(bf16, nullptr);
   struct Case {
     const LoadedModel* model;
     const char* formats;
   };
   for (const Case& c : {Case{m, "f32"}, Case{m, "bf16"}, Case{m, "q8_0"}, Case{m, "turbo4"},
-                        Case{int8, "f32"}, Case{int8, "turbo4"}}) {
-    SCOPED_TRACE(std::string(c.formats) + (c.model == int8 ? " int8 inputs" : ""));
+                        Case{int8, "f32"}, Case{int8, "turbo4"}, Case{bf16, "bf16"}, Case{bf16, "turbo4"}}) {
+    SCOPED_TRACE(std::string(c.formats) + (c.model == int8 ? " int8 inputs" : c.model == bf16 ? " bf16 inputs" : ""));
     auto formats = ParseFormatPair(c.formats);
     ASSERT_TRUE(formats.ok());
     const World alone = RunSchedule(*c.model, *formats, 1, false, streams);

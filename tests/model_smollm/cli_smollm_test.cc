@@ -44,36 +44,40 @@ TEST(SmolLm2Cli, ChatGenerationPlainEqualsSpeculative) {
   EXPECT_EQ(RunCli("generate --model " + SmolLm2Path() + " --prompt-ids 1,x --steps 2").exit_code, 2);
 }
 
-// --matmul int8 runs the integer-lane products (and says so); its own
-// speculative run still equals its plain one; a bad name is a usage error.
-TEST(SmolLm2Cli, Int8MatMulInputs) {
-  const std::string base = "generate --model " + SmolLm2Path() + " --prompt-ids 504,3458,282,1116 --steps 8 --json --matmul int8";
-  const CliRun plain = RunCli(base);
-  ASSERT_EQ(plain.exit_code, 0) << plain.out;
-  const nlohmann::json j = nlohmann::json::parse(plain.out);
-  EXPECT_EQ(j["matmul"], "int8");
-  const CliRun spec = RunCli(base + " --draft 3");
-  ASSERT_EQ(spec.exit_code, 0) << spec.out;
-  EXPECT_EQ(nlohmann::json::parse(spec.out)["generated_tokens"], j["generated_tokens"]);
-  const CliRun bad = RunCli("generate --model " + SmolLm2Path() + " --prompt-ids 1 --steps 1 --matmul int4");
-  EXPECT_EQ(bad.exit_code, 2);
-  EXPECT_EQ(bad.out, "");
-
-  // perplexity --matmul int8 scores the int8 products against the exact
-  // ones: an f32 cache is no longer its own reference (KL > 0), while the
-  // reference's perplexity is the exact run's.
+// --matmul int8 and bf16 run their products (and say so); their own
+// speculative run still equals their plain one; a bad name is a usage error.
+// perplexity --matmul scores them against the exact products: an f32 cache
+// is no longer its own reference (KL > 0), while the reference's perplexity
+// is the exact run's.
+TEST(SmolLm2Cli, ApproximateMatMulInputs) {
   const std::string ppl = "perplexity --model " + SmolLm2Path() +
                           " --text-file /usr/share/common-licenses/GPL-3 --max-tokens 48 --chunk 16"
                           " --formats f32:f32 --json";
   const CliRun exact = RunCli(ppl);
-  const CliRun int8 = RunCli(ppl + " --matmul int8");
   ASSERT_EQ(exact.exit_code, 0) << exact.out;
-  ASSERT_EQ(int8.exit_code, 0) << int8.out;
-  const auto je = nlohmann::json::parse(exact.out)[0], ji = nlohmann::json::parse(int8.out)[0];
+  const auto je = nlohmann::json::parse(exact.out)[0];
   EXPECT_EQ(je["kl_vs_f32"].get<double>(), 0.0);
-  EXPECT_GT(ji["kl_vs_f32"].get<double>(), 0.0);
-  EXPECT_LT(ji["kl_vs_f32"].get<double>(), 0.05);
-  EXPECT_EQ(ji["f32_mean_nll"], je["mean_nll"]);
+  for (const std::string name : {"int8", "bf16"}) {
+    SCOPED_TRACE(name);
+    const std::string base =
+        "generate --model " + SmolLm2Path() + " --prompt-ids 504,3458,282,1116 --steps 8 --json --matmul " + name;
+    const CliRun plain = RunCli(base);
+    ASSERT_EQ(plain.exit_code, 0) << plain.out;
+    const nlohmann::json j = nlohmann::json::parse(plain.out);
+    EXPECT_EQ(j["matmul"], name);
+    const CliRun spec = RunCli(base + " --draft 3");
+    ASSERT_EQ(spec.exit_code, 0) << spec.out;
+    EXPECT_EQ(nlohmann::json::parse(spec.out)["generated_tokens"], j["generated_tokens"]);
+    const CliRun approx = RunCli(ppl + " --matmul " + name);
+    ASSERT_EQ(approx.exit_code, 0) << approx.out;
+    const auto ja = nlohmann::json::parse(approx.out)[0];
+    EXPECT_GT(ja["kl_vs_f32"].get<double>(), 0.0);
+    EXPECT_LT(ja["kl_vs_f32"].get<double>(), 0.05);
+    EXPECT_EQ(ja["f32_mean_nll"], je["mean_nll"]);
+  }
+  const CliRun bad = RunCli("generate --model " + SmolLm2Path() + " --prompt-ids 1 --steps 1 --matmul int4");
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_EQ(bad.out, "");
 }
 
 // Token 173 is the lone byte 0xE2 (the start of a 3-byte character): the JSON

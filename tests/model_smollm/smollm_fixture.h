@@ -45,7 +45,8 @@ namespace kvcache::model::testing {
 inline constexpr uint32_t kSmolTestSeqLen = 640;
 
 // SmolLM2 with its tokenizer, loaded once per input mode (weights as
-// stored; exact f32 products, or the integer-lane int8 path); fails the
+// stored; exact f32 products, the integer-lane int8 path or the bf16
+// products); fails the
 // calling test with the reason when it cannot be loaded.
 inline const LoadedModel* SmolLm2(MatMulInputs inputs = MatMulInputs::kF32) {
   struct Loaded {
@@ -65,9 +66,20 @@ inline const LoadedModel* SmolLm2(MatMulInputs inputs = MatMulInputs::kF32) {
     }
     return l;
   };
-  static Loaded exact = load(MatMulInputs::kF32);
-  static Loaded int8 = load(MatMulInputs::kInt8);
-  const Loaded& l = inputs == MatMulInputs::kInt8 ? int8 : exact;
+  // Each mode is loaded on first use only.
+  auto get = [&]() -> const Loaded& {
+    if (inputs == MatMulInputs::kInt8) {
+      static Loaded int8 = load(MatMulInputs::kInt8);
+      return int8;
+    }
+    if (inputs == MatMulInputs::kBf16) {
+      static Loaded bf16 = load(MatMulInputs::kBf16);
+      return bf16;
+    }
+    static Loaded exact = load(MatMulInputs::kF32);
+    return exact;
+  };
+  const Loaded& l = get();
   EXPECT_NE(l.model, nullptr) << "SmolLM2 is not available (" << l.error
                               << "); fetch it with scripts/fetch_model.sh (KVCACHE_MODEL_DIR overrides the folder)";
   return l.model.get();

@@ -1,0 +1,413 @@
+// The bf16 weight product (matmul_bf16.h): AMX tiles where the CPU has
+// them, MatMul's f32 kernel over the same rounded values elsewhere.
+//
+// The tiles kernel, per part of rows [r0, r1): 16 weight rows at a time are
+// decoded (DequantizeRow's exact values) and rounded to bf16 into a row-major
+// buffer [16][kpad] (kpad = cols rounded up to 32, zero-padded; missing rows
+// zero), which is the A operand as it lies (16 rows x 32 values per step,
+// stride kpad * 2 bytes). The inputs were packed once per product as B
+// operands: per 16 tokens and 32 values, row k of the tile holds the 16
+// tokens' value pairs (2k, 2k + 1). C = 16 rows x 16 tokens in f32; up to 4
+// token tiles share one A load per step. Tiles: 0-3 C, 4 A, 5-7 B.
+#include "model/decoder/matmul_bf16.h"
+
+// The decode multiplies and adds round on their own, as DequantizeRow's do.
+#pragma GCC optimize("fp-contract=off")
+// GCC 12's AVX-512 headers start masked shifts and narrowing moves from
+// _mm512_undefined_*(), which its own -Wmaybe-uninitialized then reports.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+
+#include <algorithm>
+#include <cassert>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+
+#include "kvcache/float16.h"
+
+#if defined(__x86_64__) && defined(__linux__) && (defined(__GNUC__) || defined(__clang__))
+#define KVCACHE_AMX_TILES 1
+#include <cpuid.h>
+#include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#else
+#define KVCACHE_AMX_TILES 0
+#endif
+
+namespace kvcache::model {
+namespace dequant_internal {
+void MatMulRows(const WeightMatrix& w, uint32_t r0, uint32_t r1, const float* x, uint32_t n,
+                float* out, float* buf, bool bf16);
+void RoundToBf16Rows(float* p, size_t n);
+}  // namespace dequant_internal
+
+namespace {
+
+constexpr uint32_t kTile = 16;  // rows of A and C, tokens of B and C
+constexpr uint32_t kStep = 32;  // bf16 values per row of A per step
+
+uint32_t Steps(uint32_t cols) { return (cols + kStep - 1) / kStep; }
+uint32_t TokenTiles(uint32_t n) { return (n + kTile - 1) / kTile; }
+
+#if KVCACHE_AMX_TILES
+
+#define KVCACHE_AMX_TARGET __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512bf16,f16c")))
+
+bool DetectTiles() {
+  const char* off = std::getenv("KVCACHE_NO_AMX");
+  if (off != nullptr && off[0] != '\0' && std::strcmp(off, "0") != 0) return false;
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (!__get_cpuid_count(1, 0, &a, &b, &c, &d) || (c & (1u << 27)) == 0) return false;  // OSXSAVE
+  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
+  const bool avx512 = (b & (1u << 16)) != 0 && (b & (1u << 30)) != 0;  // F, BW
+  const bool amx = (d & (1u << 22)) != 0 && (d & (1u << 24)) != 0;    // AMX-BF16, AMX-TILE
+  if (!avx512 || !amx) return false;
+  if (!__get_cpuid_count(7, 1, &a, &b, &c, &d) || (a & (1u << 5)) == 0) return false;  // AVX512_BF16
+  uint32_t lo = 0, hi = 0;
+  __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+  const uint64_t xcr0 = (uint64_t{hi} << 32) | lo;
+  const uint64_t need = 0x6 | 0xE0 | (uint64_t{3} << 17);  // SSE/AVX, AVX-512, tile config/data
+  if ((xcr0 & need) != need) return false;
+  // Linux hands out the tile data state only on request (ARCH_REQ_XCOMP_PERM
+  // for XFEATURE_XTILEDATA); without it the first tile instruction faults.
+  return syscall(SYS_arch_prctl, 0x1023, 18) == 0;
+}
+
+struct TileConfig {
+  uint8_t palette = 1, start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+static_assert(sizeof(TileConfig) == 64);
+
+inline uint32_t LoadU32(const uint8_t* p) {
+  uint32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+
+// 32 floats (lo, hi) rounded to bf16, ties to even (vcvtne2ps2bf16: as
+// FloatToBF16 for every finite value of at least 2^-126 in magnitude; smaller
+// ones become zero, which a model's weights and activations never need).
+KVCACHE_AMX_TARGET inline __m512i ToBf16x32(__m512 lo, __m512 hi) {
+  return reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi, lo));
+}
+
+// Block j (values 32 j .. 32 j + 31) of row r of a Q4_1 or Q8_0 matrix as
+// bf16 into dst[32]: DequantizeRow's exact values (the code times d, plus m
+// for Q4_1, each rounded on its own), then rounded to bf16.
+KVCACHE_AMX_TARGET inline void BlockToBf16(const WeightMatrix& w, uint32_t r, uint32_t j, uint16_t* dst) {
+  if (w.type == GgmlType::kQ4_1) {
+    const uint8_t* src = w.data + static_cast<size_t>(r) * w.row_bytes + static_cast<size_t>(j) * 20;
+    const __m128i low = _mm_set1_epi8(0x0f);
+    const __m128 dm = _mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(LoadU32(src))));
+    const __m512 d = _mm512_broadcastss_ps(dm);
+    const __m512 m = _mm512_broadcastss_ps(_mm_shuffle_ps(dm, dm, 1));
+    const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 4));
+    const __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(q, low)));
+    const __m512 hi = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(q, 4), low)));
+    _mm512_storeu_si512(dst, ToBf16x32(_mm512_add_ps(_mm512_mul_ps(lo, d), m),
+                                       _mm512_add_ps(_mm512_mul_ps(hi, d), m)));
+  } else {
+    const uint8_t* src = w.data + static_cast<size_t>(r) * w.row_bytes + static_cast<size_t>(j) * 34;
+    const __m512 d = _mm512_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(src[0] | (src[1] << 8))));
+    const __m512 lo =
+        _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 2))));
+    const __m512 hi =
+        _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 18))));
+    _mm512_storeu_si512(dst, ToBf16x32(_mm512_mul_ps(lo, d), _mm512_mul_ps(hi, d)));
+  }
+}
+
+bool DecodesByBlock(GgmlType t) { return t == GgmlType::kQ4_1 || t == GgmlType::kQ8_0; }
+
+// Row r of w as bf16 into dst[cols] (other types than Q4_1 and Q8_0 through
+// DequantizeRow into `decoded`).
+KVCACHE_AMX_TARGET void RowToBf16(const WeightMatrix& w, uint32_t r, float* decoded, uint16_t* dst) {
+  if (DecodesByBlock(w.type)) {
+    for (uint32_t j = 0; j < w.cols / 32; ++j) BlockToBf16(w, r, j, dst + static_cast<size_t>(j) * 32);
+    return;
+  }
+  w.DecodeRows(r, 1, decoded);
+  uint32_t i = 0;
+  for (; i + 32 <= w.cols; i += 32) {
+    _mm512_storeu_si512(dst + i, ToBf16x32(_mm512_loadu_ps(decoded + i), _mm512_loadu_ps(decoded + i + 16)));
+  }
+  for (; i < w.cols; ++i) dst[i] = FloatToBF16(decoded[i]);
+}
+
+// The A operand of step s: rows decoded whole beforehand ([rows][kpad]).
+struct DecodedRows {
+  const uint16_t* a;
+  const uint16_t* operator()(uint32_t s) const { return a + static_cast<size_t>(s) * kStep; }
+};
+
+// The A operand of step s decoded a step ahead, into one of two [64][32]
+// buffers: for few tokens, where the decode is most of the work and a
+// whole-row buffer would not stay in L1. Step s + 1 is decoded before step
+// s's tiles are loaded, so the tile loads never wait for the stores that
+// wrote them. Each step also prefetches its share of the next row block:
+// the walk reads one block of 64 rows at a time, which the hardware
+// prefetchers do not follow.
+struct StreamedRows {
+  const WeightMatrix* w;
+  uint32_t r, m, steps;
+  uint16_t (*buf)[4 * kTile * kStep];
+  KVCACHE_AMX_TARGET void Decode(uint32_t s) const {
+    uint16_t* u = buf[s & 1];
+    for (uint32_t k = 0; k < m; ++k) BlockToBf16(*w, r + k, s, u + static_cast<size_t>(k) * kStep);
+    // The next row block (contiguous: up to 64 rows from r + m), a share of
+    // its lines per step.
+    const uint32_t next_rows = std::min<uint32_t>(4 * kTile, w->rows - std::min(w->rows, r + m));
+    const size_t lines = (static_cast<size_t>(next_rows) * w->row_bytes + 63) / 64;
+    const uint8_t* next = w->data + static_cast<size_t>(r + m) * w->row_bytes;
+    for (size_t l = lines * s / steps; l < lines * (s + 1) / steps; ++l) {
+      _mm_prefetch(reinterpret_cast<const char*>(next + l * 64), _MM_HINT_T0);
+    }
+  }
+  KVCACHE_AMX_TARGET const uint16_t* operator()(uint32_t s) const {
+    if (s == 0) Decode(0);
+    if (s + 1 < steps) Decode(s + 1);
+    return buf[s & 1];
+  }
+};
+
+// x [n][cols] into B tiles: tile (t, s) at ((t * steps + s) * 16 + k) * 32 +
+// 2 * token + e holds x[16 t + token][32 s + 2 k + e], zero outside.
+KVCACHE_AMX_TARGET void PackTiles(const float* x, uint32_t n, uint32_t cols, uint16_t* packed) {
+  const uint32_t steps = Steps(cols);
+  alignas(64) float row[kStep];
+  const __m512i offsets = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                             _mm512_set1_epi32(kTile * 4));
+  for (uint32_t t = 0; t < n; ++t) {
+    const float* xt = x + static_cast<size_t>(t) * cols;
+    for (uint32_t s = 0; s < steps; ++s) {
+      const uint32_t c0 = s * kStep, m = std::min(kStep, cols - c0);
+      const float* src = xt + c0;
+      if (m < kStep) {
+        std::fill(row, row + kStep, 0.0f);
+        std::memcpy(row, src, m * sizeof(float));
+        src = row;
+      }
+      // 16 value pairs (one 32-bit lane each) to rows 0..15 of the tile.
+      const __m512i pairs = ToBf16x32(_mm512_loadu_ps(src), _mm512_loadu_ps(src + 16));
+      uint16_t* tile = packed + (static_cast<size_t>(t / kTile) * steps + s) * kTile * kStep;
+      _mm512_i32scatter_epi32(tile + 2 * (t % kTile), offsets, pairs, 1);
+    }
+  }
+}
+
+// RG row groups (16 rows each, a_group values apart in a(s), the A operand
+// of step s, rows a_stride bytes apart) times TG token
+// tiles (b: the first one's tile for step 0; a token tile's tiles are
+// `steps` apart), RG * TG <= 4, into c[RG * TG][16][16] (index rg * TG + tg).
+// Several accumulators per step keep tdpbf16ps's latency off the critical
+// path; each one still sums its steps in order, so grouping changes no bit.
+template <int RG, int TG, class A>
+KVCACHE_AMX_TARGET void TileProducts(const A& a, uint32_t a_stride, size_t a_group, const uint16_t* b,
+                                     uint32_t steps, float* c) {
+  static_assert(RG * TG <= 4 && (RG == 1 || TG <= 2));
+  constexpr int kAcc = RG * TG;
+  constexpr size_t kTileValues = kTile * kStep;
+  const size_t bt = static_cast<size_t>(steps) * kTileValues;  // between token tiles
+  _tile_zero(0);
+  if constexpr (kAcc > 1) _tile_zero(1);
+  if constexpr (kAcc > 2) _tile_zero(2);
+  if constexpr (kAcc > 3) _tile_zero(3);
+  for (uint32_t s = 0; s < steps; ++s) {
+    const uint16_t* as = a(s);
+    const uint16_t* bs = b + s * kTileValues;
+    if constexpr (RG == 1) {
+      _tile_loadd(4, as, a_stride);
+      _tile_loadd(5, bs, 64);
+      _tile_dpbf16ps(0, 4, 5);
+      if constexpr (TG > 1) {
+        _tile_loadd(6, bs + bt, 64);
+        _tile_dpbf16ps(1, 4, 6);
+      }
+      if constexpr (TG > 2) {
+        _tile_loadd(7, bs + 2 * bt, 64);
+        _tile_dpbf16ps(2, 4, 7);
+      }
+      if constexpr (TG > 3) {
+        _tile_loadd(5, bs + 3 * bt, 64);
+        _tile_dpbf16ps(3, 4, 5);
+      }
+    } else if constexpr (RG == 2) {
+      _tile_loadd(4, as, a_stride);
+      _tile_loadd(5, as + a_group, a_stride);
+      _tile_loadd(6, bs, 64);
+      _tile_dpbf16ps(0, 4, 6);
+      if constexpr (TG == 1) {
+        _tile_dpbf16ps(1, 5, 6);
+      } else {
+        _tile_dpbf16ps(2, 5, 6);
+      }
+      if constexpr (TG > 1) {
+        _tile_loadd(7, bs + bt, 64);
+        _tile_dpbf16ps(1, 4, 7);
+        _tile_dpbf16ps(3, 5, 7);
+      }
+    } else {
+      _tile_loadd(7, bs, 64);
+      _tile_loadd(4, as, a_stride);
+      _tile_dpbf16ps(0, 4, 7);
+      _tile_loadd(5, as + a_group, a_stride);
+      _tile_dpbf16ps(1, 5, 7);
+      if constexpr (RG > 2) {
+        _tile_loadd(6, as + 2 * a_group, a_stride);
+        _tile_dpbf16ps(2, 6, 7);
+      }
+      if constexpr (RG > 3) {
+        _tile_loadd(4, as + 3 * a_group, a_stride);
+        _tile_dpbf16ps(3, 4, 7);
+      }
+    }
+  }
+  _tile_stored(0, c, 64);
+  if constexpr (kAcc > 1) _tile_stored(1, c + 256, 64);
+  if constexpr (kAcc > 2) _tile_stored(2, c + 512, 64);
+  if constexpr (kAcc > 3) _tile_stored(3, c + 768, 64);
+}
+
+// TileProducts for rg row groups and tg token tiles (rg * tg <= 4, and
+// tg <= 2 when rg > 1).
+template <class A>
+KVCACHE_AMX_TARGET void Products(uint32_t rg, uint32_t tg, const A& a, uint32_t a_stride, size_t a_group,
+                                 const uint16_t* b, uint32_t steps, float* c) {
+  switch (rg * 8 + tg) {
+    case 8 + 1: TileProducts<1, 1>(a, a_stride, a_group, b, steps, c); break;
+    case 8 + 2: TileProducts<1, 2>(a, a_stride, a_group, b, steps, c); break;
+    case 8 + 3: TileProducts<1, 3>(a, a_stride, a_group, b, steps, c); break;
+    case 8 + 4: TileProducts<1, 4>(a, a_stride, a_group, b, steps, c); break;
+    case 16 + 1: TileProducts<2, 1>(a, a_stride, a_group, b, steps, c); break;
+    case 16 + 2: TileProducts<2, 2>(a, a_stride, a_group, b, steps, c); break;
+    case 24 + 1: TileProducts<3, 1>(a, a_stride, a_group, b, steps, c); break;
+    default: TileProducts<4, 1>(a, a_stride, a_group, b, steps, c); break;
+  }
+}
+
+KVCACHE_AMX_TARGET void TileRows(const WeightMatrix& w, uint32_t r0, uint32_t r1, const Bf16Inputs& x,
+                                 float* out) {
+  const uint32_t steps = Steps(w.cols), kpad = steps * kStep, tiles = TokenTiles(x.n);
+  // Row groups per pass: enough accumulators for one, two or four token
+  // tiles per step.
+  const uint32_t groups = tiles >= 3 ? 1 : (tiles == 2 ? 2 : 4);
+  // Up to 4 token tiles every row block is one pass: its A operand is
+  // decoded step by step as the pass needs it. More tokens: the rows are
+  // decoded whole once and read by several passes.
+  const bool streamed = DecodesByBlock(w.type) && tiles <= 4;
+  const size_t group = static_cast<size_t>(kTile) * kpad;
+  thread_local std::vector<float> decoded;
+  thread_local std::vector<uint16_t> a;
+  alignas(64) uint16_t sbuf[2][4 * kTile * kStep] = {};
+  if (!streamed) {
+    decoded.resize(w.cols);
+    // Columns past cols stay zero in every row (written once here).
+    a.assign(groups * group, 0);
+  }
+  alignas(64) float c[4 * kTile * kTile];
+  TileConfig cfg;
+  for (int i = 0; i < 8; ++i) {
+    cfg.rows[i] = kTile;
+    cfg.colsb[i] = 64;
+  }
+  _tile_loadconfig(&cfg);
+  for (uint32_t r = r0; r < r1; r += groups * kTile) {
+    const uint32_t m = std::min(groups * kTile, r1 - r);
+    if (!streamed) {
+      for (uint32_t k = 0; k < m; ++k) {
+        RowToBf16(w, r + k, decoded.data(), a.data() + static_cast<size_t>(k) * kpad);
+      }
+      if (m < groups * kTile) std::fill(a.begin() + static_cast<size_t>(m) * kpad, a.end(), uint16_t{0});
+    }
+    // Rows past m (a last, partial block) are zeros or stale rows: their
+    // results are not stored, and no row's result depends on another's.
+    const uint32_t rg = groups == 1 ? 1 : (m + kTile - 1) / kTile;
+    for (uint32_t t = 0; t < tiles;) {
+      const uint16_t* b = x.packed.data() + static_cast<size_t>(t) * steps * kTile * kStep;
+      const uint32_t tg = groups == 1 ? std::min(4u, tiles - t) : (groups == 2 ? std::min(2u, tiles - t) : 1);
+      if (streamed) {
+        Products(rg, tg, StreamedRows{&w, r, m, steps, sbuf}, kStep * 2, size_t{kTile} * kStep, b, steps, c);
+      } else {
+        Products(rg, tg, DecodedRows{a.data()}, kpad * 2, group, b, steps, c);
+      }
+      for (uint32_t g = 0; g < rg; ++g) {
+        const uint32_t rows = std::min(kTile, m - g * kTile);
+        for (uint32_t j = 0; j < tg; ++j) {
+          const float* cij = c + static_cast<size_t>(g * tg + j) * kTile * kTile;
+          const uint32_t t0 = (t + j) * kTile, tn = std::min(kTile, x.n - t0);
+          for (uint32_t row = 0; row < rows; ++row) {
+            const float* cr = cij + static_cast<size_t>(row) * kTile;
+            float* o = out + static_cast<size_t>(t0) * w.rows + r + g * kTile + row;
+            for (uint32_t tok = 0; tok < tn; ++tok) o[static_cast<size_t>(tok) * w.rows] = cr[tok];
+          }
+        }
+      }
+      t += tg;
+    }
+  }
+  _tile_release();
+}
+
+#else
+bool DetectTiles() { return false; }
+#endif
+
+}  // namespace
+
+bool Bf16TilesAvailable() {
+  static const bool available = DetectTiles();
+  return available;
+}
+
+void PrepareBf16Inputs(const float* x, uint32_t n, uint32_t cols, bool tiles, Bf16Inputs* out) {
+  out->n = n;
+  out->cols = cols;
+#if KVCACHE_AMX_TILES
+  if (tiles && Bf16TilesAvailable()) {
+    out->tiles = true;
+    out->packed.assign(static_cast<size_t>(TokenTiles(n)) * Steps(cols) * kTile * kStep, 0);
+    PackTiles(x, n, cols, out->packed.data());
+    return;
+  }
+#endif
+  (void)tiles;
+  out->tiles = false;
+  out->rounded.assign(x, x + static_cast<size_t>(n) * cols);
+  dequant_internal::RoundToBf16Rows(out->rounded.data(), out->rounded.size());
+}
+
+void MatMulRowsBf16(const WeightMatrix& w, uint32_t r0, uint32_t r1, const Bf16Inputs& x, float* out) {
+  assert(x.cols == w.cols);
+#if KVCACHE_AMX_TILES
+  if (x.tiles) {
+    TileRows(w, r0, r1, x, out);
+    return;
+  }
+#endif
+  thread_local std::vector<float> buf;
+  if (buf.size() < 4 * size_t{w.cols}) buf.resize(4 * size_t{w.cols});
+  dequant_internal::MatMulRows(w, r0, r1, x.rounded.data(), x.n, out, buf.data(), true);
+}
+
+void MatMulBf16Reference(const WeightMatrix& w, const float* x, uint32_t n, double* out) {
+  std::vector<float> row(w.cols);
+  for (uint32_t r = 0; r < w.rows; ++r) {
+    w.DecodeRows(r, 1, row.data());
+    for (uint32_t t = 0; t < n; ++t) {
+      double acc = 0;
+      for (uint32_t c = 0; c < w.cols; ++c) {
+        acc += static_cast<double>(BF16ToFloat(FloatToBF16(row[c]))) *
+               BF16ToFloat(FloatToBF16(x[static_cast<size_t>(t) * w.cols + c]));
+      }
+      out[static_cast<size_t>(t) * w.rows + r] = acc;
+    }
+  }
+}
+
+}  // namespace kvcache::model
