@@ -419,7 +419,12 @@ void OpenAiServer::Impl::Configure() {
     return new ConnectionQueue(n, q);
   };
   http.set_payload_max_length(options.max_body_bytes);
-  http.set_keep_alive_timeout(options.keep_alive_seconds);
+  if (options.keep_alive_seconds > 0) {
+    http.set_keep_alive_max_count(100);
+    http.set_keep_alive_timeout(options.keep_alive_seconds);
+  } else {
+    http.set_keep_alive_max_count(1);
+  }
   http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
     if (t_over_capacity) {
       res.set_header("Connection", "close");

@@ -49,7 +49,12 @@ struct ServerOptions {
   // Connections that may wait for a free HTTP thread; beyond that a new
   // connection's requests get 503 queue_full and it is closed.
   uint32_t http_queue = 64;
-  int keep_alive_seconds = 2;         // an idle kept-alive connection's lifetime
+  // 0: one request per connection (every response says Connection: close).
+  // N > 0: a connection may carry up to 100 requests and is closed after N
+  // idle seconds; a client that reuses it as the server closes it loses that
+  // request (and each idle connection holds an HTTP thread), so keep N above
+  // the clients' own idle limit (httpx: 5 s) if at all.
+  int keep_alive_seconds = 0;
 };
 
 class OpenAiServer {

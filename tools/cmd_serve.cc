@@ -151,6 +151,10 @@ void AddOptions(CLI::App* app, ServeCliOptions* o) {
   app->add_option("--max-body-bytes", o->http.max_body_bytes, "Largest request body (413 beyond)")
       ->capture_default_str();
   app->add_option("--http-threads", o->http.http_threads, "Connections served at once")->capture_default_str();
+  app->add_option("--keep-alive", o->http.keep_alive_seconds,
+                  "Seconds an idle connection stays open for another request (0: one request per connection)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 3600));
   app->add_option("--http-queue", o->http.http_queue, "Connections waiting for an HTTP thread before 503")
       ->capture_default_str();
   app->add_option("--drain-seconds", o->drain_seconds, "On SIGTERM: time in-flight requests get to finish")

@@ -4,7 +4,8 @@ generate` on the same prompt; prefix-cache hits reported as cached_tokens;
 a client that disconnects mid-stream, or before a non-streamed answer, gives
 its blocks back at once; hundreds of
 malformed requests never crash it and always get a JSON error with the
-right status; the bearer key; a full queue; SIGTERM drains and exits 0.
+right status; the bearer key; a full queue; one request per connection
+unless --keep-alive; SIGTERM drains and exits 0.
 A soak (2,000 requests, 16-way) runs with KVCACHE_SERVER_SOAK=1.
 
 Run by ctest (label server) with KVCACHE_CLI set; pytest --noconftest (the
@@ -413,6 +414,31 @@ def test_full_queue_is_503(stories_keyed):
         codes.append(status)
     assert set(codes) <= {200, 503}
     assert codes.count(503) >= 4 and 200 in codes, codes
+
+
+def _health_on(s):
+    s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+    return read_response(s)
+
+
+def test_one_request_per_connection_unless_told(stories_keyed):
+    # By default every response says Connection: close and the server closes
+    # the socket, so no client can reuse a connection the server is closing
+    # (the keep-alive race that loses a request).
+    with socket.create_connection(("127.0.0.1", stories_keyed.port), timeout=10) as s:
+        status, headers, _ = _health_on(s)
+        assert status == 200 and headers.get("connection") == "close", headers
+        assert s.recv(1) == b""  # closed by the server
+    # --keep-alive N: the same connection carries a second request.
+    sf.need_cli()
+    server = sf.Server([*sf.STORIES, "--keep-alive", "5"])
+    try:
+        with socket.create_connection(("127.0.0.1", server.port), timeout=10) as s:
+            for _ in range(2):
+                status, headers, _ = _health_on(s)
+                assert status == 200 and headers.get("connection") != "close", headers
+    finally:
+        assert server.terminate() == 0
 
 
 def test_connections_beyond_the_http_queue_get_503():
