@@ -146,33 +146,40 @@ struct DecodedRows {
   const uint16_t* operator()(uint32_t s) const { return a + static_cast<size_t>(s) * kStep; }
 };
 
-// The A operand of step s decoded a step ahead, into one of two [64][32]
-// buffers: for few tokens, where the decode is most of the work and a
-// whole-row buffer would not stay in L1. Step s + 1 is decoded before step
-// s's tiles are loaded, so the tile loads never wait for the stores that
-// wrote them. Each step also prefetches its share of the next row block:
-// the walk reads one block of 64 rows at a time, which the hardware
-// prefetchers do not follow.
+// Steps StreamedRows decodes at once.
+constexpr uint32_t kChunk = 6;
+constexpr size_t kChunkValues = 4 * kTile * kChunk * kStep;  // its buffer: [64][kChunk * 32]
+
+// The A operand decoded kChunk steps at a time into a [64][kChunk * 32]
+// buffer (24 KiB, in L1): for few tokens, where the decode is most of the
+// work and a whole-row buffer would not stay in L1. A tile load waits for
+// the stores before it, so decoding a chunk and then running its steps
+// pays that wait once per chunk, not once per step. Each chunk also
+// prefetches its share of the next row block: the walk reads 64 rows at a
+// time, a few blocks of each, which the hardware prefetchers do not follow.
+// Rows of a step are kChunk * 64 bytes apart, row groups 16 rows.
 struct StreamedRows {
   const WeightMatrix* w;
   uint32_t r, m, steps;
-  uint16_t (*buf)[4 * kTile * kStep];
-  KVCACHE_AMX_TARGET void Decode(uint32_t s) const {
-    uint16_t* u = buf[s & 1];
-    for (uint32_t k = 0; k < m; ++k) BlockToBf16(*w, r + k, s, u + static_cast<size_t>(k) * kStep);
-    // The next row block (contiguous: up to 64 rows from r + m), a share of
-    // its lines per step.
-    const uint32_t next_rows = std::min<uint32_t>(4 * kTile, w->rows - std::min(w->rows, r + m));
-    const size_t lines = (static_cast<size_t>(next_rows) * w->row_bytes + 63) / 64;
-    const uint8_t* next = w->data + static_cast<size_t>(r + m) * w->row_bytes;
-    for (size_t l = lines * s / steps; l < lines * (s + 1) / steps; ++l) {
-      _mm_prefetch(reinterpret_cast<const char*>(next + l * 64), _MM_HINT_T0);
-    }
-  }
+  uint16_t* buf;
+  static constexpr uint32_t kStride = kChunk * kStep * 2;
+  static constexpr size_t kGroup = size_t{kTile} * kChunk * kStep;
   KVCACHE_AMX_TARGET const uint16_t* operator()(uint32_t s) const {
-    if (s == 0) Decode(0);
-    if (s + 1 < steps) Decode(s + 1);
-    return buf[s & 1];
+    const uint32_t j = s % kChunk;
+    if (j == 0) {
+      const uint32_t n = std::min(kChunk, steps - s);
+      for (uint32_t k = 0; k < m; ++k) {
+        uint16_t* row = buf + static_cast<size_t>(k) * kChunk * kStep;
+        for (uint32_t i = 0; i < n; ++i) BlockToBf16(*w, r + k, s + i, row + i * kStep);
+      }
+      const uint32_t next_rows = std::min<uint32_t>(4 * kTile, w->rows - std::min(w->rows, r + m));
+      const size_t lines = (static_cast<size_t>(next_rows) * w->row_bytes + 63) / 64;
+      const uint8_t* next = w->data + static_cast<size_t>(r + m) * w->row_bytes;
+      for (size_t l = lines * s / steps; l < lines * (s + n) / steps; ++l) {
+        _mm_prefetch(reinterpret_cast<const char*>(next + l * 64), _MM_HINT_T1);
+      }
+    }
+    return buf + static_cast<size_t>(j) * kStep;
   }
 };
 
@@ -304,7 +311,7 @@ KVCACHE_AMX_TARGET void TileRows(const WeightMatrix& w, uint32_t r0, uint32_t r1
   const size_t group = static_cast<size_t>(kTile) * kpad;
   thread_local std::vector<float> decoded;
   thread_local std::vector<uint16_t> a;
-  alignas(64) uint16_t sbuf[2][4 * kTile * kStep] = {};
+  alignas(64) uint16_t sbuf[kChunkValues] = {};
   if (!streamed) {
     decoded.resize(w.cols);
     // Columns past cols stay zero in every row (written once here).
@@ -332,7 +339,8 @@ KVCACHE_AMX_TARGET void TileRows(const WeightMatrix& w, uint32_t r0, uint32_t r1
       const uint16_t* b = x.packed.data() + static_cast<size_t>(t) * steps * kTile * kStep;
       const uint32_t tg = groups == 1 ? std::min(4u, tiles - t) : (groups == 2 ? std::min(2u, tiles - t) : 1);
       if (streamed) {
-        Products(rg, tg, StreamedRows{&w, r, m, steps, sbuf}, kStep * 2, size_t{kTile} * kStep, b, steps, c);
+        Products(rg, tg, StreamedRows{&w, r, m, steps, sbuf}, StreamedRows::kStride, StreamedRows::kGroup, b, steps,
+                 c);
       } else {
         Products(rg, tg, DecodedRows{a.data()}, kpad * 2, group, b, steps, c);
       }
