@@ -102,16 +102,19 @@ KVCACHE_AMX_TARGET inline __m512i ToBf16x32(__m512 lo, __m512 hi) {
 // for Q4_1, each rounded on its own), then rounded to bf16.
 KVCACHE_AMX_TARGET inline void BlockToBf16(const WeightMatrix& w, uint32_t r, uint32_t j, uint16_t* dst) {
   if (w.type == GgmlType::kQ4_1) {
+    // The block's 16 levels q * d + m (q = 0..15) rounded to bf16 once, then
+    // looked up by the 32 codes (vpermw): the same bits as rounding each
+    // value, for fewer instructions.
     const uint8_t* src = w.data + static_cast<size_t>(r) * w.row_bytes + static_cast<size_t>(j) * 20;
-    const __m128i low = _mm_set1_epi8(0x0f);
     const __m128 dm = _mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(LoadU32(src))));
-    const __m512 d = _mm512_broadcastss_ps(dm);
-    const __m512 m = _mm512_broadcastss_ps(_mm_shuffle_ps(dm, dm, 1));
+    const __m512 q16 = _mm512_set_ps(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+    const __m512 levels = _mm512_add_ps(_mm512_mul_ps(q16, _mm512_broadcastss_ps(dm)),
+                                        _mm512_broadcastss_ps(_mm_shuffle_ps(dm, dm, 1)));
+    const __m256i table = reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(levels));
+    const __m128i low = _mm_set1_epi8(0x0f);
     const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 4));
-    const __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(q, low)));
-    const __m512 hi = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(q, 4), low)));
-    _mm512_storeu_si512(dst, ToBf16x32(_mm512_add_ps(_mm512_mul_ps(lo, d), m),
-                                       _mm512_add_ps(_mm512_mul_ps(hi, d), m)));
+    const __m256i codes = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(q, 4), low), _mm_and_si128(q, low));
+    _mm512_storeu_si512(dst, _mm512_permutexvar_epi16(_mm512_cvtepu8_epi16(codes), _mm512_castsi256_si512(table)));
   } else {
     const uint8_t* src = w.data + static_cast<size_t>(r) * w.row_bytes + static_cast<size_t>(j) * 34;
     const __m512 d = _mm512_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(src[0] | (src[1] << 8))));
