@@ -13,6 +13,7 @@ PACKAGES=(
   # offload tiers: the Redis tier's client, and the server its tests start
   redis-server libhiredis-dev
   libcpp-httplib-dev  # `kvcache serve`: the HTTP server
+  iproute2  # ss: the server test reads its listen backlog
   clang libclang-rt-14-dev  # fuzz preset: libFuzzer + sanitizer runtimes
 )
 

@@ -3,12 +3,8 @@
 // error bodies of what httplib rejects itself.
 #include "server/http_server.h"
 
-// httplib listens with a backlog of 5 by default: a burst of clients
-// connecting at once overflows it, and the kernel drops their handshakes
-// (seen as requests lost about a second in). The kernel caps this at
-// net.core.somaxconn.
-#define CPPHTTPLIB_LISTEN_BACKLOG 1024
 #include <httplib.h>
+#include <sys/socket.h>
 
 #include <atomic>
 #include <chrono>
@@ -161,6 +157,8 @@ struct OpenAiServer::Impl {
   ServerOptions options;
   httplib::Server http;
   int port = 0;
+  // The socket httplib last created for listening (set_socket_options).
+  socket_t listen_socket = INVALID_SOCKET;
   std::mutex counters_mu;
   HttpCounters counters;
   // Completions submitted and not yet answered in full; Shutdown waits for 0.
@@ -503,13 +501,33 @@ OpenAiServer::OpenAiServer(engine::Engine& engine, ServerOptions options)
 
 OpenAiServer::~OpenAiServer() { Stop(); }
 
+// Debian's httplib is a compiled library that listens with a backlog of 5
+// (defining CPPHTTPLIB_LISTEN_BACKLOG here changes nothing in it): a burst
+// of clients connecting at once overflows it, the kernel drops their
+// handshakes, and some of them see their connection reset (requests lost,
+// about a second in, with TcpExtListenOverflows rising). Listening again on
+// the bound socket raises the backlog (Linux; capped at
+// net.core.somaxconn).
+constexpr int kListenBacklog = 1024;
+
 Status OpenAiServer::Bind() {
   Impl& s = *impl_;
+  s.http.set_socket_options([&s](socket_t sock) {
+    httplib::default_socket_options(sock);
+    s.listen_socket = sock;
+  });
+  bool bound = false;
   if (s.options.port == 0) {
     s.port = s.http.bind_to_any_port(s.options.host);
-    if (s.port > 0) return Status::Ok();
+    bound = s.port > 0;
   } else if (s.http.bind_to_port(s.options.host, s.options.port)) {
     s.port = s.options.port;
+    bound = true;
+  }
+  if (bound) {
+    if (s.listen_socket != INVALID_SOCKET && ::listen(s.listen_socket, kListenBacklog) != 0) {
+      return Status::IoError("cannot raise the listen backlog on " + s.options.host + ":" + std::to_string(s.port));
+    }
     return Status::Ok();
   }
   return Status::IoError("cannot listen on " + s.options.host + ":" + std::to_string(s.options.port));

@@ -5,7 +5,7 @@ a client that disconnects mid-stream, or before a non-streamed answer, gives
 its blocks back at once; hundreds of
 malformed requests never crash it and always get a JSON error with the
 right status; the bearer key; a full queue; one request per connection
-unless --keep-alive; SIGTERM drains and exits 0.
+unless --keep-alive; a listen backlog that holds a burst; SIGTERM drains and exits 0.
 A soak (2,000 requests, 16-way) runs with KVCACHE_SERVER_SOAK=1.
 
 Run by ctest (label server) with KVCACHE_CLI set; pytest --noconftest (the
@@ -439,6 +439,29 @@ def test_one_request_per_connection_unless_told(stories_keyed):
                 assert status == 200 and headers.get("connection") != "close", headers
     finally:
         assert server.terminate() == 0
+
+
+def test_listen_backlog_holds_a_burst(stories_keyed):
+    # The listening socket's backlog (ss's Send-Q for a LISTEN socket) is
+    # raised from httplib's 5, which a burst of 32 clients overflowed (the
+    # kernel dropped handshakes and some clients saw their connection reset).
+    import shutil
+    if shutil.which("ss") is None:
+        pytest.skip("no ss (iproute2) to read the backlog")
+    out = subprocess.run(["ss", "-ltnH", f"sport = :{stories_keyed.port}"], capture_output=True, text=True,
+                         check=True).stdout.split()
+    somaxconn = int(pathlib.Path("/proc/sys/net/core/somaxconn").read_text())
+    assert out and out[0] == "LISTEN", out
+    assert int(out[2]) == min(1024, somaxconn), out
+    # 64 connections opened at once, each then asked for /health: all answered.
+    socks = [socket.create_connection(("127.0.0.1", stories_keyed.port), timeout=30) for _ in range(64)]
+    try:
+        for s in socks:
+            s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert all(read_response(s)[0] == 200 for s in socks)
+    finally:
+        for s in socks:
+            s.close()
 
 
 def test_connections_beyond_the_http_queue_get_503():
