@@ -79,12 +79,14 @@ void DecodeArgs(benchmark::internal::Benchmark* b) {
 BENCHMARK(BM_Attend)->Apply(DecodeArgs)->Unit(benchmark::kMicrosecond)->UseRealTime();
 
 // The arithmetic cost per stored row with memory out of the way: one kv
-// head, 4 q heads (one GQA group), head_dim 128, 512 rows (L2-resident),
-// one thread, repeated steps on the same data. Args: format (both sides).
-// Reports ns_per_row (docs/attention.md, "Where the arithmetic goes").
+// head, one GQA group of q heads (4 unless told), head_dim 128, 512 rows
+// (L2-resident), one thread, repeated steps on the same data. Args: format
+// (both sides), q heads per kv head. Reports ns_per_row (docs/attention.md,
+// "Where the arithmetic goes").
 void BM_AttendInCache(benchmark::State& state) {
   const Format f = static_cast<Format>(state.range(0));
-  constexpr uint32_t kRows = 512, kGroup = 4;
+  const uint32_t kGroup = static_cast<uint32_t>(state.range(1));
+  constexpr uint32_t kRows = 512;
   SyntheticKvOptions so;
   so.formats = {f, f};
   so.n_kv_heads = 1;
@@ -110,11 +112,19 @@ void BM_AttendInCache(benchmark::State& state) {
   state.counters["ns_per_row"] = benchmark::Counter(
       static_cast<double>(state.iterations()) * kRows,
       benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
-  state.SetLabel(std::string(FormatName(f)) + " " + SimdTarget());
+  state.SetLabel(std::string(FormatName(f)) + " group " + std::to_string(kGroup) + " " +
+                 SimdTarget());
 }
-BENCHMARK(BM_AttendInCache)
-    ->DenseRange(0, static_cast<int>(Format::kTurbo4I))
-    ->Unit(benchmark::kMicrosecond);
+// Every format with a group of 4; bf16, q8_0 and turbo4 also with groups of
+// 1, 2 and 3 (SmolLM2 has 3 q heads per kv head), so the cost of a group
+// compares within one run.
+void InCacheArgs(benchmark::internal::Benchmark* b) {
+  for (int f = 0; f <= static_cast<int>(Format::kTurbo4I); ++f) b->Args({f, 4});
+  for (Format f : {Format::kBF16, Format::kQ8_0, Format::kTurbo4}) {
+    for (int g : {1, 2, 3}) b->Args({static_cast<int>(f), g});
+  }
+}
+BENCHMARK(BM_AttendInCache)->Apply(InCacheArgs)->Unit(benchmark::kMicrosecond);
 
 // Args: format (both sides), sequences, context, threads.
 void BM_AttendBatch(benchmark::State& state) {

@@ -22,7 +22,7 @@ namespace attention_internal {
 namespace HWY_NAMESPACE {
 
 // The kernels of formats Fs: K/V return the pass for format f with qb query
-// vectors per block (1, 2 or 4), or nullptr when f is not one of Fs; Decode
+// vectors per block (1 to 4), or nullptr when f is not one of Fs; Decode
 // is DecodeRow for f (nothing when f is not one of Fs).
 template <Format... Fs>
 struct FamilyKernels {

@@ -291,7 +291,7 @@ using VFn = void (*)(const VArgs&);
 // Kernel families: each kernels_<family>.cc instantiates the K and V passes
 // for its formats. <Family>K/<Family>V return the pass for format f (one of
 // the family's; exact only for kF32, in the Plain family) and qb query
-// vectors per block (1, 2 or 4); <Family>Decode is DecodeRow for format f.
+// vectors per block (1 to 4); <Family>Decode is DecodeRow for format f.
 
 KFn PlainK(Format f, bool exact, int qb);  // f32, f16, bf16 (kernels_plain.cc)
 VFn PlainV(Format f, bool exact, int qb);

@@ -111,7 +111,7 @@ HWY_INLINE VF ExpV(VF x) {
 
 
 // ---------------------------------------------------------------------------
-// Kernel selection (per job, by format family; QB in {1, 2, 4}).
+// Kernel selection (per job, by format family; QB in {1, 2, 3, 4}).
 
 struct Family {
   KFn (*k)(Format, bool, int);
@@ -148,13 +148,14 @@ VFn SelectV(const HeadJob& job, int qb) {
   return FamilyOf(f).v(f, false, qb);
 }
 
-// Calls fn(qi0, qb) over query blocks of 4, then 2, then 1.
+// Calls fn(qi0, qb) over query blocks of 4, then one block of the 1 to 3
+// left: a block decodes each stored row once for all its queries, so a GQA
+// group of 3 (or 7 = 4 + 3) reads its rows once per block, not twice.
 template <class Fn>
 HWY_INLINE void ForQueryBlocks(uint32_t nq, const Fn& fn) {
   uint32_t qi = 0;
   for (; qi + 4 <= nq; qi += 4) fn(qi, 4);
-  for (; qi + 2 <= nq; qi += 2) fn(qi, 2);
-  for (; qi < nq; ++qi) fn(qi, 1);
+  if (qi < nq) fn(qi, static_cast<int>(nq - qi));
 }
 
 // ---------------------------------------------------------------------------

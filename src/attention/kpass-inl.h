@@ -956,7 +956,10 @@ void KPass(const KArgs& a) {
 
 template <Format F, bool kExact>
 KFn KFor(int qb) {
-  return qb == 4 ? &KPass<F, kExact, 4> : qb == 2 ? &KPass<F, kExact, 2> : &KPass<F, kExact, 1>;
+  return qb == 4   ? &KPass<F, kExact, 4>
+         : qb == 3 ? &KPass<F, kExact, 3>
+         : qb == 2 ? &KPass<F, kExact, 2>
+                   : &KPass<F, kExact, 1>;
 }
 
 }  // namespace HWY_NAMESPACE

@@ -401,7 +401,10 @@ void VPass(const VArgs& a) {
 
 template <Format F, bool kExact>
 VFn VFor(int qb) {
-  return qb == 4 ? &VPass<F, kExact, 4> : qb == 2 ? &VPass<F, kExact, 2> : &VPass<F, kExact, 1>;
+  return qb == 4   ? &VPass<F, kExact, 4>
+         : qb == 3 ? &VPass<F, kExact, 3>
+         : qb == 2 ? &VPass<F, kExact, 2>
+                   : &VPass<F, kExact, 1>;
 }
 
 }  // namespace HWY_NAMESPACE

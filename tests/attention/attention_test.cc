@@ -442,6 +442,23 @@ TEST(AttentionLossy, EveryFormatPairMatchesDecodedReference) {
   }
 }
 
+// GQA groups the kernels take as one block of 3 (SmolLM2's 9 q / 3 kv
+// heads) and as 4 + 3, plus a group of 5 (4 + 1), one token and a verify
+// pass of 2, every format on both sides, every target.
+TEST(AttentionLossy, GroupsOfThreeFiveAndSeven) {
+  ViewSpec s;
+  s.n_kv_heads = 2;
+  s.head_dim = 64;
+  s.num_tokens = 90;
+  for (Format f : kAllFormats) {
+    for (uint32_t group : {3u, 5u, 7u}) {
+      SCOPED_TRACE(std::string(FormatName(f)) + " group " + std::to_string(group));
+      RunLossyCase({f, f}, s, group * s.n_kv_heads, 1, nullptr, false);
+      RunLossyCase({f, f}, s, group * s.n_kv_heads, 2, nullptr, false);
+    }
+  }
+}
+
 TEST(AttentionLossy, TransformsMultiTokenAndThreads) {
   ViewSpec s;
   s.n_kv_heads = 1;
@@ -523,10 +540,10 @@ TEST(AttentionIntKeys, Int8QueryPathWithinItsBound) {
 // max|q_b| / 127, round to nearest) over the decoded rows, within float
 // rounding: the path adds no error beyond its documented query rounding.
 // On the targets that take it (x86 SIMD); it must also differ from the
-// f32-query path there (the path ran). 1, 2 and 4 queries per K row.
+// f32-query path there (the path ran). 1 to 4 queries per K row.
 TEST(AttentionIntKeys, Int8PathEqualsReferenceWithRoundedQuery) {
   for (Format k : {Format::kQ8_0, Format::kQ4_0}) {
-    for (uint32_t group : {1u, 2u, 4u}) {
+    for (uint32_t group : {1u, 2u, 3u, 4u}) {
       ViewSpec s;
       s.formats = {k, Format::kF16};
       s.n_kv_heads = 2;
@@ -596,11 +613,11 @@ TEST(AttentionIntKeys, Int8PathEqualsReferenceWithRoundedQuery) {
 // as the path rounds it (the rotated query, int8 steps of max|q'| / 127,
 // round to nearest) over the decoded rows, within float rounding, on every
 // x86 SIMD target; it differs from the f32-query path (the path ran). The
-// levels are int8 / 128, so the integer products are exact. 1, 2 and 4
+// levels are int8 / 128, so the integer products are exact. 1 to 4
 // queries per K row, head_dim 128 and 256, values turbo4i and f16.
 TEST(AttentionIntKeys, Turbo4IEqualsReferenceWithRoundedQuery) {
   for (uint32_t d : {128u, 256u}) {
-    for (uint32_t group : {1u, 2u, 4u}) {
+    for (uint32_t group : {1u, 2u, 3u, 4u}) {
       ViewSpec s;
       s.formats = {Format::kTurbo4I, group == 2 ? Format::kF16 : Format::kTurbo4I};
       s.n_kv_heads = 2;
