@@ -85,7 +85,7 @@ BENCHMARK(BM_Attend)->Apply(DecodeArgs)->Unit(benchmark::kMicrosecond)->UseRealT
 // "Where the arithmetic goes").
 void BM_AttendInCache(benchmark::State& state) {
   const Format f = static_cast<Format>(state.range(0));
-  const uint32_t kGroup = static_cast<uint32_t>(state.range(1));
+  const uint32_t group = static_cast<uint32_t>(state.range(1));
   constexpr uint32_t kRows = 512;
   SyntheticKvOptions so;
   so.formats = {f, f};
@@ -98,10 +98,10 @@ void BM_AttendInCache(benchmark::State& state) {
     state.SkipWithError("cannot build the view");
     return;
   }
-  std::vector<float> q(kGroup * kHeadDim), out(q.size());
+  std::vector<float> q(group * kHeadDim), out(q.size());
   for (size_t i = 0; i < q.size(); ++i) q[i] = 0.01f * static_cast<float>(i % 13) - 0.06f;
   AttentionOptions o;
-  o.n_q_heads = kGroup;
+  o.n_q_heads = group;
   AttentionOutput ao;
   ao.out = out;
   for (auto _ : state) {
@@ -112,7 +112,7 @@ void BM_AttendInCache(benchmark::State& state) {
   state.counters["ns_per_row"] = benchmark::Counter(
       static_cast<double>(state.iterations()) * kRows,
       benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
-  state.SetLabel(std::string(FormatName(f)) + " group " + std::to_string(kGroup) + " " +
+  state.SetLabel(std::string(FormatName(f)) + " group " + std::to_string(group) + " " +
                  SimdTarget());
 }
 // Every format with a group of 4; bf16, q8_0 and turbo4 also with groups of

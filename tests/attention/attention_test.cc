@@ -429,11 +429,18 @@ TEST(AttentionErrors, NonFiniteQueryIsAClearError) {
   }
 }
 
-TEST(AttentionLossy, EveryFormatPairMatchesDecodedReference) {
+// Two kv heads of head_dim 64, `tokens` positions: the small view the
+// every-format sweeps below run on.
+ViewSpec SmallSweepView(uint32_t tokens) {
   ViewSpec s;
   s.n_kv_heads = 2;
   s.head_dim = 64;
-  s.num_tokens = 70;
+  s.num_tokens = tokens;
+  return s;
+}
+
+TEST(AttentionLossy, EveryFormatPairMatchesDecodedReference) {
+  const ViewSpec s = SmallSweepView(70);
   for (Format k : kAllFormats) {
     for (Format v : kAllFormats) {
       if (k == Format::kF32 && v == Format::kF32) continue;
@@ -446,10 +453,7 @@ TEST(AttentionLossy, EveryFormatPairMatchesDecodedReference) {
 // heads) and as 4 + 3, plus a group of 5 (4 + 1), one token and a verify
 // pass of 2, every format on both sides, every target.
 TEST(AttentionLossy, GroupsOfThreeFiveAndSeven) {
-  ViewSpec s;
-  s.n_kv_heads = 2;
-  s.head_dim = 64;
-  s.num_tokens = 90;
+  const ViewSpec s = SmallSweepView(90);
   for (Format f : kAllFormats) {
     for (uint32_t group : {3u, 5u, 7u}) {
       SCOPED_TRACE(std::string(FormatName(f)) + " group " + std::to_string(group));
