@@ -86,19 +86,21 @@ BENCHMARK(BM_Attend)->Apply(DecodeArgs)->Unit(benchmark::kMicrosecond)->UseRealT
 void BM_AttendInCache(benchmark::State& state) {
   const Format f = static_cast<Format>(state.range(0));
   const uint32_t group = static_cast<uint32_t>(state.range(1));
+  const uint32_t head_dim = static_cast<uint32_t>(state.range(2));
+  const bool paged = state.range(3) != 0;
   constexpr uint32_t kRows = 512;
   SyntheticKvOptions so;
   so.formats = {f, f};
   so.n_kv_heads = 1;
-  so.head_dim = kHeadDim;
+  so.head_dim = head_dim;
   so.num_tokens = kRows;
-  so.paged = false;
+  so.paged = paged;
   auto kv = SyntheticKv::Create(so);
   if (!kv.ok()) {
     state.SkipWithError("cannot build the view");
     return;
   }
-  std::vector<float> q(group * kHeadDim), out(q.size());
+  std::vector<float> q(group * head_dim), out(q.size());
   for (size_t i = 0; i < q.size(); ++i) q[i] = 0.01f * static_cast<float>(i % 13) - 0.06f;
   AttentionOptions o;
   o.n_q_heads = group;
@@ -112,16 +114,21 @@ void BM_AttendInCache(benchmark::State& state) {
   state.counters["ns_per_row"] = benchmark::Counter(
       static_cast<double>(state.iterations()) * kRows,
       benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
-  state.SetLabel(std::string(FormatName(f)) + " group " + std::to_string(group) + " " +
-                 SimdTarget());
+  state.SetLabel(std::string(FormatName(f)) + " group " + std::to_string(group) + " hd " +
+                 std::to_string(head_dim) + (paged ? " paged " : " ") + SimdTarget());
 }
 // Every format with a group of 4; bf16, q8_0 and turbo4 also with groups of
 // 1, 2 and 3 (SmolLM2 has 3 q heads per kv head), so the cost of a group
 // compares within one run.
 void InCacheArgs(benchmark::internal::Benchmark* b) {
-  for (int f = 0; f <= static_cast<int>(Format::kTurbo4I); ++f) b->Args({f, 4});
+  for (int f = 0; f <= static_cast<int>(Format::kTurbo4I); ++f) b->Args({f, 4, kHeadDim, 0});
   for (Format f : {Format::kBF16, Format::kQ8_0, Format::kTurbo4}) {
-    for (int g : {1, 2, 3}) b->Args({static_cast<int>(f), g});
+    for (int g : {1, 2, 3}) b->Args({static_cast<int>(f), g, kHeadDim, 0});
+  }
+  // SmolLM2's heads: groups of 3, head_dim 64, in 16-token blocks.
+  for (Format f : {Format::kBF16, Format::kTurbo4}) {
+    b->Args({static_cast<int>(f), 3, 64, 0});
+    b->Args({static_cast<int>(f), 3, 64, 1});
   }
 }
 BENCHMARK(BM_AttendInCache)->Apply(InCacheArgs)->Unit(benchmark::kMicrosecond);

@@ -2,6 +2,7 @@
 #include "model/decoder/decoder.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -50,6 +51,22 @@ AttentionShape Decoder::attention_shape() const {
 }
 
 namespace {
+
+// Adds the wall time between Start and Stop to *acc (nothing when acc is null).
+class PhaseTimer {
+ public:
+  explicit PhaseTimer(double* acc) : acc_(acc) {}
+  void Start() {
+    if (acc_ != nullptr) t0_ = std::chrono::steady_clock::now();
+  }
+  void Stop() {
+    if (acc_ != nullptr) *acc_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
+  }
+
+ private:
+  double* acc_;
+  std::chrono::steady_clock::time_point t0_;
+};
 
 // RmsNorm of each of n rows of `dim` values.
 void RmsNormRows(const float* x, std::span<const float> weight, float* out, uint32_t n,
@@ -105,19 +122,23 @@ Status Decoder::CheckBatch(std::span<const BatchItem> items, std::span<const flo
 
 Status Decoder::ForwardLayer(uint32_t l, std::span<const BatchItem> items,
                              std::span<const uint32_t> starts, std::span<const size_t> offs,
-                             uint32_t n) {
+                             uint32_t n, PassProfile* profile) {
   const ModelConfig& c = config();
   const uint32_t dim = c.dim, kv_dim = c.kv_dim(), hd = c.head_dim();
   const LayerWeights& w = model_->layer(l);
   ThreadPool* pool = pool_.get();
+  PhaseTimer products(profile ? &profile->products_s : nullptr);
+  PhaseTimer attention(profile ? &profile->attention_s : nullptr);
   auto add_into_x = [&] {
     for (size_t j = 0; j < static_cast<size_t>(n) * dim; ++j) x_[j] += xb_[j];
   };
   // Attention: the projections over every token, the rest per item.
   RmsNormRows(x_.data(), w.rms_att, xb_.data(), n, dim, c.rms_eps);
+  products.Start();
   MatMul(w.wq, xb_.data(), n, q_.data(), pool);
   MatMul(w.wk, xb_.data(), n, k_.data(), pool);
   MatMul(w.wv, xb_.data(), n, v_.data(), pool);
+  products.Stop();
   // Each item's RoPE, Store and Attend touch only its own rows and its own
   // backend, so the items run as parallel tasks (a sequence's bits do not
   // depend on which thread runs it); the first failure in item order wins.
@@ -138,23 +159,31 @@ Status Decoder::ForwardLayer(uint32_t l, std::span<const BatchItem> items,
                            std::span<float>(att_).subspan(off * dim, ni * dim));
   };
   const uint32_t num_items = static_cast<uint32_t>(items.size());
+  attention.Start();
   if (pool != nullptr && num_items > 1) {
     pool->ParallelFor(num_items, attend_item);
   } else {
     for (uint32_t it = 0; it < num_items; ++it) attend_item(it, 0);
   }
+  attention.Stop();
   for (const Status& st : status) KV_RETURN_IF_ERROR(st);
+  products.Start();
   MatMul(w.wo, att_.data(), n, xb_.data(), pool);
+  products.Stop();
   add_into_x();
   // SwiGLU feed-forward.
   RmsNormRows(x_.data(), w.rms_ffn, xb_.data(), n, dim, c.rms_eps);
+  products.Start();
   MatMul(w.w1, xb_.data(), n, hb_.data(), pool);
   MatMul(w.w3, xb_.data(), n, hb2_.data(), pool);
+  products.Stop();
   for (size_t j = 0; j < static_cast<size_t>(n) * c.hidden_dim; ++j) {
     const float a = hb_[j];
     hb_[j] = a / (1.0f + std::exp(-a)) * hb2_[j];
   }
+  products.Start();
   MatMul(w.w2, hb_.data(), n, xb_.data(), pool);
+  products.Stop();
   add_into_x();
   return Status::Ok();
 }
@@ -172,7 +201,7 @@ void Decoder::Resize(uint32_t n) {
   hb2_.resize(static_cast<size_t>(n) * c.hidden_dim);
 }
 
-void Decoder::Classify(std::span<const BatchItem> items, std::span<float> logits) {
+void Decoder::Classify(std::span<const BatchItem> items, std::span<float> logits, PassProfile* profile) {
   const ModelConfig& c = config();
   const Model& m = *model_;
   const uint32_t dim = c.dim;
@@ -185,7 +214,10 @@ void Decoder::Classify(std::span<const BatchItem> items, std::span<float> logits
     }
     off += ni;
   }
+  PhaseTimer products(profile ? &profile->products_s : nullptr);
+  products.Start();
   MatMul(m.classifier(), xb_.data(), rows, logits.data(), pool_.get());
+  products.Stop();
 }
 
 Status Decoder::Forward(std::span<const int32_t> tokens, KvBackend& kv, std::span<float> logits,
@@ -204,6 +236,8 @@ Status Decoder::ForwardBatch(std::span<const BatchItem> items, std::span<float> 
                              const ForwardOptions& options) {
   size_t total = 0;
   KV_RETURN_IF_ERROR(CheckBatch(items, logits, options, &total));
+  PhaseTimer whole(options.profile ? &options.profile->total_s : nullptr);
+  whole.Start();
   const ModelConfig& c = config();
   const uint32_t n = static_cast<uint32_t>(total);
   const uint32_t n_layers = options.n_layers ? options.n_layers : c.n_layers;
@@ -230,13 +264,15 @@ Status Decoder::ForwardBatch(std::span<const BatchItem> items, std::span<float> 
     }
   }
   for (uint32_t l = 0; l < n_layers; ++l) {
-    Status s = ForwardLayer(l, items, starts, offs, n);
+    Status s = ForwardLayer(l, items, starts, offs, n, options.profile);
     if (!s.ok()) {
       roll_back(items.size());
       return s;
     }
   }
-  Classify(items, logits);
+  Classify(items, logits, options.profile);
+  whole.Stop();
+  if (options.profile != nullptr) ++options.profile->passes;
   return Status::Ok();
 }
 

@@ -40,10 +40,21 @@ struct BatchItem {
   bool all_logits = false;          // logits for every token, or the last one only
 };
 
+// Where a pass spends its wall time (ForwardOptions::profile): the weight
+// products (the classifier's included), attention (every item's RoPE, K/V
+// store and attention), and the whole pass; the rest is norms, SwiGLU,
+// residual adds and the embedding lookup. Added to, never reset.
+struct PassProfile {
+  double products_s = 0, attention_s = 0, total_s = 0;
+  uint64_t passes = 0;
+};
+
 struct ForwardOptions {
   // Run only layers [0, n_layers) before the final norm and classifier (an
   // early-exit draft model sharing the full model's cache); 0 = all layers.
   uint32_t n_layers = 0;
+  // When set, the pass adds its times here (a few clock reads per layer).
+  PassProfile* profile = nullptr;
 };
 
 class Decoder {
@@ -92,9 +103,10 @@ class Decoder {
   // x_ in, x_ out.
   // offs[i]: item i's first token in the step (items.size() + 1 entries).
   Status ForwardLayer(uint32_t l, std::span<const BatchItem> items,
-                      std::span<const uint32_t> starts, std::span<const size_t> offs, uint32_t n);
+                      std::span<const uint32_t> starts, std::span<const size_t> offs, uint32_t n,
+                      PassProfile* profile);
   // The final norm and classifier over the rows the items ask for.
-  void Classify(std::span<const BatchItem> items, std::span<float> logits);
+  void Classify(std::span<const BatchItem> items, std::span<float> logits, PassProfile* profile);
   void Resize(uint32_t n);
 
   const Model* model_;

@@ -94,6 +94,45 @@ TEST(Cli, PerplexityKvVariantsOnTheNaiveBackend) {
             2);
 }
 
+TEST(Cli, BenchStepJsonIsConsistentPerFormatAndStreamCount) {
+  CliRun r = RunCli("bench step " + ModelArgs() +
+                    " --kv-formats f32,bf16 --streams 1,3 --context 40 --shared 24 --steps 2 --matmul f32 --threads 2 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["context"], 40);
+  EXPECT_EQ(j["shared"], 24);
+  ASSERT_EQ(j["results"].size(), 4u);
+  const char* formats[] = {"f32", "f32", "bf16", "bf16"};
+  const uint32_t streams[] = {1, 3, 1, 3};
+  for (size_t i = 0; i < 4; ++i) {
+    const auto& row = j["results"][i];
+    EXPECT_EQ(row["kv_format"], formats[i]);
+    EXPECT_EQ(row["streams"], streams[i]);
+    const double step_ms = row["step_ms"].get<double>();
+    ASSERT_GT(step_ms, 0.0);
+    EXPECT_NEAR(row["tokens_per_s"].get<double>(), streams[i] * 1e3 / step_ms, 1e-6 * streams[i] * 1e3 / step_ms);
+    EXPECT_NEAR(row["ms_per_token"].get<double>(), step_ms / streams[i], 1e-9 * step_ms);
+    const double p = row["products_share"].get<double>(), a = row["attention_share"].get<double>();
+    EXPECT_GT(p, 0.0);
+    EXPECT_GT(a, 0.0);
+    EXPECT_LE(p + a, 1.0);
+    EXPECT_NEAR(row["other_share"].get<double>(), 1.0 - p - a, 1e-9);
+  }
+  // stories260K: 5 layers, 4 kv heads of 8 values; K and V per token.
+  EXPECT_EQ(j["results"][0]["kv_bytes_per_token"], 5u * 4 * 8 * 2 * 4);
+  EXPECT_EQ(j["results"][2]["kv_bytes_per_token"], 5u * 4 * 8 * 2 * 2);
+}
+
+TEST(Cli, BenchStepBadOptionsFailCleanly) {
+  const std::string base = "bench step " + ModelArgs() + " --steps 1 ";
+  for (const char* bad : {"--context 40 --shared 40", "--streams 0", "--streams 2,x", "--kv-formats nope",
+                          "--context 100000", "--matmul int3", "--kv-formats f32 --threads 0"}) {
+    CliRun r = RunCli(base + bad);
+    EXPECT_EQ(r.exit_code, 2) << bad << ": " << r.out;
+    EXPECT_TRUE(r.out.empty()) << bad << ": " << r.out;
+  }
+}
+
 TEST(DemoReport, PrintsStoryAndTable) {
   tools::DemoReportOptions o;
   o.model_path = testing::ModelDir() + "stories260K_v1.bin";

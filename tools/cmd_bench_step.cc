@@ -1,0 +1,236 @@
+// `kvcache bench step`: one decode step of a real model over S sequences at
+// once (Decoder::ForwardBatch with one new token each), per K/V format and
+// stream count: what a serving engine's step costs, outside the HTTP server
+// and the scheduler.
+//
+// Each sequence holds --context tokens, of which the first --shared are one
+// prefill forked to every sequence (a shared system prompt: the forks share
+// those blocks, as the prefix cache makes requests do) and the rest its own
+// prefill. Token ids are drawn from a fixed seed. A timed step appends one
+// token to every sequence; each sequence is then truncated back, so every
+// step reads the same context. Reported per (format, streams): the median
+// step's wall time over --steps steps, the tokens/s that gives (streams /
+// step), and where the steps' time went (Decoder's PassProfile: weight
+// products, attention, the rest), as shares of the summed step time.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "kvcache/cache.h"
+#include "kvcache/pool.h"
+#include "kvcache/simd.h"
+#include "model/decoder/decoder.h"
+#include "model/decoder/loaded_model.h"
+#include "model/kv/cache_kv.h"
+#include "tools/command.h"
+#include "tools/kv_flags.h"
+
+namespace kvcache::tools {
+namespace {
+
+struct BenchStepOptions {
+  std::string model_path, tokenizer_path;
+  std::string kv_formats = "bf16,turbo4";
+  std::string streams = "1,8,32";
+  uint32_t context = 338, shared = 304;
+  uint32_t block_size = 16;
+  std::string matmul = "bf16";
+  uint32_t threads = 2;
+  uint32_t steps = 8;
+  bool json = false;
+};
+
+Result<std::vector<uint32_t>> ParseCounts(const std::string& text) {
+  std::vector<uint32_t> out;
+  std::stringstream ss(text);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    char* end = nullptr;
+    const long v = std::strtol(item.c_str(), &end, 10);
+    if (item.empty() || *end != '\0' || v <= 0 || v > 4096) {
+      return Status::InvalidArgument("--streams: '" + item + "' is not a count in 1..4096");
+    }
+    out.push_back(static_cast<uint32_t>(v));
+  }
+  if (out.empty()) return Status::InvalidArgument("--streams: no counts");
+  return out;
+}
+
+std::vector<std::string> SplitCommas(const std::string& text) {
+  std::vector<std::string> out;
+  std::stringstream ss(text);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    if (!item.empty()) out.push_back(item);
+  }
+  return out;
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : (v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]));
+}
+
+// Prefills `tokens` into kv in chunks of 256 (the engine's default step budget).
+Status Prefill(model::Decoder& decoder, model::KvBackend& kv, std::span<const int32_t> tokens) {
+  std::vector<float> logits(decoder.config().vocab_size);
+  for (size_t i = 0; i < tokens.size(); i += 256) {
+    const size_t n = std::min<size_t>(256, tokens.size() - i);
+    KV_RETURN_IF_ERROR(decoder.Forward(tokens.subspan(i, n), kv, logits));
+  }
+  return Status::Ok();
+}
+
+Result<nlohmann::json> RunOne(model::Decoder& decoder, const FormatPair& formats, const std::string& name,
+                              uint32_t streams, const BenchStepOptions& o) {
+  const model::ModelConfig& c = decoder.config();
+  model::AttentionShape shape = decoder.attention_shape();
+  shape.max_seq_len = std::min(shape.max_seq_len, o.context + 1);
+  KV_ASSIGN_OR_RETURN(Geometry geometry,
+                      Geometry::Create({shape.n_layers, shape.n_kv_heads, shape.head_dim, o.block_size}));
+  const uint32_t per_seq = (o.context + 1 + o.block_size - 1) / o.block_size + 1;
+  BlockPoolOptions p;
+  p.num_blocks = (streams + 1) * per_seq;
+  KV_ASSIGN_OR_RETURN(std::shared_ptr<BlockPool> pool, BlockPool::Create(geometry, formats, p));
+  model::CacheKvOptions co;
+  co.formats = formats;
+  co.layout = CacheLayout::kPaged;
+  co.block_size = o.block_size;
+  co.pool = pool;
+  co.attention_pool = decoder.thread_pool();
+  std::mt19937 rng(1);
+  std::uniform_int_distribution<int32_t> token(0, static_cast<int32_t>(c.vocab_size) - 1);
+  auto draw = [&](uint32_t n) {
+    std::vector<int32_t> t(n);
+    for (int32_t& v : t) v = token(rng);
+    return t;
+  };
+  KV_ASSIGN_OR_RETURN(std::unique_ptr<model::CacheKv> root, model::CacheKv::Create(shape, co));
+  const std::vector<int32_t> prefix = draw(o.shared);
+  KV_RETURN_IF_ERROR(Prefill(decoder, *root, prefix));
+  std::vector<std::unique_ptr<model::KvBackend>> seqs;
+  for (uint32_t s = 0; s < streams; ++s) {
+    KV_ASSIGN_OR_RETURN(std::unique_ptr<model::KvBackend> f, root->Fork());
+    KV_RETURN_IF_ERROR(Prefill(decoder, *f, draw(o.context - o.shared)));
+    seqs.push_back(std::move(f));
+  }
+  std::vector<int32_t> next = draw(streams);
+  std::vector<model::BatchItem> items(streams);
+  for (uint32_t s = 0; s < streams; ++s) items[s] = {std::span<const int32_t>(&next[s], 1), seqs[s].get(), false};
+  std::vector<float> logits(static_cast<size_t>(streams) * c.vocab_size);
+  model::PassProfile profile;
+  model::ForwardOptions fo;
+  std::vector<double> times;
+  for (uint32_t step = 0; step <= o.steps; ++step) {  // step 0 warms up, untimed
+    model::PassProfile one;
+    fo.profile = &one;
+    const auto t0 = std::chrono::steady_clock::now();
+    KV_RETURN_IF_ERROR(decoder.ForwardBatch(items, logits, fo));
+    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    for (auto& s : seqs) KV_RETURN_IF_ERROR(s->Truncate(o.context));
+    if (step == 0) continue;
+    times.push_back(dt);
+    profile.products_s += one.products_s;
+    profile.attention_s += one.attention_s;
+    profile.total_s += one.total_s;
+  }
+  const double step_s = Median(times);
+  nlohmann::json r;
+  r["kv_format"] = name;
+  r["streams"] = streams;
+  r["step_ms"] = step_s * 1e3;
+  r["tokens_per_s"] = streams / step_s;
+  r["ms_per_token"] = step_s * 1e3 / streams;
+  r["products_share"] = profile.products_s / profile.total_s;
+  r["attention_share"] = profile.attention_s / profile.total_s;
+  r["other_share"] = 1.0 - (profile.products_s + profile.attention_s) / profile.total_s;
+  r["kv_bytes_per_token"] = pool->block_bytes() / o.block_size;
+  return r;
+}
+
+Result<nlohmann::json> RunBench(const BenchStepOptions& o) {
+  if (o.context == 0 || o.shared >= o.context) {
+    return Status::InvalidArgument("bench step: want 0 <= --shared < --context");
+  }
+  if (o.threads == 0 || o.steps == 0) return Status::InvalidArgument("bench step: --threads and --steps must be > 0");
+  KV_ASSIGN_OR_RETURN(std::vector<uint32_t> counts, ParseCounts(o.streams));
+  model::GgufLoadOptions load;
+  load.max_seq_len = o.context + 1;
+  KV_ASSIGN_OR_RETURN(load.matmul_inputs, model::ParseMatMulInputs(o.matmul));
+  KV_ASSIGN_OR_RETURN(std::unique_ptr<model::LoadedModel> lm, model::LoadedModel::Load(o.model_path, o.tokenizer_path, load));
+  if (lm->model().config().max_seq_len <= o.context) {
+    return Status::InvalidArgument("bench step: --context " + std::to_string(o.context) +
+                                   " does not fit the model's context");
+  }
+  model::Decoder decoder(lm->model(), o.threads);
+  nlohmann::json out;
+  out["model"] = o.model_path;
+  out["matmul"] = o.matmul;
+  out["threads"] = o.threads;
+  out["context"] = o.context;
+  out["shared"] = o.shared;
+  out["steps"] = o.steps;
+  out["simd_target"] = SimdTarget();
+  out["results"] = nlohmann::json::array();
+  const std::vector<std::string> names = SplitCommas(o.kv_formats);
+  if (names.empty()) return Status::InvalidArgument("bench step: --kv-formats names no format");
+  for (const std::string& name : names) {
+    KV_ASSIGN_OR_RETURN(FormatPair formats, ParseFormatPair(name));
+    for (uint32_t s : counts) {
+      KV_ASSIGN_OR_RETURN(nlohmann::json r, RunOne(decoder, formats, name, s, o));
+      out["results"].push_back(std::move(r));
+    }
+  }
+  return out;
+}
+
+const bool kRegistered = RegisterCommand(
+    "bench step", "One batched decode step of a model over many sequences, per K/V format and stream count",
+    [](CLI::App* app) -> Runner {
+      auto o = std::make_shared<BenchStepOptions>();
+      app->add_option("--model", o->model_path, "GGUF file, or llama2.c v1 checkpoint")->required();
+      app->add_option("--tokenizer", o->tokenizer_path, "llama2.c tokenizer.bin (not for GGUF)");
+      app->add_option("--kv-formats", o->kv_formats, "K:V formats, comma-separated")->capture_default_str();
+      app->add_option("--streams", o->streams, "Sequences per step, comma-separated")->capture_default_str();
+      app->add_option("--context", o->context, "Tokens each sequence holds")->capture_default_str();
+      app->add_option("--shared", o->shared, "Of those, the prefix all sequences share")->capture_default_str();
+      app->add_option("--block-size", o->block_size, "Paged block size in tokens")->capture_default_str();
+      app->add_option("--matmul", o->matmul, kMatMulHelp)->capture_default_str();
+      app->add_option("--threads", o->threads, "Decoder threads")->capture_default_str();
+      app->add_option("--steps", o->steps, "Timed steps per measurement (median)")->capture_default_str();
+      app->add_flag("--json", o->json, "Print JSON");
+      return [o] {
+        auto r = RunBench(*o);
+        if (!r.ok()) {
+          fmt::print(stderr, "kvcache bench step: {}\n", r.status().ToString());
+          return 2;
+        }
+        const nlohmann::json& j = *r;
+        if (o->json) {
+          fmt::print("{}\n", j.dump(2));
+          return 0;
+        }
+        fmt::print("matmul {}  threads {}  context {} ({} shared)  simd {}\n", o->matmul, o->threads, o->context,
+                   o->shared, j["simd_target"].get<std::string>());
+        fmt::print("{:<10} {:>7} {:>9} {:>9} {:>9} {:>9} {:>9} {:>7}\n", "kv", "streams", "step ms", "ms/token",
+                   "tokens/s", "products", "attention", "other");
+        for (const auto& r : j["results"]) {
+          fmt::print("{:<10} {:>7} {:>9.2f} {:>9.3f} {:>9.1f} {:>8.0f}% {:>8.0f}% {:>6.0f}%\n",
+                     r["kv_format"].get<std::string>(), r["streams"].get<uint32_t>(), r["step_ms"].get<double>(),
+                     r["ms_per_token"].get<double>(), r["tokens_per_s"].get<double>(),
+                     100 * r["products_share"].get<double>(), 100 * r["attention_share"].get<double>(),
+                     100 * r["other_share"].get<double>());
+        }
+        return 0;
+      };
+    });
+
+}  // namespace
+}  // namespace kvcache::tools
