@@ -7,8 +7,9 @@
 // zero), which is the A operand as it lies (16 rows x 32 values per step,
 // stride kpad * 2 bytes). The inputs were packed once per product as B
 // operands: per 16 tokens and 32 values, row k of the tile holds the 16
-// tokens' value pairs (2k, 2k + 1). C = 16 rows x 16 tokens in f32; up to 4
-// token tiles share one A load per step. Tiles: 0-3 C, 4 A, 5-7 B.
+// tokens' value pairs (2k, 2k + 1). C = 16 rows x 16 tokens in f32. Up to
+// 4 accumulators per pass: 4 row groups x 1 token tile, or 2 x 2 (each A
+// and each B load feeds two products). Tiles: 0-3 C, 4-7 A and B.
 #include "model/decoder/matmul_bf16.h"
 
 // The decode multiplies and adds round on their own, as DequantizeRow's do.
@@ -214,13 +215,14 @@ KVCACHE_AMX_TARGET void PackTiles(const float* x, uint32_t n, uint32_t cols, uin
 // RG row groups (16 rows each, a_group values apart in a(s), the A operand
 // of step s, rows a_stride bytes apart) times TG token
 // tiles (b: the first one's tile for step 0; a token tile's tiles are
-// `steps` apart), RG * TG <= 4, into c[RG * TG][16][16] (index rg * TG + tg).
+// `steps` apart), RG * TG <= 4 and TG <= 2, into c[RG * TG][16][16] (index
+// rg * TG + tg).
 // Several accumulators per step keep tdpbf16ps's latency off the critical
 // path; each one still sums its steps in order, so grouping changes no bit.
 template <int RG, int TG, class A>
 KVCACHE_AMX_TARGET void TileProducts(const A& a, uint32_t a_stride, size_t a_group, const uint16_t* b,
                                      uint32_t steps, float* c) {
-  static_assert(RG * TG <= 4 && (RG == 1 || TG <= 2));
+  static_assert(RG * TG <= 4 && TG <= 2);
   constexpr int kAcc = RG * TG;
   constexpr size_t kTileValues = kTile * kStep;
   const size_t bt = static_cast<size_t>(steps) * kTileValues;  // between token tiles
@@ -238,14 +240,6 @@ KVCACHE_AMX_TARGET void TileProducts(const A& a, uint32_t a_stride, size_t a_gro
       if constexpr (TG > 1) {
         _tile_loadd(6, bs + bt, 64);
         _tile_dpbf16ps(1, 4, 6);
-      }
-      if constexpr (TG > 2) {
-        _tile_loadd(7, bs + 2 * bt, 64);
-        _tile_dpbf16ps(2, 4, 7);
-      }
-      if constexpr (TG > 3) {
-        _tile_loadd(5, bs + 3 * bt, 64);
-        _tile_dpbf16ps(3, 4, 5);
       }
     } else if constexpr (RG == 2) {
       _tile_loadd(4, as, a_stride);
@@ -284,16 +278,13 @@ KVCACHE_AMX_TARGET void TileProducts(const A& a, uint32_t a_stride, size_t a_gro
   if constexpr (kAcc > 3) _tile_stored(3, c + 768, 64);
 }
 
-// TileProducts for rg row groups and tg token tiles (rg * tg <= 4, and
-// tg <= 2 when rg > 1).
+// TileProducts for rg row groups and tg token tiles (rg * tg <= 4, tg <= 2).
 template <class A>
 KVCACHE_AMX_TARGET void Products(uint32_t rg, uint32_t tg, const A& a, uint32_t a_stride, size_t a_group,
                                  const uint16_t* b, uint32_t steps, float* c) {
   switch (rg * 8 + tg) {
     case 8 + 1: TileProducts<1, 1>(a, a_stride, a_group, b, steps, c); break;
     case 8 + 2: TileProducts<1, 2>(a, a_stride, a_group, b, steps, c); break;
-    case 8 + 3: TileProducts<1, 3>(a, a_stride, a_group, b, steps, c); break;
-    case 8 + 4: TileProducts<1, 4>(a, a_stride, a_group, b, steps, c); break;
     case 16 + 1: TileProducts<2, 1>(a, a_stride, a_group, b, steps, c); break;
     case 16 + 2: TileProducts<2, 2>(a, a_stride, a_group, b, steps, c); break;
     case 24 + 1: TileProducts<3, 1>(a, a_stride, a_group, b, steps, c); break;
@@ -306,11 +297,15 @@ KVCACHE_AMX_TARGET void TileRows(const WeightMatrix& w, uint32_t r0, uint32_t r1
   const uint32_t steps = Steps(w.cols), kpad = steps * kStep, tiles = TokenTiles(x.n);
   // Row groups per pass: enough accumulators for one, two or four token
   // tiles per step.
-  const uint32_t groups = tiles >= 3 ? 1 : (tiles == 2 ? 2 : 4);
-  // Up to 4 token tiles every row block is one pass: its A operand is
+  // One token tile: 4 row groups (64 rows) a pass. More: 2 row groups
+  // times 2 token tiles, the blocking whose 4 operand tiles (2 A, 2 B) all
+  // stay loaded through a step's 4 products (a fifth operand would reload a
+  // tile that a product of the same step still reads, and wait for it).
+  const uint32_t groups = tiles >= 2 ? 2 : 4;
+  // Up to 2 token tiles every row block is one pass: its A operand is
   // decoded step by step as the pass needs it. More tokens: the rows are
   // decoded whole once and read by several passes.
-  const bool streamed = DecodesByBlock(w.type) && tiles <= 4;
+  const bool streamed = DecodesByBlock(w.type) && tiles <= 2;
   const size_t group = static_cast<size_t>(kTile) * kpad;
   thread_local std::vector<float> decoded;
   thread_local std::vector<uint16_t> a;
@@ -340,7 +335,7 @@ KVCACHE_AMX_TARGET void TileRows(const WeightMatrix& w, uint32_t r0, uint32_t r1
     const uint32_t rg = groups == 1 ? 1 : (m + kTile - 1) / kTile;
     for (uint32_t t = 0; t < tiles;) {
       const uint16_t* b = x.packed.data() + static_cast<size_t>(t) * steps * kTile * kStep;
-      const uint32_t tg = groups == 1 ? std::min(4u, tiles - t) : (groups == 2 ? std::min(2u, tiles - t) : 1);
+      const uint32_t tg = groups == 2 ? std::min(2u, tiles - t) : 1;
       if (streamed) {
         Products(rg, tg, StreamedRows{&w, r, m, steps, sbuf}, StreamedRows::kStride, StreamedRows::kGroup, b, steps,
                  c);
