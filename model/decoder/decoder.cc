@@ -68,6 +68,22 @@ class PhaseTimer {
   std::chrono::steady_clock::time_point t0_;
 };
 
+// f(t0, t1) over tokens [0, n), split over the pool's threads when there are
+// enough tokens to pay for the hand-off. Every token's values are computed
+// by the same code whatever the split, so the split changes no bit.
+template <class F>
+void ForTokens(ThreadPool* pool, uint32_t n, const F& f) {
+  constexpr uint32_t kMinTokensToSplit = 8;
+  if (pool == nullptr || n < kMinTokensToSplit) {
+    f(0u, n);
+    return;
+  }
+  const uint32_t parts = std::min(pool->num_threads(), n);
+  pool->ParallelFor(parts, [&](uint32_t p, uint32_t) {
+    f(static_cast<uint32_t>(uint64_t{n} * p / parts), static_cast<uint32_t>(uint64_t{n} * (p + 1) / parts));
+  });
+}
+
 // RmsNorm of each of n rows of `dim` values.
 void RmsNormRows(const float* x, std::span<const float> weight, float* out, uint32_t n,
                  uint32_t dim, float eps) {
@@ -129,11 +145,20 @@ Status Decoder::ForwardLayer(uint32_t l, std::span<const BatchItem> items,
   ThreadPool* pool = pool_.get();
   PhaseTimer products(profile ? &profile->products_s : nullptr);
   PhaseTimer attention(profile ? &profile->attention_s : nullptr);
+  // The per-token work outside the products and attention (norms, residual
+  // adds, SwiGLU) over the pool's threads, a share of the tokens each.
   auto add_into_x = [&] {
-    for (size_t j = 0; j < static_cast<size_t>(n) * dim; ++j) x_[j] += xb_[j];
+    ForTokens(pool, n, [&](uint32_t t0, uint32_t t1) {
+      for (size_t j = size_t{t0} * dim; j < size_t{t1} * dim; ++j) x_[j] += xb_[j];
+    });
+  };
+  auto norm_rows = [&](std::span<const float> weight) {
+    ForTokens(pool, n, [&](uint32_t t0, uint32_t t1) {
+      RmsNormRows(x_.data() + size_t{t0} * dim, weight, xb_.data() + size_t{t0} * dim, t1 - t0, dim, c.rms_eps);
+    });
   };
   // Attention: the projections over every token, the rest per item.
-  RmsNormRows(x_.data(), w.rms_att, xb_.data(), n, dim, c.rms_eps);
+  norm_rows(w.rms_att);
   products.Start();
   MatMul(w.wq, xb_.data(), n, q_.data(), pool);
   MatMul(w.wk, xb_.data(), n, k_.data(), pool);
@@ -172,15 +197,17 @@ Status Decoder::ForwardLayer(uint32_t l, std::span<const BatchItem> items,
   products.Stop();
   add_into_x();
   // SwiGLU feed-forward.
-  RmsNormRows(x_.data(), w.rms_ffn, xb_.data(), n, dim, c.rms_eps);
+  norm_rows(w.rms_ffn);
   products.Start();
   MatMul(w.w1, xb_.data(), n, hb_.data(), pool);
   MatMul(w.w3, xb_.data(), n, hb2_.data(), pool);
   products.Stop();
-  for (size_t j = 0; j < static_cast<size_t>(n) * c.hidden_dim; ++j) {
-    const float a = hb_[j];
-    hb_[j] = a / (1.0f + std::exp(-a)) * hb2_[j];
-  }
+  ForTokens(pool, n, [&](uint32_t t0, uint32_t t1) {
+    for (size_t j = size_t{t0} * c.hidden_dim; j < size_t{t1} * c.hidden_dim; ++j) {
+      const float a = hb_[j];
+      hb_[j] = a / (1.0f + std::exp(-a)) * hb2_[j];
+    }
+  });
   products.Start();
   MatMul(w.w2, hb_.data(), n, xb_.data(), pool);
   products.Stop();
