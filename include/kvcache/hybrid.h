@@ -33,6 +33,15 @@
 // outside drafts, and Attend() gives every head its own window in one call.
 // G defaults to the block size.
 //
+// Precision window (cache.h, PrecisionWindow; ContiguousOptions::window,
+// PagedOptions::window at creation): held by the full group alone, so the
+// full layers keep their sinks and recent positions as bf16 rows and attend
+// exactly as a SequenceCache with that window over the same rows; window
+// and linear layers are unchanged. Every head of the full group must keep
+// every row (no eviction policy in a full layer that stays in the full
+// group) and the model needs a full layer: InvalidArgument otherwise. A
+// draft of up to `slack` tokens leaves the window as plain decoding has it.
+//
 // Heavy-hitter heads are compacted only by Evict() (their choice depends on
 // accumulated importance, so the caller decides when). Dead heads never
 // store anything (their appends pass alive = 0).

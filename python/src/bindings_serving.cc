@@ -228,20 +228,27 @@ void BindServing(nb::module_& m) {
                        "transaction: begin_draft, then commit(n_accepted) or abort().")
       .def_static(
           "contiguous",
-          [](std::shared_ptr<HybridModel> model) {
-            return std::make_unique<PyHybrid>(Unwrap(HybridSequence::CreateContiguous(model)));
+          [](std::shared_ptr<HybridModel> model, uint32_t sinks, uint32_t recent, uint32_t slack) {
+            ContiguousOptions o;
+            o.window = {.sinks = sinks, .recent = recent, .slack = slack};
+            return std::make_unique<PyHybrid>(Unwrap(HybridSequence::CreateContiguous(model, o)));
           },
-          "model"_a)
+          "model"_a, nb::kw_only(), "sinks"_a = 0, "recent"_a = 0, "slack"_a = 0,
+          "sinks / recent > 0: a precision window on the full layers (their first sinks and "
+          "last recent positions also kept as bf16 rows; SequenceCache.contiguous). Every head of "
+          "the full layers must keep every row.")
       .def_static(
           "paged",
           [](std::shared_ptr<HybridModel> model, std::vector<std::shared_ptr<BlockPool>> pools,
-             uint32_t reserve_tokens) {
+             uint32_t reserve_tokens, uint32_t sinks, uint32_t recent, uint32_t slack) {
             if (pools.size() != 2) ThrowInvalid("pools must have 2 entries (create_pools)");
             PagedOptions o;
             o.reserve_tokens = reserve_tokens;
+            o.window = {.sinks = sinks, .recent = recent, .slack = slack};
             return std::make_unique<PyHybrid>(Unwrap(HybridSequence::CreatePaged(model, pools, o)));
           },
-          "model"_a, "pools"_a, nb::kw_only(), "reserve_tokens"_a = 0)
+          "model"_a, "pools"_a, nb::kw_only(), "reserve_tokens"_a = 0, "sinks"_a = 0, "recent"_a = 0,
+          "slack"_a = 0, "sinks / recent: a precision window on the full layers, as for contiguous().")
       .def_prop_ro("num_tokens", [](const PyHybrid& s) { return s.obj.num_tokens(); })
       .def("__len__", [](const PyHybrid& s) { return s.obj.num_tokens(); })
       .def(

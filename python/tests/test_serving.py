@@ -91,6 +91,35 @@ def test_hybrid_attention_matches_reference(rng):
         np.testing.assert_allclose(out[h:h + 1], want, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("paged", [False, True])
+def test_hybrid_precision_window_on_full_layers(rng, paged):
+    """A full layer of a hybrid sequence with sinks and recent positions
+    attends as a plain cache with the same window and rows; the window
+    layer as without the window; a model whose full layer evicts refuses."""
+    g = kvcache.Geometry(2, 2, 32, 4)
+    model = kvcache.HybridModel(g, "turbo4", [kvcache.LayerSpec.full(), kvcache.LayerSpec.window(2, 5)])
+    if paged:
+        seq = kvcache.HybridSequence.paged(model, model.create_pools([16, 16]), sinks=2, recent=6)
+        bare = kvcache.HybridSequence.paged(model, model.create_pools([16, 16]))
+    else:
+        seq = kvcache.HybridSequence.contiguous(model, sinks=2, recent=6)
+        bare = kvcache.HybridSequence.contiguous(model)
+    plain = kvcache.SequenceCache.contiguous(kvcache.Geometry(1, 2, 32, 4), "turbo4", sinks=2, recent=6)
+    k, v = rows(rng, 2, 24, 2, 32), rows(rng, 2, 24, 2, 32)
+    seq.append(k, v)
+    bare.append(k, v)
+    plain.append(k[:1], v[:1])
+    q = rng.standard_normal((4, 32)).astype(np.float32)
+    np.testing.assert_array_equal(seq.attend(0, q), kvcache.attend_decode(plain, 0, q))
+    assert not np.array_equal(seq.attend(0, q), bare.attend(0, q))
+    np.testing.assert_array_equal(seq.attend(1, q), bare.attend(1, q))
+    h2o = kvcache.EvictionPolicy.heavy_hitter(2, 4)
+    keep = kvcache.EvictionPolicy.keep_all()
+    evicting = kvcache.HybridModel(g, "turbo4", [kvcache.LayerSpec.full(), kvcache.LayerSpec.full([keep, h2o])])
+    with pytest.raises(kvcache.InvalidArgument, match="keep every row"):
+        kvcache.HybridSequence.contiguous(evicting, sinks=2)
+
+
 def test_prefix_cache_reuses_blocks(rng):
     g = kvcache.Geometry(2, 2, 16, 4)
     pool = kvcache.BlockPool(g, "f32", num_blocks=16)

@@ -170,18 +170,51 @@ Result<std::vector<std::unique_ptr<LinearState>>> MakeLinear(const HybridModel& 
   }
   return out;
 }
+
+// A precision window (cache.h) is held by the full group alone: the bounded
+// group's heads drop rows (window compaction, Evict), which a window does
+// not allow. So every head of the full group must keep every row.
+Status CheckPrecisionWindow(const HybridModel& m, const PrecisionWindow& w) {
+  if (!w.enabled()) return Status::Ok();
+  if (m.group_size(HybridModel::kFullGroup) == 0) {
+    return Status::InvalidArgument("hybrid: a precision window needs at least one full layer (it applies to those)");
+  }
+  for (uint32_t l = 0; l < m.n_layers(); ++l) {
+    if (m.group(l) != HybridModel::kFullGroup) continue;
+    const std::vector<EvictionPolicy>& heads = m.head_policies(l);
+    for (size_t h = 0; h < heads.size(); ++h) {
+      if (heads[h].kind != EvictionKind::kKeepAll) {
+        return Status::InvalidArgument(fmt::format(
+            "hybrid: a precision window needs every head of the full layers to keep every row; layer {} "
+            "head {} has an eviction policy",
+            l, h));
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+// The options of group g's SequenceCache: the window for the full group only.
+template <class Options>
+Options GroupOptions(const Options& options, int g) {
+  Options o = options;
+  if (g != HybridModel::kFullGroup) o.window = PrecisionWindow{};
+  return o;
+}
+
 }  // namespace
 
 Result<HybridSequence> HybridSequence::CreateContiguous(std::shared_ptr<const HybridModel> model,
                                                         const ContiguousOptions& options) {
   if (!model) return Status::InvalidArgument("hybrid: no model");
+  KV_RETURN_IF_ERROR(CheckPrecisionWindow(*model, options.window));
   HybridSequence seq;
   seq.model_ = model;
   seq.layout_ = CacheLayout::kContiguous;
   for (int g = 0; g < 2; ++g) {
     if (model->group_size(g) == 0) continue;
-    KV_ASSIGN_OR_RETURN(SequenceCache c, SequenceCache::CreateContiguous(model->group_geometry(g),
-                                                                         model->formats(), options));
+    KV_ASSIGN_OR_RETURN(SequenceCache c, SequenceCache::CreateContiguous(model->group_geometry(g), model->formats(),
+                                                                         GroupOptions(options, g)));
     seq.groups_[g] = std::make_unique<SequenceCache>(std::move(c));
   }
   KV_ASSIGN_OR_RETURN(seq.linear_, MakeLinear(*model));
@@ -193,6 +226,7 @@ Result<HybridSequence> HybridSequence::CreatePaged(
     std::shared_ptr<const HybridModel> model, std::span<const std::shared_ptr<BlockPool>> pools,
     const PagedOptions& options) {
   if (!model) return Status::InvalidArgument("hybrid: no model");
+  KV_RETURN_IF_ERROR(CheckPrecisionWindow(*model, options.window));
   if (pools.size() != 2) {
     return Status::InvalidArgument("hybrid: CreatePaged wants [2] pools (full, bounded)");
   }
@@ -210,7 +244,7 @@ Result<HybridSequence> HybridSequence::CreatePaged(
   seq.layout_ = CacheLayout::kPaged;
   for (int g = 0; g < 2; ++g) {
     if (model->group_size(g) == 0) continue;
-    KV_ASSIGN_OR_RETURN(SequenceCache c, SequenceCache::CreatePaged(pools[g], options));
+    KV_ASSIGN_OR_RETURN(SequenceCache c, SequenceCache::CreatePaged(pools[g], GroupOptions(options, g)));
     seq.groups_[g] = std::make_unique<SequenceCache>(std::move(c));
   }
   KV_ASSIGN_OR_RETURN(seq.linear_, MakeLinear(*model));
@@ -592,6 +626,9 @@ Status HybridSequence::Attend(uint32_t layer, uint32_t n_queries, std::span<cons
   // Inside a draft, compaction stopped at the draft's start.
   KV_RETURN_IF_ERROR(CheckWindowsCover(*model_, layer, n_queries, view.num_tokens,
                                        in_draft_ ? draft_base_ : view.num_tokens));
+  // A full layer with a precision window (every head keeps every row):
+  // one attention over its rows and its window's.
+  if (view.hot) return AttendMulti(view, n_queries, q, options, output);
   std::vector<attention_internal::HeadWindow> windows;
   for (const EvictionPolicy& p : model_->head_policies(layer)) {
     windows.push_back(WindowFor(p, view.num_tokens));
