@@ -17,11 +17,21 @@ void RmsNorm(const float* x, std::span<const float> weight, float* out, float ep
   for (size_t i = 0; i < n; ++i) out[i] = weight[i] * (scale * x[i]);
 }
 
-void ApplyRope(float* vec, uint32_t n_heads, uint32_t head_dim, uint32_t pos, float theta) {
+namespace {
+
+// cs[i] = cos, cs[i + 1] = sin of pair i's angle at pos (i even, < head_dim).
+void RopeAngles(uint32_t head_dim, uint32_t pos, float theta, float* cs) {
   for (uint32_t i = 0; i < head_dim; i += 2) {
     const float freq = 1.0f / std::pow(theta, static_cast<float>(i) / static_cast<float>(head_dim));
     const float angle = static_cast<float>(pos) * freq;
-    const float c = std::cos(angle), s = std::sin(angle);
+    cs[i] = std::cos(angle);
+    cs[i + 1] = std::sin(angle);
+  }
+}
+
+void RotatePairs(float* vec, uint32_t n_heads, uint32_t head_dim, const float* cs) {
+  for (uint32_t i = 0; i < head_dim; i += 2) {
+    const float c = cs[i], s = cs[i + 1];
     for (uint32_t h = 0; h < n_heads; ++h) {
       float* p = vec + static_cast<size_t>(h) * head_dim + i;
       const float a = p[0], b = p[1];
@@ -29,6 +39,14 @@ void ApplyRope(float* vec, uint32_t n_heads, uint32_t head_dim, uint32_t pos, fl
       p[1] = a * s + b * c;
     }
   }
+}
+
+}  // namespace
+
+void ApplyRope(float* vec, uint32_t n_heads, uint32_t head_dim, uint32_t pos, float theta) {
+  std::vector<float> cs(head_dim + 1);
+  RopeAngles(head_dim, pos, theta, cs.data());
+  RotatePairs(vec, n_heads, head_dim, cs.data());
 }
 
 void Softmax(float* x, uint32_t n) {
@@ -171,10 +189,14 @@ Status Decoder::ForwardLayer(uint32_t l, std::span<const BatchItem> items,
   status.assign(items.size(), Status::Ok());
   auto attend_item = [&](uint32_t it, uint32_t) {
     const size_t off = offs[it], ni = items[it].tokens.size();
+    // One position's angles serve its q and k heads (ApplyRope's values).
+    thread_local std::vector<float> cs;
+    cs.resize(hd + 1);
     for (size_t i = 0; i < ni; ++i) {
       const uint32_t pos = starts[it] + static_cast<uint32_t>(i);
-      ApplyRope(q_.data() + (off + i) * dim, c.n_heads, hd, pos, c.rope_theta);
-      ApplyRope(k_.data() + (off + i) * kv_dim, c.n_kv_heads, hd, pos, c.rope_theta);
+      RopeAngles(hd, pos, c.rope_theta, cs.data());
+      RotatePairs(q_.data() + (off + i) * dim, c.n_heads, hd, cs.data());
+      RotatePairs(k_.data() + (off + i) * kv_dim, c.n_kv_heads, hd, cs.data());
     }
     KvBackend& kv = *items[it].kv;
     status[it] = kv.Store(l, std::span<const float>(k_).subspan(off * kv_dim, ni * kv_dim),
