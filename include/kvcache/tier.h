@@ -34,6 +34,9 @@
 // flag bit 0 and names its calibration's digest (16 more header bytes); the
 // calibration itself is a separate object, "kvcal1:<compat>:<digest>", stored
 // before the blocks that name it and verified (digest recomputed) on load.
+// The block that completes a precision window's sinks sets flag bit 1 and
+// carries their bf16 rows (WindowSinks) in a section after the payload,
+// checksummed, so that an adopter in any process reads the same sinks.
 //
 // Thread safety: every Tier method may be called from any thread at once.
 #pragma once
