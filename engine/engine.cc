@@ -514,8 +514,9 @@ size_t EngineImpl::Adopt(model::CacheKv& kv, const Request& r) {
   const std::vector<TokenId> ids(r.tokens.begin(), r.tokens.end() - 1);
   auto adopted = offload_->AcquireInto(
       ids, "",
-      [&kv](std::span<const uint32_t> blocks, std::shared_ptr<const Calibration> calibration) {
-        return kv.AdoptPrefix(blocks, std::move(calibration));
+      [&kv](std::span<const uint32_t> blocks, std::shared_ptr<const Calibration> calibration,
+            std::shared_ptr<const WindowSinks> sinks) {
+        return kv.AdoptPrefix(blocks, std::move(calibration), std::move(sinks));
       });
   return adopted.ok() ? *adopted : 0;  // a failed adoption leaves kv empty: recompute
 }
@@ -625,10 +626,16 @@ void EngineImpl::Publish(Request& r) {
     r.hashes.push_back(ChainHash(parent, std::span<const TokenId>(ids).subspan(b * B, B)));
   }
   model::CacheKv* kv = r.kv.get();
+  // The window's sinks go with the block that completes them, when this
+  // publication names it (copied only then).
+  std::shared_ptr<const WindowSinks> sinks;
+  const uint32_t S = options_.window.sinks;
+  if (S > 0 && r.published <= (S - 1) / B && (S - 1) / B < full) sinks = kv->cache().window_sinks();
   auto end = offload_->Publish(
       std::span<const BlockHash>(r.hashes).first(full), kv->cache().block_table(), r.published, ids, "",
       kv->cache().calibration(),
-      [kv](size_t block, uint64_t hash) { return kv->SetBlockHash(static_cast<uint32_t>(block), hash); });
+      [kv](size_t block, uint64_t hash) { return kv->SetBlockHash(static_cast<uint32_t>(block), hash); },
+      std::move(sinks));
   if (!end.ok() || *end < full) {
     r.publish_stopped = true;  // a duplicate (or an error): the rest stays private
     return;

@@ -70,10 +70,14 @@ namespace kvcache::engine {
 struct EngineOptions {
   FormatPair formats;                // the K:V format of every sequence
   // Sinks and recent positions of every sequence also kept as bf16 rows
-  // (cache.h, PrecisionWindow; per-sequence memory outside the pool). A
-  // request that adopts cached blocks reads their positions, sinks
-  // included, in the format, so with a window its answer can differ from
-  // the same request run uncached (each is deterministic).
+  // (cache.h, PrecisionWindow; per-sequence memory outside the pool). The
+  // sinks' rows travel with the published prefix (prefix cache and tiers,
+  // WindowSinks), so a request that adopts cached blocks covering them reads
+  // the same bf16 sinks as when run uncached. The recent positions inside
+  // adopted blocks are read in the format: with recent > 0 a cached
+  // request's answer can differ from the same request run uncached while
+  // its recent positions reach into the adopted blocks (each is
+  // deterministic); with sinks only it is the same.
   PrecisionWindow window;
   uint32_t block_size = 16;          // paged blocks, tokens
   uint64_t pool_bytes = 256ull << 20;  // the block pool's size in bytes (K and V, all layers)

@@ -186,7 +186,7 @@ void RawObject(std::span<const uint8_t> bytes) {
     FUZZ_CHECK(info.ok());
     FUZZ_CHECK(info->compat == kCompat && info->chain == kChain && info->parent == kParent);
     FUZZ_CHECK(info->tokens == std::vector<TokenId>(std::begin(kTokens), std::end(kTokens)));
-    FUZZ_CHECK(info->header_bytes + info->payload_bytes == bytes.size());
+    FUZZ_CHECK(info->header_bytes + info->payload_bytes + info->sinks_bytes == bytes.size());
   } else {
     FUZZ_CHECK(*fixed == TierMiss::kCorrupt || *fixed == TierMiss::kIncompatible ||
                *fixed == TierMiss::kTokenMismatch);
@@ -207,8 +207,8 @@ void RawObject(std::span<const uint8_t> bytes) {
   FUZZ_CHECK(head->key() == info.key() && head->tokens == info.tokens);
   FUZZ_CHECK(info.tokens.size() == info.geometry.block_size);
   FUZZ_CHECK(info.header_bytes == 128 + 4 * info.tokens.size() + 32 * size_t{info.geometry.n_layers} +
-                                      (info.calibrated ? 16 : 0));
-  FUZZ_CHECK(info.header_bytes + info.payload_bytes == bytes.size());
+                                      (info.calibrated ? 16 : 0) + (info.sinks > 0 ? 16 : 0));
+  FUZZ_CHECK(info.header_bytes + info.payload_bytes + info.sinks_bytes == bytes.size());
   // A header shorter than H, or another total, is refused.
   FUZZ_CHECK(!ParseBlockObjectHeader(bytes.first(info.header_bytes - 1), bytes.size()).ok());
   FUZZ_CHECK(!ParseBlockObjectHeader(bytes, bytes.size() + 1).ok());

@@ -225,8 +225,9 @@ int RunGenerate(const GenerateCliOptions& o) {
     const std::vector<TokenId> ids = AsTokenIds(prompt);
     auto adopted = tier_run->offload->AcquireInto(
         std::span<const TokenId>(ids).first(ids.size() - 1), "",
-        [paged](std::span<const uint32_t> blocks, std::shared_ptr<const Calibration> calibration) {
-          return paged->AdoptPrefix(blocks, std::move(calibration));
+        [paged](std::span<const uint32_t> blocks, std::shared_ptr<const Calibration> calibration,
+                std::shared_ptr<const WindowSinks> sinks) {
+          return paged->AdoptPrefix(blocks, std::move(calibration), std::move(sinks));
         },
         &tier_run->served);
     if (!adopted.ok()) return Fail(adopted.status());
@@ -324,7 +325,8 @@ int RunGenerate(const GenerateCliOptions& o) {
         committed, paged->cache().block_table(), adopted_blocks, "", paged->cache().calibration(),
         [paged](size_t logical, uint64_t hash) {
           return paged->SetBlockHash(static_cast<uint32_t>(logical), hash);
-        });
+        },
+        paged->cache().window_sinks());
     if (!published.ok()) return Fail(published.status());
     tier_run->published_blocks = *published > adopted_blocks ? *published - adopted_blocks : 0;
     tier_run->offload->Flush();

@@ -109,7 +109,9 @@ enum class CapacityPolicy : uint8_t {
 // per layer, side and kv head, counted in allocated_bytes()).
 //
 // Which positions are held. Position p < sinks is held when it was appended
-// to a cache holding every position before it (not after AdoptPrefix). Of
+// to a cache holding every position before it, or when AdoptPrefix was given
+// the sinks' rows (WindowSinks below: they travel with a published prefix
+// through the prefix cache and the tiers). Of
 // the rest, the window keeps the bf16 rows of the last recent + slack
 // appended positions and attention reads the last `recent` of them. So a
 // Truncate of up to `slack` positions (a speculative reject of that many
@@ -134,6 +136,43 @@ struct PrecisionWindow {
   uint32_t slack = 0;  // extra rows kept for truncations (see above); needs recent > 0
   bool enabled() const { return sinks > 0 || recent > 0; }
   bool operator==(const PrecisionWindow&) const = default;
+};
+
+// The bf16 rows of a precision window's sinks: positions [0, sinks) of
+// every layer, side and kv head, exactly as the window holds them.
+// SequenceCache::window_sinks() copies them out of a sequence that computed
+// its sinks; AdoptPrefix takes them in, so a sequence that adopts a prefix
+// covering the sinks reads the very bf16 rows the sequence that computed
+// them reads. A prefix cache keeps them beside the block that completes the
+// sinks (logical block (sinks - 1) / block_size, prefix_cache.h) and a tier
+// in that block's object (tier.h). Only the sinks travel: the recent
+// positions inside adopted blocks are read in the cache's format.
+//
+// They fit a sequence whose window has the same `sinks`, geometry and
+// formats; AdoptPrefix adopts the blocks without them (as if none were
+// given) when `sinks` or `formats` differ, and refuses rows whose size or
+// geometry is wrong (InvalidArgument, Check()).
+struct WindowSinks {
+  uint32_t sinks = 0;  // S, the window's sinks they were taken with
+  uint32_t n_layers = 0;
+  uint32_t n_kv_heads = 0;
+  uint32_t head_dim = 0;
+  FormatPair formats;  // the formats of the cache they were kept beside
+  // [n_layers][2 (K, V)][n_kv_heads][sinks][RowBytes(kBF16, head_dim)]
+  std::vector<uint8_t> rows;
+
+  // The size `rows` must have (0 for out-of-range dimensions).
+  size_t expected_bytes() const;
+  // InvalidArgument unless 1 <= sinks <= PrecisionWindow::kMaxSinks, the
+  // dimensions are within Geometry's limits and rows has expected_bytes().
+  Status Check() const;
+  // Also InvalidArgument unless n_layers, n_kv_heads and head_dim are
+  // `geometry`'s.
+  Status CheckFits(const Geometry& geometry) const;
+  // The logical block holding the last sink position.
+  uint32_t block(uint32_t block_size) const {
+    return block_size == 0 || sinks == 0 ? 0 : (sinks - 1) / block_size;
+  }
 };
 
 struct ContiguousOptions {
@@ -339,10 +378,20 @@ class SequenceCache {
   // takes over one reference per block that the CALLER already holds (e.g.
   // from BlockPool::RetainCached) and sets every layer and head to
   // blocks.size() * block_size rows, encoded with `calibration` (null: none).
-  // FailedPrecondition unless empty and paged.
+  // With a precision window, `sinks` (the prefix's WindowSinks, null: none)
+  // fills the window's sink slots when the adopted rows cover them and they
+  // fit the window (same sinks and formats); otherwise the adopted positions
+  // are all read in the format, sinks included. FailedPrecondition unless
+  // empty and paged; InvalidArgument for sinks whose size or geometry is
+  // wrong (WindowSinks::CheckFits); nothing changes on failure.
   Status AdoptPrefix(std::span<const uint32_t> blocks,
-                     std::shared_ptr<const Calibration> calibration);
+                     std::shared_ptr<const Calibration> calibration,
+                     std::shared_ptr<const WindowSinks> sinks = nullptr);
   std::shared_ptr<const Calibration> calibration() const;
+  // A copy of the window's sink rows, once every layer holds all of them
+  // (the sequence appended positions [0, sinks) itself, or adopted them with
+  // their WindowSinks); null otherwise, and without a window or sinks.
+  std::shared_ptr<const WindowSinks> window_sinks() const;
 
   // --- per layer -----------------------------------------------------------
   LayerCache layer(uint32_t layer) { return LayerCache(this, layer); }

@@ -36,6 +36,15 @@
 // with the pool's hit before them), and a run whose calibration object is
 // missing or fails verification is not used (a counted miss, docs/tiers.md).
 //
+// Precision-window sinks: a publisher's WindowSinks (cache.h) go with the
+// block that completes them, in the prefix cache and in that block's object
+// (tier.h, kBlockFlagSinks), and come back with any match that includes it
+// (PrefixMatch::sinks, AcquireInto's `adopt` argument, AdoptInto), from the
+// pool or a tier, in this process or another. A sink section that fails its
+// checksum, or names sinks that end outside its block, makes the block a
+// corrupt miss. Only the sinks travel: the adopter reads the recent
+// positions inside adopted blocks in the format.
+//
 // Thread safety: all methods are thread-safe. Destroy the OffloadCache before
 // its pool's last user goes: the destructor stops the writer (queued stores
 // are given up and their references released).
@@ -119,11 +128,14 @@ class OffloadCache {
   // hashes.size() * block_size), then queues blocks [start, end) for the
   // tiers. Returns end as PublishHashed does. With tiers, InvalidArgument
   // (nothing published) if `calibration` is not one of this pool's geometry
-  // (CheckCalibration).
+  // (CheckCalibration). `sinks`: the publisher's window sinks (null: none);
+  // InvalidArgument (nothing published) unless they fit the pool's geometry
+  // (WindowSinks::CheckFits).
   Result<size_t> Publish(std::span<const BlockHash> hashes, std::span<const uint32_t> blocks,
                          size_t start, std::span<const TokenId> tokens, std::string_view salt,
                          std::shared_ptr<const Calibration> calibration = nullptr,
-                         const PrefixCache::SetHashFn& set_hash = nullptr);
+                         const PrefixCache::SetHashFn& set_hash = nullptr,
+                         std::shared_ptr<const WindowSinks> sinks = nullptr);
 
   // Sequence-level calls: the tiered counterparts of PrefixCache::AdoptInto
   // and PublishSequence, for a caller that serves requests from paged
@@ -140,11 +152,12 @@ class OffloadCache {
   Result<size_t> AdoptInto(SequenceCache* seq, std::span<const TokenId> tokens,
                            std::string_view salt, std::vector<uint64_t>* served_by_tier = nullptr);
   // The same for a holder of a paged sequence that adopts through its own
-  // call (it wraps SequenceCache::AdoptPrefix): `adopt(blocks, calibration)`
-  // is called once, only if blocks were found, and must take over the
-  // references exactly when it returns Ok.
+  // call (it wraps SequenceCache::AdoptPrefix): `adopt(blocks, calibration,
+  // sinks)` is called once, only if blocks were found, and must take over the
+  // references exactly when it returns Ok (sinks: the match's, or null).
   using AdoptFn = std::function<Status(std::span<const uint32_t> blocks,
-                                       std::shared_ptr<const Calibration> calibration)>;
+                                       std::shared_ptr<const Calibration> calibration,
+                                       std::shared_ptr<const WindowSinks> sinks)>;
   Result<size_t> AcquireInto(std::span<const TokenId> tokens, std::string_view salt,
                              const AdoptFn& adopt, std::vector<uint64_t>* served_by_tier = nullptr);
 
@@ -156,18 +169,20 @@ class OffloadCache {
   // end < tokens.size() / block_size means publication stopped at a
   // duplicate (later calls get no further). FailedPrecondition unless paged,
   // InvalidArgument if tokens.size() > seq->num_tokens(); on either nothing
-  // is published.
+  // is published. The sequence's window sinks, if complete, go with it.
   Result<size_t> PublishSequence(SequenceCache* seq, std::span<const TokenId> tokens,
                                  std::string_view salt, size_t start = 0);
   // The same for a holder that names its blocks through its own call:
   // `block_table` holds the committed `tokens` (block i: tokens [i*B,
-  // (i+1)*B)), `calibration` is what they were encoded with and `set_hash`
-  // names one (Publish). InvalidArgument, publishing nothing, if the table is
-  // shorter than the full blocks of `tokens`.
+  // (i+1)*B)), `calibration` is what they were encoded with, `set_hash`
+  // names one and `sinks` are the holder's window sinks (Publish).
+  // InvalidArgument, publishing nothing, if the table is shorter than the
+  // full blocks of `tokens`.
   Result<size_t> PublishBlocks(std::span<const TokenId> tokens, std::span<const uint32_t> block_table,
                                size_t start, std::string_view salt,
                                std::shared_ptr<const Calibration> calibration,
-                               const PrefixCache::SetHashFn& set_hash);
+                               const PrefixCache::SetHashFn& set_hash,
+                               std::shared_ptr<const WindowSinks> sinks = nullptr);
 
   // Waits until every queued store has been written (tests, end of a run).
   void Flush();

@@ -30,6 +30,13 @@
 // with the first sequence's transforms; a chain stores the Calibration it was
 // published with and hands it out with the blocks.
 //
+// Precision-window sinks: a publisher with a window passes its WindowSinks
+// (cache.h; SequenceCache::window_sinks). They are kept with the block that
+// completes them (logical block (sinks - 1) / block_size) when this
+// publication names that block, dropped with it when it is evicted or
+// forgotten, and handed out (PrefixMatch::sinks) with any match that
+// includes it. They are outside the pool's blocks: a few bf16 rows per chain.
+//
 // Thread safety: all methods are thread-safe (one internal mutex). The pool's
 // eviction listener runs after the pool's lock is dropped, and the prefix
 // cache calls the pool while holding its own lock (lock order: prefix cache,
@@ -58,6 +65,7 @@ namespace kvcache {
 
 class SequenceCache;
 struct Calibration;
+struct WindowSinks;
 
 using TokenId = uint32_t;
 
@@ -141,6 +149,9 @@ struct PrefixMatch {
   std::vector<uint32_t> blocks;  // [num_tokens / block_size] block ids, chain order
   size_t num_tokens = 0;         // blocks.size() * block_size
   std::shared_ptr<const Calibration> calibration;  // what the blocks were encoded with
+  // The precision-window sink rows published with one of the blocks (the
+  // first such block of the match), or null.
+  std::shared_ptr<const WindowSinks> sinks;
 };
 
 class PrefixCache {
@@ -170,12 +181,15 @@ class PrefixCache {
   // block. `set_hash(i, hash)` names block i in the pool (default:
   // BlockPool::SetBlockHash; SequenceCache users pass its SetBlockHash).
   // REQUIRES: the caller holds a reference on every block it passes. Returns
-  // how many blocks were newly published.
+  // how many blocks were newly published. `sinks`: the publisher's
+  // precision-window sink rows (null: none); InvalidArgument, publishing
+  // nothing, if they fail WindowSinks::Check.
   using SetHashFn = std::function<Status(size_t logical_block, uint64_t hash)>;
   Result<size_t> Publish(std::span<const TokenId> tokens, std::span<const uint32_t> blocks,
                          std::string_view salt,
                          std::shared_ptr<const Calibration> calibration = nullptr,
-                         const SetHashFn& set_hash = nullptr);
+                         const SetHashFn& set_hash = nullptr,
+                         std::shared_ptr<const WindowSinks> sinks = nullptr);
 
   // The same for callers that keep their chain hashes: hashes[i] names block
   // i (HashFullBlocks, or extended one block at a time with ChainHash);
@@ -188,12 +202,14 @@ class PrefixCache {
                                size_t start, std::span<const TokenId> first_block,
                                std::string_view salt,
                                std::shared_ptr<const Calibration> calibration = nullptr,
-                               const SetHashFn& set_hash = nullptr);
+                               const SetHashFn& set_hash = nullptr,
+                               std::shared_ptr<const WindowSinks> sinks = nullptr);
 
   // Sequence-level helpers. AdoptInto: Acquire + SequenceCache::AdoptPrefix
-  // into an empty paged `seq` (on failure the references are given back);
-  // returns the tokens adopted. PublishSequence: publishes seq's full blocks,
-  // `tokens` being its committed tokens (REQUIRES tokens.size() <= its length).
+  // into an empty paged `seq` (on failure the references are given back),
+  // with the match's sinks; returns the tokens adopted. PublishSequence:
+  // publishes seq's full blocks, `tokens` being its committed tokens
+  // (REQUIRES tokens.size() <= its length), with its window's sinks.
   Result<size_t> AdoptInto(SequenceCache* seq, std::span<const TokenId> tokens,
                            std::string_view salt);
   Result<size_t> PublishSequence(SequenceCache* seq, std::span<const TokenId> tokens,

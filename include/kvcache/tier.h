@@ -34,6 +34,9 @@
 // flag bit 0 and names its calibration's digest (16 more header bytes); the
 // calibration itself is a separate object, "kvcal1:<compat>:<digest>", stored
 // before the blocks that name it and verified (digest recomputed) on load.
+// The block that completes a precision window's sinks sets flag bit 1 and
+// carries their bf16 rows (WindowSinks) in a section after the payload,
+// checksummed, so that an adopter in any process reads the same sinks.
 //
 // Thread safety: every Tier method may be called from any thread at once.
 #pragma once
@@ -58,6 +61,7 @@
 namespace kvcache {
 
 class BlockPool;
+struct WindowSinks;
 struct Calibration;
 
 // Why a tier did not supply a usable block.
@@ -194,6 +198,11 @@ inline constexpr uint16_t kBlockObjectVersion = 1;
 // more bytes, the digest). Without it the block carries the calibration the
 // compatibility digest names (BlockCompat::calibration; none if zero).
 inline constexpr uint16_t kBlockFlagCalibrated = 1;
+// Flag bit 1: the block completes a precision window's sinks and carries
+// their bf16 rows (WindowSinks, cache.h) in a checksummed section after the
+// payload; the header has 16 more bytes (S, zero, the section's XXH3-64)
+// after the calibration digest, if any.
+inline constexpr uint16_t kBlockFlagSinks = 2;
 inline constexpr uint16_t kCalibrationObjectVersion = 1;
 // Bumped whenever the stored bytes of any format change meaning (a codec's
 // layout, the Format enum's numbering): part of every compatibility digest.
@@ -237,6 +246,12 @@ struct BlockObjectInfo {
   // and the block carries the compatibility digest's calibration.
   bool calibrated = false;
   BlockHash calibration{};
+  // kBlockFlagSinks: the sinks S of the section after the payload, its size
+  // and XXH3-64 (the object is header_bytes + payload_bytes + sinks_bytes).
+  // Without the flag: all 0.
+  uint32_t sinks = 0;
+  uint64_t sinks_bytes = 0;
+  uint64_t sinks_checksum = 0;
   std::string key() const { return BlockKey(compat, chain); }
   std::string parent_key(const BlockHash& root) const {
     return parent == root ? std::string() : BlockKey(compat, parent);
@@ -247,12 +262,15 @@ inline constexpr size_t kBlockObjectFixedHeader = 128;
 // Serializes block `block` of `pool` (all layers, K and V). REQUIRES: the
 // caller holds a reference on the block and nobody writes it (a hashed block).
 // `calibration`, if given, sets kBlockFlagCalibrated and names that digest
-// (zero: explicitly none); without it the object is the unflagged layout.
+// (zero: explicitly none); `sinks`, if given, sets kBlockFlagSinks and
+// carries them (InvalidArgument unless they fit the pool's geometry:
+// WindowSinks::CheckFits); without either the object is the unflagged layout.
 Result<std::vector<uint8_t>> EncodeBlockObject(const BlockPool& pool, uint32_t block,
                                                const BlockHash& compat, const BlockHash& chain,
                                                const BlockHash& parent,
                                                std::span<const TokenId> tokens,
-                                               std::optional<BlockHash> calibration = std::nullopt);
+                                               std::optional<BlockHash> calibration = std::nullopt,
+                                               const WindowSinks* sinks = nullptr);
 // Parses a header and checks magic, version, header checksum and that the
 // object's size is what the header says (`total_bytes`: the whole object's
 // size; `bytes` may be just its start). The payload is not checked.
@@ -260,7 +278,7 @@ Result<BlockObjectInfo> ParseBlockObjectHeader(std::span<const uint8_t> bytes,
                                                uint64_t total_bytes);
 // Full verification against what the caller asked for: nullopt if the
 // object is exactly the block (compat, chain, parent, tokens) with an intact
-// payload; else the miss reason.
+// payload (and sink section, if flagged); else the miss reason.
 std::optional<TierMiss> VerifyBlockObject(std::span<const uint8_t> bytes, const BlockHash& compat,
                                           const BlockHash& chain, const BlockHash& parent,
                                           std::span<const TokenId> tokens);
@@ -273,12 +291,15 @@ std::optional<TierMiss> VerifyBlockObject(std::span<const uint8_t> bytes, const 
 // (the caller gives it back; nobody else can read it). REQUIRES: the caller
 // holds `block` exclusively (a staging block just allocated for this load).
 // kIncompatible if the object, though intact, is not this pool's geometry
-// or formats (another compat digest would have said so first).
+// or formats (another compat digest would have said so first). A sink
+// section is checked too (kCorrupt if its checksum fails); `sinks`, if
+// given, receives its rows (null when the object has none or fails).
 std::optional<TierMiss> VerifyAndDecodeBlockObject(std::span<const uint8_t> bytes,
                                                    const BlockHash& compat, const BlockHash& chain,
                                                    const BlockHash& parent,
                                                    std::span<const TokenId> tokens,
-                                                   BlockPool& pool, uint32_t block);
+                                                   BlockPool& pool, uint32_t block,
+                                                   std::shared_ptr<const WindowSinks>* sinks = nullptr);
 // XXH3-64 of `bytes` (the object's checksums): libxxhash's runtime-dispatched
 // variant (AVX2 where the CPU has it), the same value as XXH3_64bits.
 uint64_t BlockChecksum(std::span<const uint8_t> bytes);

@@ -56,7 +56,8 @@ Status CacheKv::Attend(uint32_t layer, std::span<const float> q, std::span<float
 }
 
 Status CacheKv::AdoptPrefix(std::span<const uint32_t> blocks,
-                            std::shared_ptr<const Calibration> calibration) {
+                            std::shared_ptr<const Calibration> calibration,
+                            std::shared_ptr<const WindowSinks> sinks) {
   if (seq_.layout() != CacheLayout::kPaged || num_tokens() != 0) {
     return Status::FailedPrecondition("cache kv: AdoptPrefix needs an empty paged cache");
   }
@@ -66,7 +67,7 @@ Status CacheKv::AdoptPrefix(std::span<const uint32_t> blocks,
                                       " positions exceeds max_seq_len " +
                                       std::to_string(shape_.max_seq_len));
   }
-  KV_RETURN_IF_ERROR(seq_.AdoptPrefix(blocks, std::move(calibration)));
+  KV_RETURN_IF_ERROR(seq_.AdoptPrefix(blocks, std::move(calibration), std::move(sinks)));
   ClosePass(seq_.num_tokens());
   return Status::Ok();
 }

@@ -55,10 +55,13 @@ class CacheKv final : public SequenceKv<SequenceCache> {
   // cache or loaded from a tier (PrefixCache / OffloadCache::Acquire); takes
   // over the one reference per block the caller holds (SequenceCache::
   // AdoptPrefix). The next Forward runs from the position after them.
+  // `sinks`: the prefix's precision-window sink rows, if it has them
+  // (SequenceCache::AdoptPrefix says when they are taken).
   // FailedPrecondition unless empty and paged, or past max_seq_len; nothing
   // changes (the caller still owns the references) on failure.
   Status AdoptPrefix(std::span<const uint32_t> blocks,
-                     std::shared_ptr<const Calibration> calibration);
+                     std::shared_ptr<const Calibration> calibration,
+                     std::shared_ptr<const WindowSinks> sinks = nullptr);
   // Names logical block `logical_block` in the pool (SequenceCache::
   // SetBlockHash): the set_hash callback of PrefixCache / OffloadCache::Publish.
   Status SetBlockHash(uint32_t logical_block, uint64_t hash) {

@@ -359,8 +359,64 @@ Transforms TransformsOf(const Calibration& c, uint32_t layer, int side, uint32_t
 
 }  // namespace
 
+size_t WindowSinks::expected_bytes() const {
+  if (sinks > PrecisionWindow::kMaxSinks || n_layers > Geometry::kMaxLayers ||
+      n_kv_heads > Geometry::kMaxKvHeads || head_dim > Geometry::kMaxHeadDim) {
+    return 0;
+  }
+  return size_t{n_layers} * kSides * n_kv_heads * sinks * RowBytes(Format::kBF16, head_dim);
+}
+
+Status WindowSinks::Check() const {
+  if (sinks == 0 || sinks > PrecisionWindow::kMaxSinks || n_layers == 0 || n_kv_heads == 0 ||
+      head_dim == 0 || expected_bytes() == 0) {
+    return Status::InvalidArgument(fmt::format(
+        "cache: window sinks of {} positions over {} layers x {} kv heads x head_dim {} are out "
+        "of range",
+        sinks, n_layers, n_kv_heads, head_dim));
+  }
+  if (rows.size() != expected_bytes()) {
+    return Status::InvalidArgument(fmt::format(
+        "cache: window sinks hold {} bytes, {} sinks x {} layers x 2 x {} kv heads x head_dim {} "
+        "in bf16 are {}",
+        rows.size(), sinks, n_layers, n_kv_heads, head_dim, expected_bytes()));
+  }
+  return Status::Ok();
+}
+
+Status WindowSinks::CheckFits(const Geometry& g) const {
+  KV_RETURN_IF_ERROR(Check());
+  if (n_layers != g.n_layers() || n_kv_heads != g.n_kv_heads() || head_dim != g.head_dim()) {
+    return Status::InvalidArgument(fmt::format(
+        "cache: window sinks of {} layers x {} kv heads x head_dim {} for a cache of {}",
+        n_layers, n_kv_heads, head_dim, g.ToString()));
+  }
+  return Status::Ok();
+}
+
+std::shared_ptr<const WindowSinks> SequenceCache::window_sinks() const {
+  const State& s = *s_;
+  if (s.released || !s.window) return nullptr;
+  for (uint32_t l = 0; l < s.geometry.n_layers(); ++l) {
+    if (!s.window->sinks_complete(l)) return nullptr;
+  }
+  auto out = std::make_shared<WindowSinks>();
+  out->sinks = s.window_spec.sinks;
+  out->n_layers = s.geometry.n_layers();
+  out->n_kv_heads = s.geometry.n_kv_heads();
+  out->head_dim = s.geometry.head_dim();
+  out->formats = s.formats;
+  const size_t per_layer = s.window->sink_bytes_per_layer();
+  out->rows.resize(per_layer * s.geometry.n_layers());
+  for (uint32_t l = 0; l < s.geometry.n_layers(); ++l) {
+    s.window->CopySinks(l, out->rows.data() + per_layer * l);
+  }
+  return out;
+}
+
 Status SequenceCache::AdoptPrefix(std::span<const uint32_t> blocks,
-                                  std::shared_ptr<const Calibration> calibration) {
+                                  std::shared_ptr<const Calibration> calibration,
+                                  std::shared_ptr<const WindowSinks> sinks) {
   State& s = *s_;
   if (s.released) return UsedAfterRelease();
   if (s.store->layout() != CacheLayout::kPaged || !s.store->block_table().empty() ||
@@ -372,13 +428,24 @@ Status SequenceCache::AdoptPrefix(std::span<const uint32_t> blocks,
       calibration->transforms.size() != size_t{s.geometry.n_layers()} * kSides * H) {
     return Status::InvalidArgument("cache: calibration does not match the geometry");
   }
+  if (sinks) KV_RETURN_IF_ERROR(sinks->CheckFits(s.geometry));
+  const uint64_t rows64 = uint64_t{blocks.size()} * s.store->block_size();
+  // The sinks are the window's when they fit it and the adopted rows cover
+  // them; any other window (or format) reads the adopted positions in the
+  // format, as without them.
+  const bool take_sinks = sinks && s.window && sinks->sinks == s.window_spec.sinks &&
+                          sinks->formats == s.formats && rows64 >= sinks->sinks;
   KV_RETURN_IF_ERROR(s.store->AdoptBlocks(blocks));
   const uint32_t rows = static_cast<uint32_t>(blocks.size()) * s.store->block_size();
+  const size_t sink_layer_bytes = s.window ? s.window->sink_bytes_per_layer() : 0;
   for (uint32_t l = 0; l < s.geometry.n_layers(); ++l) {
     LayerMeta& lm = s.layers[l];
     lm.num_tokens = rows;
     lm.head_len.assign(H, rows);
-    if (s.window) s.window->Reset(l, rows);  // the adopted rows are the blocks' alone
+    if (s.window) {
+      s.window->Reset(l, rows);  // the adopted rows are the blocks' alone,
+      if (take_sinks) s.window->SetSinks(l, sinks->rows.data() + sink_layer_bytes * l);  // but the sinks'
+    }
     for (int side = 0; side < kSides; ++side) {
       lm.transforms[side] =
           calibration && rows > 0 ? TransformsOf(*calibration, l, side, H) : nullptr;

@@ -126,6 +126,32 @@ void WindowStore::Reset(uint32_t layer, uint32_t n) {
   l.ring_begin = n;
 }
 
+void WindowStore::CopySinks(uint32_t layer, uint8_t* out) const {
+  const Layer& l = layers_[layer];
+  const size_t n = size_t{window_.sinks} * row_bytes_;
+  for (int side = 0; side < 2; ++side) {
+    for (uint32_t h = 0; h < geometry_.n_kv_heads(); ++h) {
+      std::memcpy(out, l.rows[side].data() + size_t{h} * slots_ * row_bytes_, n);
+      out += n;
+    }
+  }
+}
+
+void WindowStore::SetSinks(uint32_t layer, const uint8_t* in) {
+  Layer& l = layers_[layer];
+  const uint32_t S = window_.sinks;
+  const size_t n = size_t{S} * row_bytes_;
+  for (int side = 0; side < 2; ++side) {
+    for (uint32_t h = 0; h < geometry_.n_kv_heads(); ++h) {
+      std::memcpy(Row(l, side, h, 0), in, n);
+      in += n;
+    }
+  }
+  for (uint32_t p = 0; p < S; ++p) l.slot_pos[p] = p;
+  l.sinks_held = S;
+  l.ring_begin = std::max(l.ring_begin, S);
+}
+
 void WindowStore::Refresh(uint32_t layer, uint32_t num_tokens) {
   Layer& l = layers_[layer];
   const uint32_t H = geometry_.n_kv_heads(), W = window_.recent;

@@ -58,6 +58,21 @@ class WindowStore {
   // (Clear: n = 0; AdoptPrefix: n = the adopted length).
   void Reset(uint32_t layer, uint32_t n);
 
+  // True iff the layer holds every sink position (and the window has sinks).
+  bool sinks_complete(uint32_t layer) const {
+    return window_.sinks > 0 && layers_[layer].sinks_held == window_.sinks;
+  }
+  // The layer's sink rows, [2][n_kv_heads][sinks][row_bytes] (WindowSinks'
+  // per-layer part): CopySinks writes them to `out`, REQUIRES
+  // sinks_complete(layer); SetSinks fills the sink slots from `in` and holds
+  // them, REQUIRES the layer's positions [0, sinks) were Reset to the cache's
+  // (AdoptPrefix of at least sinks positions).
+  void CopySinks(uint32_t layer, uint8_t* out) const;
+  void SetSinks(uint32_t layer, const uint8_t* in);
+  size_t sink_bytes_per_layer() const {
+    return size_t{2} * geometry_.n_kv_heads() * window_.sinks * row_bytes_;
+  }
+
   // Rebuilds the layer's views for a cache view of `num_tokens` positions.
   void Refresh(uint32_t layer, uint32_t num_tokens);
   const LayerKvView* hot(uint32_t layer) const { return &layers_[layer].view; }

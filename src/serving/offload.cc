@@ -21,6 +21,11 @@
 // calibration from `cals` (the recently published or verified ones) or from
 // a tier, verified (digest recomputed) before any block of the run is used.
 //
+// Precision-window sinks: the job of the block that completes a publisher's
+// sinks carries them and its object holds them (kBlockFlagSinks). A load
+// takes them from the run's verified objects; an object whose sinks are not
+// for its own place in the chain (S - 1 outside the block) is corrupt.
+//
 // Locks: mu_ guards the queue and the counters; it is never held while
 // calling a tier, the pool or the prefix cache, except PrefixCache-free
 // pool calls that cannot call back (Retain). Tiers have their own locks.
@@ -53,6 +58,7 @@ struct Job {
   std::shared_ptr<const Calibration> calibration;  // the chain's (null: none)
   bool flagged = false;    // the object names cal_digest (kBlockFlagCalibrated)
   BlockHash cal_digest{};  // CalibrationDigest, or zero for none
+  std::shared_ptr<const WindowSinks> sinks;  // the window sinks this block completes, or null
 };
 
 struct Counters {
@@ -92,6 +98,7 @@ struct TierLookup {
   bool pool_hit = false;  // the pool supplied blocks before these
   std::shared_ptr<const Calibration> pool_calibration;     // theirs
   std::shared_ptr<const Calibration> calibration;          // what the run's blocks carry
+  std::shared_ptr<const WindowSinks> sinks;                // carried by a staged block, or null
   const BlockHash& Parent(size_t i) const { return i == 0 ? root : hashes[i - 1]; }
   // Block j of the run failed for `why`: counted, and erased from its tier.
   void Reject(size_t j, TierMiss why) {
@@ -217,7 +224,7 @@ void OffloadCache::State::StoreBatch(std::vector<Job>& jobs) {
     std::optional<BlockHash> named;
     if (j.flagged) named = j.cal_digest;
     Result<std::vector<uint8_t>> obj =
-        EncodeBlockObject(*pool, j.block, compat, j.chain, j.parent, j.tokens, named);
+        EncodeBlockObject(*pool, j.block, compat, j.chain, j.parent, j.tokens, named, j.sinks.get());
     (void)pool->Release(std::span<const uint32_t>(&j.block, 1));
     if (!obj.ok()) continue;  // cannot happen for a block of this pool; nothing to store
     TierPut p;
@@ -338,12 +345,14 @@ Result<size_t> OffloadCache::Publish(std::span<const BlockHash> hashes,
                                      std::span<const uint32_t> blocks, size_t start,
                                      std::span<const TokenId> tokens, std::string_view salt,
                                      std::shared_ptr<const Calibration> calibration,
-                                     const PrefixCache::SetHashFn& set_hash) {
+                                     const PrefixCache::SetHashFn& set_hash,
+                                     std::shared_ptr<const WindowSinks> sinks) {
   State& st = *state_;
   const uint32_t B = st.pool->block_size();
   if (tokens.size() < hashes.size() * B) {
     return Status::InvalidArgument("offload: fewer tokens than the blocks being published");
   }
+  if (sinks) KV_RETURN_IF_ERROR(sinks->CheckFits(st.pool->geometry()));
   // A calibration the tiers could not store is refused before anything is
   // published (a sequence's own always fits its pool's geometry).
   BlockHash cal_digest{};
@@ -352,8 +361,9 @@ Result<size_t> OffloadCache::Publish(std::span<const BlockHash> hashes,
   }
   KV_ASSIGN_OR_RETURN(const size_t end,
                       st.cache->PublishHashed(hashes, blocks, start, tokens.first(std::min<size_t>(B, tokens.size())), salt,
-                                              calibration, set_hash));
+                                              calibration, set_hash, sinks));
   if (st.tiers.empty() || end <= start) return end;
+  const size_t sink_block = sinks ? sinks->block(B) : SIZE_MAX;
   const bool flagged = !(cal_digest == st.default_cal);
   const BlockHash root = ChainRoot(salt);
   bool queued = false;
@@ -371,7 +381,7 @@ Result<size_t> OffloadCache::Publish(std::span<const BlockHash> hashes,
     Job j{blocks[i], hashes[i], i == 0 ? root : hashes[i - 1], i == 0,
           std::vector<TokenId>(tokens.begin() + static_cast<ptrdiff_t>(i * B),
                                tokens.begin() + static_cast<ptrdiff_t>((i + 1) * B)),
-          calibration, flagged, cal_digest};
+          calibration, flagged, cal_digest, i == sink_block ? sinks : nullptr};
     std::lock_guard<std::mutex> lock(st.mu);
     st.queue.push_back(std::move(j));
     st.Remember(hashes[i]);
@@ -579,12 +589,17 @@ std::vector<uint32_t> OffloadCache::State::Stage(TierLookup& l, std::span<const 
   size_t good = 0;
   for (; good < ok; ++good) {
     const size_t i = l.i0 + good;
-    const std::optional<TierMiss> why = VerifyAndDecodeBlockObject(
-        *l.objects[good], compat, l.hashes[i], l.Parent(i), tokens.subspan(i * B, B), *pool, fresh[good]);
+    std::shared_ptr<const WindowSinks> sinks;
+    std::optional<TierMiss> why = VerifyAndDecodeBlockObject(
+        *l.objects[good], compat, l.hashes[i], l.Parent(i), tokens.subspan(i * B, B), *pool, fresh[good],
+        &sinks);
+    // Sinks are kept with the block holding their last position, nowhere else.
+    if (!why.has_value() && sinks && sinks->block(B) != i) why = TierMiss::kCorrupt;
     if (why.has_value()) {
       l.Reject(good, *why);
       break;
     }
+    if (sinks && !l.sinks) l.sinks = std::move(sinks);
   }
   for (size_t j = std::max(good < ok ? good + 1 : good, l.rejected); j < end; ++j) {
     if (l.objects[j] == nullptr) continue;
@@ -647,10 +662,11 @@ PrefixMatch OffloadCache::Acquire(std::span<const TokenId> tokens, std::string_v
   m.blocks.insert(m.blocks.end(), fresh.begin(), fresh.end());
   m.num_tokens = m.blocks.size() * B;
   m.calibration = l.calibration;
+  if (!m.sinks) m.sinks = l.sinks;
   // Name the loaded blocks so that the pool serves the next lookup. A chain
   // someone published meanwhile stops this; the blocks stay ours, unnamed.
   (void)st.cache->PublishHashed(std::span<const BlockHash>(l.hashes.data(), m.blocks.size()), m.blocks,
-                                l.i0, tokens.first(B), salt, m.calibration);
+                                l.i0, tokens.first(B), salt, m.calibration, nullptr, l.sinks);
   return m;
 }
 
@@ -658,7 +674,7 @@ Result<size_t> OffloadCache::AcquireInto(std::span<const TokenId> tokens, std::s
                                          const AdoptFn& adopt, std::vector<uint64_t>* served_by_tier) {
   PrefixMatch m = Acquire(tokens, salt, served_by_tier);
   if (m.blocks.empty()) return size_t{0};
-  Status status = adopt(m.blocks, m.calibration);
+  Status status = adopt(m.blocks, m.calibration, m.sinks);
   if (!status.ok()) {
     std::vector<uint32_t> back(m.blocks.rbegin(), m.blocks.rend());  // tail first
     (void)state_->pool->Release(back);
@@ -674,8 +690,9 @@ Result<size_t> OffloadCache::AdoptInto(SequenceCache* seq, std::span<const Token
   }
   return AcquireInto(
       tokens, salt,
-      [seq](std::span<const uint32_t> blocks, std::shared_ptr<const Calibration> calibration) {
-        return seq->AdoptPrefix(blocks, std::move(calibration));
+      [seq](std::span<const uint32_t> blocks, std::shared_ptr<const Calibration> calibration,
+            std::shared_ptr<const WindowSinks> sinks) {
+        return seq->AdoptPrefix(blocks, std::move(calibration), std::move(sinks));
       },
       served_by_tier);
 }
@@ -684,7 +701,8 @@ Result<size_t> OffloadCache::PublishBlocks(std::span<const TokenId> tokens,
                                            std::span<const uint32_t> block_table, size_t start,
                                            std::string_view salt,
                                            std::shared_ptr<const Calibration> calibration,
-                                           const PrefixCache::SetHashFn& set_hash) {
+                                           const PrefixCache::SetHashFn& set_hash,
+                                           std::shared_ptr<const WindowSinks> sinks) {
   const uint32_t B = state_->pool->block_size();
   const size_t full = tokens.size() / B;
   if (block_table.size() < full) {
@@ -693,7 +711,8 @@ Result<size_t> OffloadCache::PublishBlocks(std::span<const TokenId> tokens,
         block_table.size()));
   }
   const std::vector<BlockHash> hashes = HashFullBlocks(tokens, B, salt);
-  return Publish(hashes, block_table.first(full), start, tokens, salt, std::move(calibration), set_hash);
+  return Publish(hashes, block_table.first(full), start, tokens, salt, std::move(calibration), set_hash,
+                 std::move(sinks));
 }
 
 Result<size_t> OffloadCache::PublishSequence(SequenceCache* seq, std::span<const TokenId> tokens,
@@ -708,7 +727,8 @@ Result<size_t> OffloadCache::PublishSequence(SequenceCache* seq, std::span<const
   return PublishBlocks(tokens, seq->block_table(), start, salt, seq->calibration(),
                        [seq](size_t logical, uint64_t hash) {
                          return seq->SetBlockHash(static_cast<uint32_t>(logical), hash);
-                       });
+                       },
+                       seq->window_sinks());
 }
 
 void OffloadCache::Flush() {

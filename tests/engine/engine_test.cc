@@ -84,7 +84,8 @@ TEST(Engine, ConcurrentGreedyRequestsEqualGenerateAlone) {
 // model::Generate on a paged cache with the same window, alone. The slack
 // covers the longest pass, so chunked prefill (the engine) and one-pass
 // prefill (Generate) read the same rows; without the prefix cache nothing
-// is adopted (adopted blocks bring no bf16 rows).
+// is adopted (adopted blocks bring their sinks' bf16 rows, not the recent
+// ones).
 TEST(Engine, PrecisionWindowRequestsEqualGenerateAlone) {
   const model::LoadedModel* m = Stories();
   ASSERT_NE(m, nullptr);
@@ -114,6 +115,45 @@ TEST(Engine, PrecisionWindowRequestsEqualGenerateAlone) {
     EXPECT_EQ(out[i].tokens, want->tokens) << i;
   }
   EXPECT_EQ(e->Metrics().pool_blocks_used, 0u);
+}
+
+// A precision window's sinks travel with a cached prefix: a request whose
+// prompt prefix another request published reads the publisher's bf16 sink
+// rows, so it answers exactly (greedy tokens and their logprobs) what it
+// answers with the prefix cache off. fp8 e4m3: stories260K's head_dim 8
+// takes no turbo format. Sinks only (no recent positions): the recent
+// positions inside adopted blocks stay in the format, so with recent
+// positions the cached answer may differ (docs/cache.md).
+TEST(Engine, PrecisionWindowSinksTravelWithACachedPrefix) {
+  const model::LoadedModel* m = Stories();
+  ASSERT_NE(m, nullptr);
+  EngineOptions o = SmallEngine();
+  o.formats = {Format::kFp8E4M3, Format::kFp8E4M3};
+  o.window = {.sinks = 4};
+  auto cached = MakeEngine(o);
+  EngineOptions off = o;
+  off.prefix_cache = false;
+  auto uncached = MakeEngine(off);
+  ASSERT_TRUE(cached != nullptr && uncached != nullptr);
+  const std::vector<int32_t> leader = Prompt(*m, 0), follower = Prompt(*m, 3);
+  ASSERT_GE(std::mismatch(leader.begin(), leader.end(), follower.begin(), follower.end()).first -
+                leader.begin(),
+            static_cast<ptrdiff_t>(2 * o.block_size));
+  ASSERT_EQ(RunAll(*cached, {Greedy(leader, 8)}).size(), 1u);  // publishes the shared blocks
+  RequestParams p = Greedy(follower, 24);
+  p.logprobs = true;
+  const std::vector<Outcome> with = RunAll(*cached, {p});
+  const std::vector<Outcome> without = RunAll(*uncached, {p});
+  ASSERT_EQ(with.size(), 1u);
+  ASSERT_EQ(without.size(), 1u);
+  EXPECT_GE(with[0].last.usage.cached_tokens, 2 * o.block_size);
+  EXPECT_EQ(without[0].last.usage.cached_tokens, 0u);
+  EXPECT_EQ(with[0].tokens, without[0].tokens);
+  ASSERT_EQ(with[0].outs.size(), without[0].outs.size());
+  for (size_t i = 0; i < with[0].outs.size(); ++i) {
+    EXPECT_EQ(with[0].outs[i].logprob, without[0].outs[i].logprob) << i;
+  }
+  EXPECT_EQ(cached->Metrics().pool_blocks_used, 0u);
 }
 
 TEST(Engine, TinyPoolPreemptsAndLosesNothing) {

@@ -297,6 +297,26 @@ TEST_F(GenerateTiers, CalibratedFormatsAreOffloaded) {
   }
 }
 
+TEST_F(GenerateTiers, WindowSinksTravelThroughTheFolder) {
+  // A precision window of 4 sinks (q8: stories260K's head_dim 8 takes no
+  // turbo format): the block completing the sinks carries their bf16 rows,
+  // so the second process reads the first's sinks and gives its logits to
+  // the byte. (Recent positions inside adopted blocks are read in the
+  // format, so a window with them is not expected to give the same.)
+  const nlohmann::json plain = Generate("--kv-format q8+s4", "plain.npy");
+  const nlohmann::json a = Generate("--kv-format q8+s4 --tiers " + Disk(), "a.npy");
+  EXPECT_EQ(a["prefix_tokens"], 0);
+  const nlohmann::json b = Generate("--kv-format q8+s4 --tiers " + Disk(), "b.npy");
+  EXPECT_EQ(b["prefix_tokens_by_tier"]["disk"], ExpectedPrefix(b));
+  EXPECT_EQ(b["tiers"][0]["misses"]["corrupt"], 0);
+  EXPECT_EQ(b["generated_tokens"], plain["generated_tokens"]);
+  ASSERT_FALSE(Logits("a.npy").empty());
+  EXPECT_EQ(Logits("b.npy"), Logits("a.npy"));
+  // Another window over the same folder adopts the blocks without them.
+  const nlohmann::json other = Generate("--kv-format q8+s2 --tiers " + Disk(), "c.npy");
+  EXPECT_EQ(other["prefix_tokens_by_tier"]["disk"], ExpectedPrefix(other));
+}
+
 TEST_F(GenerateTiers, PublishGeneratedServesAContinuation) {
   const nlohmann::json first =
       Generate("--publish-generated --tiers " + Disk(), "first.npy");

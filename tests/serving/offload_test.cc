@@ -169,7 +169,8 @@ TEST(Offload, SequenceCallsRefuseWithoutChangingAnything) {
   // An adoption that fails: its status comes back, the references go back.
   std::vector<uint32_t> offered;
   auto refused = b.off->AcquireInto(t, "", [&](std::span<const uint32_t> blocks,
-                                                std::shared_ptr<const Calibration>) {
+                                                std::shared_ptr<const Calibration>,
+                                                std::shared_ptr<const WindowSinks>) {
     offered.assign(blocks.begin(), blocks.end());
     return Status::FailedPrecondition("not now");
   });
@@ -183,7 +184,8 @@ TEST(Offload, SequenceCallsRefuseWithoutChangingAnything) {
   // Nothing to adopt: the function is not called.
   bool called = false;
   EXPECT_EQ(b.off->AcquireInto(Tokens(15), "", [&](std::span<const uint32_t>,
-                                                    std::shared_ptr<const Calibration>) {
+                                                    std::shared_ptr<const Calibration>,
+                                                    std::shared_ptr<const WindowSinks>) {
                  called = true;
                  return Status::Ok();
                }).value(),

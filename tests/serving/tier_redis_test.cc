@@ -27,6 +27,7 @@
 #include "kvcache/tier.h"
 #include "serving/calibrated_test_util.h"
 #include "serving/redis_process.h"
+#include "serving/sinks_test_util.h"
 #include "serving/tier_test_util.h"
 
 namespace kvcache {
@@ -277,6 +278,14 @@ TEST_F(RedisTierTest, CalibratedFormatsRoundTripBetweenTwoProcesses) {
     EXPECT_EQ(r->integer, 5) << FormatName(f.k);
     Free(r);
   }
+}
+
+// A precision window's sinks travel with the block that completes them
+// through Redis too: a second connection (process) adopts them.
+TEST_F(RedisTierTest, WindowSinksRoundTripBetweenTwoProcesses) {
+  sinkstest::ExpectSinksRoundTrip([&](int) {
+    return std::vector<std::shared_ptr<Tier>>{std::move(NewRedisTier({.url = server_->url()})).value()};
+  });
 }
 
 TEST_F(RedisTierTest, BenchTiersJsonShape) {

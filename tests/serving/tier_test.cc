@@ -144,9 +144,11 @@ TEST(TierObject, EveryMismatchIsRejectedWithItsReason) {
   // are not zero and row sizes that are not the formats' own are corrupt.
   auto resealed = [&](size_t at, uint8_t value) { return Resealed(good, at, value); };
   EXPECT_EQ(verify(resealed(0, 'K')), std::nullopt);  // the reseal itself is sound
-  EXPECT_EQ(verify(resealed(6, 2)), TierMiss::kIncompatible);
-  // The calibration flag without the digest it announces: sizes disagree.
+  EXPECT_EQ(verify(resealed(6, 4)), TierMiss::kIncompatible);
+  // The calibration flag without the digest it announces, the sinks flag
+  // without its fields and section: sizes disagree.
   EXPECT_EQ(verify(resealed(6, kBlockFlagCalibrated)), TierMiss::kCorrupt);
+  EXPECT_EQ(verify(resealed(6, kBlockFlagSinks)), TierMiss::kCorrupt);
   EXPECT_EQ(verify(resealed(90, 1)), TierMiss::kCorrupt);
   EXPECT_EQ(verify(resealed(121, 1)), TierMiss::kCorrupt);
   EXPECT_EQ(verify(resealed(96, good[96] + 2)), TierMiss::kCorrupt);

@@ -3,7 +3,8 @@
 // State (under one mutex): by_hash maps a cached chain hash to its block id;
 // entries[block] holds the block's hash, chain parent and children, whether it
 // starts a chain (then its unsalted first-block hash, to report salt misses)
-// and the calibration it was encoded with. evicted remembers recently evicted
+// and the calibration it was encoded with (and, for the block completing a
+// publisher's precision-window sinks, those sinks). evicted remembers recently evicted
 // hashes (to report evicted misses). Invariants (CheckInvariants): by_hash and
 // entries agree; a cached block's parent is cached and lists it as a child.
 #include "kvcache/prefix_cache.h"
@@ -16,6 +17,8 @@
 
 #include <fmt/format.h>
 #include <xxhash.h>
+
+#include "kvcache/cache.h"
 
 namespace kvcache {
 namespace {
@@ -92,6 +95,7 @@ struct PrefixCache::State {
     uint32_t parent = kNoParent;
     std::vector<uint32_t> children;
     std::shared_ptr<const Calibration> calibration;
+    std::shared_ptr<const WindowSinks> sinks;  // the window sinks it completes, or null
   };
 
   State(uint32_t num_blocks, uint32_t bs, const PrefixCacheOptions& o)
@@ -205,6 +209,7 @@ PrefixMatch PrefixCache::Peek(std::span<const TokenId> tokens, std::string_view 
     if (it == s.by_hash.end()) break;
     m.blocks.push_back(it->second);
     m.calibration = s.entries[it->second].calibration;
+    if (!m.sinks) m.sinks = s.entries[it->second].sinks;
   }
   m.num_tokens = m.blocks.size() * s.block_size;
   return m;
@@ -223,6 +228,7 @@ PrefixMatch PrefixCache::Acquire(std::span<const TokenId> tokens, std::string_vi
     if (!backend_->RetainCached(it->second, h.lo)) break;
     m.blocks.push_back(it->second);
     m.calibration = s.entries[it->second].calibration;
+    if (!m.sinks) m.sinks = s.entries[it->second].sinks;
   }
   m.num_tokens = m.blocks.size() * bs;
 
@@ -253,7 +259,8 @@ PrefixMatch PrefixCache::Acquire(std::span<const TokenId> tokens, std::string_vi
 Result<size_t> PrefixCache::Publish(std::span<const TokenId> tokens,
                                     std::span<const uint32_t> blocks, std::string_view salt,
                                     std::shared_ptr<const Calibration> calibration,
-                                    const SetHashFn& set_hash) {
+                                    const SetHashFn& set_hash,
+                                    std::shared_ptr<const WindowSinks> sinks) {
   const uint32_t bs = block_size();
   const size_t n_full = tokens.size() / bs;
   if (blocks.size() < n_full) {
@@ -263,7 +270,7 @@ Result<size_t> PrefixCache::Publish(std::span<const TokenId> tokens,
   const std::vector<BlockHash> hashes = HashFullBlocks(tokens, bs, salt);
   const uint64_t before = stats().published_blocks;
   KV_RETURN_IF_ERROR(PublishHashed(hashes, blocks, 0, tokens.first(std::min<size_t>(bs, tokens.size())),
-                                   salt, std::move(calibration), set_hash)
+                                   salt, std::move(calibration), set_hash, std::move(sinks))
                          .status());
   return static_cast<size_t>(stats().published_blocks - before);
 }
@@ -273,9 +280,13 @@ Result<size_t> PrefixCache::PublishHashed(std::span<const BlockHash> hashes,
                                           std::span<const TokenId> first_block,
                                           std::string_view salt,
                                           std::shared_ptr<const Calibration> calibration,
-                                          const SetHashFn& set_hash) {
+                                          const SetHashFn& set_hash,
+                                          std::shared_ptr<const WindowSinks> sinks) {
   const uint32_t bs = block_size();
   State& s = *state_;
+  if (sinks) KV_RETURN_IF_ERROR(sinks->Check());
+  // The block the sinks are kept with: the one holding their last position.
+  const size_t sink_block = sinks ? sinks->block(bs) : SIZE_MAX;
   const size_t n_full = hashes.size();
   if (blocks.size() < n_full || start > n_full) {
     return Status::InvalidArgument(fmt::format(
@@ -327,6 +338,7 @@ Result<size_t> PrefixCache::PublishHashed(std::span<const BlockHash> hashes,
     if (i == 0) unsalted = salt.empty() ? hashes[0] : ChainHash(BlockHash{}, first_block);
     s.Insert(blocks[i], hashes[i], i == 0 ? kNoParent : blocks[i - 1], i == 0 ? &unsalted : nullptr,
              calibration);
+    if (i == sink_block) s.entries[blocks[i]].sinks = sinks;
     ++published;
   }
   if (!status.ok()) {

@@ -46,7 +46,7 @@ Result<size_t> PrefixCache::AdoptInto(SequenceCache* seq, std::span<const TokenI
   }
   PrefixMatch m = Acquire(tokens, salt);
   if (m.blocks.empty()) return size_t{0};
-  Status status = seq->AdoptPrefix(m.blocks, m.calibration);
+  Status status = seq->AdoptPrefix(m.blocks, m.calibration, m.sinks);
   if (!status.ok()) {
     (void)backend_->Release(m.blocks);
     return status;
@@ -67,7 +67,8 @@ Result<size_t> PrefixCache::PublishSequence(SequenceCache* seq, std::span<const 
   return Publish(tokens, seq->block_table(), salt, seq->calibration(),
                  [seq](size_t logical, uint64_t hash) {
                    return seq->SetBlockHash(static_cast<uint32_t>(logical), hash);
-                 });
+                 },
+                 seq->window_sinks());
 }
 
 }  // namespace kvcache

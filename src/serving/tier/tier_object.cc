@@ -5,8 +5,9 @@
 //   off  size  field
 //     0     4  magic "KVCB"
 //     4     2  object version (kBlockObjectVersion)
-//     6     2  flags (0)
+//     6     2  flags: kBlockFlagCalibrated, kBlockFlagSinks (or 0)
 //     8     4  header_bytes H = 128 + 4 * n_tokens + 32 * n_layers
+//              (+ 16 with kBlockFlagCalibrated, + 16 with kBlockFlagSinks)
 //    12     4  n_tokens (== block_size: only full blocks are stored)
 //    16     8  payload_bytes
 //    24    16  compat digest (lo, hi)
@@ -23,7 +24,13 @@
 //     .  32*L  sections: per layer k_offset, k_bytes, v_offset, v_bytes (u64,
 //              offsets from the payload's start)
 //     .    16  only with flag kBlockFlagCalibrated: the calibration digest (lo, hi)
-//     H     -  payload: per layer K [n_kv_heads][block_size][k_row_bytes], V likewise
+//     .    16  only with flag kBlockFlagSinks: sinks S (u32), zero (u32), XXH3-64
+//              of the sink section (u64)
+//     H     P  payload (P = payload_bytes): per layer K [n_kv_heads][block_size]
+//              [k_row_bytes], V likewise
+//   H+P     -  only with flag kBlockFlagSinks: the sink section, the bf16 rows
+//              of a precision window's sinks (WindowSinks::rows: [n_layers][2]
+//              [n_kv_heads][S][2 * head_dim]); the object is H + P + its size
 //
 // The calibration object (n = n_layers * 2 * n_kv_heads transforms):
 //
@@ -102,9 +109,22 @@ uint64_t HeaderChecksum(std::span<const uint8_t> header) {
   return h;
 }
 
-size_t HeaderBytes(uint32_t n_tokens, uint32_t n_layers, bool calibrated) {
+size_t HeaderBytes(uint32_t n_tokens, uint32_t n_layers, bool calibrated, bool sinks) {
   return kBlockObjectFixedHeader + 4 * size_t{n_tokens} + 32 * size_t{n_layers} +
-         (calibrated ? 16 : 0);
+         (calibrated ? 16 : 0) + (sinks ? 16 : 0);
+}
+
+// Where the optional header fields start: the calibration digest, then the
+// sink fields.
+size_t OptionalFields(uint32_t n_tokens, uint32_t n_layers) {
+  return kBlockObjectFixedHeader + 4 * size_t{n_tokens} + 32 * size_t{n_layers};
+}
+
+constexpr uint16_t kKnownFlags = kBlockFlagCalibrated | kBlockFlagSinks;
+
+// The sink section of `info`'s object (REQUIRES info.sinks > 0, so parsed).
+std::span<const uint8_t> SinkSection(std::span<const uint8_t> bytes, const BlockObjectInfo& info) {
+  return bytes.subspan(info.header_bytes + info.payload_bytes, info.sinks_bytes);
 }
 
 // The per-layer section table (K offset, K bytes, V offset, V bytes: u64
@@ -229,9 +249,11 @@ Result<std::vector<uint8_t>> EncodeBlockObject(const BlockPool& pool, uint32_t b
                                                const BlockHash& compat, const BlockHash& chain,
                                                const BlockHash& parent,
                                                std::span<const TokenId> tokens,
-                                               std::optional<BlockHash> calibration) {
+                                               std::optional<BlockHash> calibration,
+                                               const WindowSinks* sinks) {
   const Geometry& g = pool.geometry();
   if (block >= pool.num_blocks()) return Status::InvalidArgument("block object: block out of range");
+  if (sinks != nullptr) KV_RETURN_IF_ERROR(sinks->CheckFits(g));
   if (tokens.size() != g.block_size()) {
     return Status::InvalidArgument(fmt::format("block object: {} tokens for a block of {}",
                                                tokens.size(), g.block_size()));
@@ -239,16 +261,30 @@ Result<std::vector<uint8_t>> EncodeBlockObject(const BlockPool& pool, uint32_t b
   const uint32_t L = g.n_layers();
   const size_t k_bytes = pool.block_stride(Side::kKey);
   const size_t v_bytes = pool.block_stride(Side::kValue);
-  const size_t H = HeaderBytes(static_cast<uint32_t>(tokens.size()), L, calibration.has_value());
+  const uint32_t nt = static_cast<uint32_t>(tokens.size());
+  const size_t H = HeaderBytes(nt, L, calibration.has_value(), sinks != nullptr);
   const uint64_t payload = uint64_t{L} * (k_bytes + v_bytes);
-  std::vector<uint8_t> out(H + payload);
+  const size_t sink_bytes = sinks != nullptr ? sinks->rows.size() : 0;
+  std::vector<uint8_t> out(H + payload + sink_bytes);
   uint8_t* p = out.data();
   std::memcpy(p, kMagic, 4);
   Put<uint16_t>(p + 4, kBlockObjectVersion);
+  uint16_t flags = 0;
+  size_t field = OptionalFields(nt, L);
   if (calibration.has_value()) {
-    Put<uint16_t>(p + 6, kBlockFlagCalibrated);
-    PutHash(p + H - 16, *calibration);
+    flags |= kBlockFlagCalibrated;
+    PutHash(p + field, *calibration);
+    field += 16;
   }
+  if (sinks != nullptr) {
+    flags |= kBlockFlagSinks;
+    uint8_t* section = p + H + payload;
+    std::memcpy(section, sinks->rows.data(), sink_bytes);
+    Put<uint32_t>(p + field, sinks->sinks);
+    Put<uint32_t>(p + field + 4, 0);
+    Put<uint64_t>(p + field + 8, BlockChecksum(std::span<const uint8_t>(section, sink_bytes)));
+  }
+  Put<uint16_t>(p + 6, flags);
   Put<uint32_t>(p + 8, static_cast<uint32_t>(H));
   Put<uint32_t>(p + 12, static_cast<uint32_t>(tokens.size()));
   Put<uint64_t>(p + 16, payload);
@@ -299,11 +335,30 @@ Result<BlockObjectInfo> ParseBlockObjectHeader(std::span<const uint8_t> bytes,
   info.payload_bytes = Get<uint64_t>(p + 16);
   info.geometry = {Get<uint32_t>(p + 72), Get<uint32_t>(p + 76), Get<uint32_t>(p + 80),
                    Get<uint32_t>(p + 84)};
+  const uint16_t flags = Get<uint16_t>(p + 6);
+  const bool calibrated = (flags & kBlockFlagCalibrated) != 0;
+  const bool has_sinks = (flags & kBlockFlagSinks) != 0;
   if (info.geometry.n_layers > Geometry::kMaxLayers || n_tokens != info.geometry.block_size ||
       n_tokens > (1u << 20) ||
-      info.header_bytes != HeaderBytes(n_tokens, info.geometry.n_layers,
-                                       (Get<uint16_t>(p + 6) & kBlockFlagCalibrated) != 0) ||
-      bytes.size() < info.header_bytes || total_bytes != info.header_bytes + info.payload_bytes) {
+      info.header_bytes != HeaderBytes(n_tokens, info.geometry.n_layers, calibrated, has_sinks) ||
+      bytes.size() < info.header_bytes || info.payload_bytes > total_bytes) {
+    return Status::Corruption("object: sizes disagree");
+  }
+  const size_t sink_fields = OptionalFields(n_tokens, info.geometry.n_layers) + (calibrated ? 16 : 0);
+  if (has_sinks) {
+    // The section's size follows from S and the geometry (WindowSinks).
+    WindowSinks shape;
+    shape.sinks = Get<uint32_t>(p + sink_fields);
+    shape.n_layers = info.geometry.n_layers;
+    shape.n_kv_heads = info.geometry.n_kv_heads;
+    shape.head_dim = info.geometry.head_dim;
+    info.sinks_bytes = shape.sinks == 0 ? 0 : shape.expected_bytes();
+    if (info.sinks_bytes == 0) return Status::Corruption("object: sink section sizes disagree");
+    info.sinks = shape.sinks;
+    info.sinks_checksum = Get<uint64_t>(p + sink_fields + 8);
+  }
+  if (total_bytes - info.payload_bytes < info.sinks_bytes ||
+      total_bytes != info.header_bytes + info.payload_bytes + info.sinks_bytes) {
     return Status::Corruption("object: sizes disagree");
   }
   if (Get<uint64_t>(p + 112) != HeaderChecksum(bytes.first(info.header_bytes))) {
@@ -315,14 +370,15 @@ Result<BlockObjectInfo> ParseBlockObjectHeader(std::span<const uint8_t> bytes,
   if (Get<uint32_t>(p + 92) != kLibraryFormatVersion) {
     return Status::FailedPrecondition("object: library format version");
   }
-  // Flags: only kBlockFlagCalibrated is defined (a writer that sets another
-  // writes something this reader does not know). Reserved bytes are zero,
-  // and the row sizes are the formats' own: the layout is exact, nothing is
-  // ignored.
-  if ((Get<uint16_t>(p + 6) & ~kBlockFlagCalibrated) != 0) {
+  // Flags: only kBlockFlagCalibrated and kBlockFlagSinks are defined (a
+  // writer that sets another writes something this reader does not know).
+  // Reserved bytes are zero, and the row sizes are the formats' own: the
+  // layout is exact, nothing is ignored.
+  if ((flags & ~kKnownFlags) != 0) {
     return Status::FailedPrecondition("object: unknown flags");
   }
-  if (Get<uint16_t>(p + 90) != 0 || Get<uint64_t>(p + 120) != 0) {
+  if (Get<uint16_t>(p + 90) != 0 || Get<uint64_t>(p + 120) != 0 ||
+      (has_sinks && Get<uint32_t>(p + sink_fields + 4) != 0)) {
     return Status::Corruption("object: reserved bytes not zero");
   }
   info.formats = {static_cast<Format>(p[88]), static_cast<Format>(p[89])};
@@ -336,8 +392,8 @@ Result<BlockObjectInfo> ParseBlockObjectHeader(std::span<const uint8_t> bytes,
   info.parent = GetHash(p + 56);
   info.tokens.resize(n_tokens);
   std::memcpy(info.tokens.data(), p + kBlockObjectFixedHeader, size_t{n_tokens} * 4);
-  info.calibrated = (Get<uint16_t>(p + 6) & kBlockFlagCalibrated) != 0;
-  if (info.calibrated) info.calibration = GetHash(p + info.header_bytes - 16);
+  info.calibrated = calibrated;
+  if (info.calibrated) info.calibration = GetHash(p + OptionalFields(n_tokens, info.geometry.n_layers));
   return info;
 }
 
@@ -352,6 +408,9 @@ std::optional<TierMiss> VerifyBlockObject(std::span<const uint8_t> bytes, const 
       Get<uint64_t>(bytes.data() + 104)) {
     return TierMiss::kCorrupt;
   }
+  if (info.sinks > 0 && BlockChecksum(SinkSection(bytes, info)) != info.sinks_checksum) {
+    return TierMiss::kCorrupt;
+  }
   return std::nullopt;
 }
 
@@ -359,7 +418,9 @@ std::optional<TierMiss> VerifyAndDecodeBlockObject(std::span<const uint8_t> byte
                                                    const BlockHash& compat, const BlockHash& chain,
                                                    const BlockHash& parent,
                                                    std::span<const TokenId> tokens,
-                                                   BlockPool& pool, uint32_t block) {
+                                                   BlockPool& pool, uint32_t block,
+                                                   std::shared_ptr<const WindowSinks>* sinks) {
+  if (sinks != nullptr) sinks->reset();
   BlockObjectInfo info;
   if (std::optional<TierMiss> why = VerifyHeader(bytes, compat, chain, parent, tokens, &info)) {
     return why;
@@ -395,6 +456,20 @@ std::optional<TierMiss> VerifyAndDecodeBlockObject(std::span<const uint8_t> byte
   const uint64_t h = XXH3_64bits_digest(st);
   XXH3_freeState(st);
   if (h != Get<uint64_t>(bytes.data() + 104)) return TierMiss::kCorrupt;
+  if (info.sinks > 0) {
+    const std::span<const uint8_t> section = SinkSection(bytes, info);
+    if (BlockChecksum(section) != info.sinks_checksum) return TierMiss::kCorrupt;
+    if (sinks != nullptr) {
+      auto out = std::make_shared<WindowSinks>();
+      out->sinks = info.sinks;
+      out->n_layers = g.n_layers();
+      out->n_kv_heads = g.n_kv_heads();
+      out->head_dim = g.head_dim();
+      out->formats = info.formats;
+      out->rows.assign(section.begin(), section.end());
+      *sinks = std::move(out);
+    }
+  }
   return std::nullopt;
 }
 
