@@ -1,4 +1,5 @@
-// Pieces the bench commands share: the median of a round's samples, and
+// Pieces the bench commands share: the median of a round's samples, a
+// comma list's items, and
 // `bench attention`'s case geometry, K/V storage options and queries (its
 // step mode in cmd_bench_attention.cc, its --passes mode in
 // cmd_bench_attention_passes.cc).
@@ -7,6 +8,8 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <sstream>
+#include <string>
 #include <vector>
 
 #include "testing/bench_support.h"
@@ -21,6 +24,17 @@ inline double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   const size_t n = v.size();
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// The non-empty items of s between separators sep ("a,,b" -> a, b).
+inline std::vector<std::string> Split(const std::string& s, char sep) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, sep)) {
+    if (!item.empty()) out.push_back(item);
+  }
+  return out;
 }
 
 // bench attention: 32 q heads over 8 kv heads of head_dim 128 (Llama-3-8B),

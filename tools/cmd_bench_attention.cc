@@ -96,16 +96,6 @@ size_t KvBytes(const LayerKvView& v) {
   return n;
 }
 
-std::vector<std::string> Split(const std::string& s, char sep) {
-  std::vector<std::string> out;
-  std::stringstream ss(s);
-  std::string item;
-  while (std::getline(ss, item, sep)) {
-    if (!item.empty()) out.push_back(item);
-  }
-  return out;
-}
-
 int RunBench(const BenchOptions& o) {
   std::vector<FormatPair> pairs;
   for (const std::string& f : Split(o.formats, ',')) {

@@ -29,6 +29,7 @@
 #include "model/decoder/decoder.h"
 #include "model/decoder/loaded_model.h"
 #include "model/kv/cache_kv.h"
+#include "tools/bench_util.h"
 #include "tools/command.h"
 #include "tools/kv_flags.h"
 
@@ -61,21 +62,6 @@ Result<std::vector<uint32_t>> ParseCounts(const std::string& text) {
   }
   if (out.empty()) return Status::InvalidArgument("--streams: no counts");
   return out;
-}
-
-std::vector<std::string> SplitCommas(const std::string& text) {
-  std::vector<std::string> out;
-  std::stringstream ss(text);
-  std::string item;
-  while (std::getline(ss, item, ',')) {
-    if (!item.empty()) out.push_back(item);
-  }
-  return out;
-}
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0.0 : (v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]));
 }
 
 // Prefills `tokens` into kv in chunks of 256 (the engine's default step budget).
@@ -179,7 +165,7 @@ Result<nlohmann::json> RunBench(const BenchStepOptions& o) {
   out["steps"] = o.steps;
   out["simd_target"] = SimdTarget();
   out["results"] = nlohmann::json::array();
-  const std::vector<std::string> names = SplitCommas(o.kv_formats);
+  const std::vector<std::string> names = Split(o.kv_formats, ',');
   if (names.empty()) return Status::InvalidArgument("bench step: --kv-formats names no format");
   for (const std::string& name : names) {
     KV_ASSIGN_OR_RETURN(FormatPair formats, ParseFormatPair(name));
