@@ -47,18 +47,20 @@ enum class Format : uint8_t {
   kQ8_0,
   kQ4_0,
   kTurbo4I,  // appended: the stored numbering of the others is unchanged
+  kTurbo3I,
+  kTurbo2I,
 };
 
-inline constexpr std::array<Format, 12> kAllFormats = {
-    Format::kF32,    Format::kF16,    Format::kBF16,   Format::kFp8E4M3,
-    Format::kQ8,     Format::kTurbo8, Format::kTurbo4, Format::kTurbo3,
-    Format::kTurbo2, Format::kQ8_0,   Format::kQ4_0,   Format::kTurbo4I};
+inline constexpr std::array<Format, 14> kAllFormats = {
+    Format::kF32,     Format::kF16,     Format::kBF16,   Format::kFp8E4M3, Format::kQ8,
+    Format::kTurbo8,  Format::kTurbo4,  Format::kTurbo3, Format::kTurbo2,  Format::kQ8_0,
+    Format::kQ4_0,    Format::kTurbo4I, Format::kTurbo3I, Format::kTurbo2I};
 
 // Which side of the cache a row belongs to; some formats treat keys specially.
 enum class Side : uint8_t { kKey, kValue };
 
 // "f32", "f16", "bf16", "fp8_e4m3", "q8", "turbo8", "turbo4", "turbo3",
-// "turbo2", "q8_0", "q4_0", "turbo4i".
+// "turbo2", "q8_0", "q4_0", "turbo4i", "turbo3i", "turbo2i".
 std::string_view FormatName(Format format);
 Result<Format> ParseFormat(std::string_view name);
 

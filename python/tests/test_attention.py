@@ -70,7 +70,8 @@ def test_batch_matches_single_calls(rng, geometry):
 
 def test_lossy_formats_match_reference_over_decoded_rows(rng):
     g = kvcache.Geometry(1, 2, 64, 16)
-    for fmt in ["bf16", "fp8_e4m3", "q8", "q8_0", "q4_0", "turbo4", "turbo3", "bf16:turbo2"]:
+    for fmt in ["bf16", "fp8_e4m3", "q8", "q8_0", "q4_0", "turbo4", "turbo3", "bf16:turbo2",
+                "turbo4i", "bf16:turbo3i", "bf16:turbo2i"]:
         seq, _, _ = filled(rng, g, 40, formats=fmt, paged=True)
         q = rng.standard_normal((4, 64)).astype(np.float32)
         out = kvcache.attend_decode(seq, 0, q)

@@ -132,7 +132,9 @@ Family FamilyOf(Format f) {
     case Format::kTurbo4:
     case Format::kTurbo4I:
     case Format::kTurbo3:
-    case Format::kTurbo2: return {&TurboK, &TurboV, &TurboDecode};
+    case Format::kTurbo2:
+    case Format::kTurbo3I:
+    case Format::kTurbo2I: return {&TurboK, &TurboV, &TurboDecode};
   }
   return {&PlainK, &PlainV, &PlainDecode};  // not reached: every format is listed
 }

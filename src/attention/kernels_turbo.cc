@@ -1,4 +1,4 @@
-// Attention kernels for the turbo formats (turbo8, turbo4, turbo3, turbo2): the
+// Attention kernels for the turbo formats (turbo8/4/3/2, turbo4i/3i/2i): the
 // K and V pass instances over their decoders (format/turbo/decode-inl.h).
 //
 // Compiled once per Highway target (foreach_target.h); kernels.cc calls
@@ -16,7 +16,8 @@ HWY_BEFORE_NAMESPACE();
 namespace kvcache::attention_internal::HWY_NAMESPACE {
 
 using TurboFamily = FamilyKernels<Format::kTurbo8, Format::kTurbo4, Format::kTurbo3,
-                                  Format::kTurbo2, Format::kTurbo4I>;
+                                  Format::kTurbo2, Format::kTurbo4I, Format::kTurbo3I,
+                                  Format::kTurbo2I>;
 
 KFn TurboK(Format f, bool /*exact*/, int qb) { return TurboFamily::K(f, qb); }
 VFn TurboV(Format f, bool /*exact*/, int qb) { return TurboFamily::V(f, qb); }

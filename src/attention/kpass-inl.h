@@ -718,12 +718,241 @@ void RowDotsNibble8(const uint8_t* p, uint32_t d, const Nibble8Query* const* qq,
                     const float* qmul, float* dots);  // never instantiated on this target
 #endif
 
+// ---------------------------------------------------------------------------
+// Integer K path for turbo3i and turbo2i keys (x86 SIMD targets, the default
+// for those formats): their levels are int8 / 128 (format/turbo/turbo.h), so,
+// as for turbo4i, a row's dot product is exactly sum_g (s_g / 128) * sum_{i
+// in g} L[c_i] * q8_i with the query rounded to int8 once per K pass (one
+// step qs = max|q| / 127 for the whole rotated query). A chunk is kB bytes
+// of the low-bit plane (4 kB values, kB / 4 groups; kB = 64, 32 or 16, the
+// widest vector that divides d / 4, see PlaneChunkBytes): shifted right by
+// 0, 2, 4 and 6 and masked to 2 bits it gives 4 code vectors, code vector
+// k's byte b holding value 4 (b % 4) + k of the chunk's group b / 4.
+// turbo3i adds bit 2 of each code from its bit-2 plane: the chunk's kB / 2
+// plane bytes widened to u16 and OR-ed with themselves shifted left by 4
+// put the 4 bits of code vector lane b at bits 0..3 of byte b (the low
+// nibble of plane byte m at byte 2m, the high one at byte 2m + 1), so code
+// vector k takes bit k of that byte to bit 2 with one shift. The codes look
+// up the signed int8 levels (TableLookupBytes: vpshufb), the query's sign is
+// flipped by the level's (vpsignb; 512-bit vectors, which have no vpsignb:
+// a blend with -q on the level's sign), and |L| x q byte pairs are
+// multiply-added into int16 (vpmaddubsw: a pair is at most 2 * 122 * 127 <
+// 2^15) and int16 pairs into int32 (vpmaddwd by ones): int32 lane l of the
+// 4 code vectors' sum holds the 16 products of group l of the chunk (at most
+// 16 * 122 * 127 < 2^24, so its conversion to f32 is exact), multiplied by
+// that group's scale in one FMA. The only rounding of the path is the
+// query's (bound: docs/attention.md) and the f32 sums over groups. The query
+// is permuted once per K pass into the code vectors' order.
+
+template <Format F>
+constexpr bool kPlaneIntKeys =
+    KVCACHE_ATTN_X86_SIMD && (F == Format::kTurbo3I || F == Format::kTurbo2I);
+
+#if KVCACHE_ATTN_X86_SIMD
+#if HWY_TARGET <= HWY_AVX3
+constexpr uint32_t kPlaneMaxB = 64;
+#elif HWY_TARGET == HWY_AVX2
+constexpr uint32_t kPlaneMaxB = 32;
+#else
+constexpr uint32_t kPlaneMaxB = 16;
+#endif
+constexpr bool kPlanePath = true;  // this target has RowDotsPlanes
+
+// The chunk bytes of the integer path for head_dim d (0: it does not fit,
+// the float path runs): the widest vector of this target that divides the
+// d / 4 bytes of the low-bit plane.
+HWY_INLINE uint32_t PlaneChunkBytes(uint32_t d) {
+  if (d == 0 || d > kIntMaxDim) return 0;
+  for (uint32_t b = kPlaneMaxB; b >= 16; b /= 2) {
+    if ((d / 4) % b == 0 && d % 4 == 0) return b;
+  }
+  return 0;
+}
+
+// From q[d] in natural order: q and -q in the code vectors' order for
+// chunks of kb bytes, one step qs (rounded as QuantizeQueryNibble8).
+inline void QuantizeQueryPlanes(const float* q, uint32_t d, uint32_t kb, Nibble8Query* out) {
+  float amax = 0.0f;
+  bool finite = true;
+  for (uint32_t i = 0; i < d; ++i) {
+    finite = finite && std::isfinite(q[i]);
+    amax = std::max(amax, std::fabs(q[i]));
+  }
+  if (!finite || amax == 0.0f) {
+    std::fill(out->q, out->q + d, int8_t{0});
+    std::fill(out->neg, out->neg + d, int8_t{0});
+    out->qs = finite ? 0.0f : std::numeric_limits<float>::quiet_NaN();
+    return;
+  }
+  const float inv = 127.0f / amax;
+  for (uint32_t c = 0; c < d / (4 * kb); ++c) {
+    for (uint32_t k = 0; k < 4; ++k) {
+      for (uint32_t b = 0; b < kb; ++b) {
+        const uint32_t value = 16 * (c * kb / 4 + b / 4) + 4 * (b % 4) + k;
+        const uint32_t at = c * 4 * kb + k * kb + b;
+        const float r = std::clamp(std::nearbyint(q[value] * inv), -127.0f, 127.0f);
+        out->q[at] = static_cast<int8_t>(r);
+        out->neg[at] = static_cast<int8_t>(-r);
+      }
+    }
+  }
+  out->qs = amax / 127.0f;
+}
+
+// acc + the sums of 4 adjacent products a_u8[i] * b_i8[i] per int32 lane,
+// for the 128, 256 and 512-bit vectors of this target.
+template <class D8>
+HWY_INLINE hn::Vec<hn::Repartition<int32_t, D8>> DotBytesW(D8, hn::Vec<D8> a_u8, hn::Vec<D8> b_i8,
+                                                           hn::Vec<hn::Repartition<int32_t, D8>> acc) {
+  using VI = hn::Vec<hn::Repartition<int32_t, D8>>;
+  constexpr size_t kB = hn::MaxLanes(D8());
+  if constexpr (kB == 16) {
+    const __m128i p = _mm_maddubs_epi16(a_u8.raw, b_i8.raw);
+    return hn::Add(acc, VI{_mm_madd_epi16(p, _mm_set1_epi16(1))});
+  } else {
+#if HWY_TARGET <= HWY_AVX2
+    if constexpr (kB == 32) {
+      const __m256i p = _mm256_maddubs_epi16(a_u8.raw, b_i8.raw);
+      return hn::Add(acc, VI{_mm256_madd_epi16(p, _mm256_set1_epi16(1))});
+    } else {
+#if HWY_TARGET <= HWY_AVX3
+      const __m512i p = _mm512_maddubs_epi16(a_u8.raw, b_i8.raw);
+      return hn::Add(acc, VI{_mm512_madd_epi16(p, _mm512_set1_epi16(1))});
+#endif
+    }
+#endif
+  }
+}
+
+// b with its sign flipped where c < 0 and zeroed where c == 0 (vpsignb,
+// 128 and 256-bit vectors).
+template <class D8>
+HWY_INLINE hn::Vec<D8> SignBytesW(D8, hn::Vec<D8> b, hn::Vec<D8> c) {
+  if constexpr (hn::MaxLanes(D8()) == 16) {
+    return hn::Vec<D8>{_mm_sign_epi8(b.raw, c.raw)};
+  } else {
+#if HWY_TARGET <= HWY_AVX2
+    return hn::Vec<D8>{_mm256_sign_epi8(b.raw, c.raw)};
+#endif
+  }
+}
+
+// f32 lane l of DF4: the E4M3 scale sc[l] times 2^-8 (exact, as
+// GroupScaleLanes), for the kB / 4 groups of a chunk.
+template <class DF4>
+HWY_INLINE hn::Vec<DF4> PlaneScales(DF4 df4, const uint8_t* sc) {
+#if HWY_TARGET <= HWY_AVX2
+  const hn::Rebind<uint8_t, DF4> d8;
+  const hn::Rebind<uint16_t, DF4> du16;
+  const hn::Rebind<int16_t, DF4> di16;
+  const hn::Rebind<hwy::float16_t, DF4> dh;
+  const auto wv = hn::BitCast(di16, hn::ShiftLeft<8>(hn::PromoteTo(du16, hn::LoadU(d8, sc))));
+  const auto h = hn::BitCast(dh, hn::And(hn::ShiftRight<1>(wv), hn::Set(di16, static_cast<int16_t>(0xBFFF))));
+  return hn::PromoteTo(df4, h);
+#else
+  alignas(16) float buf[4];
+  for (int l = 0; l < 4; ++l) buf[l] = fi::E4M3ToFloat(sc[l]) * (1.0f / kE4M3BlockMul);
+  return hn::Load(df4, buf);
+#endif
+}
+
+// The factor each dot takes: the query's step times 2^8 / 128.
+HWY_INLINE float PlaneMul(const Nibble8Query& q) {
+  return q.qs * (kE4M3BlockMul * fi::kTurboIStep);
+}
+
+// dots[j] ~= <q_j, k> for the turbo3i or turbo2i row at p, kQB queries (from
+// QuantizeQueryPlanes with chunks of kB bytes).
+template <Format F, int kQB, uint32_t kB>
+HWY_INLINE void RowDotsPlanes(const uint8_t* p, uint32_t d, const Nibble8Query* const* qq,
+                              const float* qmul, float* dots) {
+  static_assert(kB >= 16 && kB <= kPlaneMaxB, "a vector of this target");
+  const hn::FixedTag<int8_t, kB> d8;
+  const hn::RebindToUnsigned<decltype(d8)> du8;
+  const hn::Repartition<uint16_t, decltype(d8)> dw;
+  const hn::Repartition<int32_t, decltype(d8)> di;
+  const hn::Repartition<float, decltype(d8)> df;
+  constexpr bool k3 = F == Format::kTurbo3I;
+  alignas(16) static constexpr int8_t kSigned[16] = {-122, -74, -41, -13, 13, 41, 74, 122,
+                                                     -94,  -26, 26,  94,  0,  0,  0,  0};
+  // turbo2i's codes 0..3 index entries 8..11 (the OR of 8 below).
+  const auto table = hn::LoadDup128(d8, kSigned);
+  const auto three = hn::Set(du8, uint8_t{3});
+  const auto four = hn::Set(du8, uint8_t{4});
+  const auto eight = hn::Set(du8, uint8_t{8});
+  const uint8_t* sc = p + (k3 ? 6 * (d / 16) : d / 4);
+  const uint8_t* high = p + d / 4;  // turbo3i's bit-2 plane
+  (void)four;
+  (void)eight;
+  (void)high;
+  hn::Vec<decltype(df)> tot[kQB];
+  for (int j = 0; j < kQB; ++j) tot[j] = hn::Zero(df);
+  for (uint32_t c = 0; c < d / (4 * kB); ++c) {
+    const auto x = hn::LoadU(du8, p + c * kB);
+    hn::Vec<decltype(du8)> e;
+    if constexpr (k3) {
+      const hn::Rebind<uint8_t, decltype(dw)> dh8;
+      const auto h16 = hn::PromoteTo(dw, hn::LoadU(dh8, high + c * (kB / 2)));
+      e = hn::BitCast(du8, hn::Or(h16, hn::ShiftLeft<4>(h16)));
+    }
+    hn::Vec<decltype(d8)> lv[4];
+    for (int k = 0; k < 4; ++k) {
+      auto code = hn::And(hn::BitCast(du8, hn::ShiftRightSame(hn::BitCast(dw, x), 2 * k)), three);
+      if constexpr (k3) {
+        const auto bit2 = k <= 2 ? hn::ShiftLeftSame(hn::BitCast(dw, e), 2 - k)
+                                 : hn::ShiftRight<1>(hn::BitCast(dw, e));
+        code = hn::Or(code, hn::And(hn::BitCast(du8, bit2), four));
+      } else {
+        code = hn::Or(code, eight);
+      }
+      lv[k] = hn::TableLookupBytes(table, hn::BitCast(d8, code));
+    }
+    hn::Vec<decltype(d8)> mag[4];
+    for (int k = 0; k < 4; ++k) mag[k] = hn::Abs(lv[k]);
+    const auto s = PlaneScales(df, sc + c * (kB / 4));
+    for (int j = 0; j < kQB; ++j) {
+      const int8_t* q = qq[j]->q + 4 * kB * c;
+      auto acc = hn::Zero(di);
+      for (int k = 0; k < 4; ++k) {
+        hn::Vec<decltype(d8)> qk;
+        if constexpr (kB == 64) {
+          const int8_t* nq = qq[j]->neg + 4 * kB * c;
+          qk = hn::IfThenElse(hn::Lt(lv[k], hn::Zero(d8)), hn::Load(d8, nq + k * kB),
+                              hn::Load(d8, q + k * kB));
+        } else {
+          qk = SignBytesW(d8, hn::Load(d8, q + k * kB), lv[k]);
+        }
+        acc = DotBytesW(d8, mag[k], qk, acc);
+      }
+      tot[j] = hn::MulAdd(hn::ConvertTo(df, acc), s, tot[j]);
+    }
+  }
+  if constexpr (kQB == 4) {
+    Reduce4(df, tot[0], tot[1], tot[2], tot[3], dots);
+  } else {
+    for (int j = 0; j < kQB; ++j) dots[j] = hn::GetLane(hn::SumOfLanes(df, tot[j]));
+  }
+  for (int j = 0; j < kQB; ++j) dots[j] = dots[j] * qmul[j];
+}
+#else
+constexpr bool kPlanePath = false;  // tested at compile time, as kNibble8Path
+constexpr uint32_t kPlaneMaxB = 16;
+HWY_INLINE uint32_t PlaneChunkBytes(uint32_t) { return 0; }
+inline void QuantizeQueryPlanes(const float*, uint32_t, uint32_t, Nibble8Query*) {}
+inline float PlaneMul(const Nibble8Query&) { return 0.0f; }
+template <Format F, int kQB, uint32_t kB>
+void RowDotsPlanes(const uint8_t* p, uint32_t d, const Nibble8Query* const* qq, const float* qmul,
+                   float* dots);  // never instantiated on this target
+#endif
+
 // The K pass proper, by key path: kFloat (decoded keys, FMAs), kInt16
 // (q8, q8_0, q4_0 keys through RowDotsInt with the queries already in q16, qscale),
 // kInt8 (ggml keys through RowDotsInt8 with the queries in q8).
 // kNibble (turbo4i keys through RowDotsNibble, queries in q16, qscale),
-// kNibble8 (turbo4i keys through RowDotsNibble8, queries in a.n8).
-enum class KeyPath { kFloat, kInt16, kInt8, kNibble, kNibble8 };
+// kNibble8 (turbo4i keys through RowDotsNibble8, queries in a.n8),
+// kPlanes (turbo3i and turbo2i keys through RowDotsPlanes, chunks of kPlaneB
+// bytes, queries in a.n8).
+enum class KeyPath { kFloat, kInt16, kInt8, kNibble, kNibble8, kPlanes };
 
 // Where a K pass over kQB query vectors puts its scores (s[j][r]), their
 // running maxima, and what each score adds (scale, then bias when
@@ -832,7 +1061,7 @@ HWY_INLINE void ScoreRunMasked(const RowDotsFn& row_dots, const uint8_t* p, uint
   for (int j = 0; j < kQB; ++j) k.m[j] = m[j];
 }
 
-template <Format F, bool kExact, int kQB, KeyPath kPath>
+template <Format F, bool kExact, int kQB, KeyPath kPath, uint32_t kPlaneB = 0>
 void KPassRows(const KArgs& a, const int16_t* const* q16, const float* qscale,
                const Int8Query* const* q8, const Nibble8Query* const* n8 = nullptr) {
   const Plan& plan = *a.plan;
@@ -857,13 +1086,17 @@ void KPassRows(const KArgs& a, const int16_t* const* q16, const float* qscale,
   float n8mul[kQB] = {};
   if constexpr (kPath == KeyPath::kNibble8) {
     for (int j = 0; j < kQB; ++j) n8mul[j] = Nibble8Mul(*n8[j]);
+  } else if constexpr (kPath == KeyPath::kPlanes) {
+    for (int j = 0; j < kQB; ++j) n8mul[j] = PlaneMul(*n8[j]);
   }
   auto row_dots = [&](const uint8_t* p, float* dots) HWY_ATTR {
     (void)q16;
     (void)qscale;
     (void)q8;
     (void)n8;
-    if constexpr (kPath == KeyPath::kNibble8) {
+    if constexpr (kPath == KeyPath::kPlanes) {
+      RowDotsPlanes<F, kQB, kPlaneB>(p, d, n8, n8mul, dots);
+    } else if constexpr (kPath == KeyPath::kNibble8) {
       RowDotsNibble8<kQB>(p, d, n8, n8mul, dots);
     } else if constexpr (kPath == KeyPath::kNibble) {
       RowDotsNibble<kQB>(p, d, q16, qscale, dots);
@@ -895,6 +1128,27 @@ template <Format F, bool kExact, int kQB>
 void KPass(const KArgs& a) {
   const uint32_t d = a.plan->head_dim;
   const QueryVec* qv = a.plan->queries.data() + a.job->first_query + a.qi0;
+  if constexpr (kPlaneIntKeys<F> && !kExact) {
+    const uint32_t kb = a.plan->int_keys ? PlaneChunkBytes(d) : 0;
+    if (kb != 0) {
+      // turbo3i and turbo2i keys: the queries rounded to int8 once per K pass.
+      Nibble8Query qbuf[kQB];
+      const Nibble8Query* n8[kQB];
+      for (int j = 0; j < kQB; ++j) {
+        QuantizeQueryPlanes(qv[j].q, d, kb, &qbuf[j]);
+        n8[j] = &qbuf[j];
+      }
+      if constexpr (kPlanePath) {
+        if constexpr (kPlaneMaxB >= 64) {
+          if (kb == 64) return KPassRows<F, kExact, kQB, KeyPath::kPlanes, 64>(a, nullptr, nullptr, nullptr, n8);
+        }
+        if constexpr (kPlaneMaxB >= 32) {
+          if (kb == 32) return KPassRows<F, kExact, kQB, KeyPath::kPlanes, 32>(a, nullptr, nullptr, nullptr, n8);
+        }
+        return KPassRows<F, kExact, kQB, KeyPath::kPlanes, 16>(a, nullptr, nullptr, nullptr, n8);
+      }
+    }
+  }
   if constexpr (kNibbleIntKeys<F> && !kExact) {
     if (kNibble8Path && a.plan->int_keys && Nibble8Fits(d)) {
       // turbo4i keys: the queries rounded to int8 once per K pass.

@@ -21,7 +21,9 @@ RowEncodeFn ScalarEncoder(Format f) {
     case Format::kTurbo4:
     case Format::kTurbo4I:
     case Format::kTurbo3:
-    case Format::kTurbo2: return EncodeTurboRow;
+    case Format::kTurbo2:
+    case Format::kTurbo3I:
+    case Format::kTurbo2I: return EncodeTurboRow;
     case Format::kQ8_0:
     case Format::kQ4_0: break;
   }
@@ -39,7 +41,9 @@ RowDecodeFn ScalarDecoder(Format f) {
     case Format::kTurbo4:
     case Format::kTurbo4I:
     case Format::kTurbo3:
-    case Format::kTurbo2: return DecodeTurboRow;
+    case Format::kTurbo2:
+    case Format::kTurbo3I:
+    case Format::kTurbo2I: return DecodeTurboRow;
     case Format::kQ8_0:
     case Format::kQ4_0: break;
   }

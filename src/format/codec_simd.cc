@@ -192,7 +192,9 @@ void EncodeRowsT(Format f, uint32_t d, size_t n, const float* HWY_RESTRICT x,
     case Format::kTurbo4:
     case Format::kTurbo4I:
     case Format::kTurbo3:
-    case Format::kTurbo2: return EncodeTurboRowsOf(f, d, n, x, out);
+    case Format::kTurbo2:
+    case Format::kTurbo3I:
+    case Format::kTurbo2I: return EncodeTurboRowsOf(f, d, n, x, out);
     case Format::kQ8_0:
     case Format::kQ4_0: return EncodeGgmlRowsOf(f, n * d, x, out);
   }
@@ -278,6 +280,8 @@ void DecodeRowsT(Format f, uint32_t d, size_t n, const uint8_t* HWY_RESTRICT in,
     case Format::kTurbo4I: return DecodeRowsOf<Format::kTurbo4I>(d, n, in, x);
     case Format::kTurbo3: return DecodeRowsOf<Format::kTurbo3>(d, n, in, x);
     case Format::kTurbo2: return DecodeRowsOf<Format::kTurbo2>(d, n, in, x);
+    case Format::kTurbo3I: return DecodeRowsOf<Format::kTurbo3I>(d, n, in, x);
+    case Format::kTurbo2I: return DecodeRowsOf<Format::kTurbo2I>(d, n, in, x);
     case Format::kQ8_0: return DecodeRowsOf<Format::kQ8_0>(d, n, in, x);
     case Format::kQ4_0: return DecodeRowsOf<Format::kQ4_0>(d, n, in, x);
   }

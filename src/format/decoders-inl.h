@@ -221,7 +221,8 @@ constexpr bool EvenOdd() {
 template <Format F>
 HWY_INLINE Decoder<F> MakeDecoder(uint32_t d) {
   if constexpr (F == Format::kTurbo8 || F == Format::kTurbo4 || F == Format::kTurbo3 ||
-                F == Format::kTurbo2 || F == Format::kTurbo4I) {
+                F == Format::kTurbo2 || F == Format::kTurbo4I || F == Format::kTurbo3I ||
+                F == Format::kTurbo2I) {
     return Decoder<F>(d);
   } else {
     (void)d;

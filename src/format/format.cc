@@ -21,6 +21,8 @@ std::string_view FormatName(Format f) {
     case Format::kQ8_0: return "q8_0";
     case Format::kQ4_0: return "q4_0";
     case Format::kTurbo4I: return "turbo4i";
+    case Format::kTurbo3I: return "turbo3i";
+    case Format::kTurbo2I: return "turbo2i";
   }
   return "unknown";
 }
@@ -60,7 +62,9 @@ uint32_t GroupSize(Format f) {
     case Format::kTurbo4:
     case Format::kTurbo4I:
     case Format::kTurbo3:
-    case Format::kTurbo2: return 16;
+    case Format::kTurbo2:
+    case Format::kTurbo3I:
+    case Format::kTurbo2I: return 16;
     case Format::kQ8_0:
     case Format::kQ4_0: return 32;
     default: return 1;
@@ -69,7 +73,8 @@ uint32_t GroupSize(Format f) {
 
 bool IsRotated(Format f) {
   return f == Format::kTurbo8 || f == Format::kTurbo4 || f == Format::kTurbo3 ||
-         f == Format::kTurbo2 || f == Format::kTurbo4I;
+         f == Format::kTurbo2 || f == Format::kTurbo4I || f == Format::kTurbo3I ||
+         f == Format::kTurbo2I;
 }
 
 Status CheckHeadDim(Format f, uint32_t head_dim) {
@@ -96,8 +101,10 @@ size_t RowBytes(Format f, uint32_t d) {
     case Format::kTurbo8: return n + 2 * (n / 16);   // E4M3 codes + bf16 group scales
     case Format::kTurbo4:
     case Format::kTurbo4I: return n / 2 + n / 16;    // 4-bit codes + E4M3 scales
-    case Format::kTurbo3: return 6 * (n / 16) + n / 16;
-    case Format::kTurbo2: return n / 4 + n / 16;
+    case Format::kTurbo3:
+    case Format::kTurbo3I: return 6 * (n / 16) + n / 16;  // 3-bit codes + E4M3 scales
+    case Format::kTurbo2:
+    case Format::kTurbo2I: return n / 4 + n / 16;         // 2-bit codes + E4M3 scales
     case Format::kQ8_0: return 34 * (n / 32);
     case Format::kQ4_0: return 18 * (n / 32);
   }

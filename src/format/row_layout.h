@@ -44,7 +44,11 @@ inline RowLayout LayoutOf(Format format, uint32_t d) {
     case Format::kTurbo4:
     case Format::kTurbo4I: l.codes_bytes = d / 2; l.scale_bytes = 1; l.group_code_bytes = 8; break;
     case Format::kTurbo3: l.codes_bytes = 6ull * (d / 16); l.scale_bytes = 1; l.group_code_bytes = 6; break;
-    case Format::kTurbo2: l.codes_bytes = d / 4; l.scale_bytes = 1; l.group_code_bytes = 4; break;
+    case Format::kTurbo2:
+    case Format::kTurbo2I: l.codes_bytes = d / 4; l.scale_bytes = 1; l.group_code_bytes = 4; break;
+    // turbo3i: a group's 6 code bytes are 4 in the low-bit plane and 2 in the
+    // bit-2 plane (turbo.h), not adjacent.
+    case Format::kTurbo3I: l.codes_bytes = 6ull * (d / 16); l.scale_bytes = 1; l.group_code_bytes = 6; break;
     case Format::kQ8_0: l.codes_bytes = 34ull * (d / 32); l.group_code_bytes = 34; break;
     case Format::kQ4_0: l.codes_bytes = 18ull * (d / 32); l.group_code_bytes = 18; break;
   }

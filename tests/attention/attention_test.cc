@@ -231,12 +231,13 @@ struct Tolerance {
 //    by at most delta = scale * sum_b qs_b / 2 * sum_{i in b} |k'_i|,
 // k' the stored values (k - mean) / col_scale. Returns the largest delta
 // over the case's queries and rows (0 for other formats).
-//  * turbo4i keys (x86 SIMD targets): to int8 steps qs = max|q'| / 127 of
-//    the whole rotated query q' (int16 steps where head_dim is not a
-//    multiple of the int8 path's chunk, whose bound is smaller), so a score
-//    moves by at most delta = scale * qs / 2 * sum_i |k'_i|, k' the stored
-//    values (rotated k - mean).
-double Turbo4IScoreBound(const TestView& tv, std::span<const float> q, uint32_t n_q_heads,
+//  * turbo4i, turbo3i and turbo2i keys (x86 SIMD targets): to int8 steps
+//    qs = max|q'| / 127 of the whole rotated query q' (turbo4i: int16 steps
+//    where head_dim is not a multiple of the int8 path's chunk, whose bound
+//    is smaller; turbo3i/2i: the float path there), so a score moves by at
+//    most delta = scale * qs / 2 * sum_i |k'_i|, k' the stored values
+//    (rotated k - mean).
+double TurboIntScoreBound(const TestView& tv, std::span<const float> q, uint32_t n_q_heads,
                          uint32_t n_queries) {
   const LayerKvView& view = tv.view();
   const uint32_t d = view.head_dim, group = n_q_heads / view.n_kv_heads;
@@ -276,7 +277,9 @@ double IntKeyScoreBound(const TestView& tv, std::span<const float> q, uint32_t n
   const LayerKvView& view = tv.view();
   const Format kf = view.k.format;
   const bool ggml = kf == Format::kQ8_0 || kf == Format::kQ4_0;
-  if (kf == Format::kTurbo4I) return Turbo4IScoreBound(tv, q, n_q_heads, n_queries);
+  if (kf == Format::kTurbo4I || kf == Format::kTurbo3I || kf == Format::kTurbo2I) {
+    return TurboIntScoreBound(tv, q, n_q_heads, n_queries);
+  }
   if (kf != Format::kQ8 && !ggml) return 0.0;
   const uint32_t d = view.head_dim, group = n_q_heads / view.n_kv_heads;
   const double scale = 1.0 / std::sqrt(static_cast<double>(d));
@@ -613,77 +616,124 @@ TEST(AttentionIntKeys, Int8PathEqualsReferenceWithRoundedQuery) {
   }
 }
 
-// turbo4i keys: the integer K path equals attention with the query rounded
-// as the path rounds it (the rotated query, int8 steps of max|q'| / 127,
-// round to nearest) over the decoded rows, within float rounding, on every
-// x86 SIMD target; it differs from the f32-query path (the path ran). The
-// levels are int8 / 128, so the integer products are exact. 1 to 4
-// queries per K row, head_dim 128 and 256, values turbo4i and f16.
+// Integer-level turbo keys: the integer K path equals attention with the
+// query rounded as the path rounds it (the rotated query, int8 steps of
+// max|q'| / 127, round to nearest) over the decoded rows, within float
+// rounding, on every x86 SIMD target; it differs from the f32-query path
+// (the path ran). The levels are int8 / 128, so the integer products are
+// exact. 1 to 4 queries per K row; values the same format or f16.
+void CheckIntKeysEqualRoundedQuery(Format kf, uint32_t d, uint32_t group) {
+  ViewSpec s;
+  s.formats = {kf, group == 2 ? Format::kF16 : kf};
+  s.n_kv_heads = 2;
+  s.head_dim = d;
+  s.num_tokens = 700;
+  s.block_size = 16;
+  auto tv = TestView::Make(s);
+  ASSERT_TRUE(tv.ok()) << tv.status().ToString();
+  const LayerKvView& view = (*tv)->view();
+  const uint32_t nq = group * view.n_kv_heads;
+  auto q = RandomVector(size_t{nq} * d, 29);
+  q[5] = 6.5f;  // an outlier
+  std::vector<float> qr(q.size());
+  for (uint32_t i = 0; i < nq; ++i) {
+    std::vector<float> x(q.begin() + i * d, q.begin() + (i + 1) * d);
+    view.k.codec->Rotate(x.data());
+    float amax = 0;
+    for (float v : x) amax = std::max(amax, std::fabs(v));
+    const float inv = 127.0f / amax, qs = amax / 127.0f;
+    for (float& v : x) v = qs * std::clamp(std::nearbyint(v * inv), -127.0f, 127.0f);
+    view.k.codec->InverseRotate(x.data());
+    std::copy(x.begin(), x.end(), qr.begin() + i * d);
+  }
+  AttentionOptions o;
+  o.n_q_heads = nq;
+  Outputs want = MakeOutputs(view, nq, 1, true);
+  ASSERT_TRUE(AttendReference((*tv)->reference_heads(), d, view.num_tokens, 1, qr, o,
+                              want.spans())
+                  .ok());
+  double out_scale = 0;
+  for (float x : want.out) out_scale = std::max(out_scale, std::fabs(double{x}));
+  int ran = 0;
+  for (int64_t target : hwy::SupportedAndGeneratedTargets()) {
+    if (!HWY_ARCH_X86 || target > HWY_SSE4) continue;
+    hwy::SetSupportedTargetsForTest(target);
+    ++ran;
+    SCOPED_TRACE(std::string(hwy::TargetName(target)) + " " + std::string(FormatName(kf)) +
+                 " d " + std::to_string(d) + " group " + std::to_string(group));
+    Outputs got = MakeOutputs(view, nq, 1, true);
+    ASSERT_TRUE(AttendDecode(view, q, o, got.spans()).ok());
+    double max_out = 0, max_lse = 0, max_p = 0;
+    for (size_t i = 0; i < want.out.size(); ++i) {
+      max_out = std::max(max_out, std::fabs(double{got.out[i]} - want.out[i]));
+    }
+    for (size_t i = 0; i < want.lse.size(); ++i) {
+      max_lse = std::max(max_lse, std::fabs(double{got.lse[i]} - want.lse[i]));
+    }
+    for (size_t i = 0; i < want.probs.size(); ++i) {
+      max_p = std::max(max_p, std::fabs(double{got.probs[i]} - want.probs[i]));
+    }
+    EXPECT_LE(max_out, 2e-5 * std::max(1.0, out_scale));
+    EXPECT_LE(max_lse, 2e-5);
+    EXPECT_LE(max_p, 2e-6);
+    AttentionOptions of = o;
+    of.float_query_keys = true;
+    Outputs flt = MakeOutputs(view, nq, 1, true);
+    ASSERT_TRUE(AttendDecode(view, q, of, flt.spans()).ok());
+    std::string where;
+    EXPECT_FALSE(BitsEqual(got.lse, flt.lse, &where)) << "the integer path did not run";
+  }
+  hwy::SetSupportedTargetsForTest(0);
+  if (HWY_ARCH_X86) {
+    EXPECT_GT(ran, 0);
+  }
+}
+
 TEST(AttentionIntKeys, Turbo4IEqualsReferenceWithRoundedQuery) {
   for (uint32_t d : {128u, 256u}) {
-    for (uint32_t group : {1u, 2u, 3u, 4u}) {
+    for (uint32_t group : {1u, 2u, 3u, 4u}) CheckIntKeysEqualRoundedQuery(Format::kTurbo4I, d, group);
+  }
+}
+
+// turbo3i and turbo2i: head_dim 64 (SmolLM2; 16-byte chunks), 128 (32-byte
+// chunks on AVX2 and AVX3), 192 (16-byte chunks, 3 per row), 256 (64-byte
+// chunks on AVX3).
+TEST(AttentionIntKeys, Turbo3IAndTurbo2IEqualReferenceWithRoundedQuery) {
+  for (Format kf : {Format::kTurbo3I, Format::kTurbo2I}) {
+    for (uint32_t d : {64u, 128u, 192u, 256u}) {
+      for (uint32_t group : {1u, 2u, 3u, 4u}) CheckIntKeysEqualRoundedQuery(kf, d, group);
+    }
+  }
+}
+
+// turbo3i and turbo2i keys where head_dim / 4 is not a multiple of 16 bytes
+// (48, 80, 96): the float path, bit for bit the f32-query option's result,
+// on every target.
+TEST(AttentionIntKeys, Turbo3IAndTurbo2IFallBackToTheFloatPath) {
+  for (Format kf : {Format::kTurbo3I, Format::kTurbo2I}) {
+    for (uint32_t d : {48u, 80u, 96u}) {
       ViewSpec s;
-      s.formats = {Format::kTurbo4I, group == 2 ? Format::kF16 : Format::kTurbo4I};
+      s.formats = {kf, kf};
       s.n_kv_heads = 2;
       s.head_dim = d;
-      s.num_tokens = 700;
-      s.block_size = 16;
+      s.num_tokens = 300;
       auto tv = TestView::Make(s);
       ASSERT_TRUE(tv.ok()) << tv.status().ToString();
       const LayerKvView& view = (*tv)->view();
-      const uint32_t nq = group * view.n_kv_heads;
-      auto q = RandomVector(size_t{nq} * d, 29);
-      q[5] = 6.5f;  // an outlier
-      std::vector<float> qr(q.size());
-      for (uint32_t i = 0; i < nq; ++i) {
-        std::vector<float> x(q.begin() + i * d, q.begin() + (i + 1) * d);
-        view.k.codec->Rotate(x.data());
-        float amax = 0;
-        for (float v : x) amax = std::max(amax, std::fabs(v));
-        const float inv = 127.0f / amax, qs = amax / 127.0f;
-        for (float& v : x) v = qs * std::clamp(std::nearbyint(v * inv), -127.0f, 127.0f);
-        view.k.codec->InverseRotate(x.data());
-        std::copy(x.begin(), x.end(), qr.begin() + i * d);
-      }
+      const auto q = RandomVector(size_t{6} * d, 31);
       AttentionOptions o;
-      o.n_q_heads = nq;
-      Outputs want = MakeOutputs(view, nq, 1, true);
-      ASSERT_TRUE(AttendReference((*tv)->reference_heads(), d, view.num_tokens, 1, qr, o,
-                                  want.spans())
-                      .ok());
-      double out_scale = 0;
-      for (float x : want.out) out_scale = std::max(out_scale, std::fabs(double{x}));
-      int ran = 0;
-      for (int64_t target : hwy::SupportedAndGeneratedTargets()) {
-        if (!HWY_ARCH_X86 || target > HWY_SSE4) continue;
-        hwy::SetSupportedTargetsForTest(target);
-        ++ran;
-        SCOPED_TRACE(std::string(hwy::TargetName(target)) + " d " + std::to_string(d) +
-                     " group " + std::to_string(group));
-        Outputs got = MakeOutputs(view, nq, 1, true);
+      o.n_q_heads = 6;
+      AttentionOptions of = o;
+      of.float_query_keys = true;
+      ForEachHwyTarget([&] {
+        SCOPED_TRACE(std::string(FormatName(kf)) + " d " + std::to_string(d));
+        Outputs got = MakeOutputs(view, 6, 1, true), flt = MakeOutputs(view, 6, 1, true);
         ASSERT_TRUE(AttendDecode(view, q, o, got.spans()).ok());
-        double max_out = 0, max_lse = 0, max_p = 0;
-        for (size_t i = 0; i < want.out.size(); ++i) {
-          max_out = std::max(max_out, std::fabs(double{got.out[i]} - want.out[i]));
-        }
-        for (size_t i = 0; i < want.lse.size(); ++i) {
-          max_lse = std::max(max_lse, std::fabs(double{got.lse[i]} - want.lse[i]));
-        }
-        for (size_t i = 0; i < want.probs.size(); ++i) {
-          max_p = std::max(max_p, std::fabs(double{got.probs[i]} - want.probs[i]));
-        }
-        EXPECT_LE(max_out, 2e-5 * std::max(1.0, out_scale));
-        EXPECT_LE(max_lse, 2e-5);
-        EXPECT_LE(max_p, 2e-6);
-        AttentionOptions of = o;
-        of.float_query_keys = true;
-        Outputs flt = MakeOutputs(view, nq, 1, true);
         ASSERT_TRUE(AttendDecode(view, q, of, flt.spans()).ok());
         std::string where;
-        EXPECT_FALSE(BitsEqual(got.lse, flt.lse, &where)) << "the integer path did not run";
-      }
-      hwy::SetSupportedTargetsForTest(0);
-      if (HWY_ARCH_X86) EXPECT_GT(ran, 0);
+        EXPECT_TRUE(BitsEqual(got.out, flt.out, &where)) << where;
+        EXPECT_TRUE(BitsEqual(got.lse, flt.lse, &where)) << where;
+      });
     }
   }
 }
@@ -706,6 +756,31 @@ TEST(AttentionIntKeys, Turbo4IWithinItsBound) {
       RunLossyCase({Format::kTurbo4I, v}, s, 4, 2, &two, true);
       RunLossyCase({Format::kTurbo4I, v}, s, 4, 3, &two, false, 100, 3);
       RunLossyCase({Format::kTurbo4I, v}, s, 8, 1, nullptr, false, 0, 0, 1);  // f32 query
+    }
+  }
+}
+
+// turbo3i and turbo2i keys within the integer path's bound of the decoded
+// reference on every target, with a key mean, windows, masked tiles, several
+// query tokens and threads; head_dim 96 takes the float path.
+TEST(AttentionIntKeys, Turbo3IAndTurbo2IWithinTheirBound) {
+  ThreadPool two(2);
+  for (Format kf : {Format::kTurbo3I, Format::kTurbo2I}) {
+    for (uint32_t d : {64u, 96u, 128u}) {
+      ViewSpec s;
+      s.n_kv_heads = 2;
+      s.head_dim = d;
+      s.num_tokens = 300;
+      s.block_size = 16;
+      for (Format v : {kf, Format::kBF16, Format::kTurbo4I}) {
+        SCOPED_TRACE(std::string(FormatName(kf)) + ":" + std::string(FormatName(v)) + " d " +
+                     std::to_string(d));
+        RunLossyCase({kf, v}, s, 8, 1, nullptr, false);
+        RunLossyCase({kf, v}, s, 4, 2, &two, true);
+        RunLossyCase({kf, v}, s, 4, 3, &two, false, 100, 3);
+        RunLossyCase({kf, v}, s, 6, 1, nullptr, false);  // groups of 3
+        RunLossyCase({kf, v}, s, 8, 1, nullptr, false, 0, 0, 1);  // f32 query
+      }
     }
   }
 }

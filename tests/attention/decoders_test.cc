@@ -107,7 +107,8 @@ TEST(AttentionDecoders, GgmlQ8_0Q4_0EqualScalarDecode) {
 }
 
 TEST(AttentionDecoders, TurboEqualScalarDecode) {
-  CheckFamily({Format::kTurbo8, Format::kTurbo4, Format::kTurbo3, Format::kTurbo2});
+  CheckFamily({Format::kTurbo8, Format::kTurbo4, Format::kTurbo3, Format::kTurbo2,
+               Format::kTurbo4I, Format::kTurbo3I, Format::kTurbo2I});
 }
 
 }  // namespace

@@ -275,7 +275,10 @@ TEST_P(PrecisionWindowTest, HoldsTheDocumentedRowsAndAttendsAsTheReference) {
   const FormatPair formats[] = {{Format::kTurbo4, Format::kTurbo4},
                                 {Format::kQ8_0, Format::kQ4_0},
                                 {Format::kTurbo2, Format::kBF16},
-                                {Format::kTurbo4I, Format::kTurbo4I}};
+                                {Format::kTurbo4I, Format::kTurbo4I},
+                                {Format::kTurbo3I, Format::kTurbo3I},
+                                {Format::kTurbo2I, Format::kTurbo2I},
+                                {Format::kTurbo2I, Format::kBF16}};
   const FormatPair f = formats[which];
   const PrecisionWindow w{.sinks = 4, .recent = 24, .slack = 4};
   const Geometry g = Geo(8);
@@ -342,7 +345,7 @@ TEST_P(PrecisionWindowTest, HoldsTheDocumentedRowsAndAttendsAsTheReference) {
 }
 
 INSTANTIATE_TEST_SUITE_P(LayoutsAndFormats, PrecisionWindowTest,
-                         ::testing::Combine(::testing::Bool(), ::testing::Values(0, 1, 2, 3)));
+                         ::testing::Combine(::testing::Bool(), ::testing::Values(0, 1, 2, 3, 4, 5, 6)));
 
 // The batched decode folds each sequence's window: equal to AttendDecode
 // of each sequence alone, bit for bit, beside a sequence without a window.

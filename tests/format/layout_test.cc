@@ -119,6 +119,45 @@ TEST(RowLayouts, TurboBitPositions) {
     fi::DecodeRowsScalar(Format::kTurbo2, d, 1, row.data(), out.data());
     for (uint32_t i = 0; i < d; ++i) EXPECT_EQ(out[i], fi::kTurbo2Levels[i % 4]);
   }
+  // turbo2i: turbo2's bits, integer levels.
+  {
+    std::vector<uint8_t> row(RowBytes(Format::kTurbo2I, d));
+    ASSERT_EQ(row.size(), 10u);
+    const uint8_t b = 0 | (1 << 2) | (2 << 4) | (3 << 6);  // codes 0,1,2,3
+    for (int k = 0; k < 8; ++k) row[k] = b;
+    row[8] = 0x38;
+    row[9] = 0x40;  // 2.0
+    fi::DecodeRowsScalar(Format::kTurbo2I, d, 1, row.data(), out.data());
+    for (uint32_t i = 0; i < 16; ++i) EXPECT_EQ(out[i], fi::kTurbo2IInt[i % 4] / 128.0f);
+    for (uint32_t i = 16; i < d; ++i) EXPECT_EQ(out[i], fi::kTurbo2IInt[i % 4] / 64.0f);
+  }
+  // turbo3i: the low 2 bits of code i at bits 2(i%4) of byte 4g + i/4 in
+  // [0, d/4), bit 2 at bit i of the LE 16-bit word at d/4 + 2g, scales at 3d/8.
+  {
+    std::vector<uint8_t> row(RowBytes(Format::kTurbo3I, d));
+    ASSERT_EQ(row.size(), 14u);
+    for (int g = 0; g < 2; ++g) {
+      uint16_t high = 0;
+      for (int i = 0; i < 16; ++i) {
+        const int c = (i + 3 * g) & 7;
+        row[4 * g + i / 4] |= static_cast<uint8_t>((c & 3) << (2 * (i % 4)));
+        high |= static_cast<uint16_t>((c >> 2) << i);
+      }
+      row[8 + 2 * g] = static_cast<uint8_t>(high);
+      row[9 + 2 * g] = static_cast<uint8_t>(high >> 8);
+    }
+    row[12] = 0x38;
+    row[13] = 0x30;  // 0.5
+    fi::DecodeRowsScalar(Format::kTurbo3I, d, 1, row.data(), out.data());
+    for (int i = 0; i < 16; ++i) EXPECT_EQ(out[i], fi::kTurbo3ILevels[i & 7]);
+    for (int i = 0; i < 16; ++i) EXPECT_EQ(out[16 + i], 0.5f * fi::kTurbo3ILevels[(i + 3) & 7]);
+    // The encoder writes the same planes: a row of exact levels comes back.
+    std::vector<uint8_t> again(row.size());
+    fi::EncodeRowsScalar(Format::kTurbo3I, d, 1, out.data(), again.data());
+    std::vector<float> out2(d);
+    fi::DecodeRowsScalar(Format::kTurbo3I, d, 1, again.data(), out2.data());
+    EXPECT_EQ(out, out2);
+  }
   // turbo8: 16 E4M3 codes per group, then bf16 scales.
   {
     std::vector<uint8_t> row(RowBytes(Format::kTurbo8, d));
@@ -154,6 +193,8 @@ TEST(RowLayouts, Q8RowAndSizes) {
   EXPECT_DOUBLE_EQ(BitsPerValue(Format::kTurbo4, 128), 4.5);
   EXPECT_DOUBLE_EQ(BitsPerValue(Format::kTurbo3, 128), 3.5);
   EXPECT_DOUBLE_EQ(BitsPerValue(Format::kTurbo2, 128), 2.5);
+  EXPECT_DOUBLE_EQ(BitsPerValue(Format::kTurbo3I, 128), 3.5);
+  EXPECT_DOUBLE_EQ(BitsPerValue(Format::kTurbo2I, 128), 2.5);
   EXPECT_DOUBLE_EQ(BitsPerValue(Format::kTurbo8, 128), 9.0);
   EXPECT_DOUBLE_EQ(BitsPerValue(Format::kQ8_0, 128), 8.5);
   EXPECT_DOUBLE_EQ(BitsPerValue(Format::kQ4_0, 128), 4.5);

@@ -137,8 +137,9 @@ std::vector<float> Midpoints(const std::array<float, L>& lv) {
   for (size_t j = 0; j + 1 < L / 2; ++j) t.push_back((lv[L / 2 + j] + lv[L / 2 + j + 1]) / 2);
   return t;
 }
-const std::vector<float> kAllTurboThresholds[3] = {Midpoints(kTurbo4Levels), Midpoints(kTurbo3Levels),
-                                                   Midpoints(kTurbo2Levels)};
+const std::vector<float> kAllTurboThresholds[5] = {Midpoints(kTurbo4Levels), Midpoints(kTurbo3Levels),
+                                                   Midpoints(kTurbo2Levels), Midpoints(kTurbo3ILevels),
+                                                   Midpoints(kTurbo2ILevels)};
 
 std::vector<float> EdgeRows(uint32_t d, size_t n, uint64_t seed) {
   std::mt19937_64 rng(seed);
@@ -204,7 +205,7 @@ std::vector<float> EdgeRows(uint32_t d, size_t n, uint64_t seed) {
           const int c_top = std::clamp(c + static_cast<int>(rng() % 5) - 2, 1, 0x7E);
           row[16 * g] = ((rng() & 1) ? 1.0f : -1.0f) * E4M3ToFloat(static_cast<uint8_t>(c_top));
           for (int i = 1; i < 16; ++i) {
-            const std::vector<float>& th = kAllTurboThresholds[rng() % 3];
+            const std::vector<float>& th = kAllTurboThresholds[rng() % 5];
             const float t = th[rng() % th.size()];
             float a = t * s;  // then the smallest a with a / s > t
             while (a / s > t) a = std::nextafter(a, 0.0f);
@@ -254,10 +255,12 @@ TEST(SimdTargets, EncodersMatchScalarOnEdgeCases) {
 // boundary of fl(a / s) > t, and a spread of magnitudes (subnormal to huge),
 // must get the level of the scalar NearestCode(a / s).
 TEST(SimdTargets, TurboSearchLevelsMatchNearestCode) {
-  const Format formats[3] = {Format::kTurbo4, Format::kTurbo3, Format::kTurbo2};
-  const float* levels[3] = {kTurbo4Levels.data() + 8, kTurbo3Levels.data() + 4, kTurbo2Levels.data() + 2};
+  const Format formats[5] = {Format::kTurbo4, Format::kTurbo3, Format::kTurbo2, Format::kTurbo3I,
+                             Format::kTurbo2I};
+  const float* levels[5] = {kTurbo4Levels.data() + 8, kTurbo3Levels.data() + 4, kTurbo2Levels.data() + 2,
+                            kTurbo3ILevels.data() + 4, kTurbo2ILevels.data() + 2};
   std::mt19937_64 rng(5);
-  for (int fi = 0; fi < 3; ++fi) {
+  for (int fi = 0; fi < 5; ++fi) {
     const std::vector<float>& th = kAllTurboThresholds[fi];
     std::vector<float> a, s;
     for (int c = 1; c <= 0x7E; ++c) {

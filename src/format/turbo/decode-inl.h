@@ -1,6 +1,7 @@
-// Decoder<F> of the rotated turbo formats: turbo8 (E4M3 codes), turbo4 (in
-// even/odd order: low nibbles, then high nibbles), turbo3 and turbo2 (packed
-// codes through in-register level tables), one scale per 16-value group.
+// Decoder<F> of the rotated turbo formats: turbo8 (E4M3 codes), turbo4 and
+// turbo4i (in even/odd order: low nibbles, then high nibbles), turbo3,
+// turbo2, turbo2i and turbo3i (packed codes through in-register level
+// tables), one scale per 16-value group.
 // They return rotated-space values (the attention kernels rotate the query
 // instead). Scalar reference: turbo/scalar.cc.
 //
@@ -131,13 +132,13 @@ struct Decoder<Format::kTurbo3> {
   HWY_INLINE float Value(const RowRef&, uint32_t) const { return 0.0f; }
 };
 
-template <>
-struct Decoder<Format::kTurbo2> {
+// turbo2 and turbo2i (the same layout, 4 levels).
+struct Pack2Decoder {
   static constexpr bool kTail = false;
   uint32_t scales_offset;
   Table<4> levels;
   hn::Vec<DU> shifts[kVecs];
-  explicit Decoder(uint32_t d) : scales_offset(d / 4), levels(kTurbo2Levels.data()) {
+  Pack2Decoder(uint32_t d, const float* lv) : scales_offset(d / 4), levels(lv) {
     for (size_t v = 0; v < kVecs; ++v) shifts[v] = LaneShifts<2, 16>(v);
   }
   HWY_INLINE RowRef Prepare(const uint8_t* p, uint32_t) const { return {p, 1.0f}; }
@@ -148,6 +149,76 @@ struct Decoder<Format::kTurbo2> {
     for (size_t v = 0; v < kVecs; ++v) {
       out[v] = hn::Mul(Permute8(levels, w >> shifts[v]), sv);
     }
+  }
+  HWY_INLINE float Value(const RowRef&, uint32_t) const { return 0.0f; }
+};
+template <>
+struct Decoder<Format::kTurbo2> : Pack2Decoder {
+  explicit Decoder(uint32_t d) : Pack2Decoder(d, kTurbo2Levels.data()) {}
+};
+// turbo2i: levels that are int8 / 128 (as turbo4i).
+template <>
+struct Decoder<Format::kTurbo2I> : Pack2Decoder {
+  explicit Decoder(uint32_t d) : Pack2Decoder(d, kTurbo2ILevels.data()) {}
+};
+
+// turbo3i: the low 2 bits of code i at bit 2i of the group's 32-bit word
+// (turbo2's), bit 2 at bit i of its 16-bit word; per lane, the low bits
+// shifted down and the high word shifted so that bit i lands on bit 2.
+// AVX2 and AVX-512: the negative and the positive levels as two 4-entry
+// tables (period 4, so vpermps ignores bit 2 of the shifted low-bit word)
+// and bit 2 picking between them, moved to the sign bit (AVX2: vblendvps)
+// or as the blend mask itself (AVX-512: the 16-bit word in a mask
+// register): no masking of the index.
+template <>
+struct Decoder<Format::kTurbo3I> {
+  static constexpr bool kTail = false;
+  uint32_t high_offset, scales_offset;
+  Table<8> levels;
+  Table<4> neg, pos;  // levels 0..3 and 4..7 (AVX2, AVX-512)
+  hn::Vec<DU> shifts[kVecs], high_shifts[kVecs];
+  explicit Decoder(uint32_t d)
+      : high_offset(d / 4),
+        scales_offset(6 * (d / 16)),
+        levels(kTurbo3ILevels.data()),
+        neg(kTurbo3ILevels.data()),
+        pos(kTurbo3ILevels.data() + 4) {
+    for (size_t v = 0; v < kVecs; ++v) {
+      shifts[v] = LaneShifts<2, 16>(v);
+      high_shifts[v] = LaneShifts<1, 16>(v);
+#if HWY_TARGET == HWY_AVX2
+      // Left shifts taking bit i (value i) of the high word to bit 31.
+      high_shifts[v] = hn::Sub(hn::Set(DU(), 31u), high_shifts[v]);
+#endif
+    }
+  }
+  HWY_INLINE RowRef Prepare(const uint8_t* p, uint32_t) const { return {p, 1.0f}; }
+  HWY_INLINE void Block(const RowRef& r, uint32_t b, VF* out) const {
+    const DU du;
+    const auto w = hn::Set(du, LoadU32(r.p + 4 * b));
+    const VF sv = hn::Set(DF(), E4M3ToFloat(r.p[scales_offset + b]));
+#if HWY_TARGET == HWY_AVX2
+    const auto h = hn::Set(du, static_cast<uint32_t>(LoadU16(r.p + high_offset + 2 * b)));
+    for (size_t v = 0; v < kVecs; ++v) {
+      const auto lo = w >> shifts[v];
+      const VF sign = hn::BitCast(DF(), h << high_shifts[v]);
+      out[v] = hn::Mul(hn::IfNegativeThenElse(sign, Permute8(pos, lo), Permute8(neg, lo)), sv);
+    }
+#elif HWY_TARGET <= HWY_AVX3 && HWY_ARCH_X86
+    // 16 lanes, value i in lane i: the high word is the blend mask itself.
+    static_assert(kN == 16, "AVX-512 targets have 16 f32 lanes");
+    const __mmask16 m = static_cast<__mmask16>(LoadU16(r.p + high_offset + 2 * b));
+    const auto lo = w >> shifts[0];
+    out[0] = hn::Mul(VF{_mm512_mask_blend_ps(m, Permute8(neg, lo).raw, Permute8(pos, lo).raw)}, sv);
+#else
+    const auto h = hn::Set(du, static_cast<uint32_t>(LoadU16(r.p + high_offset + 2 * b)) << 2);
+    const auto three = hn::Set(du, 3u);
+    const auto four = hn::Set(du, 4u);
+    for (size_t v = 0; v < kVecs; ++v) {
+      const auto idx = hn::Or(hn::And(w >> shifts[v], three), hn::And(h >> high_shifts[v], four));
+      out[v] = hn::Mul(Permute8(levels, idx), sv);
+    }
+#endif
   }
   HWY_INLINE float Value(const RowRef&, uint32_t) const { return 0.0f; }
 };

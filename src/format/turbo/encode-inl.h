@@ -1,4 +1,5 @@
-// SIMD encoder of the turbo formats (see turbo.h): turbo4/3/2 work on 8
+// SIMD encoder of the turbo formats (see turbo.h): turbo4/3/2 (and their
+// integer-level forms turbo4i/3i/2i) work on 8
 // (AVX2, AVX3) or 4 (SSE4, EMU128) groups at a time (SCALAR: the reference):
 // the groups' rows are transposed in registers (group = lane), the scale
 // search runs on |x| (QuantizeTurboBatch says why that is exact) without
@@ -237,7 +238,8 @@ HWY_INLINE void QuantizeTurboBatch(const LevelTable<L>& t, const VT* v, const VT
 }
 
 // Packs the 16 codes of each lane into its group's code bytes, as little-endian
-// words: lo = bytes [0, 4), hi = bytes [4, 8) (turbo4) or [4, 6) (turbo3).
+// words: lo = bytes [0, 4), hi = bytes [4, 8) (turbo4) or [4, 6) (turbo3);
+// turbo3i: lo = the low 2 bits (turbo2's word), hi = the bit-2 word.
 HWY_INLINE void PackWords(Format f, const VTI* k, VTU* lo, VTU* hi) {
   const DTU du;
   auto u = [&](int i) { return hn::BitCast(du, k[i]); };
@@ -251,6 +253,12 @@ HWY_INLINE void PackWords(Format f, const VTI* k, VTU* lo, VTU* hi) {
     for (int i = 0; i <= 10; ++i) a = hn::Or(a, hn::ShiftLeftSame(u(i), 3 * i));  // k10: low 2 bits
     b = hn::ShiftRight<2>(u(10));
     for (int i = 11; i < 16; ++i) b = hn::Or(b, hn::ShiftLeftSame(u(i), 3 * i - 32));
+  } else if (f == Format::kTurbo3I) {
+    const VTU three = hn::Set(du, 3u);
+    for (int i = 0; i < 16; ++i) {
+      a = hn::Or(a, hn::ShiftLeftSame(hn::And(u(i), three), 2 * i));
+      b = hn::Or(b, hn::ShiftLeftSame(hn::ShiftRight<2>(u(i)), i));  // codes < 8: bit 2 alone
+    }
   } else {
     for (int i = 0; i < 16; ++i) a = hn::Or(a, hn::ShiftLeftSame(u(i), 2 * i));
   }
@@ -315,9 +323,14 @@ void EncodeTurboRows(const LevelTable<L>& t, Format f, uint32_t d, size_t n, con
     hn::Store(scale_code, DTI(), sc);
     for (size_t g = 0; g < std::min(kTL, groups - g0); ++g, at.Next()) {
       uint8_t* o = out + at.row * rb;
-      uint8_t* dst = o + at.group * code_bytes;
-      std::memcpy(dst, &wlo[g], 4);  // little-endian host (see codec_simd.cc)
-      if (code_bytes > 4) std::memcpy(dst + 4, &whi[g], code_bytes - 4);
+      if (f == Format::kTurbo3I) {  // two planes (turbo.h)
+        std::memcpy(o + 4 * at.group, &wlo[g], 4);  // little-endian host (see codec_simd.cc)
+        std::memcpy(o + d / 4 + 2 * at.group, &whi[g], 2);
+      } else {
+        uint8_t* dst = o + at.group * code_bytes;
+        std::memcpy(dst, &wlo[g], 4);  // little-endian host (see codec_simd.cc)
+        if (code_bytes > 4) std::memcpy(dst + 4, &whi[g], code_bytes - 4);
+      }
       o[l.scales_offset + at.group] = static_cast<uint8_t>(sc[g]);
     }
   }
@@ -398,6 +411,8 @@ void EncodeTurboRowsOf(Format f, uint32_t d, size_t n, const float* HWY_RESTRICT
     case Format::kTurbo4: return EncodeTurboRows(Turbo4Table(), f, d, n, x, out);
     case Format::kTurbo4I: return EncodeTurboRows(Turbo4ITable(), f, d, n, x, out);
     case Format::kTurbo3: return EncodeTurboRows(Turbo3Table(), f, d, n, x, out);
+    case Format::kTurbo3I: return EncodeTurboRows(Turbo3ITable(), f, d, n, x, out);
+    case Format::kTurbo2I: return EncodeTurboRows(Turbo2ITable(), f, d, n, x, out);
     default: return EncodeTurboRows(Turbo2Table(), f, d, n, x, out);
   }
 #else
@@ -413,6 +428,8 @@ void TurboSearchLevelsFor(Format f, size_t n, const float* a, const float* s, fl
     case Format::kTurbo4: return TurboSearchLevelsOf(Turbo4Table(), n, a, s, level);
     case Format::kTurbo4I: return TurboSearchLevelsOf(Turbo4ITable(), n, a, s, level);
     case Format::kTurbo3: return TurboSearchLevelsOf(Turbo3Table(), n, a, s, level);
+    case Format::kTurbo3I: return TurboSearchLevelsOf(Turbo3ITable(), n, a, s, level);
+    case Format::kTurbo2I: return TurboSearchLevelsOf(Turbo2ITable(), n, a, s, level);
     default: return TurboSearchLevelsOf(Turbo2Table(), n, a, s, level);
   }
 #else
@@ -422,13 +439,18 @@ void TurboSearchLevelsFor(Format f, size_t n, const float* a, const float* s, fl
     const float* th = f == Format::kTurbo4    ? Turbo4Table().threshold
                       : f == Format::kTurbo4I ? Turbo4ITable().threshold
                       : f == Format::kTurbo3  ? Turbo3Table().threshold
+                      : f == Format::kTurbo3I ? Turbo3ITable().threshold
+                      : f == Format::kTurbo2I ? Turbo2ITable().threshold
                                               : Turbo2Table().threshold;
     const float* lv = f == Format::kTurbo4    ? Turbo4Table().level + 8
                       : f == Format::kTurbo4I ? Turbo4ITable().level + 8
                       : f == Format::kTurbo3  ? Turbo3Table().level + 4
+                      : f == Format::kTurbo3I ? Turbo3ITable().level + 4
+                      : f == Format::kTurbo2I ? Turbo2ITable().level + 2
                                               : Turbo2Table().level + 2;
     const bool l16 = f == Format::kTurbo4 || f == Format::kTurbo4I;
-    const size_t nt = l16 ? 7 : f == Format::kTurbo3 ? 3 : 1;
+    const bool l8 = f == Format::kTurbo3 || f == Format::kTurbo3I;
+    const size_t nt = l16 ? 7 : l8 ? 3 : 1;
     size_t c = 0;
     for (size_t j = 0; j < nt; ++j) c += y > th[j] ? 1 : 0;
     level[i] = lv[c];

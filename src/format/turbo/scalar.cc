@@ -33,6 +33,14 @@ const LevelTable<4>& Turbo2Table() {
   static const LevelTable<4> t(kTurbo2Levels);
   return t;
 }
+const LevelTable<8>& Turbo3ITable() {
+  static const LevelTable<8> t(kTurbo3ILevels);
+  return t;
+}
+const LevelTable<4>& Turbo2ITable() {
+  static const LevelTable<4> t(kTurbo2ILevels);
+  return t;
+}
 
 namespace {
 
@@ -91,9 +99,16 @@ void PackTurbo3(const uint8_t* c, uint8_t* out6) {
 }
 void PackTurbo2(const uint8_t* c, uint8_t* out4) {
   for (int b = 0; b < 4; ++b) {
-    out4[b] = static_cast<uint8_t>(c[4 * b] | (c[4 * b + 1] << 2) | (c[4 * b + 2] << 4) |
-                                   (c[4 * b + 3] << 6));
+    out4[b] = static_cast<uint8_t>((c[4 * b] & 3) | ((c[4 * b + 1] & 3) << 2) |
+                                   ((c[4 * b + 2] & 3) << 4) | ((c[4 * b + 3] & 3) << 6));
   }
+}
+// turbo3i: the low 2 bits as turbo2, bit 2 into the group's 16-bit word.
+void PackTurbo3I(const uint8_t* c, uint8_t* low4, uint8_t* high2) {
+  PackTurbo2(c, low4);
+  uint16_t w = 0;
+  for (int i = 0; i < 16; ++i) w = static_cast<uint16_t>(w | (((c[i] >> 2) & 1) << i));
+  StoreU16(w, high2);
 }
 
 // turbo8 group g: bf16 scale amax / 448, E4M3 codes of x / scale.
@@ -133,6 +148,14 @@ void EncodeTurboRow(Format f, uint32_t d, const float* x, uint8_t* out) {
         QuantizeTurboGroup(xg, Turbo2Table(), sc, codes);
         PackTurbo2(codes, dst);
         break;
+      case Format::kTurbo2I:
+        QuantizeTurboGroup(xg, Turbo2ITable(), sc, codes);
+        PackTurbo2(codes, dst);
+        break;
+      case Format::kTurbo3I:
+        QuantizeTurboGroup(xg, Turbo3ITable(), sc, codes);
+        PackTurbo3I(codes, out + 4 * g, out + d / 4 + 2 * g);
+        break;
       default: return;
     }
   }
@@ -151,6 +174,12 @@ void DecodeTurboRow(Format f, uint32_t d, const uint8_t* in, float* x) {
         break;
       case Format::kTurbo3: DecodeTurbo3Group(codes, *sc, x + 16 * g); break;
       case Format::kTurbo2: DecodeTurbo2Group(codes, *sc, x + 16 * g); break;
+      case Format::kTurbo2I:
+        DecodeTurbo2Group(codes, *sc, x + 16 * g, kTurbo2ILevels.data());
+        break;
+      case Format::kTurbo3I:
+        DecodeTurbo3IGroup(in + 4 * g, LoadU16(in + d / 4 + 2 * g), *sc, x + 16 * g);
+        break;
       default: return;
     }
   }

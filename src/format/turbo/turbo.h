@@ -17,6 +17,17 @@
 //   turbo2    [0, d/4)       group g: bytes [4g, 4g+4), code i at bits 2(i%4)
 //                            of byte 4g + i/4;
 //             [d/4, d/4 + d/16) d/16 x E4M3 group scale. value = scale * kTurbo2Levels[code]
+//   turbo2i   turbo2's layout; value = scale * kTurbo2ILevels[code], the levels
+//             integers / 128 (kTurbo2IInt)
+//   turbo3i   [0, d/4)       the low 2 bits of each code, in turbo2's layout;
+//             [d/4, 3d/8)    bit 2 of each code: group g: bytes [2g, 2g+2), a
+//                            little-endian 16-bit word whose bit i is bit 2 of
+//                            code i (the levels ascend, so it is set for the
+//                            positive levels);
+//             [3d/8, 7d/16)  d/16 x E4M3 group scale. value = scale * kTurbo3ILevels[code]
+//             (the same size as turbo3; the two planes let a kernel unpack the
+//             codes with byte shifts and one byte shuffle instead of 48-bit
+//             words: docs/formats.md)
 //
 // Turbo values are in the ROTATED space (after mean subtraction): a kernel
 // rotates the query with the same rotation (q.k is unchanged) and applies
@@ -24,7 +35,7 @@
 //
 // This family's files: turbo.h (layout, codebooks, scalar reference),
 // scalar.cc (the reference rows, the encoder's level tables), encode-inl.h
-// (SIMD encoder, part of codec_simd.cc), decode-inl.h (Decoder<kTurbo8/4/3/2>,
+// (SIMD encoder, part of codec_simd.cc), decode-inl.h (Decoder<F> of each,
 // part of format/decoders-inl.h), rotation.cc (the rotation's signs and
 // scalar reference) and rotate-inl.h (the SIMD rotation, part of
 // codec_simd.cc).
@@ -72,6 +83,20 @@ inline constexpr std::array<float, 8> kTurbo3Levels = {
     0.1023969f,  0.3191016f,  0.5790571f,  0.9565287f};
 inline constexpr std::array<float, 4> kTurbo2Levels = {-0.7343107f, -0.2058505f, 0.2058505f,
                                                        0.7343107f};
+// turbo3i and turbo2i: turbo3's and turbo2's levels times 128, rounded to
+// integers, over 128 (as turbo4i: s * level is exact in f32, and integer
+// kernels multiply the int8 levels and apply s / 128 per group afterwards).
+inline constexpr std::array<int8_t, 8> kTurbo3IInt = {-122, -74, -41, -13, 13, 41, 74, 122};
+inline constexpr std::array<int8_t, 4> kTurbo2IInt = {-94, -26, 26, 94};
+inline constexpr float kTurboIStep = 1.0f / 128.0f;  // every integer-level format's step
+template <size_t L>
+constexpr std::array<float, L> IntLevels(const std::array<int8_t, L>& in) {
+  std::array<float, L> l{};
+  for (size_t i = 0; i < L; ++i) l[i] = static_cast<float>(in[i]) * kTurboIStep;
+  return l;
+}
+inline constexpr std::array<float, 8> kTurbo3ILevels = IntLevels(kTurbo3IInt);
+inline constexpr std::array<float, 4> kTurbo2ILevels = IntLevels(kTurbo2IInt);
 
 // Encoder scale rule for turbo4/3/2: c0 = E4M3(amax of the group); try the
 // stored scales c0-kTurboScaleSearch .. c0+kTurboScaleSearch (valid codes
@@ -120,11 +145,13 @@ struct LevelTable {
     }
   }
 };
-// The tables of the three codebooks (built once, on first use).
+// The tables of the codebooks (built once, on first use).
 const LevelTable<16>& Turbo4Table();
 const LevelTable<16>& Turbo4ITable();
 const LevelTable<8>& Turbo3Table();
 const LevelTable<4>& Turbo2Table();
+const LevelTable<8>& Turbo3ITable();
+const LevelTable<4>& Turbo2ITable();
 
 // ---------------------------------------------------------------------------
 // Scalar group decoders (reference; one group of 16 values, rotated space).
@@ -152,9 +179,19 @@ inline void DecodeTurbo3Group(const uint8_t* codes6, uint8_t scale_e4m3, float* 
   const uint64_t w = LoadLe48(codes6);
   for (int i = 0; i < 16; ++i) out16[i] = s * kTurbo3Levels[(w >> (3 * i)) & 7];
 }
-inline void DecodeTurbo2Group(const uint8_t* codes4, uint8_t scale_e4m3, float* out16) {
+// turbo2 (levels kTurbo2Levels) and turbo2i (kTurbo2ILevels).
+inline void DecodeTurbo2Group(const uint8_t* codes4, uint8_t scale_e4m3, float* out16,
+                              const float* levels = kTurbo2Levels.data()) {
   const float s = E4M3ToFloat(scale_e4m3);
-  for (int i = 0; i < 16; ++i) out16[i] = s * kTurbo2Levels[(codes4[i / 4] >> (2 * (i % 4))) & 3];
+  for (int i = 0; i < 16; ++i) out16[i] = s * levels[(codes4[i / 4] >> (2 * (i % 4))) & 3];
+}
+// turbo3i: the low bits (4 bytes, turbo2's layout) and the bit-2 word.
+inline int Turbo3ICode(const uint8_t* low4, uint16_t high, int i) {
+  return ((low4[i / 4] >> (2 * (i % 4))) & 3) | (((high >> i) & 1) << 2);
+}
+inline void DecodeTurbo3IGroup(const uint8_t* low4, uint16_t high, uint8_t scale_e4m3, float* out16) {
+  const float s = E4M3ToFloat(scale_e4m3);
+  for (int i = 0; i < 16; ++i) out16[i] = s * kTurbo3ILevels[Turbo3ICode(low4, high, i)];
 }
 
 // Scalar reference rows of the turbo formats (other formats: no-op).
