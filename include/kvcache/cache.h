@@ -181,7 +181,7 @@ struct ContiguousOptions {
   uint32_t capacity_tokens = 0;
   CapacityPolicy policy = CapacityPolicy::kGrow;
   uint64_t rotation_seed = RowCodec::kDefaultRotationSeed;
-  PrecisionWindow window;  // none by default
+  PrecisionWindow window{};  // none by default
 };
 
 struct PagedOptions {
@@ -192,7 +192,7 @@ struct PagedOptions {
   // no block from the pool. A caller that wants the first block promised
   // even for an empty plan passes max(planned_tokens, 1).
   uint32_t reserve_tokens = 0;
-  PrecisionWindow window;  // none by default
+  PrecisionWindow window{};  // none by default
 };
 
 struct AppendOptions {
