@@ -14,7 +14,7 @@ DATA=docs/img/data
 mkdir -p "$DATA"
 full=0
 [ "${1:-}" = "--full" ] && full=1
-if [ $full -eq 1 ]; then ctx=32768; repeats=7; ppl_tokens=4096; else ctx=8192; repeats=3; ppl_tokens=512; fi
+if [ $full -eq 1 ]; then ctx=32768; repeats=7; ppl_tokens=4096; else ctx=8192; repeats=3; ppl_tokens=1024; fi
 formats=bf16:bf16,f16:f16,fp8_e4m3:fp8_e4m3,q8:q8,q8_0:q8_0,q4_0:q4_0,turbo4:turbo4,turbo3:turbo3,turbo2:turbo2
 
 echo "report: bench attention (context $ctx, $repeats rounds)" >&2
@@ -29,11 +29,20 @@ echo "report: eval (synthetic gaussian rows)" >&2
 "$K" eval --json > "$DATA/eval.jsonl"
 MODEL="${KVCACHE_MODEL_DIR:-$HOME/.cache/kvcache/models}/SmolLM2-135M-Instruct.Q4_1.gguf"
 if [ -f "$MODEL" ]; then
-  echo "report: perplexity on SmolLM2 ($ppl_tokens tokens of GPL-3, every format)" >&2
-  "$K" perplexity --model "$MODEL" --text-file /usr/share/common-licenses/GPL-3 \
-    --max-tokens "$ppl_tokens" --chunk 64 --json \
-    --formats f16,bf16,q8_0,q8,turbo8,fp8_e4m3,turbo4,q4_0,turbo3,turbo2,q8_0:q4_0,q8_0:turbo4,bf16:turbo3 \
+  # Every format, the integer-level ones, and the precision windows at the
+  # bit budgets of docs/smollm2.md (4 sinks and 120 or 112 recent rows).
+  echo "report: perplexity on SmolLM2 ($ppl_tokens tokens of GPL-3, every format and window)" >&2
+  ppl() {
+    "$K" perplexity --model "$MODEL" --text-file /usr/share/common-licenses/GPL-3 \
+      --max-tokens "$ppl_tokens" --chunk 64 --threads 2 --json "$@"
+  }
+  ppl --formats f16,bf16,q8_0,q8,turbo8,fp8_e4m3,turbo4,q4_0,turbo3,turbo2,turbo4i,turbo3i,turbo2i,q8_0:q4_0,q8_0:turbo4,bf16:turbo3,turbo4+s4+r120,turbo3+s4+r120,turbo2+s4+r112,q8_0+s4+r112,turbo4i+s4+r120,turbo3i+s4+r120,turbo2i+s4+r112,turbo4:turbo3+s4+r120 \
     > "$DATA/perplexity.json"
+  # Eviction budgets (the chart's second series): a quarter of the text kept.
+  keep=$((ppl_tokens / 4))
+  echo "report: perplexity under eviction (StreamingLLM and H2O, $keep of $ppl_tokens positions)" >&2
+  ppl --formats bf16,turbo4 --eviction "streaming:4,$((keep - 4))" > "$DATA/perplexity_streaming.json"
+  ppl --formats bf16,turbo4 --eviction "h2o:$keep,$((keep / 4))" > "$DATA/perplexity_h2o.json"
 else
   echo "report: $MODEL is absent (scripts/fetch_model.sh): no perplexity chart" >&2
 fi

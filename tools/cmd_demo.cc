@@ -58,7 +58,8 @@ int RunDemo(const DemoOptions& o) {
     for (const char* mixed : {"q8_0:q4_0", "q8_0:turbo4", "bf16:turbo3"}) {
       report.formats.push_back(*ParseFormatPair(mixed));
     }
-    for (const char* w : {"turbo4+s4+r120", "turbo3+s4+r120", "turbo2+s4+r112", "q8_0+s4+r112"}) {
+    for (const char* w : {"turbo4+s4+r120", "turbo3+s4+r120", "turbo2+s4+r112", "q8_0+s4+r112",
+                          "turbo4i+s4+r120", "turbo3i+s4+r120", "turbo2i+s4+r112"}) {
       report.windows.push_back(*model::ParseKvVariant(w));
     }
   }
