@@ -567,10 +567,11 @@ struct Nibble8Query {
   float qs;
 };
 
-// From q[d] in nibble order (plan.h). Plain C++: every target rounds alike.
-// inf or NaN (a finite query can overflow in the column scales or the
-// rotation) gives a NaN step, so every score is NaN as in the float path.
-inline void QuantizeQueryNibble8(const float* q, uint32_t d, Nibble8Query* out) {
+// The int8 step of q[d] (max |q| / 127) into out->qs, and its inverse.
+// False, with zeros in out, when q is zero or not finite: inf or NaN (a
+// finite query can overflow in the column scales or the rotation) gives a
+// NaN step, so every score is NaN as in the float path.
+inline bool Int8QueryStep(const float* q, uint32_t d, Nibble8Query* out, float* inv) {
   float amax = 0.0f;
   bool finite = true;
   for (uint32_t i = 0; i < d; ++i) {
@@ -581,9 +582,17 @@ inline void QuantizeQueryNibble8(const float* q, uint32_t d, Nibble8Query* out) 
     std::fill(out->q, out->q + d, int8_t{0});
     std::fill(out->neg, out->neg + d, int8_t{0});
     out->qs = finite ? 0.0f : std::numeric_limits<float>::quiet_NaN();
-    return;
+    return false;
   }
-  const float inv = 127.0f / amax;
+  *inv = 127.0f / amax;
+  out->qs = amax / 127.0f;
+  return true;
+}
+
+// From q[d] in nibble order (plan.h). Plain C++: every target rounds alike.
+inline void QuantizeQueryNibble8(const float* q, uint32_t d, Nibble8Query* out) {
+  float inv;
+  if (!Int8QueryStep(q, d, out, &inv)) return;
   for (uint32_t j = 0; j < d / 2; ++j) {  // code byte j: group j / 8, values 2 (j % 8) + 0, 1
     const uint32_t base = 2 * kB8N * (j / kB8N) + j % kB8N;
     const float* g = q + 16 * (j / 8) + j % 8;
@@ -593,7 +602,6 @@ inline void QuantizeQueryNibble8(const float* q, uint32_t d, Nibble8Query* out) 
       out->neg[base + h * kB8N] = static_cast<int8_t>(-r);
     }
   }
-  out->qs = amax / 127.0f;
 }
 
 // acc + the sums of 4 adjacent products a_u8[i] * b_i8[i] per int32 lane,
@@ -772,19 +780,8 @@ HWY_INLINE uint32_t PlaneChunkBytes(uint32_t d) {
 // From q[d] in natural order: q and -q in the code vectors' order for
 // chunks of kb bytes, one step qs (rounded as QuantizeQueryNibble8).
 inline void QuantizeQueryPlanes(const float* q, uint32_t d, uint32_t kb, Nibble8Query* out) {
-  float amax = 0.0f;
-  bool finite = true;
-  for (uint32_t i = 0; i < d; ++i) {
-    finite = finite && std::isfinite(q[i]);
-    amax = std::max(amax, std::fabs(q[i]));
-  }
-  if (!finite || amax == 0.0f) {
-    std::fill(out->q, out->q + d, int8_t{0});
-    std::fill(out->neg, out->neg + d, int8_t{0});
-    out->qs = finite ? 0.0f : std::numeric_limits<float>::quiet_NaN();
-    return;
-  }
-  const float inv = 127.0f / amax;
+  float inv;
+  if (!Int8QueryStep(q, d, out, &inv)) return;
   for (uint32_t c = 0; c < d / (4 * kb); ++c) {
     for (uint32_t k = 0; k < 4; ++k) {
       for (uint32_t b = 0; b < kb; ++b) {
@@ -796,7 +793,6 @@ inline void QuantizeQueryPlanes(const float* q, uint32_t d, uint32_t kb, Nibble8
       }
     }
   }
-  out->qs = amax / 127.0f;
 }
 
 // acc + the sums of 4 adjacent products a_u8[i] * b_i8[i] per int32 lane,

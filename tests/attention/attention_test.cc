@@ -542,6 +542,36 @@ TEST(AttentionIntKeys, Int8QueryPathWithinItsBound) {
   }
 }
 
+// The integer-query path under the current target against `want` (the
+// reference over the query as that path rounds it): outputs, log-sum-exps
+// and probabilities within float rounding; and not bit-equal to the
+// f32-query path, so the integer path is the one that ran.
+void ExpectIntPathNearReference(const LayerKvView& view, const std::vector<float>& q,
+                                const AttentionOptions& o, uint32_t nq, const Outputs& want,
+                                double out_scale) {
+  Outputs got = MakeOutputs(view, nq, 1, true);
+  ASSERT_TRUE(AttendDecode(view, q, o, got.spans()).ok());
+  double max_out = 0, max_lse = 0, max_p = 0;
+  for (size_t i = 0; i < want.out.size(); ++i) {
+    max_out = std::max(max_out, std::fabs(double{got.out[i]} - want.out[i]));
+  }
+  for (size_t i = 0; i < want.lse.size(); ++i) {
+    max_lse = std::max(max_lse, std::fabs(double{got.lse[i]} - want.lse[i]));
+  }
+  for (size_t i = 0; i < want.probs.size(); ++i) {
+    max_p = std::max(max_p, std::fabs(double{got.probs[i]} - want.probs[i]));
+  }
+  EXPECT_LE(max_out, 2e-5 * std::max(1.0, out_scale));
+  EXPECT_LE(max_lse, 2e-5);
+  EXPECT_LE(max_p, 2e-6);
+  AttentionOptions of = o;
+  of.float_query_keys = true;
+  Outputs flt = MakeOutputs(view, nq, 1, true);
+  ASSERT_TRUE(AttendDecode(view, q, of, flt.spans()).ok());
+  std::string where;
+  EXPECT_FALSE(BitsEqual(got.lse, flt.lse, &where)) << "the integer path did not run";
+}
+
 // The int8 K path of q8_0 and q4_0 keys equals attention with the query
 // rounded as the path rounds it (per 32-value block, int8 steps of
 // max|q_b| / 127, round to nearest) over the decoded rows, within float
@@ -589,27 +619,7 @@ TEST(AttentionIntKeys, Int8PathEqualsReferenceWithRoundedQuery) {
         hwy::SetSupportedTargetsForTest(target);
         SCOPED_TRACE(std::string(hwy::TargetName(target)) + " " + std::string(FormatName(k)) + " group " +
                      std::to_string(group));
-        Outputs got = MakeOutputs(view, nq, 1, true);
-        ASSERT_TRUE(AttendDecode(view, q, o, got.spans()).ok());
-        double max_out = 0, max_lse = 0, max_p = 0;
-        for (size_t i = 0; i < want.out.size(); ++i) {
-          max_out = std::max(max_out, std::fabs(double{got.out[i]} - want.out[i]));
-        }
-        for (size_t i = 0; i < want.lse.size(); ++i) {
-          max_lse = std::max(max_lse, std::fabs(double{got.lse[i]} - want.lse[i]));
-        }
-        for (size_t i = 0; i < want.probs.size(); ++i) {
-          max_p = std::max(max_p, std::fabs(double{got.probs[i]} - want.probs[i]));
-        }
-        EXPECT_LE(max_out, 2e-5 * std::max(1.0, out_scale));
-        EXPECT_LE(max_lse, 2e-5);
-        EXPECT_LE(max_p, 2e-6);
-        AttentionOptions of = o;
-        of.float_query_keys = true;
-        Outputs flt = MakeOutputs(view, nq, 1, true);
-        ASSERT_TRUE(AttendDecode(view, q, of, flt.spans()).ok());
-        std::string where;
-        EXPECT_FALSE(BitsEqual(got.lse, flt.lse, &where)) << "the int8 path did not run";
+        ExpectIntPathNearReference(view, q, o, nq, want, out_scale);
       }
       hwy::SetSupportedTargetsForTest(0);
     }
@@ -661,27 +671,7 @@ void CheckIntKeysEqualRoundedQuery(Format kf, uint32_t d, uint32_t group) {
     ++ran;
     SCOPED_TRACE(std::string(hwy::TargetName(target)) + " " + std::string(FormatName(kf)) +
                  " d " + std::to_string(d) + " group " + std::to_string(group));
-    Outputs got = MakeOutputs(view, nq, 1, true);
-    ASSERT_TRUE(AttendDecode(view, q, o, got.spans()).ok());
-    double max_out = 0, max_lse = 0, max_p = 0;
-    for (size_t i = 0; i < want.out.size(); ++i) {
-      max_out = std::max(max_out, std::fabs(double{got.out[i]} - want.out[i]));
-    }
-    for (size_t i = 0; i < want.lse.size(); ++i) {
-      max_lse = std::max(max_lse, std::fabs(double{got.lse[i]} - want.lse[i]));
-    }
-    for (size_t i = 0; i < want.probs.size(); ++i) {
-      max_p = std::max(max_p, std::fabs(double{got.probs[i]} - want.probs[i]));
-    }
-    EXPECT_LE(max_out, 2e-5 * std::max(1.0, out_scale));
-    EXPECT_LE(max_lse, 2e-5);
-    EXPECT_LE(max_p, 2e-6);
-    AttentionOptions of = o;
-    of.float_query_keys = true;
-    Outputs flt = MakeOutputs(view, nq, 1, true);
-    ASSERT_TRUE(AttendDecode(view, q, of, flt.spans()).ok());
-    std::string where;
-    EXPECT_FALSE(BitsEqual(got.lse, flt.lse, &where)) << "the integer path did not run";
+    ExpectIntPathNearReference(view, q, o, nq, want, out_scale);
   }
   hwy::SetSupportedTargetsForTest(0);
   if (HWY_ARCH_X86) {
