@@ -134,13 +134,13 @@ Status Report::PrintTable() const {
                tokens.size(), options.text_name.c_str(), options.prefill_tokens, p.chunk_tokens, where.c_str());
   // K and V of every layer and kv head for the model's whole context.
   const double context_values = static_cast<double>(c.n_layers) * c.n_kv_heads * c.head_dim() * c.max_seq_len;
-  std::fprintf(out, "%-22s %9s %11s %9s %11s %10s %12s\n", "K:V format", "bits K/V", "perplexity",
+  std::fprintf(out, "%-23s %9s %11s %9s %11s %10s %12s\n", "K:V format", "bits K/V", "perplexity",
                "mean NLL", "KL vs f32", "top-1 agr", "KV @ context");
   const uint32_t hd = c.head_dim();
   for (const FormatEvaluation& e : evals) {
     const std::string name = FormatPairName(e.formats);
     if (e.state != FormatEvaluation::State::kOk) {
-      std::fprintf(out, "%-22s %s: %s\n", name.c_str(),
+      std::fprintf(out, "%-23s %s: %s\n", name.c_str(),
                    std::string(model::FormatEvaluationStateName(e.state)).c_str(), e.message.c_str());
       continue;
     }
@@ -149,7 +149,7 @@ Status Report::PrintTable() const {
                              Fmt("%.4g", BitsPerValue(e.formats.v, hd));
     const double mib = context_values * (BitsPerValue(e.formats.k, hd) + BitsPerValue(e.formats.v, hd)) / 8 /
                        (1024.0 * 1024.0);
-    std::fprintf(out, "%-22s %9s %11.4f %9.4f %11.2e %9.1f%% %8.1f MiB\n", name.c_str(), bits.c_str(),
+    std::fprintf(out, "%-23s %9s %11.4f %9.4f %11.2e %9.1f%% %8.1f MiB\n", name.c_str(), bits.c_str(),
                  r.perplexity, r.mean_nll, r.kl_vs_ref, 100.0 * r.top1_agree_vs_ref, mib);
   }
   if (!options.windows.empty() && backend.kind == BackendKind::kCache) {
@@ -159,7 +159,7 @@ Status Report::PrintTable() const {
       const model::VariantBits b = model::CacheWindowBits(e.variant, hd, c.max_seq_len);
       const PerplexityResult& r = e.result;
       const std::string bits = Fmt("%.3g", b.k) + "/" + Fmt("%.3g", b.v);
-      std::fprintf(out, "%-22s %9s %11.4f %9.4f %11.2e %9.1f%% %8.1f MiB\n",
+      std::fprintf(out, "%-23s %9s %11.4f %9.4f %11.2e %9.1f%% %8.1f MiB\n",
                    model::KvVariantName(e.variant).c_str(), bits.c_str(), r.perplexity, r.mean_nll,
                    r.kl_vs_ref, 100.0 * r.top1_agree_vs_ref, context_values * (b.k + b.v) / 8 / (1024.0 * 1024.0));
     }
