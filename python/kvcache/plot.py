@@ -26,6 +26,7 @@ import json
 import os
 import pathlib
 import platform
+import re
 import sys
 from collections import defaultdict
 
@@ -177,6 +178,47 @@ def pareto(points):
     return front
 
 
+def short_pair(name):
+    """A chart label: "turbo4:turbo4+s4+r120" as "turbo4+s4+r120" (K and V alike)."""
+    m = re.match(r"([^:\s]+):\1(?=$|[+\s])", name)
+    return name[: m.end(1)] + name[m.end():] if m else name
+
+
+def spread_labels(boxes, step):
+    """Vertical shifts that keep label boxes apart: boxes[i] = (x0, y0, x1, y1)
+    where label i would go (display units, y up). Labels are placed from the
+    top down; each takes the nearest free place 1, 2, ... steps below or above
+    (below first; 40 steps at most each way, else it stays where it is).
+    Returns the downward shift of each (negative: moved up)."""
+    placed, shifts = [], [0.0] * len(boxes)
+    tries = [0.0] + [sign * k * step for k in range(1, 41) for sign in (1, -1)]
+    for i in sorted(range(len(boxes)), key=lambda i: -boxes[i][3]):
+        x0, y0, x1, y1 = boxes[i]
+        for d in tries:
+            if not any(x0 < px1 and px0 < x1 and y0 - d < py1 and py0 < y1 - d
+                       for px0, py0, px1, py1 in placed):
+                break
+        else:
+            d = 0.0
+        shifts[i] = d
+        placed.append((x0, y0 - d, x1, y1 - d))
+    return shifts
+
+
+def _unstack_labels(fig, labels):
+    """Moves the annotations in `labels` down where they would overlap."""
+    if not labels:
+        return
+    renderer = fig.canvas.get_renderer()
+    boxes = [tuple(t.get_window_extent(renderer).extents) for t in labels]
+    step_px = max(b[3] - b[1] for b in boxes)
+    shifts = spread_labels(boxes, step_px)
+    for t, d in zip(labels, shifts):
+        if d:
+            x, y = t.xyann
+            t.xyann = (x, y - d * 72.0 / fig.dpi)
+
+
 def is_eviction(row):
     return row.get("eviction") not in (None, "none")
 
@@ -210,15 +252,19 @@ def plot_quality(rows, out, ext, machine, kind):
     series = quality_series(rows, kind)
     pts = series["formats"] + series["eviction"]
     floor = min([p[1] for p in pts if p[1] > 0] or [1e-12]) / 10
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, ax = plt.subplots(figsize=(7, 5.5))
     styles = {"formats": ("o", "every position kept"), "eviction": ("x", "eviction budgets")}
+    labels = []
     for name, (marker, label) in styles.items():
         shown = [(b, max(e, floor), n) for b, e, n in series[name]]
         if not shown:
             continue
         ax.scatter([p[0] for p in shown], [p[1] for p in shown], s=18, marker=marker, label=label)
         for b, e, n in shown:
-            ax.annotate(n, (b, e), fontsize=7, xytext=(3, 2), textcoords="offset points")
+            # (the line shows which point a label moved away from belongs to)
+            labels.append(ax.annotate(short_pair(n), (b, e), fontsize=7, xytext=(3, 2), textcoords="offset points",
+                                      arrowprops=dict(arrowstyle="-", lw=0.4, color="0.6",
+                                                      shrinkA=0, shrinkB=2)))
         front = pareto(shown)
         ax.plot([p[0] for p in front], [p[1] for p in front], "--", lw=1,
                 label=f"Pareto front ({label})" if series["eviction"] else "Pareto front")
@@ -231,6 +277,7 @@ def plot_quality(rows, out, ext, machine, kind):
     ax.set_title(_title(f"{what}" + (f" ({pathlib.Path(str(src)).name})" if src else ""), rows,
                         machine), fontsize=10)
     fig.tight_layout()
+    _unstack_labels(fig, labels)
     path = out / f"quality_{kind}.{ext}"
     fig.savefig(path)
     plt.close(fig)

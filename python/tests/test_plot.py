@@ -92,3 +92,24 @@ def test_serve_chart(tmp_path):
     files = plot.plot_files([src], tmp_path / "img")
     assert [f.name for f in files] == ["serve.png"]
     assert files[0].read_bytes()[:8] == PNG and files[0].stat().st_size > 5000
+
+
+def test_spread_labels_separates_overlapping_boxes():
+    # Two labels on the same spot and one far away: the lower of the pair
+    # moves down by one step, the far one stays.
+    boxes = [(0, 10, 50, 20), (5, 12, 55, 22), (200, 10, 250, 20)]
+    shifts = plot.spread_labels(boxes, 10)
+    assert shifts == [10, 0, 0]
+    moved = [(x0, y0 - d, x1, y1 - d) for (x0, y0, x1, y1), d in zip(boxes, shifts)]
+    a, b = moved[0], moved[1]
+    assert not (a[0] < b[2] and b[0] < a[2] and a[1] < b[3] and b[1] < a[3])
+    # Nothing overlapping: nothing moves.
+    assert plot.spread_labels([(0, 0, 10, 10), (0, 20, 10, 30)], 10) == [0, 0]
+
+
+def test_short_pair_names_one_format_once():
+    assert plot.short_pair("turbo4:turbo4+s4+r120") == "turbo4+s4+r120"
+    assert plot.short_pair("bf16:bf16 streaming:4,252") == "bf16 streaming:4,252"
+    assert plot.short_pair("q8_0:q8_0") == "q8_0"
+    assert plot.short_pair("turbo4:turbo4i") == "turbo4:turbo4i"
+    assert plot.short_pair("turbo4:turbo3+s4+r120") == "turbo4:turbo3+s4+r120"
