@@ -15,7 +15,7 @@ mkdir -p "$DATA"
 full=0
 [ "${1:-}" = "--full" ] && full=1
 if [ $full -eq 1 ]; then ctx=32768; repeats=7; ppl_tokens=4096; else ctx=8192; repeats=3; ppl_tokens=1024; fi
-formats=bf16:bf16,f16:f16,fp8_e4m3:fp8_e4m3,q8:q8,q8_0:q8_0,q4_0:q4_0,turbo4:turbo4,turbo3:turbo3,turbo2:turbo2
+formats=bf16:bf16,f16:f16,fp8_e4m3:fp8_e4m3,q8:q8,q8_0:q8_0,q4_0:q4_0,turbo4:turbo4,turbo3:turbo3,turbo2:turbo2,turbo4i:turbo4i,turbo3i:turbo3i,turbo2i:turbo2i
 
 echo "report: bench attention (context $ctx, $repeats rounds)" >&2
 "$K" bench attention --json --context "$ctx" --threads 2 --layout both --batch-seqs 0 \
