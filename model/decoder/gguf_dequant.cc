@@ -184,10 +184,25 @@ float DotT(const float* a, const float* b, size_t n) {
 
 void DequantizeRowT(GgmlType type, const uint8_t* src, size_t n, float* dst);
 
+// Inputs per block: 4 where the target has 32 vector registers (R x 4
+// accumulators, 4 inputs and a row fit), 2 elsewhere.
+#if HWY_TARGET <= HWY_AVX3
+constexpr int kInputsPerBlock = 4;
+#else
+constexpr int kInputsPerBlock = 2;
+#endif
+
 template <int R>
 void RowsTimesInputs(const float* const* rows, const float* x, uint32_t n, uint32_t cols, float* out,
                      uint32_t out_stride) {
   uint32_t t = 0;
+  if constexpr (kInputsPerBlock == 4) {
+    for (; t + 4 <= n; t += 4) {
+      const float* xs[4] = {x + static_cast<size_t>(t) * cols, x + static_cast<size_t>(t + 1) * cols,
+                            x + static_cast<size_t>(t + 2) * cols, x + static_cast<size_t>(t + 3) * cols};
+      DotBlock<R, 4>(rows, xs, cols, out + static_cast<size_t>(t) * out_stride, out_stride);
+    }
+  }
   for (; t + 2 <= n; t += 2) {
     const float* xs[2] = {x + static_cast<size_t>(t) * cols, x + static_cast<size_t>(t + 1) * cols};
     DotBlock<R, 2>(rows, xs, cols, out + static_cast<size_t>(t) * out_stride, out_stride);
