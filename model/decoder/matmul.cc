@@ -73,7 +73,7 @@ void MatMul(const WeightMatrix& w, const float* x, uint32_t n, float* out, Threa
   const bool int8 = UsesInt8(w);
   const bool bf16 = w.inputs == MatMulInputs::kBf16;
   if (int8) QuantizeInputs(x, n, w.cols, &xq);
-  if (bf16) PrepareBf16Inputs(x, n, w.cols, Bf16TilesAvailable(), &xb);
+  if (bf16) PrepareBf16Inputs(x, n, w.cols, PreferredBf16Kernel(), &xb);
   const MatMulJob job{&w, x, n, out, int8 ? &xq : nullptr, bf16 ? &xb : nullptr};
   if (pool == nullptr) {
     RunPart(job, 0, 1);

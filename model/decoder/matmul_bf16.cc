@@ -1,5 +1,6 @@
 // The bf16 weight product (matmul_bf16.h): AMX tiles where the CPU has
-// them, MatMul's f32 kernel over the same rounded values elsewhere.
+// them, vdpbf16ps where it has AVX512_BF16 without AMX, MatMul's f32 kernel
+// over the same rounded values elsewhere.
 //
 // The tiles kernel, per part of rows [r0, r1): 16 weight rows at a time are
 // decoded (DequantizeRow's exact values) and rounded to bf16 into a row-major
@@ -14,10 +15,12 @@
 
 // The decode multiplies and adds round on their own, as DequantizeRow's do.
 #pragma GCC optimize("fp-contract=off")
-// GCC 12's AVX-512 headers start masked shifts and narrowing moves from
-// _mm512_undefined_*(), which its own -Wmaybe-uninitialized then reports.
+// GCC 12's AVX-512 headers start masked shifts, narrowing moves and
+// _mm512_reduce_add_ps from _mm512_undefined_*(), which its own
+// -W(maybe-)uninitialized then reports.
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 #endif
 
 #include <algorithm>
@@ -75,6 +78,22 @@ bool DetectTiles() {
   // Linux hands out the tile data state only on request (ARCH_REQ_XCOMP_PERM
   // for XFEATURE_XTILEDATA); without it the first tile instruction faults.
   return syscall(SYS_arch_prctl, 0x1023, 18) == 0;
+}
+
+#define KVCACHE_DOT_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,f16c")))
+
+// AVX-512 F/BW/VL and AVX512_BF16 (vdpbf16ps), with the OS saving the
+// AVX-512 state: the dot kernel.
+bool DetectDot() {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (!__get_cpuid_count(1, 0, &a, &b, &c, &d) || (c & (1u << 27)) == 0) return false;  // OSXSAVE
+  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
+  if ((b & (1u << 16)) == 0 || (b & (1u << 30)) == 0 || (b & (1u << 31)) == 0) return false;  // F, BW, VL
+  if (!__get_cpuid_count(7, 1, &a, &b, &c, &d) || (a & (1u << 5)) == 0) return false;  // AVX512_BF16
+  uint32_t lo = 0, hi = 0;
+  __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+  const uint64_t xcr0 = (uint64_t{hi} << 32) | lo;
+  return (xcr0 & 0xE6) == 0xE6;  // SSE/AVX and the AVX-512 opmask and registers
 }
 
 struct TileConfig {
@@ -360,8 +379,97 @@ KVCACHE_AMX_TARGET void TileRows(const WeightMatrix& w, uint32_t r0, uint32_t r1
   _tile_release();
 }
 
+// x [n][cols] as bf16 rows of kpad values (zero beyond cols), for the dot
+// kernel.
+KVCACHE_DOT_TARGET void PackRows(const float* x, uint32_t n, uint32_t cols, uint16_t* packed) {
+  const uint32_t kpad = Steps(cols) * kStep;
+  for (uint32_t t = 0; t < n; ++t) {
+    const float* xt = x + static_cast<size_t>(t) * cols;
+    uint16_t* dst = packed + static_cast<size_t>(t) * kpad;
+    uint32_t i = 0;
+    for (; i + kStep <= cols; i += kStep) {
+      _mm512_storeu_si512(dst + i, ToBf16x32(_mm512_loadu_ps(xt + i), _mm512_loadu_ps(xt + i + 16)));
+    }
+    if (i < cols) {
+      alignas(64) float tail[kStep] = {};
+      std::memcpy(tail, xt + i, (cols - i) * sizeof(float));
+      _mm512_storeu_si512(dst + i, ToBf16x32(_mm512_load_ps(tail), _mm512_load_ps(tail + 16)));
+    }
+  }
+}
+
+// R weight rows (a, kpad values apart) times T inputs (xs), `steps` x 32
+// values: one accumulator per (row, input), fed by vdpbf16ps in step order,
+// then one lane sum, so a pair's result depends on its row and input only.
+template <int R, int T>
+KVCACHE_DOT_TARGET void DotBlockBf16(const uint16_t* a, size_t kpad, const uint16_t* const* xs, uint32_t steps,
+                                     float* out, size_t out_stride) {
+  __m512 acc[R][T];
+  for (int r = 0; r < R; ++r) {
+    for (int t = 0; t < T; ++t) acc[r][t] = _mm512_setzero_ps();
+  }
+  for (uint32_t s = 0; s < steps; ++s) {
+    __m512bh x[T];
+    for (int t = 0; t < T; ++t) x[t] = reinterpret_cast<__m512bh>(_mm512_loadu_si512(xs[t] + s * kStep));
+    for (int r = 0; r < R; ++r) {
+      const __m512bh w = reinterpret_cast<__m512bh>(_mm512_loadu_si512(a + r * kpad + s * kStep));
+      for (int t = 0; t < T; ++t) acc[r][t] = _mm512_dpbf16_ps(acc[r][t], w, x[t]);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    for (int t = 0; t < T; ++t) out[t * out_stride + r] = _mm512_reduce_add_ps(acc[r][t]);
+  }
+}
+
+template <int R>
+KVCACHE_DOT_TARGET void DotRowsTimesInputs(const uint16_t* a, size_t kpad, const Bf16Inputs& x, uint32_t steps,
+                                           float* out, size_t out_stride) {
+  const uint16_t* base = x.packed.data();
+  uint32_t t = 0;
+  for (; t + 4 <= x.n; t += 4) {
+    const uint16_t* xs[4] = {base + t * kpad, base + (t + 1) * kpad, base + (t + 2) * kpad, base + (t + 3) * kpad};
+    DotBlockBf16<R, 4>(a, kpad, xs, steps, out + t * out_stride, out_stride);
+  }
+  for (; t < x.n; ++t) {
+    const uint16_t* xs[1] = {base + t * kpad};
+    DotBlockBf16<R, 1>(a, kpad, xs, steps, out + t * out_stride, out_stride);
+  }
+}
+
+// Rows [r0, r1) by the dot kernel: 4 rows decoded to bf16 at a time (zero
+// beyond cols), times every input.
+KVCACHE_DOT_TARGET void DotRows(const WeightMatrix& w, uint32_t r0, uint32_t r1, const Bf16Inputs& x, float* out) {
+  const uint32_t steps = Steps(w.cols);
+  const size_t kpad = size_t{steps} * kStep;
+  thread_local std::vector<uint16_t> a;
+  thread_local std::vector<float> decoded;
+  if (a.size() < 4 * kpad) a.resize(4 * kpad);
+  if (decoded.size() < w.cols) decoded.resize(w.cols);
+  for (uint32_t r = r0; r < r1; r += 4) {
+    const uint32_t m = std::min<uint32_t>(4, r1 - r);
+    if (r + 4 < r1) {  // the next rows, from memory while these are decoded and multiplied
+      const uint8_t* next = w.data + static_cast<size_t>(r + 4) * w.row_bytes;
+      const size_t bytes = std::min<size_t>(r1 - r - 4, 4) * w.row_bytes;
+      for (size_t o = 0; o < bytes; o += 64) _mm_prefetch(reinterpret_cast<const char*>(next + o), _MM_HINT_T0);
+    }
+    for (uint32_t k = 0; k < m; ++k) {
+      uint16_t* row = a.data() + k * kpad;
+      RowToBf16(w, r + k, decoded.data(), row);
+      std::fill(row + w.cols, row + kpad, uint16_t{0});
+    }
+    float* o = out + r;
+    switch (m) {
+      case 4: DotRowsTimesInputs<4>(a.data(), kpad, x, steps, o, w.rows); break;
+      case 3: DotRowsTimesInputs<3>(a.data(), kpad, x, steps, o, w.rows); break;
+      case 2: DotRowsTimesInputs<2>(a.data(), kpad, x, steps, o, w.rows); break;
+      default: DotRowsTimesInputs<1>(a.data(), kpad, x, steps, o, w.rows); break;
+    }
+  }
+}
+
 #else
 bool DetectTiles() { return false; }
+bool DetectDot() { return false; }
 #endif
 
 }  // namespace
@@ -371,19 +479,41 @@ bool Bf16TilesAvailable() {
   return available;
 }
 
-void PrepareBf16Inputs(const float* x, uint32_t n, uint32_t cols, bool tiles, Bf16Inputs* out) {
+bool Bf16KernelAvailable(Bf16Kernel kernel) {
+  static const bool dot = DetectDot();
+  switch (kernel) {
+    case Bf16Kernel::kTiles: return Bf16TilesAvailable();
+    case Bf16Kernel::kDot: return dot;
+    default: return true;
+  }
+}
+
+Bf16Kernel PreferredBf16Kernel() {
+  for (Bf16Kernel k : {Bf16Kernel::kTiles, Bf16Kernel::kDot}) {
+    if (Bf16KernelAvailable(k)) return k;
+  }
+  return Bf16Kernel::kFma;
+}
+
+void PrepareBf16Inputs(const float* x, uint32_t n, uint32_t cols, Bf16Kernel kernel, Bf16Inputs* out) {
   out->n = n;
   out->cols = cols;
+  if (!Bf16KernelAvailable(kernel)) kernel = Bf16Kernel::kFma;
 #if KVCACHE_AMX_TILES
-  if (tiles && Bf16TilesAvailable()) {
-    out->tiles = true;
+  if (kernel == Bf16Kernel::kTiles) {
+    out->kernel = kernel;
     out->packed.assign(static_cast<size_t>(TokenTiles(n)) * Steps(cols) * kTile * kStep, 0);
     PackTiles(x, n, cols, out->packed.data());
     return;
   }
+  if (kernel == Bf16Kernel::kDot) {
+    out->kernel = kernel;
+    out->packed.resize(static_cast<size_t>(n) * Steps(cols) * kStep);
+    PackRows(x, n, cols, out->packed.data());
+    return;
+  }
 #endif
-  (void)tiles;
-  out->tiles = false;
+  out->kernel = Bf16Kernel::kFma;
   out->rounded.assign(x, x + static_cast<size_t>(n) * cols);
   dequant_internal::RoundToBf16Rows(out->rounded.data(), out->rounded.size());
 }
@@ -391,8 +521,12 @@ void PrepareBf16Inputs(const float* x, uint32_t n, uint32_t cols, bool tiles, Bf
 void MatMulRowsBf16(const WeightMatrix& w, uint32_t r0, uint32_t r1, const Bf16Inputs& x, float* out) {
   assert(x.cols == w.cols);
 #if KVCACHE_AMX_TILES
-  if (x.tiles) {
+  if (x.kernel == Bf16Kernel::kTiles) {
     TileRows(w, r0, r1, x, out);
+    return;
+  }
+  if (x.kernel == Bf16Kernel::kDot) {
+    DotRows(w, r0, r1, x, out);
     return;
   }
 #endif

@@ -1,5 +1,5 @@
-// The bf16 weight product (model/decoder/matmul_bf16.h): both kernels (AMX
-// tiles where this CPU has them, the f32 FMA kernel over rounded values)
+// The bf16 weight product (model/decoder/matmul_bf16.h): every kernel this
+// CPU runs (AMX tiles, vdpbf16ps, the f32 FMA kernel over rounded values)
 // against a double-precision reference over the same bf16-rounded values,
 // every shape edge (partial row blocks, partial token tiles, columns that
 // are not a multiple of 32), and batch sizes and thread counts that change
@@ -86,11 +86,22 @@ WeightMatrix Matrix(const Case& c, const std::vector<uint8_t>& bytes) {
 
 float Bf16(float v) { return BF16ToFloat(FloatToBF16(v)); }
 
+const char* Name(Bf16Kernel k) {
+  switch (k) {
+    case Bf16Kernel::kTiles: return "tiles";
+    case Bf16Kernel::kDot: return "dot";
+    default: return "fma";
+  }
+}
+
+const Bf16Kernel kKernels[] = {Bf16Kernel::kFma, Bf16Kernel::kTiles, Bf16Kernel::kDot};
+
 // out[t][r] from one kernel over all rows, split into `parts` row ranges.
-std::vector<float> Product(const WeightMatrix& w, const float* x, uint32_t n, bool tiles, uint32_t parts = 1) {
+std::vector<float> Product(const WeightMatrix& w, const float* x, uint32_t n, Bf16Kernel kernel,
+                           uint32_t parts = 1) {
   Bf16Inputs in;
-  PrepareBf16Inputs(x, n, w.cols, tiles, &in);
-  EXPECT_EQ(in.tiles, tiles && Bf16TilesAvailable());
+  PrepareBf16Inputs(x, n, w.cols, kernel, &in);
+  EXPECT_EQ(in.kernel, Bf16KernelAvailable(kernel) ? kernel : Bf16Kernel::kFma);
   std::vector<float> out(static_cast<size_t>(n) * w.rows, std::nanf(""));
   for (uint32_t p = 0; p < parts; ++p) {
     MatMulRowsBf16(w, w.rows * p / parts, w.rows * (p + 1) / parts, in, out.data());
@@ -106,13 +117,13 @@ const Case kCases[] = {
 };
 const uint32_t kTokens[] = {1, 3, 16, 17, 33, 48, 64, 70};
 
-// Both kernels within the f32 summation bound of the double reference over
-// the same rounded values, for every case and token count; the tiles kernel
-// only where the CPU has it.
-TEST(MatMulBf16, BothKernelsMatchTheReference) {
-  for (const bool tiles : {false, true}) {
-    if (tiles && !Bf16TilesAvailable()) {
-      std::printf("no AMX-BF16 here: the tiles kernel is not run\n");
+// Every kernel within the f32 summation bound of the double reference over
+// the same rounded values, for every case and token count; the tiles and
+// dot kernels only where the CPU has them.
+TEST(MatMulBf16, EveryKernelMatchesTheReference) {
+  for (const Bf16Kernel kernel : kKernels) {
+    if (!Bf16KernelAvailable(kernel)) {
+      std::printf("this CPU does not run the %s kernel: not tested here\n", Name(kernel));
       continue;
     }
     for (const Case& c : kCases) {
@@ -120,10 +131,10 @@ TEST(MatMulBf16, BothKernelsMatchTheReference) {
       const WeightMatrix w = Matrix(c, bytes);
       std::vector<float> row(c.cols);
       for (uint32_t n : kTokens) {
-        SCOPED_TRACE(std::string(tiles ? "tiles" : "fma") + " " + GgmlTypeName(c.type) + " rows " +
+        SCOPED_TRACE(std::string(Name(kernel)) + " " + GgmlTypeName(c.type) + " rows " +
                      std::to_string(c.rows) + " cols " + std::to_string(c.cols) + " n " + std::to_string(n));
         const std::vector<float> x = RandomInputs(size_t{n} * c.cols, 7 + n);
-        const std::vector<float> got = Product(w, x.data(), n, tiles);
+        const std::vector<float> got = Product(w, x.data(), n, kernel);
         std::vector<double> ref(size_t{n} * c.rows);
         MatMulBf16Reference(w, x.data(), n, ref.data());
         for (uint32_t r = 0; r < c.rows; ++r) {
@@ -168,26 +179,26 @@ TEST(MatMulBf16, RoundsWeightsAndInputs) {
 // the rows are split, and through MatMul with a thread pool; for each kernel.
 TEST(MatMulBf16, BatchSizeAndRowSplitChangeNoBit) {
   ThreadPool pool(2);
-  for (const bool tiles : {false, true}) {
-    if (tiles && !Bf16TilesAvailable()) continue;
+  for (const Bf16Kernel kernel : kKernels) {
+    if (!Bf16KernelAvailable(kernel)) continue;
     for (const Case& c : kCases) {
-      SCOPED_TRACE(std::string(tiles ? "tiles " : "fma ") + GgmlTypeName(c.type));
+      SCOPED_TRACE(std::string(Name(kernel)) + " " + GgmlTypeName(c.type));
       const std::vector<uint8_t> bytes = RandomMatrix(c, 50 + c.cols);
       const WeightMatrix w = Matrix(c, bytes);
       const uint32_t n = 70;
       const std::vector<float> x = RandomInputs(size_t{n} * c.cols, 9);
-      const std::vector<float> all = Product(w, x.data(), n, tiles);
-      const std::vector<float> split = Product(w, x.data(), n, tiles, 3);
+      const std::vector<float> all = Product(w, x.data(), n, kernel);
+      const std::vector<float> split = Product(w, x.data(), n, kernel, 3);
       ASSERT_EQ(0, std::memcmp(all.data(), split.data(), all.size() * 4));
       for (uint32_t t : {0u, 5u, 16u, 47u, 69u}) {
         for (uint32_t k : {1u, 2u, 20u}) {  // t alone, and in smaller batches
           if (t + k > n) continue;
-          const std::vector<float> part = Product(w, x.data() + size_t{t} * c.cols, k, tiles);
+          const std::vector<float> part = Product(w, x.data() + size_t{t} * c.cols, k, kernel);
           ASSERT_EQ(0, std::memcmp(part.data(), all.data() + size_t{t} * c.rows, size_t{k} * c.rows * 4))
               << "tokens " << t << ".." << t + k;
         }
       }
-      if (tiles == Bf16TilesAvailable()) {  // MatMul picks this kernel
+      if (kernel == PreferredBf16Kernel()) {  // MatMul picks this kernel
         std::vector<float> pooled(all.size());
         MatMul(w, x.data(), n, pooled.data(), &pool);
         ASSERT_EQ(0, std::memcmp(all.data(), pooled.data(), all.size() * 4));
