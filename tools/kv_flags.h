@@ -13,8 +13,8 @@ namespace kvcache::tools {
 
 inline constexpr const char* kMatMulHelp =
     "f32 (exact products) | int8 (Q4_1/Q8_0 times inputs rounded to int8 per 32, integer lanes) | "
-    "bf16 (weights and inputs rounded to bf16, f32 sums; AMX tiles where the CPU has them: fast for "
-    "many tokens per step)";
+    "bf16 (weights and inputs rounded to bf16, f32 sums; AMX tiles, or vdpbf16ps on AVX512_BF16, "
+    "where the CPU has them: fast for many tokens per step)";
 
 inline void AddKvBackendFlags(CLI::App* app, std::string& kv_format, std::string& layout,
                               uint32_t& block_size, std::string& backend) {
