@@ -60,40 +60,38 @@ uint32_t TokenTiles(uint32_t n) { return (n + kTile - 1) / kTile; }
 
 #define KVCACHE_AMX_TARGET __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512bf16,f16c")))
 
-bool DetectTiles() {
-  const char* off = std::getenv("KVCACHE_NO_AMX");
-  if (off != nullptr && off[0] != '\0' && std::strcmp(off, "0") != 0) return false;
-  unsigned a = 0, b = 0, c = 0, d = 0;
-  if (!__get_cpuid_count(1, 0, &a, &b, &c, &d) || (c & (1u << 27)) == 0) return false;  // OSXSAVE
-  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
-  const bool avx512 = (b & (1u << 16)) != 0 && (b & (1u << 30)) != 0;  // F, BW
-  const bool amx = (d & (1u << 22)) != 0 && (d & (1u << 24)) != 0;    // AMX-BF16, AMX-TILE
-  if (!avx512 || !amx) return false;
-  if (!__get_cpuid_count(7, 1, &a, &b, &c, &d) || (a & (1u << 5)) == 0) return false;  // AVX512_BF16
-  uint32_t lo = 0, hi = 0;
-  __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
-  const uint64_t xcr0 = (uint64_t{hi} << 32) | lo;
-  const uint64_t need = 0x6 | 0xE0 | (uint64_t{3} << 17);  // SSE/AVX, AVX-512, tile config/data
-  if ((xcr0 & need) != need) return false;
-  // Linux hands out the tile data state only on request (ARCH_REQ_XCOMP_PERM
-  // for XFEATURE_XTILEDATA); without it the first tile instruction faults.
-  return syscall(SYS_arch_prctl, 0x1023, 18) == 0;
-}
-
 #define KVCACHE_DOT_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,f16c")))
 
+uint64_t Xcr0() {
+  uint32_t lo = 0, hi = 0;
+  __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+  return (uint64_t{hi} << 32) | lo;
+}
+
 // AVX-512 F/BW/VL and AVX512_BF16 (vdpbf16ps), with the OS saving the
-// AVX-512 state: the dot kernel.
+// AVX-512 state: the dot kernel, and the tiles kernel's decode and packing.
 bool DetectDot() {
   unsigned a = 0, b = 0, c = 0, d = 0;
   if (!__get_cpuid_count(1, 0, &a, &b, &c, &d) || (c & (1u << 27)) == 0) return false;  // OSXSAVE
   if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
   if ((b & (1u << 16)) == 0 || (b & (1u << 30)) == 0 || (b & (1u << 31)) == 0) return false;  // F, BW, VL
   if (!__get_cpuid_count(7, 1, &a, &b, &c, &d) || (a & (1u << 5)) == 0) return false;  // AVX512_BF16
-  uint32_t lo = 0, hi = 0;
-  __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
-  const uint64_t xcr0 = (uint64_t{hi} << 32) | lo;
-  return (xcr0 & 0xE6) == 0xE6;  // SSE/AVX and the AVX-512 opmask and registers
+  return (Xcr0() & 0xE6) == 0xE6;  // SSE/AVX and the AVX-512 opmask and registers
+}
+
+// DetectDot's features, AMX-BF16 and AMX-TILE, and the tile state granted.
+bool DetectTiles() {
+  const char* off = std::getenv("KVCACHE_NO_AMX");
+  if (off != nullptr && off[0] != '\0' && std::strcmp(off, "0") != 0) return false;
+  if (!DetectDot()) return false;
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
+  if ((d & (1u << 22)) == 0 || (d & (1u << 24)) == 0) return false;  // AMX-BF16, AMX-TILE
+  const uint64_t tiles = uint64_t{3} << 17;                            // tile config and data
+  if ((Xcr0() & tiles) != tiles) return false;
+  // Linux hands out the tile data state only on request (ARCH_REQ_XCOMP_PERM
+  // for XFEATURE_XTILEDATA); without it the first tile instruction faults.
+  return syscall(SYS_arch_prctl, 0x1023, 18) == 0;
 }
 
 struct TileConfig {
@@ -206,6 +204,16 @@ struct StreamedRows {
   }
 };
 
+// Values 32 s .. 32 s + 31 of a row of `cols`: in place, or copied into
+// row[32] with zeros beyond cols when the step is the partial last one.
+inline const float* StepValues(const float* x, uint32_t cols, uint32_t s, float* row) {
+  const uint32_t c0 = s * kStep, m = std::min(kStep, cols - c0);
+  if (m == kStep) return x + c0;
+  std::fill(row, row + kStep, 0.0f);
+  std::memcpy(row, x + c0, m * sizeof(float));
+  return row;
+}
+
 // x [n][cols] into B tiles: tile (t, s) at ((t * steps + s) * 16 + k) * 32 +
 // 2 * token + e holds x[16 t + token][32 s + 2 k + e], zero outside.
 KVCACHE_AMX_TARGET void PackTiles(const float* x, uint32_t n, uint32_t cols, uint16_t* packed) {
@@ -216,13 +224,7 @@ KVCACHE_AMX_TARGET void PackTiles(const float* x, uint32_t n, uint32_t cols, uin
   for (uint32_t t = 0; t < n; ++t) {
     const float* xt = x + static_cast<size_t>(t) * cols;
     for (uint32_t s = 0; s < steps; ++s) {
-      const uint32_t c0 = s * kStep, m = std::min(kStep, cols - c0);
-      const float* src = xt + c0;
-      if (m < kStep) {
-        std::fill(row, row + kStep, 0.0f);
-        std::memcpy(row, src, m * sizeof(float));
-        src = row;
-      }
+      const float* src = StepValues(xt, cols, s, row);
       // 16 value pairs (one 32-bit lane each) to rows 0..15 of the tile.
       const __m512i pairs = ToBf16x32(_mm512_loadu_ps(src), _mm512_loadu_ps(src + 16));
       uint16_t* tile = packed + (static_cast<size_t>(t / kTile) * steps + s) * kTile * kStep;
@@ -383,17 +385,13 @@ KVCACHE_AMX_TARGET void TileRows(const WeightMatrix& w, uint32_t r0, uint32_t r1
 // kernel.
 KVCACHE_DOT_TARGET void PackRows(const float* x, uint32_t n, uint32_t cols, uint16_t* packed) {
   const uint32_t kpad = Steps(cols) * kStep;
+  alignas(64) float row[kStep];
   for (uint32_t t = 0; t < n; ++t) {
     const float* xt = x + static_cast<size_t>(t) * cols;
     uint16_t* dst = packed + static_cast<size_t>(t) * kpad;
-    uint32_t i = 0;
-    for (; i + kStep <= cols; i += kStep) {
-      _mm512_storeu_si512(dst + i, ToBf16x32(_mm512_loadu_ps(xt + i), _mm512_loadu_ps(xt + i + 16)));
-    }
-    if (i < cols) {
-      alignas(64) float tail[kStep] = {};
-      std::memcpy(tail, xt + i, (cols - i) * sizeof(float));
-      _mm512_storeu_si512(dst + i, ToBf16x32(_mm512_load_ps(tail), _mm512_load_ps(tail + 16)));
+    for (uint32_t s = 0; s < Steps(cols); ++s) {
+      const float* src = StepValues(xt, cols, s, row);
+      _mm512_storeu_si512(dst + s * kStep, ToBf16x32(_mm512_loadu_ps(src), _mm512_loadu_ps(src + 16)));
     }
   }
 }
@@ -474,15 +472,11 @@ bool DetectDot() { return false; }
 
 }  // namespace
 
-bool Bf16TilesAvailable() {
-  static const bool available = DetectTiles();
-  return available;
-}
-
 bool Bf16KernelAvailable(Bf16Kernel kernel) {
+  static const bool tiles = DetectTiles();
   static const bool dot = DetectDot();
   switch (kernel) {
-    case Bf16Kernel::kTiles: return Bf16TilesAvailable();
+    case Bf16Kernel::kTiles: return tiles;
     case Bf16Kernel::kDot: return dot;
     default: return true;
   }

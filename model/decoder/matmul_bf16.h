@@ -35,15 +35,13 @@
 
 namespace kvcache::model {
 
-// True iff this CPU and OS run AMX-BF16 tiles (cpuid, XCR0 and the Linux
-// permission request, made once); false elsewhere or when the environment
-// variable KVCACHE_NO_AMX is set to a non-empty value other than "0".
-bool Bf16TilesAvailable();
-
 enum class Bf16Kernel { kFma, kTiles, kDot };
 
-// Whether this CPU runs `kernel` (fma: always; dot: AVX-512 F/BW/VL with
-// AVX512_BF16 and the OS saving the AVX-512 state).
+// Whether this CPU runs `kernel`, found once per process. fma: always. dot:
+// AVX-512 F/BW/VL with AVX512_BF16 and the OS saving the AVX-512 state.
+// tiles: that, AMX-BF16 and AMX-TILE, and the Linux permission request for
+// the tile state; never when the environment variable KVCACHE_NO_AMX is set
+// to a non-empty value other than "0".
 bool Bf16KernelAvailable(Bf16Kernel kernel);
 // The kernel MatMul uses: tiles, else dot, else fma.
 Bf16Kernel PreferredBf16Kernel();
