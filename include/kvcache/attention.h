@@ -106,6 +106,22 @@ Status AttendDecode(const LayerKvView& view, std::span<const float> q,
 Status AttendMulti(const LayerKvView& view, uint32_t n_queries, std::span<const float> q,
                    const AttentionOptions& options, const AttentionOutput& output);
 
+// One kv head's query group, decode: the group = n_q_heads / n_kv_heads q
+// heads that read kv head `kv_head` (an engine that keeps or evicts per head
+// calls this). q: [group][head_dim]; out: [group][head_dim]; lse: empty or
+// [group]. probs: empty, [group][view.rows(kv_head)] (the head's stored
+// positions, in the order SequenceCache::HeadPositions gives: a dead head
+// has none, evicted positions are gone) or [group][view.num_tokens] (the
+// same, padded with zeros, so one buffer fits every head). kv_probs: empty,
+// [view.rows(kv_head)] or [view.num_tokens]: the group's probabilities
+// summed, exactly what SequenceCache::AccumulateImportance takes for the
+// head. The results are those of the same head in AttendDecode (for f32 K/V
+// bit for bit). OutOfRange for kv_head >= view.n_kv_heads; InvalidArgument
+// for a query of the wrong length, an empty view or any other bad size, as
+// AttendDecode; nothing is written on error.
+Status AttendDecodeHead(const LayerKvView& view, uint32_t kv_head, std::span<const float> q,
+                        const AttentionOptions& options, const AttentionOutput& output);
+
 // Decode for many sequences of one layer at once (same n_kv_heads and
 // head_dim; formats and layouts may differ). Work is split over (sequence,
 // kv head) pairs, and long contexts over chunks, on options.pool.

@@ -36,6 +36,7 @@ from ._kvcache import (  # noqa: F401  (named for readers and linters)
     Unimplemented,
     attend_decode,
     attend_decode_batch,
+    attend_decode_head,
     attend_multi,
 )
 

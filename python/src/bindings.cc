@@ -675,6 +675,48 @@ NB_MODULE(_kvcache, m) {
       "head_dim]; returns out [n_seqs, n_q_heads, head_dim] (and lse [n_seqs, n_q_heads]).\n"
       "Releases the GIL.");
 
+  m.def(
+      "attend_decode_head",
+      [](PyCache& pc, uint32_t layer, uint32_t kv_head, const InF32& q, float scale,
+         bool return_lse, ThreadPool* pool) {
+        const SequenceCache& c = pc.obj;
+        CheckLayer(c, layer);
+        const size_t D = c.head_dim();
+        if (q.ndim() != 2 || q.shape(0) == 0 || q.shape(1) != D) {
+          ThrowInvalid("q must have shape [group, head_dim] with head_dim=" + std::to_string(D) +
+                       "; got " + ShapeString(q));
+        }
+        const uint32_t group = static_cast<uint32_t>(q.shape(0));
+        if (group > UINT32_MAX / c.n_kv_heads()) ThrowInvalid("q has too many heads");
+        LayerKvView view = Unwrap(c.View(layer));
+        const size_t rows = kv_head < view.n_kv_heads ? view.rows(kv_head) : 0;
+        std::vector<float> out(size_t{group} * D), lse(return_lse ? group : 0);
+        std::vector<float> probs(size_t{group} * rows);
+        const AttentionOptions options =
+            MakeOptions(group * c.n_kv_heads(), {scale, 0, 0, pool});
+        Status status;
+        {
+          ReadGuard guard(std::vector<PyCache*>{&pc});
+          nb::gil_scoped_release release;
+          status = AttendDecodeHead(view, kv_head, Span(q), options, {out, lse, probs, {}});
+        }
+        Check(status);
+        nb::object out_arr = nb::cast(ToArray(std::move(out), {group, D}));
+        nb::object probs_arr = nb::cast(ToArray(std::move(probs), {group, rows}));
+        if (!return_lse) return nb::object(nb::make_tuple(out_arr, probs_arr));
+        return nb::object(
+            nb::make_tuple(out_arr, nb::cast(ToArray(std::move(lse), {group})), probs_arr));
+      },
+      "cache"_a, "layer"_a, "kv_head"_a, "q"_a, nb::kw_only(), "scale"_a = 0.0f,
+      "return_lse"_a = false, "pool"_a.none() = nb::none(),
+      "Decode attention of ONE kv head's query group (an engine that keeps or evicts per\n"
+      "head). q: float32 [group, head_dim], the q heads that read kv head `kv_head`\n"
+      "(group = n_q_heads / n_kv_heads). Returns (out [group, head_dim], probs [group,\n"
+      "head_len]) -- probs over the head's stored rows in head_positions() order, their sum\n"
+      "over the group being what accumulate_importance takes -- or (out, lse, probs) with\n"
+      "return_lse. IndexError for a kv head out of range, ValueError for a bad q. Releases\n"
+      "the GIL.");
+
   // --- the C++ side of python/bench/overhead.py ---------------------------------------------
   // The same calls as the Python API makes, looped in C++ over the same objects, so the
   // benchmark measures only what the bindings add. Microseconds per call. They keep the

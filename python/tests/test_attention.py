@@ -203,3 +203,48 @@ def test_precision_window_rows_and_attention(rng, paged):
     spec.append(k[:, :3], v[:, :3])
     spec.truncate(n)
     np.testing.assert_array_equal(spec.head_keys(0, 1), before)
+
+
+@pytest.mark.parametrize("paged", [False, True])
+def test_decode_head_is_the_heads_slice_over_its_stored_rows(rng, geometry, paged):
+    seq, k, v = filled(rng, geometry, 21, paged=paged)
+    group = 3
+    q = rng.standard_normal((geometry.n_kv_heads * group, geometry.head_dim)).astype(np.float32)
+    out, lse, probs = kvcache.attend_decode(seq, 1, q, return_lse=True, return_probs=True)
+    for h in range(geometry.n_kv_heads):
+        qh = q[h * group:(h + 1) * group]
+        o, l, p = kvcache.attend_decode_head(seq, 1, h, qh, return_lse=True)
+        # f32: bit for bit the multi-head call's slice
+        np.testing.assert_array_equal(o, out[h * group:(h + 1) * group])
+        np.testing.assert_array_equal(l, lse[h * group:(h + 1) * group])
+        np.testing.assert_array_equal(p, probs[h * group:(h + 1) * group])
+        want, _, want_p = reference_attention(k[1, :, h], v[1, :, h], qh)
+        np.testing.assert_allclose(o, want, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(p, want_p, atol=1e-6)
+    # evicted rows: probabilities follow head_positions() and feed importance
+    keep = np.array([0, 2, 7, 20], np.uint32)
+    seq.keep_rows(1, 0, keep)
+    o, p = kvcache.attend_decode_head(seq, 1, 0, q[:group])
+    assert p.shape == (group, 4)
+    np.testing.assert_array_equal(seq.head_positions(1, 0), keep)
+    want, _, want_p = reference_attention(k[1, keep, 0], v[1, keep, 0], q[:group])
+    np.testing.assert_allclose(o, want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(p, want_p, atol=1e-6)
+    seq.accumulate_importance(1, 0, p.sum(axis=0))
+    np.testing.assert_allclose(seq.head_importance(1, 0), p.sum(axis=0), rtol=1e-6)
+
+
+def test_decode_head_bad_input(rng, geometry):
+    seq, _, _ = filled(rng, geometry, 5)
+    q = np.zeros((2, geometry.head_dim), np.float32)
+    with pytest.raises(IndexError):
+        kvcache.attend_decode_head(seq, 0, geometry.n_kv_heads, q)
+    with pytest.raises(ValueError):
+        kvcache.attend_decode_head(seq, 0, 0, q[:, :-1])
+    bad = q.copy()
+    bad[1, 3] = np.nan
+    with pytest.raises(ValueError):
+        kvcache.attend_decode_head(seq, 0, 0, bad)
+    empty = kvcache.SequenceCache.contiguous(geometry, "f32")
+    with pytest.raises(ValueError):
+        kvcache.attend_decode_head(empty, 0, 0, q)

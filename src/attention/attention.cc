@@ -418,6 +418,79 @@ Status AttendDecode(const LayerKvView& view, std::span<const float> q,
   return AttendMulti(view, 1, q, options, output);
 }
 
+namespace {
+
+// Kv head `h` of `view` as a view of one kv head: the same rows, positions,
+// transforms and codec, addressed from that head's storage. Its precision
+// window (if any) is cut the same way into `hot`, which must outlive the
+// result.
+LayerKvView OneHeadView(const LayerKvView& view, uint32_t h, LayerKvView* hot) {
+  LayerKvView one = view;
+  one.n_kv_heads = 1;
+  if (view.head_len != nullptr) one.head_len = view.head_len + h;
+  if (view.positions != nullptr) one.positions = view.positions + h;
+  for (KvSideView* side : {&one.k, &one.v}) {
+    if (side->head_base != nullptr) {
+      side->head_base += h;
+    } else if (side->base != nullptr) {
+      side->base += static_cast<size_t>(h) * side->head_stride;
+    }
+    if (side->transforms != nullptr) side->transforms += h;
+  }
+  if (view.hot != nullptr) {
+    *hot = OneHeadView(*view.hot, h, nullptr);
+    one.hot = hot;
+  }
+  return one;
+}
+
+}  // namespace
+
+Status AttendDecodeHead(const LayerKvView& view, uint32_t kv_head, std::span<const float> q,
+                        const AttentionOptions& options, const AttentionOutput& output) {
+  KV_RETURN_IF_ERROR(CheckView(view));
+  KV_RETURN_IF_ERROR(CheckOptions(options, view.n_kv_heads, view.num_tokens));
+  if (kv_head >= view.n_kv_heads) {
+    return Status::OutOfRange(fmt::format("attention: kv head {} out of range (the view has {})",
+                                          kv_head, view.n_kv_heads));
+  }
+  if (view.hot != nullptr && options.window != 0) {
+    return Status::InvalidArgument(
+        "attention: a sliding window does not combine with a precision window");
+  }
+  const uint32_t group = options.n_q_heads / view.n_kv_heads;
+  const uint32_t n = view.num_tokens, rows = view.rows(kv_head);
+  KV_RETURN_IF_ERROR(CheckSize(q, size_t{group} * view.head_dim, "query", false));
+  KV_RETURN_IF_ERROR(CheckQueryFinite(q, group, view.head_dim, "query token"));
+  KV_RETURN_IF_ERROR(CheckSize(output.out, size_t{group} * view.head_dim, "out", false));
+  KV_RETURN_IF_ERROR(CheckSize(output.lse, group, "lse", true));
+  // probs and kv_probs: the head's stored rows, or padded to num_tokens.
+  const bool padded_probs = output.probs.size() == size_t{group} * n;
+  if (!padded_probs) KV_RETURN_IF_ERROR(CheckSize(output.probs, size_t{group} * rows, "probs", true));
+  const bool padded_kv = output.kv_probs.size() == n;
+  if (!padded_kv) KV_RETURN_IF_ERROR(CheckSize(output.kv_probs, rows, "kv_probs", true));
+
+  LayerKvView hot;
+  const LayerKvView one = OneHeadView(view, kv_head, &hot);
+  AttentionOptions one_options = options;
+  one_options.n_q_heads = group;
+  // The one-head call writes probabilities padded to num_tokens; a caller's
+  // buffer of the head's rows gets the first `rows` of each.
+  std::vector<float> probs(output.probs.empty() ? 0 : size_t{group} * n);
+  std::vector<float> kv_probs(output.kv_probs.empty() ? 0 : n);
+  const AttentionOutput one_output{output.out, output.lse, probs, kv_probs};
+  KV_RETURN_IF_ERROR(AttendMultiImpl(one, 1, q, one_options, {}, one_output, nullptr));
+  for (uint32_t g = 0; g < group && !probs.empty(); ++g) {
+    const float* src = probs.data() + size_t{g} * n;
+    std::copy(src, src + (padded_probs ? n : rows),
+              output.probs.data() + size_t{g} * (padded_probs ? n : rows));
+  }
+  if (!kv_probs.empty()) {
+    std::copy(kv_probs.begin(), kv_probs.begin() + (padded_kv ? n : rows), output.kv_probs.begin());
+  }
+  return Status::Ok();
+}
+
 Status AttendDecodeBatch(std::span<const LayerKvView> views, std::span<const float> q,
                          const AttentionOptions& options, std::span<float> out,
                          std::span<float> lse) {
