@@ -43,6 +43,7 @@
 #include <string>
 #include <thread>
 
+#include "engine/engine_text.h"
 #include "engine/sampler.h"
 #include "engine/stop_text.h"
 #include "kvcache/geometry.h"
@@ -188,7 +189,8 @@ class EngineImpl final : public Engine {
   Status Init();
   void Start() { thread_ = std::thread([this] { Loop(); }); }
 
-  Result<std::shared_ptr<RequestStream>> Submit(RequestParams params) override;
+  using Engine::Submit;
+  Result<std::shared_ptr<RequestStream>> Submit(RequestParams params, SubmitFault* fault) override;
   EngineMetrics Metrics() const override;
   const model::LoadedModel& model() const override { return model_; }
   const EngineOptions& options() const override { return options_; }
@@ -285,20 +287,8 @@ Status EngineImpl::Init() {
   return Status::Ok();
 }
 
+// The prompt is checked by PreparePrompt (engine_text.h).
 Status EngineImpl::CheckParams(const RequestParams& p) const {
-  const model::ModelConfig& c = decoder_.config();
-  if (p.prompt.empty()) return Status::InvalidArgument("request: empty prompt");
-  for (int32_t t : p.prompt) {
-    if (t < 0 || static_cast<uint32_t>(t) >= c.vocab_size) {
-      return Status::InvalidArgument("request: token " + std::to_string(t) + " is outside the vocabulary (" +
-                                     std::to_string(c.vocab_size) + ")");
-    }
-  }
-  if (p.prompt.size() + 1 > c.max_seq_len) {
-    return Status::InvalidArgument("request: a prompt of " + std::to_string(p.prompt.size()) +
-                                   " tokens leaves no room in the " + std::to_string(c.max_seq_len) +
-                                   "-token context");
-  }
   if (p.max_tokens == 0) return Status::InvalidArgument("request: max_tokens must be >= 1");
   const SamplingParams& s = p.sampling;
   if (!Finite(s.temperature)) return Status::InvalidArgument("request: temperature must be finite");
@@ -317,8 +307,13 @@ Status EngineImpl::CheckParams(const RequestParams& p) const {
   return Status::Ok();
 }
 
-Result<std::shared_ptr<RequestStream>> EngineImpl::Submit(RequestParams params) {
+Result<std::shared_ptr<RequestStream>> EngineImpl::Submit(RequestParams params, SubmitFault* fault) {
+  SubmitFault ignored = SubmitFault::kNone;
+  SubmitFault& why = fault != nullptr ? *fault : ignored;
+  KV_RETURN_IF_ERROR(PreparePrompt(model_, &params, &why));
+  why = SubmitFault::kParams;
   KV_RETURN_IF_ERROR(CheckParams(params));
+  why = SubmitFault::kEngine;
   std::vector<BlockHash> hashes;
   if (options_.prefix_cache) {
     const std::vector<TokenId> ids(params.prompt.begin(), params.prompt.end());
@@ -331,6 +326,7 @@ Result<std::shared_ptr<RequestStream>> EngineImpl::Submit(RequestParams params) 
     return Status::CapacityExceeded("engine: " + std::to_string(shared_->waiting.size()) +
                                      " requests wait already (max_waiting)");
   }
+  why = SubmitFault::kNone;
   const uint64_t id = next_id_.fetch_add(1);
   auto request = std::make_unique<Request>(id, std::move(params), state);
   request->hashes = std::move(hashes);
@@ -659,10 +655,10 @@ void EngineImpl::OnLogits(Request& r, std::span<const float> logits) {
   }
   r.tokens.push_back(t);
   ++r.generated;
-  auto piece = model_.DecodePiece(r.prev, t);
+  SetPieces(model_, r.prev, &out);
   r.prev = t;
   bool stopped = false;
-  out.text = r.text.Add(piece.ok() ? *piece : std::string(), &stopped);
+  out.text = r.text.Add(out.piece, &stopped);
   Emit(r, std::move(out));
   if (stopped) {
     Finish(r, FinishReason::kStop);

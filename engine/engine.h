@@ -2,8 +2,11 @@
 // continuous batching. The HTTP front (`kvcache serve`) and the load tests
 // sit on this; nothing here knows about HTTP or JSON.
 //
-// A request is a prompt (token ids) and its generation limits. Submit queues
-// it and returns a RequestStream the caller reads its tokens from. One
+// A request is a prompt and its generation limits. The prompt is token ids,
+// or text (or a chat) that the engine tokenizes with the model's tokenizer;
+// what comes back is text as well as ids, so a front end never needs the
+// tokenizer. Submit queues it and returns a RequestStream the caller reads
+// its tokens from. One
 // background thread runs steps: each step admits waiting requests while the
 // pool can reserve their blocks (adopting the prefix cache's and the tiers'
 // blocks for the prompt's leading full blocks), then runs ONE batched
@@ -58,12 +61,14 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kvcache/cache.h"
 #include "kvcache/format.h"
 #include "kvcache/status.h"
 #include "model/decoder/loaded_model.h"
+#include "model/tokenizer/chat_template.h"
 
 namespace kvcache::engine {
 
@@ -103,9 +108,26 @@ struct SamplingParams {
   std::optional<uint64_t> seed;
 };
 
+// One turn of a chat prompt: role "system", "user" or "assistant", and its text.
+using ChatMessage = model::ChatMessage;
+
 struct RequestParams {
-  std::vector<int32_t> prompt;  // non-empty, ids in the vocabulary
-  uint32_t max_tokens = 16;     // >= 1
+  // The prompt, in exactly one of three forms:
+  //   prompt       token ids, each in the vocabulary;
+  //   prompt_text  text, tokenized as the model wants it (llama2.c: with
+  //                BOS; GGUF: with BOS iff the file says add_bos_token;
+  //                special-token texts kept as text);
+  //   messages     a chat (non-empty), rendered in the model's chat template
+  //                with the assistant's generation prompt, then tokenized
+  //                (a model without a ChatML template: Unimplemented).
+  // A text or chat prompt is replaced by its ids: usage counts them.
+  std::vector<int32_t> prompt;
+  std::optional<std::string> prompt_text;
+  std::vector<ChatMessage> messages;
+  // >= 1. For a text or chat prompt a larger value than the context leaves
+  // room for is cut to that room; for any prompt, the request ends at the
+  // end of the context (kLength) whatever is asked.
+  uint32_t max_tokens = 16;
   SamplingParams sampling;
   std::vector<std::string> stop;  // stop strings (at most 8, each non-empty)
   bool ignore_eos = false;        // keep going past the model's stop tokens
@@ -121,6 +143,9 @@ std::string_view FinishReasonName(FinishReason reason);  // "stop", "length", "c
 struct TokenLogprob {
   int32_t token = 0;
   float logprob = 0;
+  // The token's text after the one before it (model::LoadedModel::
+  // DecodePiece; its bytes, possibly part of a UTF-8 character).
+  std::string piece;
 };
 
 // One generated token and the text it adds (may be empty while a multi-byte
@@ -130,7 +155,9 @@ struct TokenOut {
   int32_t token = 0;
   std::string text;
   float logprob = 0;                    // when RequestParams::logprobs
-  std::vector<TokenLogprob> top;        // top_logprobs entries, most likely first
+  std::vector<TokenLogprob> top;        // top_logprobs entries, most likely first, each with its piece
+  // The token's own text (as TokenLogprob::piece), whatever is held back.
+  std::string piece;
 };
 
 struct Usage {
@@ -183,6 +210,19 @@ struct EngineMetrics {
   double step_seconds_sum = 0;
 };
 
+// What Submit refused, for a front end that names the offending input (the
+// Status says it in words).
+enum class SubmitFault : uint8_t {
+  kNone,
+  kNoChatTemplate,   // a chat prompt, and the model has no chat template
+  kPromptEncoding,   // the text or chat could not be tokenized
+  kPromptEmpty,      // no prompt, or a text that tokenizes to no tokens
+  kPromptTooLong,    // the prompt leaves no room for a generated token
+  kPrompt,           // another fault of the prompt (two forms, an id outside the vocabulary)
+  kParams,           // a limit, sampling value or stop string
+  kEngine,           // the queue is full or the engine is shut down
+};
+
 class Engine {
  public:
   // The model must outlive the engine. InvalidArgument for options that do
@@ -192,14 +232,17 @@ class Engine {
                                                 const EngineOptions& options);
   virtual ~Engine() = default;
 
-  // Queues a request. InvalidArgument for bad params (empty prompt, an id
-  // outside the vocabulary, prompt + 1 beyond the context, max_tokens 0, a
-  // sampling value out of range, top_logprobs > 20, more than 8 stop
-  // strings or an empty one); ResourceExhausted -- StatusCode::
-  // kCapacityExceeded, status.h has no other code for it -- when
-  // max_waiting requests wait already; FailedPrecondition after Shutdown.
-  // Nothing is queued on failure.
-  virtual Result<std::shared_ptr<RequestStream>> Submit(RequestParams params) = 0;
+  // Queues a request. InvalidArgument for bad params (no prompt or more
+  // than one form of it, a text that tokenizes to no tokens, an id outside
+  // the vocabulary, prompt + 1 beyond the context, max_tokens 0, a sampling
+  // value out of range, top_logprobs > 20, more than 8 stop strings or an
+  // empty one); Unimplemented for a chat on a model without a chat
+  // template; ResourceExhausted -- StatusCode::kCapacityExceeded, status.h
+  // has no other code for it -- when max_waiting requests wait already;
+  // FailedPrecondition after Shutdown. Nothing is queued on failure. With
+  // `fault`, what was wrong is also said as a SubmitFault (kNone on success).
+  virtual Result<std::shared_ptr<RequestStream>> Submit(RequestParams params, SubmitFault* fault) = 0;
+  Result<std::shared_ptr<RequestStream>> Submit(RequestParams params) { return Submit(std::move(params), nullptr); }
 
   virtual EngineMetrics Metrics() const = 0;
   virtual const model::LoadedModel& model() const = 0;

@@ -88,7 +88,7 @@ std::vector<TokenLogprob> TopLogprobs(std::span<const float> logits, uint32_t to
   std::partial_sort(ids.begin(), ids.begin() + top, ids.end(), MoreLikely{logits});
   for (uint32_t i = 0; i < top; ++i) {
     out.push_back({static_cast<int32_t>(ids[i]),
-                   static_cast<float>(static_cast<double>(logits[ids[i]]) - max - lse)});
+                   static_cast<float>(static_cast<double>(logits[ids[i]]) - max - lse), {}});
   }
   return out;
 }

@@ -11,6 +11,7 @@
 #include <condition_variable>
 #include <deque>
 #include <functional>
+#include <limits>
 #include <mutex>
 #include <thread>
 #include <utility>
@@ -131,7 +132,6 @@ struct WholeState {
   std::shared_ptr<engine::RequestStream> stream;
   ResponseContext ctx;
   bool logprobs = false;
-  int32_t prev_token = 0;
   Completion c;
   bool finished = false;
   engine::FinishReason finish_reason = engine::FinishReason::kStop;
@@ -144,7 +144,6 @@ struct StreamState {
   std::shared_ptr<engine::RequestStream> stream;
   ResponseContext ctx;
   bool include_usage = false, logprobs = false;
-  int32_t prev_token = 0;
   bool started = false, finished = false;
 };
 
@@ -178,7 +177,6 @@ struct OpenAiServer::Impl {
 
   void Configure();
   void HandleCompletion(const httplib::Request& req, httplib::Response& res, Endpoint endpoint);
-  bool Tokenize(const CompletionRequest& r, engine::RequestParams* params, ApiError* err) const;
   // Reads st's stream for up to `budget`; true once it finished.
   bool Collect(WholeState& st, milliseconds budget) const;
   // The finished completion's body and status.
@@ -186,59 +184,40 @@ struct OpenAiServer::Impl {
   bool WholeStep(WholeState& st, httplib::DataSink& sink);
   void AnswerWhole(const std::shared_ptr<WholeState>& st, httplib::Response& res);
   bool StreamStep(StreamState& st, httplib::DataSink& sink);
-  std::vector<LogprobEntry> Entries(const std::vector<engine::TokenOut>& tokens, int32_t* prev) const;
-  std::string Piece(int32_t prev, int32_t token) const;
 };
 
-std::string OpenAiServer::Impl::Piece(int32_t prev, int32_t token) const {
-  auto piece = engine.model().DecodePiece(prev, token);
-  return piece.ok() ? *piece : std::string();
-}
+namespace {
 
-std::vector<LogprobEntry> OpenAiServer::Impl::Entries(const std::vector<engine::TokenOut>& tokens,
-                                                      int32_t* prev) const {
+// The log probabilities of generated tokens, with their texts as the engine gives them.
+std::vector<LogprobEntry> Entries(const std::vector<engine::TokenOut>& tokens) {
   std::vector<LogprobEntry> out;
   for (const engine::TokenOut& t : tokens) {
-    LogprobEntry e{Piece(*prev, t.token), t.logprob, {}};
-    for (const engine::TokenLogprob& top : t.top) e.top.emplace_back(Piece(*prev, top.token), top.logprob);
+    LogprobEntry e{t.piece, t.logprob, {}};
+    for (const engine::TokenLogprob& top : t.top) e.top.emplace_back(top.piece, top.logprob);
     out.push_back(std::move(e));
-    *prev = t.token;
   }
   return out;
 }
 
-// The request's prompt ids and limits; false with *err for a prompt the
-// model cannot take.
-bool OpenAiServer::Impl::Tokenize(const CompletionRequest& r, engine::RequestParams* p, ApiError* err) const {
-  const model::LoadedModel& lm = engine.model();
-  auto ids = r.endpoint == Endpoint::kChat ? lm.EncodeChat(r.messages) : lm.Encode(r.prompt);
-  if (!ids.ok()) {
-    *err = ids.status().code() == StatusCode::kUnimplemented
-               ? ApiError{400, ids.status().message(), "invalid_request_error", "messages", "no_chat_template"}
-               : BadRequest(ids.status().message(), r.endpoint == Endpoint::kChat ? "messages" : "prompt");
-    return false;
+// The engine request of a parsed one: the prompt as text (the engine
+// tokenizes it), up to the end of the context unless max_tokens says less.
+engine::RequestParams Params(const CompletionRequest& r) {
+  engine::RequestParams p;
+  if (r.endpoint == Endpoint::kChat) {
+    p.messages = r.messages;
+  } else {
+    p.prompt_text = r.prompt;
   }
-  const uint32_t context = lm.model().config().max_seq_len;
-  if (ids->empty()) {
-    *err = BadRequest("the prompt encodes to no tokens", "prompt", "empty_prompt");
-    return false;
-  }
-  if (ids->size() + 1 > context) {
-    *err = BadRequest("the prompt has " + std::to_string(ids->size()) + " tokens; the context holds " +
-                          std::to_string(context) + " (prompt + at least one generated token)",
-                      r.endpoint == Endpoint::kChat ? "messages" : "prompt", "context_length_exceeded");
-    return false;
-  }
-  p->prompt = std::move(*ids);
-  const uint32_t room = context - static_cast<uint32_t>(p->prompt.size());
-  p->max_tokens = std::min(r.max_tokens.value_or(room), room);
-  p->sampling = r.sampling;
-  p->stop = r.stop;
-  p->ignore_eos = r.ignore_eos;
-  p->logprobs = r.logprobs;
-  p->top_logprobs = r.top_logprobs;
-  return true;
+  p.max_tokens = r.max_tokens.value_or(std::numeric_limits<uint32_t>::max());
+  p.sampling = r.sampling;
+  p.stop = r.stop;
+  p.ignore_eos = r.ignore_eos;
+  p.logprobs = r.logprobs;
+  p.top_logprobs = r.top_logprobs;
+  return p;
 }
+
+}  // namespace
 
 bool OpenAiServer::Impl::Collect(WholeState& st, milliseconds budget) const {
   const auto end = std::chrono::steady_clock::now() + budget;
@@ -248,7 +227,7 @@ bool OpenAiServer::Impl::Collect(WholeState& st, milliseconds budget) const {
     if (left.count() <= 0 || !st.stream->Next(&ev, left)) return false;
     for (const engine::TokenOut& t : ev.tokens) st.c.text += t.text;
     if (st.logprobs) {
-      std::vector<LogprobEntry> e = Entries(ev.tokens, &st.prev_token);
+      std::vector<LogprobEntry> e = Entries(ev.tokens);
       st.c.entries.insert(st.c.entries.end(), e.begin(), e.end());
     }
     if (!ev.finished) continue;
@@ -356,8 +335,7 @@ bool OpenAiServer::Impl::StreamStep(StreamState& st, httplib::DataSink& sink) {
   std::string text;
   for (const engine::TokenOut& t : ev.tokens) text += t.text;
   text += ev.text_tail;
-  const std::vector<LogprobEntry> entries = st.logprobs ? Entries(ev.tokens, &st.prev_token)
-                                                        : std::vector<LogprobEntry>{};
+  const std::vector<LogprobEntry> entries = st.logprobs ? Entries(ev.tokens) : std::vector<LogprobEntry>{};
   if ((!text.empty() || !entries.empty()) &&
       !write(SseEvent(ChunkJson(st.ctx, text, false, "", st.logprobs, entries, st.include_usage)))) {
     return false;
@@ -377,12 +355,9 @@ void OpenAiServer::Impl::HandleCompletion(const httplib::Request& req, httplib::
   ParseResult parsed = ParseCompletionRequest(req.body, endpoint);
   if (!parsed.request) return SendError(res, parsed.error);
   const CompletionRequest& r = *parsed.request;
-  engine::RequestParams params;
-  ApiError err;
-  if (!Tokenize(r, &params, &err)) return SendError(res, err);
-  const int32_t last_prompt_token = params.prompt.back();
-  auto submitted = engine.Submit(std::move(params));
-  if (!submitted.ok()) return SendError(res, ErrorFromStatus(submitted.status()));
+  engine::SubmitFault fault = engine::SubmitFault::kNone;
+  auto submitted = engine.Submit(Params(r), &fault);
+  if (!submitted.ok()) return SendError(res, ErrorFromSubmit(submitted.status(), fault, endpoint));
   std::shared_ptr<engine::RequestStream> stream = std::move(*submitted);
   ResponseContext ctx{endpoint,
                       (endpoint == Endpoint::kChat ? "chatcmpl-" : "cmpl-") + std::to_string(stream->id()),
@@ -393,7 +368,6 @@ void OpenAiServer::Impl::HandleCompletion(const httplib::Request& req, httplib::
     st->ctx = ctx;
     st->logprobs = r.logprobs;
     st->c.logprobs = r.logprobs;
-    st->prev_token = last_prompt_token;
     return AnswerWhole(st, res);
   }
   Begin();
@@ -402,7 +376,6 @@ void OpenAiServer::Impl::HandleCompletion(const httplib::Request& req, httplib::
   st->ctx = ctx;
   st->include_usage = r.include_usage;
   st->logprobs = r.logprobs;
-  st->prev_token = last_prompt_token;
   res.set_header("Cache-Control", "no-cache");
   res.set_chunked_content_provider(
       "text/event-stream", [this, st](size_t, httplib::DataSink& sink) { return StreamStep(*st, sink); },

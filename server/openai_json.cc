@@ -159,7 +159,7 @@ bool ReadMessages(const json& j, CompletionRequest* r, ApiError* err) {
                         "messages", "invalid_value");
       return false;
     }
-    model::ChatMessage out{name, ""};
+    engine::ChatMessage out{name, ""};
     if (!ReadContent(m, &out.content, err)) return false;
     r->messages.push_back(std::move(out));
   }
@@ -308,6 +308,22 @@ ApiError ErrorFromStatus(const Status& status) {
       return ApiError{503, status.message(), "server_unavailable", "", "shutting_down"};
     default:
       return ApiError{500, status.message(), "server_error", "", ""};
+  }
+}
+
+ApiError ErrorFromSubmit(const Status& status, engine::SubmitFault fault, Endpoint endpoint) {
+  const char* field = endpoint == Endpoint::kChat ? "messages" : "prompt";
+  switch (fault) {
+    case engine::SubmitFault::kNoChatTemplate:
+      return BadRequest(status.message(), "messages", "no_chat_template");
+    case engine::SubmitFault::kPromptEncoding:
+      return BadRequest(status.message(), field);
+    case engine::SubmitFault::kPromptEmpty:
+      return BadRequest(status.message(), "prompt", "empty_prompt");
+    case engine::SubmitFault::kPromptTooLong:
+      return BadRequest(status.message(), field, "context_length_exceeded");
+    default:
+      return ErrorFromStatus(status);
   }
 }
 

@@ -22,11 +22,12 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/engine.h"
-#include "model/tokenizer/chat_template.h"
 
 namespace kvcache::server {
 
 // An OpenAI error object's contents and the HTTP status it goes with.
+enum class Endpoint : uint8_t { kChat, kCompletions };
+
 struct ApiError {
   int status = 400;
   std::string message;
@@ -43,17 +44,19 @@ std::string ErrorBody(const ApiError& error);
 // PoolExhausted/CapacityExceeded (the queue is full) and
 // FailedPrecondition (shutting down) 503, anything else 500.
 ApiError ErrorFromStatus(const Status& status);
+// The error a refused Submit maps to: a prompt the model cannot take names
+// its field ("messages" or "prompt") and why (no_chat_template,
+// empty_prompt, context_length_exceeded); anything else as ErrorFromStatus.
+ApiError ErrorFromSubmit(const Status& status, engine::SubmitFault fault, Endpoint endpoint);
 // A body for an HTTP status httplib produced itself (no route 404, a body
 // over the limit 413, an unreadable request 400, ...).
 ApiError ErrorForHttpStatus(int status);
 
-enum class Endpoint : uint8_t { kChat, kCompletions };
-
-// A validated request: which endpoint, the input, and the generation
-// settings (the tokenised prompt is the HTTP layer's job: it needs the model).
+// A validated request: which endpoint, the input (text: the engine
+// tokenizes it), and the generation settings.
 struct CompletionRequest {
   Endpoint endpoint = Endpoint::kChat;
-  std::vector<model::ChatMessage> messages;  // kChat: non-empty
+  std::vector<engine::ChatMessage> messages;  // kChat: non-empty
   std::string prompt;                        // kCompletions
   std::string model;                         // as the client named it ("" if absent)
   std::optional<uint32_t> max_tokens;        // absent: up to the end of the context

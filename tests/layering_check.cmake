@@ -3,7 +3,9 @@
 #   - no face (model/, engine/, server/, tools/, bench/, fuzz/, python/src/) includes a private
 #     header of the library (src/<layer>/...): faces use include/kvcache/ and,
 #     where a tool or test needs more, the uninstalled testing/ library;
-#   - kvcache_core's sources (src/<core layer>/) include nothing of serving.
+#   - kvcache_core's sources (src/<core layer>/) include nothing of serving;
+#   - server/ includes nothing of model/: text goes in and out through the
+#     engine (engine/engine.h), which owns the tokenizer.
 # Usage: cmake -DROOT=<source dir> -P layering_check.cmake
 set(core_layers core format pool cache attention linear eviction hybrid)
 set(problems "")
@@ -27,6 +29,7 @@ endfunction()
 list(JOIN core_layers "|" core_re)
 forbid_includes("model;engine;server;tools;bench;fuzz;python/src" "(${core_re}|serving)/"
   "a face includes a private header")
+forbid_includes("server" "model/" "the server reaches the model through the engine only")
 set(core_dirs ${core_layers})
 list(TRANSFORM core_dirs PREPEND "src/")
 forbid_includes("${core_dirs}" "(serving/|testing/|kvcache/(offload|tier|prefix_cache|simulator|workload|resp_reader)\\.h)"
@@ -36,4 +39,4 @@ if(problems)
   list(JOIN problems "\n  " text)
   message(FATAL_ERROR "layering:\n  ${text}")
 endif()
-message(STATUS "layering: faces use public headers only; kvcache_core uses nothing of serving")
+message(STATUS "layering: faces use public headers only; kvcache_core uses nothing of serving; server/ nothing of model/")

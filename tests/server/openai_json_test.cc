@@ -163,6 +163,40 @@ TEST(OpenAiJson, ErrorObjects) {
   EXPECT_EQ(ErrorFromStatus(Status::Internal("bug")).status, 500);
 }
 
+// A prompt Submit refused names its field and reason, as the HTTP layer's
+// own tokenizing did; other refusals map as their Status.
+TEST(OpenAiJson, SubmitErrors) {
+  using engine::SubmitFault;
+  struct Case {
+    Status status;
+    SubmitFault fault;
+    Endpoint endpoint;
+    int http;
+    const char* param;
+    const char* code;
+  };
+  const Status bad = Status::InvalidArgument("no");
+  const Case cases[] = {
+      {Status::Unimplemented("no template"), SubmitFault::kNoChatTemplate, Endpoint::kChat, 400, "messages",
+       "no_chat_template"},
+      {bad, SubmitFault::kPromptTooLong, Endpoint::kChat, 400, "messages", "context_length_exceeded"},
+      {bad, SubmitFault::kPromptTooLong, Endpoint::kCompletions, 400, "prompt", "context_length_exceeded"},
+      {bad, SubmitFault::kPromptEmpty, Endpoint::kCompletions, 400, "prompt", "empty_prompt"},
+      {bad, SubmitFault::kPromptEncoding, Endpoint::kChat, 400, "messages", ""},
+      {bad, SubmitFault::kPromptEncoding, Endpoint::kCompletions, 400, "prompt", ""},
+      {bad, SubmitFault::kParams, Endpoint::kChat, 400, "", ""},
+      {Status(StatusCode::kCapacityExceeded, "full"), SubmitFault::kEngine, Endpoint::kChat, 503, "", "queue_full"},
+      {Status::FailedPrecondition("down"), SubmitFault::kEngine, Endpoint::kChat, 503, "", "shutting_down"},
+  };
+  for (const Case& c : cases) {
+    const ApiError e = ErrorFromSubmit(c.status, c.fault, c.endpoint);
+    EXPECT_EQ(e.status, c.http) << c.status.ToString();
+    EXPECT_EQ(e.message, c.status.message());
+    EXPECT_EQ(e.param, c.param) << c.status.ToString();
+    EXPECT_EQ(e.code, c.code) << c.status.ToString();
+  }
+}
+
 TEST(OpenAiJson, ChatCompletionObject) {
   ResponseContext ctx{Endpoint::kChat, "chatcmpl-7", 1700000000, "smol"};
   Completion c;
