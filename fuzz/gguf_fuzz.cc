@@ -16,6 +16,7 @@
 
 #include "fuzz/fuzz_target.h"
 #include "model/io/gguf.h"
+#include "model/tensor/gguf_dequant.h"
 #include "model/tokenizer/bpe_tokenizer.h"
 
 namespace {

@@ -2,7 +2,7 @@
 //   x += Wo * Attention(RoPE(Wq * RMSNorm(x)), RoPE(Wk * RMSNorm(x)), Wv * RMSNorm(x))
 //   x += W2 * (SiLU(W1 * RMSNorm(x)) * (W3 * RMSNorm(x)))
 // then the final RMSNorm and the classifier. Activations f32; weights in
-// their stored types through MatMul (model/decoder/matmul.h), the tokens of a pass
+// their stored types through MatMul (model/tensor/matmul.h), the tokens of a pass
 // batched into one product per matrix and the rows split over num_threads.
 // RoPE as llama2.c and GGUF's llama layout (pairs (2i, 2i+1) of each head
 // rotated by pos * theta^(-2i/head_dim), theta = config().rope_theta).
@@ -24,7 +24,7 @@
 #include <vector>
 
 #include "kvcache/status.h"
-#include "model/decoder/matmul.h"
+#include "model/tensor/matmul.h"
 #include "model/io/checkpoint.h"
 #include "model/kv/kv_backend.h"
 
