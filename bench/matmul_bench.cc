@@ -11,7 +11,7 @@
 
 #include "kvcache/float16.h"
 #include "kvcache/thread_pool.h"
-#include "model/decoder/matmul.h"
+#include "model/tensor/matmul.h"
 #include "testing/bench_support.h"
 
 namespace {

@@ -1,7 +1,7 @@
 // Fuzz target `gguf`: model::GgufFile::FromBytes on arbitrary bytes
 // (model/io/gguf.cc), then everything a loader does with an accepted file:
 // every metadata accessor on every key, every tensor dequantized
-// (model/decoder/gguf_dequant.cc, bounded) with the SIMD result bit-identical to the
+// (model/tensor/gguf_dequant.cc, bounded) with the SIMD result bit-identical to the
 // scalar reference (NaN payloads aside: a NaN scale gives NaN either way),
 // and the BPE tokenizer built from the metadata
 // (model/tokenizer/bpe_tokenizer_gguf.cc) encoding and decoding the input's last bytes.
@@ -16,6 +16,7 @@
 
 #include "fuzz/fuzz_target.h"
 #include "model/io/gguf.h"
+#include "model/tensor/gguf_dequant.h"
 #include "model/tokenizer/bpe_tokenizer.h"
 
 namespace {

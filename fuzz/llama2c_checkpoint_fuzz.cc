@@ -5,7 +5,7 @@
 #include <span>
 
 #include "fuzz/fuzz_target.h"
-#include "model/decoder/matmul.h"
+#include "model/tensor/matmul.h"
 #include "model/io/checkpoint.h"
 
 namespace {

@@ -48,7 +48,7 @@
 #include "kvcache/pool.h"
 #include "kvcache/thread_pool.h"
 #include "kvcache/tier.h"
-#include "model/decoder/matmul.h"
+#include "model/tensor/matmul.h"
 #include "tools/command.h"
 
 namespace kvcache::tools {

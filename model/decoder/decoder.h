@@ -1,11 +1,13 @@
-// The reference LLaMA decoder: token embedding, then per layer
-//   x += Wo * Attention(RoPE(Wq * RMSNorm(x)), RoPE(Wk * RMSNorm(x)), Wv * RMSNorm(x))
-//   x += W2 * (SiLU(W1 * RMSNorm(x)) * (W3 * RMSNorm(x)))
-// then the final RMSNorm and the classifier. Activations f32; weights in
-// their stored types through MatMul (model/decoder/matmul.h), the tokens of a pass
-// batched into one product per matrix and the rows split over num_threads.
-// RoPE as llama2.c and GGUF's llama layout (pairs (2i, 2i+1) of each head
-// rotated by pos * theta^(-2i/head_dim), theta = config().rope_theta).
+// The decoder: runs a model's forward pass over one or several sequences.
+// It drives the pass -- the embedding of every token, the loop over layers,
+// the residual adds, RoPE, K/V storage and attention -- and leaves the
+// per-model math (norms, projections, MLP, output head) to the model's
+// Architecture (model/arch/architecture.h; LLaMA: model/arch/llama.h).
+// Activations f32; weights in their stored types through MatMul
+// (model/tensor/matmul.h), the tokens of a pass batched into one product
+// per matrix and the rows split over num_threads. RoPE rotates pairs
+// (2i, 2i+1) of each head's first `dims` values by
+// (pos / scaling) * base^(-2i/dims), with each layer's parameters.
 // Attention is delegated to a KvBackend, so the same decoder runs on the naive
 // reference storage and on kvcache's caches.
 //
@@ -24,9 +26,11 @@
 #include <vector>
 
 #include "kvcache/status.h"
-#include "model/decoder/matmul.h"
+#include "model/arch/architecture.h"
 #include "model/io/checkpoint.h"
 #include "model/kv/kv_backend.h"
+#include "model/tensor/matmul.h"
+#include "model/tensor/ops.h"
 
 namespace kvcache::model {
 
@@ -105,23 +109,23 @@ class Decoder {
   Status ForwardLayer(uint32_t l, std::span<const BatchItem> items,
                       std::span<const uint32_t> starts, std::span<const size_t> offs, uint32_t n,
                       PassProfile* profile);
-  // The final norm and classifier over the rows the items ask for.
+  // The final norm and output head over the rows the items ask for.
   void Classify(std::span<const BatchItem> items, std::span<float> logits, PassProfile* profile);
   void Resize(uint32_t n);
+  // The architecture's hooks' view of the scratch for n tokens.
+  Pass MakePass(uint32_t n, PassProfile* profile);
 
   const Model* model_;
+  std::unique_ptr<Architecture> arch_;
+  std::vector<LayerAttention> layers_;  // arch_->Layer(l) for every layer
   std::unique_ptr<ThreadPool> pool_;  // null for one thread
   // Scratch, sized for n tokens on demand: [n][dim], [n][q_dim], [n][kv_dim], [n][hidden].
   std::vector<float> x_, xb_, q_, k_, v_, att_, hb_, hb2_;
   std::vector<Status> item_status_;  // per item of the step's attention
 };
 
-// Plain helpers, shared with tests.
-// out = weight * x / sqrt(mean(x^2) + eps).
-void RmsNorm(const float* x, std::span<const float> weight, float* out, float eps = 1e-5f);
-// Rotates each head's pairs (2i, 2i+1) of vec [n_heads][head_dim] for position pos.
+// Rotates each head's pairs (2i, 2i+1) of vec [n_heads][head_dim] for
+// position pos (the whole head, no scaling; shared with tests).
 void ApplyRope(float* vec, uint32_t n_heads, uint32_t head_dim, uint32_t pos, float theta = 10000.0f);
-// In-place softmax over n values.
-void Softmax(float* x, uint32_t n);
 
 }  // namespace kvcache::model

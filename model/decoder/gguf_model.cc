@@ -95,7 +95,9 @@ Result<Model> GgufModelLoader::Load(std::shared_ptr<const GgufFile> file, const 
       return Status::Unimplemented("GGUF " + g.path() + ": tensor '" + name + "' has type " +
                                    GgmlTypeName(t->type) + ", which this reader does not decode (F32, F16, Q4_1, Q8_0)");
     }
-    WeightMatrix w = WeightMatrix::FromTensor(*t);
+    // A 2-D tensor [cols, rows] in GGUF order: `rows` rows of whole blocks.
+    WeightMatrix w{t->type, t->bytes.data(), static_cast<uint32_t>(t->rows()),
+                   static_cast<uint32_t>(t->cols()), static_cast<size_t>(t->row_bytes())};
     w.inputs = options.matmul_inputs;
     if (!options.dequantize_at_load || t->type == GgmlType::kF32) return w;
     float* dst = m.weights_.data() + used;

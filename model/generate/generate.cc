@@ -6,6 +6,8 @@
 #include <cmath>
 #include <string>
 
+#include "model/tensor/ops.h"
+
 namespace kvcache::model {
 namespace {
 

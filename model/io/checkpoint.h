@@ -32,8 +32,8 @@
 #include <vector>
 
 #include "kvcache/status.h"
-#include "model/decoder/matmul.h"
 #include "model/io/gguf.h"
+#include "model/tensor/matmul.h"
 
 namespace kvcache::model {
 

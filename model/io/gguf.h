@@ -23,12 +23,8 @@
 // bytes lie inside the file. Any failure is a Corruption (or IoError)
 // naming the file and what, where (byte offset) it is; nothing is kept.
 //
-// Dequantization covers the types SmolLM2's Q4_1 file holds plus F16:
-// F32, F16, Q4_1 (blocks of 32: f16 scale d, f16 min m, 16 bytes of nibbles;
-// value j = (low nibble of byte j) * d + m, value 16 + j = (high nibble) *
-// d + m) and Q8_0 (blocks of 32: f16 scale d, 32 int8; value = q * d). Other
-// known types (Q6_K, BF16, ...) are read and sized but decoding them is
-// Unimplemented, naming the tensor and the type.
+// The tensor types, their block sizes and their decoding are the tensor
+// floor's (model/tensor/ggml_type.h, model/tensor/gguf_dequant.h).
 //
 // Thread safety: a GgufFile is immutable after Open; share it freely. The
 // spans it hands out point into the mapping and live as long as the file.
@@ -43,6 +39,7 @@
 #include <vector>
 
 #include "kvcache/status.h"
+#include "model/tensor/ggml_type.h"
 
 namespace kvcache::model {
 
@@ -80,40 +77,6 @@ struct GgufValue {
 
   bool is_integer() const;  // any of the eight integer types (not bool)
 };
-
-// ggml tensor types (the on-disk u32 codes) that the reader can size.
-enum class GgmlType : uint32_t {
-  kF32 = 0,
-  kF16 = 1,
-  kQ4_0 = 2,
-  kQ4_1 = 3,
-  kQ5_0 = 6,
-  kQ5_1 = 7,
-  kQ8_0 = 8,
-  kQ8_1 = 9,
-  kQ2_K = 10,
-  kQ3_K = 11,
-  kQ4_K = 12,
-  kQ5_K = 13,
-  kQ6_K = 14,
-  kQ8_K = 15,
-  kI8 = 24,
-  kI16 = 25,
-  kI32 = 26,
-  kI64 = 27,
-  kF64 = 28,
-  kBF16 = 30,
-};
-// "F32", "Q4_1", ...; "type N" for a code the reader does not know.
-std::string GgmlTypeName(GgmlType type);
-// Values per block and bytes per block; {0, 0} for an unknown code.
-struct GgmlTypeSize {
-  uint32_t block_values = 0;
-  uint32_t block_bytes = 0;
-};
-GgmlTypeSize GgmlTypeSizeOf(GgmlType type);
-// True for the types DequantizeRow decodes (F32, F16, Q4_1, Q8_0).
-bool CanDequantize(GgmlType type);
 
 struct GgufTensor {
   std::string name;
@@ -199,14 +162,5 @@ class GgufFile {
   std::vector<std::pair<std::string, GgufValue>> metadata_;
   std::vector<GgufTensor> tensors_;
 };
-
-// Decodes n values of `type` from `src` into dst[n] (SIMD, runtime
-// dispatch). n must be a whole number of blocks: InvalidArgument otherwise,
-// Unimplemented for a type CanDequantize rejects. The result is bit-identical
-// to DequantizeRowScalar on every SIMD target, except that where a block's
-// scale is NaN the NaN payloads may differ (found by fuzz/gguf_fuzz.cc).
-Status DequantizeRow(GgmlType type, const uint8_t* src, size_t n, float* dst);
-// The scalar reference.
-Status DequantizeRowScalar(GgmlType type, const uint8_t* src, size_t n, float* dst);
 
 }  // namespace kvcache::model

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "model/gguf_writer.h"
+#include "model/tensor/gguf_dequant.h"
 
 namespace kvcache::model {
 namespace {

@@ -1,10 +1,10 @@
-// The bf16 weight product (model/decoder/matmul_bf16.h): every kernel this
+// The bf16 weight product (model/tensor/matmul_bf16.h): every kernel this
 // CPU runs (AMX tiles, vdpbf16ps, the f32 FMA kernel over rounded values)
 // against a double-precision reference over the same bf16-rounded values,
 // every shape edge (partial row blocks, partial token tiles, columns that
 // are not a multiple of 32), and batch sizes and thread counts that change
 // no bit.
-#include "model/decoder/matmul_bf16.h"
+#include "model/tensor/matmul_bf16.h"
 
 #include <gtest/gtest.h>
 
@@ -16,7 +16,7 @@
 
 #include "kvcache/float16.h"
 #include "kvcache/thread_pool.h"
-#include "model/decoder/matmul.h"
+#include "model/tensor/matmul.h"
 
 namespace kvcache::model {
 namespace {

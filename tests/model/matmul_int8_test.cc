@@ -1,8 +1,8 @@
-// The integer-lane weight product (model/decoder/matmul_int8.h): the input
+// The integer-lane weight product (model/tensor/matmul_int8.h): the input
 // rounding, every SIMD target against the scalar reference bit for bit,
 // thread counts and batch sizes that change nothing, and how close it stays
 // to the exact f32 product.
-#include "model/decoder/matmul_int8.h"
+#include "model/tensor/matmul_int8.h"
 
 #include <gtest/gtest.h>
 #include <hwy/targets.h>
@@ -15,7 +15,7 @@
 
 #include "kvcache/float16.h"
 #include "kvcache/thread_pool.h"
-#include "model/decoder/matmul.h"
+#include "model/tensor/matmul.h"
 
 namespace kvcache::model {
 namespace {

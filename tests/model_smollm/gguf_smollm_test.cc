@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "model_smollm/smollm_fixture.h"
+#include "model/tensor/gguf_dequant.h"
 
 namespace kvcache::model {
 namespace {

@@ -28,11 +28,11 @@
 #include <vector>
 
 #include "kvcache/float16.h"
-#include "model/decoder/matmul.h"
-#include "model/decoder/matmul_int8.h"
+#include "model/tensor/matmul.h"
+#include "model/tensor/matmul_int8.h"
 
 #undef HWY_TARGET_INCLUDE
-#define HWY_TARGET_INCLUDE "model/decoder/matmul_int8.cc"
+#define HWY_TARGET_INCLUDE "model/tensor/matmul_int8.cc"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 #include <hwy/highway.h>
 

@@ -11,7 +11,7 @@
 // tokens' value pairs (2k, 2k + 1). C = 16 rows x 16 tokens in f32. Up to
 // 4 accumulators per pass: 4 row groups x 1 token tile, or 2 x 2 (each A
 // and each B load feeds two products). Tiles: 0-3 C, 4-7 A and B.
-#include "model/decoder/matmul_bf16.h"
+#include "model/tensor/matmul_bf16.h"
 
 // The decode multiplies and adds round on their own, as DequantizeRow's do.
 #pragma GCC optimize("fp-contract=off")

@@ -19,12 +19,12 @@
 // with `kvcache perplexity --matmul int8` against the f32 path. It keeps every
 // property above: a (t, r) result depends on x[t] and row r only, and every
 // target, thread count and row split gives the same bits
-// (model/decoder/matmul_int8.h). Other types ignore it.
+// (model/tensor/matmul_int8.h). Other types ignore it.
 //
 // MatMulInputs::kBf16 is the fast path for products over many tokens (a
 // decode step of many sequences, a prefill chunk): weights and inputs
 // rounded to bf16, products summed in f32, on AMX tiles where the CPU has
-// them (model/decoder/matmul_bf16.h). Every matrix type takes it. A (t, r)
+// them (model/tensor/matmul_bf16.h). Every matrix type takes it. A (t, r)
 // result again depends on x[t] and row r only, so batching and threads change
 // no bit; which kernel runs (tiles or f32 FMA) is fixed per machine.
 //
@@ -38,7 +38,8 @@
 
 #include "kvcache/status.h"
 #include "kvcache/thread_pool.h"
-#include "model/io/gguf.h"
+#include "model/tensor/ggml_type.h"
+#include "model/tensor/gguf_dequant.h"
 
 namespace kvcache::model {
 
@@ -54,8 +55,6 @@ struct WeightMatrix {
 
   // A view of f32 [rows][cols].
   static WeightMatrix F32(std::span<const float> w, uint32_t rows, uint32_t cols);
-  // A view of a 2-D GGUF tensor ([cols, rows] in GGUF order).
-  static WeightMatrix FromTensor(const GgufTensor& t);
   // Rows [r, r + n) decoded to f32 into out[n][cols].
   void DecodeRows(uint32_t r, uint32_t n, float* out) const;
 };

@@ -9,7 +9,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "model/decoder/matmul.h"
+#include "model/tensor/matmul.h"
 
 namespace kvcache::model {
 

@@ -1,5 +1,5 @@
 // Dequantization of GGUF tensor rows and the weight products built on it
-// (model/decoder/matmul.h): the scalar references and the Highway kernels (runtime
+// (model/tensor/matmul.h): the scalar references and the Highway kernels (runtime
 // dispatch once per DequantizeRow / MatMul part / DotF32 call).
 //
 // Every kernel reproduces the scalar reference bit for bit: values are
@@ -13,11 +13,11 @@
 #include <string>
 
 #include "kvcache/float16.h"
-#include "model/decoder/matmul.h"
-#include "model/io/gguf.h"
+#include "model/tensor/gguf_dequant.h"
+#include "model/tensor/matmul.h"
 
 #undef HWY_TARGET_INCLUDE
-#define HWY_TARGET_INCLUDE "model/decoder/gguf_dequant.cc"
+#define HWY_TARGET_INCLUDE "model/tensor/gguf_dequant.cc"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 #include <hwy/cache_control.h>
 #include <hwy/highway.h>

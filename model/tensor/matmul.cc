@@ -1,9 +1,9 @@
 // Weight products: row ranges split over the caller's ThreadPool; the SIMD
 // row loop lives in gguf_dequant.cc (dispatch once per part).
-#include "model/decoder/matmul.h"
+#include "model/tensor/matmul.h"
 
-#include "model/decoder/matmul_bf16.h"
-#include "model/decoder/matmul_int8.h"
+#include "model/tensor/matmul_bf16.h"
+#include "model/tensor/matmul_int8.h"
 
 #include <algorithm>
 #include <cassert>
@@ -19,11 +19,6 @@ void MatMulRows(const WeightMatrix& w, uint32_t r0, uint32_t r1, const float* x,
 WeightMatrix WeightMatrix::F32(std::span<const float> w, uint32_t rows, uint32_t cols) {
   assert(w.size() == static_cast<size_t>(rows) * cols);
   return {GgmlType::kF32, reinterpret_cast<const uint8_t*>(w.data()), rows, cols, size_t{cols} * 4};
-}
-
-WeightMatrix WeightMatrix::FromTensor(const GgufTensor& t) {
-  return {t.type, t.bytes.data(), static_cast<uint32_t>(t.rows()), static_cast<uint32_t>(t.cols()),
-          static_cast<size_t>(t.row_bytes())};
 }
 
 void WeightMatrix::DecodeRows(uint32_t r, uint32_t n, float* out) const {

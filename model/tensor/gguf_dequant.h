@@ -1,0 +1,30 @@
+// Decoding rows of ggml tensor data into f32.
+//
+// Dequantization covers the types SmolLM2's Q4_1 file holds plus F16:
+// F32, F16, Q4_1 (blocks of 32: f16 scale d, f16 min m, 16 bytes of nibbles;
+// value j = (low nibble of byte j) * d + m, value 16 + j = (high nibble) *
+// d + m) and Q8_0 (blocks of 32: f16 scale d, 32 int8; value = q * d). Other
+// known types (Q6_K, BF16, ...) are sized (ggml_type.h) but decoding them is
+// Unimplemented, naming the type.
+//
+// Thread safety: pure functions.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "kvcache/status.h"
+#include "model/tensor/ggml_type.h"
+
+namespace kvcache::model {
+
+// Decodes n values of `type` from `src` into dst[n] (SIMD, runtime
+// dispatch). n must be a whole number of blocks: InvalidArgument otherwise,
+// Unimplemented for a type CanDequantize rejects. The result is bit-identical
+// to DequantizeRowScalar on every SIMD target, except that where a block's
+// scale is NaN the NaN payloads may differ (found by fuzz/gguf_fuzz.cc).
+Status DequantizeRow(GgmlType type, const uint8_t* src, size_t n, float* dst);
+// The scalar reference.
+Status DequantizeRowScalar(GgmlType type, const uint8_t* src, size_t n, float* dst);
+
+}  // namespace kvcache::model
