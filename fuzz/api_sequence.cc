@@ -20,7 +20,7 @@
 #include "kvcache/eviction.h"
 #include "kvcache/hybrid.h"
 #include "kvcache/pool.h"
-#include "kvcache/prefix_cache.h"
+#include "kvcache/serving/prefix_cache.h"
 #include "testing/harness.h"
 
 namespace kvcache::fuzz {

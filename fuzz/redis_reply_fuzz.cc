@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "fuzz/fuzz_target.h"
-#include "kvcache/resp_reader.h"
+#include "kvcache/serving/resp_reader.h"
 
 namespace {
 

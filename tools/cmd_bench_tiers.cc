@@ -47,7 +47,7 @@
 
 #include "kvcache/pool.h"
 #include "kvcache/thread_pool.h"
-#include "kvcache/tier.h"
+#include "kvcache/serving/tier.h"
 #include "model/decoder/matmul.h"
 #include "tools/command.h"
 

@@ -19,11 +19,11 @@
 #include "testing/eval/eval.h"  // private: the evaluator has no public header yet
 #include "kvcache/eviction.h"
 #include "kvcache/hybrid.h"
-#include "kvcache/prefix_cache.h"
+#include "kvcache/serving/prefix_cache.h"
 #include "kvcache/simulator.h"
 #include "kvcache/workload.h"
-#include "kvcache/tier.h"
-#include "kvcache/offload.h"
+#include "kvcache/serving/tier.h"
+#include "kvcache/serving/offload.h"
 #include <chrono>
 
 using namespace nb::literals;

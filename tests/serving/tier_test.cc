@@ -11,7 +11,7 @@
 #include <fstream>
 
 #include "kvcache/cache.h"
-#include "kvcache/tier.h"
+#include "kvcache/serving/tier.h"
 #include "serving/tier_test_util.h"
 
 namespace kvcache {

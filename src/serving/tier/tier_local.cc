@@ -38,7 +38,7 @@
 
 #include <fmt/format.h>
 
-#include "kvcache/tier.h"
+#include "kvcache/serving/tier.h"
 
 namespace kvcache {
 namespace {

@@ -72,7 +72,7 @@
 
 #include "kvcache/cache.h"
 #include "kvcache/pool.h"
-#include "kvcache/tier.h"
+#include "kvcache/serving/tier.h"
 
 namespace kvcache {
 namespace {

@@ -55,7 +55,7 @@
 
 #include "kvcache/format.h"
 #include "kvcache/geometry.h"
-#include "kvcache/prefix_cache.h"
+#include "kvcache/serving/prefix_cache.h"
 #include "kvcache/status.h"
 
 namespace kvcache {

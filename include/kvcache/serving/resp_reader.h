@@ -31,7 +31,7 @@
 #include <string>
 #include <vector>
 
-#include "kvcache/tier.h"
+#include "kvcache/serving/tier.h"
 
 namespace kvcache {
 

@@ -60,9 +60,9 @@
 #include <vector>
 
 #include "kvcache/pool.h"
-#include "kvcache/prefix_cache.h"
+#include "kvcache/serving/prefix_cache.h"
 #include "kvcache/status.h"
-#include "kvcache/tier.h"
+#include "kvcache/serving/tier.h"
 
 namespace kvcache {
 
