@@ -47,7 +47,8 @@
 
 #include "kvcache/pool.h"
 #include "kvcache/thread_pool.h"
-#include "kvcache/serving/tier.h"
+#include "kvcache/serving/tier_object.h"
+#include "kvcache/serving/tier_store.h"
 #include "model/decoder/matmul.h"
 #include "tools/command.h"
 

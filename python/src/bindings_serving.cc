@@ -22,7 +22,7 @@
 #include "kvcache/serving/prefix_cache.h"
 #include "kvcache/simulator.h"
 #include "kvcache/workload.h"
-#include "kvcache/serving/tier.h"
+#include "kvcache/serving/tier_store.h"
 #include "kvcache/serving/offload.h"
 #include <chrono>
 

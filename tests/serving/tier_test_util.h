@@ -9,7 +9,7 @@
 
 #include "kvcache/pool.h"
 #include "kvcache/serving/prefix_cache.h"
-#include "kvcache/serving/tier.h"
+#include "kvcache/serving/tier_object.h"
 
 namespace kvcache::tiertest {
 

@@ -1,5 +1,5 @@
 // RespReader: an incremental reader of RESP2 replies (the Redis protocol),
-// the one RedisTier (tier.h) reads its server with. Public so that a tool,
+// the one RedisTier (tier_store.h) reads its server with. Public so that a tool,
 // a test or a fuzzer can feed it arbitrary server bytes exactly as the tier
 // does; nothing else in the library depends on it.
 //
@@ -31,7 +31,7 @@
 #include <string>
 #include <vector>
 
-#include "kvcache/serving/tier.h"
+#include "kvcache/serving/tier_store.h"
 
 namespace kvcache {
 

@@ -1,4 +1,4 @@
-// RedisTier (tier.h): one connection (hiredis connects it, non-blocking),
+// RedisTier (tier_store.h): one connection (hiredis connects it, non-blocking),
 // driven by our own poll loop so that every round trip has an absolute
 // deadline, our own RESP2 writer and our own reply reader.
 //
@@ -38,7 +38,7 @@
 
 #include <fmt/format.h>
 
-#include "kvcache/serving/tier.h"
+#include "kvcache/serving/tier_store.h"
 #include "kvcache/serving/resp_reader.h"
 
 namespace kvcache {
