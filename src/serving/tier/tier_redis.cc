@@ -8,7 +8,7 @@
 // more into our own vector). Here a command's value is written from the
 // caller's object with sendmsg (iovecs), and a GET's bulk payload is read by
 // read() straight into the uninitialized TierBlob it is returned in
-// (RespReader, kvcache/serving/resp_reader.h: also the seam fuzz/redis_reply_fuzz.cc feeds).
+// (RespReader, serving/tier/resp_reader.h: also the seam fuzz/redis_reply_fuzz.cc feeds).
 //
 // A round trip writes up to max_batch commands (GET, EXISTS or SET, one per
 // key: pipelined) at once, then reads exactly that many replies, each wait
@@ -39,7 +39,7 @@
 #include <fmt/format.h>
 
 #include "kvcache/serving/tier_store.h"
-#include "kvcache/serving/resp_reader.h"
+#include "serving/tier/resp_reader.h"
 
 namespace kvcache {
 
