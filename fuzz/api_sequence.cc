@@ -21,7 +21,7 @@
 #include "kvcache/hybrid.h"
 #include "kvcache/pool.h"
 #include "kvcache/serving/prefix_cache.h"
-#include "testing/harness.h"
+#include "tools/support/harness.h"
 
 namespace kvcache::fuzz {
 namespace {

@@ -2,7 +2,7 @@
 # sources (ctest: layering_check, label tools):
 #   - no face (model/, engine/, server/, tools/, bench/, fuzz/, python/src/) includes a private
 #     header of the library (src/<layer>/...): faces use include/kvcache/ and,
-#     where a tool or test needs more, the uninstalled testing/ library or
+#     where a tool or test needs more, the command's tools/support/ code or
 #     the core's uninstalled profiling header (kvcache_profiling);
 #   - kvcache_core (its sources src/<core layer>/ and its public headers
 #     include/kvcache/*.h) includes nothing of serving: a path rule, serving's

@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "testing/bench_support.h"
+#include "tools/support/bench_support.h"
 #include "kvcache/format.h"
 
 namespace kvcache::tools {

@@ -48,7 +48,7 @@
 #include <string>
 #include <vector>
 
-#include "testing/bench_support.h"
+#include "tools/support/bench_support.h"
 #include "kvcache/attention.h"
 #include "kvcache/simd.h"
 #include "kvcache/thread_pool.h"

@@ -17,8 +17,8 @@
 #include <optional>
 #include <sstream>
 
-#include "testing/eval/eval.h"
-#include "testing/eval/synthetic.h"
+#include "tools/support/eval/eval.h"
+#include "tools/support/eval/synthetic.h"
 #include "kvcache/format.h"
 #include "kvcache/npy.h"
 #include "tools/command.h"

@@ -68,7 +68,7 @@
 #include "kvcache/serving/offload.h"
 #include "kvcache/pool.h"
 #include "kvcache/serving/prefix_cache.h"
-#include "testing/harness.h"
+#include "tools/support/harness.h"
 #include "tools/command.h"
 #include "tools/heap_counter.h"
 #include "tools/tier_json.h"

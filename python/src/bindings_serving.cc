@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "common.h"
-#include "testing/eval/eval.h"  // private: the evaluator has no public header yet
+#include "tools/support/eval/eval.h"  // private: the evaluator has no public header yet
 #include "kvcache/eviction.h"
 #include "kvcache/hybrid.h"
 #include "kvcache/serving/prefix_cache.h"
