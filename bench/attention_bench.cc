@@ -8,10 +8,10 @@
 #include <string>
 #include <vector>
 
-#include "testing/bench_support.h"
 #include "kvcache/attention.h"
 #include "kvcache/simd.h"
 #include "kvcache/thread_pool.h"
+#include "tools/support/bench_support.h"
 
 namespace kvcache {
 namespace {

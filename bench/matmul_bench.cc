@@ -12,7 +12,7 @@
 #include "kvcache/float16.h"
 #include "kvcache/thread_pool.h"
 #include "model/tensor/matmul.h"
-#include "testing/bench_support.h"
+#include "tools/support/bench_support.h"
 
 namespace {
 

@@ -47,9 +47,9 @@
 #include "engine/sampler.h"
 #include "engine/stop_text.h"
 #include "kvcache/geometry.h"
-#include "kvcache/offload.h"
+#include "kvcache/serving/offload.h"
 #include "kvcache/pool.h"
-#include "kvcache/prefix_cache.h"
+#include "kvcache/serving/prefix_cache.h"
 #include "model/decoder/decoder.h"
 #include "model/kv/cache_kv.h"
 

@@ -20,8 +20,8 @@
 #include "kvcache/eviction.h"
 #include "kvcache/hybrid.h"
 #include "kvcache/pool.h"
-#include "kvcache/prefix_cache.h"
-#include "testing/harness.h"
+#include "kvcache/serving/prefix_cache.h"
+#include "tools/support/harness.h"
 
 namespace kvcache::fuzz {
 namespace {

@@ -1,6 +1,7 @@
-// Fuzz target `redis_reply`: RedisTier's reply reader (kvcache/
-// resp_reader.h) on arbitrary server bytes, fed in arbitrary pieces through
-// ReadBuffer/Commit (the socket path: bulk payloads land in their blobs).
+// Fuzz target `redis_reply`: RedisTier's reply reader (private:
+// src/serving/tier/resp_reader.h) on arbitrary server bytes, fed in arbitrary
+// pieces through ReadBuffer/Commit (the socket path: bulk payloads land in
+// their blobs).
 //
 // Input: byte 0 picks the mode and the staging buffer's size, byte 1 seeds
 // the piece sizes; the rest is
@@ -19,7 +20,7 @@
 #include <vector>
 
 #include "fuzz/fuzz_target.h"
-#include "kvcache/resp_reader.h"
+#include "serving/tier/resp_reader.h"
 
 namespace {
 

@@ -1,4 +1,4 @@
-// Fuzz target `tier_object`: the offload tiers' block object (kvcache/tier.h,
+// Fuzz target `tier_object`: the offload tiers' block object (kvcache/serving/tier_object.h,
 // layout in docs/tiers.md), through its public functions only.
 //
 // Input byte 0 picks the mode (2: disk file, 4: raw calibration object, 6:
@@ -63,7 +63,8 @@
 #include "fuzz/fuzz_target.h"
 #include "kvcache/cache.h"
 #include "kvcache/pool.h"
-#include "kvcache/tier.h"
+#include "kvcache/serving/tier_object.h"
+#include "kvcache/serving/tier_store.h"
 
 namespace {
 using namespace kvcache;

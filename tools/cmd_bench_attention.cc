@@ -48,13 +48,13 @@
 #include <string>
 #include <vector>
 
-#include "testing/bench_support.h"
 #include "kvcache/attention.h"
 #include "kvcache/simd.h"
 #include "kvcache/thread_pool.h"
 #include "tools/bench_util.h"
 #include "tools/cmd_bench_attention_passes.h"
 #include "tools/command.h"
+#include "tools/support/bench_support.h"
 
 namespace kvcache::tools {
 namespace {
@@ -368,57 +368,56 @@ int RunBench(const BenchOptions& o) {
   return 0;
 }
 
-const bool kRegistered = RegisterCommand(
+const bool kRegistered = RegisterOptionsCommand<BenchOptions>(
     "bench attention",
     "Decode attention step time vs the machine's read bandwidth, per format pair",
-    [](CLI::App* app) -> Runner {
-      auto o = std::make_shared<BenchOptions>();
-      app->add_flag("--json", o->json, "One JSON object per case");
-      app->add_flag("--small-pages", o->small_pages,
+    [](CLI::App* app, BenchOptions& o) {
+      app->add_flag("--json", o.json, "One JSON object per case");
+      app->add_flag("--small-pages", o.small_pages,
                     "K/V storage without the transparent huge page advice (4 KiB pages)");
-      app->add_option("--context", o->context, "Context tokens of the single sequence")
+      app->add_option("--context", o.context, "Context tokens of the single sequence")
           ->capture_default_str();
-      app->add_option("--threads", o->threads, "Threads (kernel and bandwidth probe)")
+      app->add_option("--threads", o.threads, "Threads (kernel and bandwidth probe)")
           ->capture_default_str();
-      app->add_option("--formats", o->formats, "Comma-separated K:V format pairs")
+      app->add_option("--formats", o.formats, "Comma-separated K:V format pairs")
           ->capture_default_str();
-      app->add_option("--layout", o->layout, "contiguous, paged or both")->capture_default_str();
-      app->add_option("--block-size", o->block_sizes,
+      app->add_option("--layout", o.layout, "contiguous, paged or both")->capture_default_str();
+      app->add_option("--block-size", o.block_sizes,
                       "Tokens per pool block (paged layout); several, comma-separated, give one "
                       "paged case each")
           ->delimiter(',')
           ->capture_default_str();
-      app->add_option("--repeats", o->repeats,
+      app->add_option("--repeats", o.repeats,
                       "Rounds: timed steps per case, interleaved across cases (median)")
           ->capture_default_str();
-      app->add_option("--batch-seqs", o->batch_seqs, "Sequences in the batched case (0: skip)")
+      app->add_option("--batch-seqs", o.batch_seqs, "Sequences in the batched case (0: skip)")
           ->capture_default_str();
-      app->add_option("--batch-context", o->batch_context, "Context tokens per batched sequence")
+      app->add_option("--batch-context", o.batch_context, "Context tokens per batched sequence")
           ->capture_default_str();
-      app->add_option("--bandwidth-mib", o->bandwidth_mib, "Bandwidth probe buffer (MiB)")
+      app->add_option("--bandwidth-mib", o.bandwidth_mib, "Bandwidth probe buffer (MiB)")
           ->capture_default_str();
-      app->add_option("--simd-targets", o->simd_targets,
+      app->add_option("--simd-targets", o.simd_targets,
                       "SIMD targets to time each case on, comma-separated (default: the "
                       "dispatched one; `kvcache info` lists them)")
           ->delimiter(',');
-      app->add_option("--key-paths", o->key_paths,
+      app->add_option("--key-paths", o.key_paths,
                       "Quantized-key scoring to time each case with, comma-separated: int (int16 "
                       "query, default), int8 (q8_0/q4_0: int8 query per 32 values), float (f32 "
                       "query)")
           ->delimiter(',');
-      app->add_flag("--passes", o->passes,
+      app->add_flag("--passes", o.passes,
                     "Per-pass profile: K, exp, V and the rest per stored row (TSC cycles, CPU "
                     "ns), in memory (--context) and in cache (--cache-context), beside the "
                     "pattern-read floor");
-      app->add_option("--pass-threads", o->pass_threads,
+      app->add_option("--pass-threads", o.pass_threads,
                       "--passes: thread counts, comma-separated, timed in the same rounds "
                       "(default: --threads)")
           ->delimiter(',');
-      app->add_option("--cache-context", o->cache_context,
+      app->add_option("--cache-context", o.cache_context,
                       "--passes: context tokens of the in-cache case")
           ->capture_default_str();
-      return [o] { return RunBench(*o); };
-    });
+    },
+    RunBench);
 
 }  // namespace
 }  // namespace kvcache::tools

@@ -43,12 +43,12 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 
-#include "testing/bench_support.h"
 #include "kvcache/attention.h"
 #include "kvcache/attention_profile.h"
 #include "kvcache/simd.h"
 #include "kvcache/thread_pool.h"
 #include "tools/bench_util.h"
+#include "tools/support/bench_support.h"
 
 namespace kvcache::tools {
 namespace {

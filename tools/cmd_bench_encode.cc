@@ -198,46 +198,45 @@ Result<nlohmann::json> Run(const BenchEncodeOptions& o) {
   return out;
 }
 
-const bool kRegistered = RegisterCommand(
+const bool kRegistered = RegisterOptionsCommand<BenchEncodeOptions>(
     "bench encode", "Encode, decode and one-token append speed per format and SIMD target",
-    [](CLI::App* app) -> Runner {
-      auto o = std::make_shared<BenchEncodeOptions>();
-      app->add_flag("--json", o->json, "One JSON object per (format, target)");
-      app->add_flag("--long", o->long_run, "4x the work per figure and 3x the rounds");
-      app->add_option("--formats", o->formats, "Comma-separated formats (default: all)");
-      app->add_option("--simd-targets", o->simd_targets,
+    [](CLI::App* app, BenchEncodeOptions& o) {
+      app->add_flag("--json", o.json, "One JSON object per (format, target)");
+      app->add_flag("--long", o.long_run, "4x the work per figure and 3x the rounds");
+      app->add_option("--formats", o.formats, "Comma-separated formats (default: all)");
+      app->add_option("--simd-targets", o.simd_targets,
                       "SIMD targets, comma-separated (default: the dispatched one; `kvcache "
                       "info` lists them)")
           ->delimiter(',');
-      app->add_option("--rows", o->rows, "Rows of head_dim 128 per encode/decode call")
+      app->add_option("--rows", o.rows, "Rows of head_dim 128 per encode/decode call")
           ->capture_default_str();
-      app->add_option("--append-tokens", o->append_tokens, "Tokens appended per append run")
+      app->add_option("--append-tokens", o.append_tokens, "Tokens appended per append run")
           ->capture_default_str();
-      app->add_option("--rounds", o->rounds, "Interleaved rounds (median)")->capture_default_str();
-      return [o] {
-        auto r = Run(*o);
-        if (!r.ok()) {
-          fmt::print(stderr, "kvcache bench encode: {}\n", r.status().ToString());
-          return 2;
-        }
-        if (o->json) {
-          for (const auto& j : *r) fmt::print("{}\n", j.dump());
-          return 0;
-        }
-        fmt::print("{:<10} {:<8} {:>10} {:>10} {:>12} {:>12} {:>8}\n", "format", "target", "enc_GB/s",
-                   "dec_GB/s", "append_us", "enc_tok_us", "app/enc");
-        for (const auto& j : *r) {
-          fmt::print("{:<10} {:<8} {:>10.2f} {:>10.2f} {:>12.1f} {:>12.1f} {:>8.2f}\n",
-                     j["format"].get<std::string>(), j["simd_target"].get<std::string>(),
-                     j["encode_gb_per_s"].get<double>(), j["decode_gb_per_s"].get<double>(),
-                     j["append_token_us"].get<double>(), j["encode_token_us"].get<double>(),
-                     j["append_vs_encode"].get<double>());
-        }
-        fmt::print("append: one token, {} layers x {} kv heads x head_dim {}, K and V in the "
-                   "format, paged pool (block {}); thread CPU time, medians\n",
-                   kLayers, kKvHeads, kHeadDim, kBlock);
+      app->add_option("--rounds", o.rounds, "Interleaved rounds (median)")->capture_default_str();
+    },
+    [](const BenchEncodeOptions& o) {
+      auto r = Run(o);
+      if (!r.ok()) {
+        fmt::print(stderr, "kvcache bench encode: {}\n", r.status().ToString());
+        return 2;
+      }
+      if (o.json) {
+        for (const auto& j : *r) fmt::print("{}\n", j.dump());
         return 0;
-      };
+      }
+      fmt::print("{:<10} {:<8} {:>10} {:>10} {:>12} {:>12} {:>8}\n", "format", "target", "enc_GB/s",
+                 "dec_GB/s", "append_us", "enc_tok_us", "app/enc");
+      for (const auto& j : *r) {
+        fmt::print("{:<10} {:<8} {:>10.2f} {:>10.2f} {:>12.1f} {:>12.1f} {:>8.2f}\n",
+                   j["format"].get<std::string>(), j["simd_target"].get<std::string>(),
+                   j["encode_gb_per_s"].get<double>(), j["decode_gb_per_s"].get<double>(),
+                   j["append_token_us"].get<double>(), j["encode_token_us"].get<double>(),
+                   j["append_vs_encode"].get<double>());
+      }
+      fmt::print("append: one token, {} layers x {} kv heads x head_dim {}, K and V in the "
+                 "format, paged pool (block {}); thread CPU time, medians\n",
+                 kLayers, kKvHeads, kHeadDim, kBlock);
+      return 0;
     });
 
 }  // namespace

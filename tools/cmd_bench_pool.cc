@@ -25,15 +25,15 @@
 #include "kvcache/cache.h"
 #include "kvcache/pool.h"
 #include "kvcache/simd.h"
+#include "tools/bench_util.h"
 #include "tools/command.h"
+#include "tools/json_result.h"
 
 namespace kvcache::tools {
 namespace {
 
-struct BenchPoolOptions {
-  bool json = false;
-  uint32_t layers = 32, kv_heads = 8, head_dim = 128, block_size = 16;
-  std::string kv_format = "f32";
+struct BenchPoolOptions : BenchCacheOptions {
+  BenchPoolOptions() { kv_format = "f32"; }
   uint32_t context = 32768;
   int repeats = 11;
 };
@@ -58,11 +58,6 @@ struct Runs {
     wall.push_back((b.wall - a.wall) / ops * scale);
   }
 };
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
 Result<nlohmann::json> RunBench(const BenchPoolOptions& o) {
   KV_ASSIGN_OR_RETURN(Geometry geo,
                       Geometry::Create({o.layers, o.kv_heads, o.head_dim, o.block_size}));
@@ -91,8 +86,8 @@ Result<nlohmann::json> RunBench(const BenchPoolOptions& o) {
       }
       runs.Add(t0, Stamp::Now(), n, 1e9);
     }
-    out["alloc_release_ns"] = Median(runs.cpu);
-    out["wall_alloc_release_ns"] = Median(runs.wall);
+    out["alloc_release_ns"] = UpperMedian(runs.cpu);
+    out["wall_alloc_release_ns"] = UpperMedian(runs.wall);
   }
 
   // append of one token to every layer.
@@ -114,8 +109,8 @@ Result<nlohmann::json> RunBench(const BenchPoolOptions& o) {
       runs.Add(t0, Stamp::Now(), append_cycle, 1e9);
       KV_RETURN_IF_ERROR(cache.Clear());
     }
-    out["append_token_ns"] = Median(runs.cpu);
-    out["wall_append_token_ns"] = Median(runs.wall);
+    out["append_token_ns"] = UpperMedian(runs.cpu);
+    out["wall_append_token_ns"] = UpperMedian(runs.wall);
     out["append_token_bytes"] = cache.geometry().n_layers() * geo.n_kv_heads() *
                                 (RowBytes(formats.k, geo.head_dim()) + RowBytes(formats.v, geo.head_dim()));
   }
@@ -137,10 +132,10 @@ Result<nlohmann::json> RunBench(const BenchPoolOptions& o) {
       KV_RETURN_IF_ERROR(seq.Truncate(0));
       trunc_runs.Add(t2, Stamp::Now(), 1, 1e6);
     }
-    out["fork_32k_us"] = Median(fork_runs.cpu);
-    out["truncate_32k_us"] = Median(trunc_runs.cpu);
-    out["wall_fork_32k_us"] = Median(fork_runs.wall);
-    out["wall_truncate_32k_us"] = Median(trunc_runs.wall);
+    out["fork_32k_us"] = UpperMedian(fork_runs.cpu);
+    out["truncate_32k_us"] = UpperMedian(trunc_runs.cpu);
+    out["wall_fork_32k_us"] = UpperMedian(fork_runs.wall);
+    out["wall_truncate_32k_us"] = UpperMedian(trunc_runs.wall);
   }
   KV_RETURN_IF_ERROR(pool->CheckInvariants());
   out["context_tokens"] = o.context;
@@ -151,40 +146,26 @@ Result<nlohmann::json> RunBench(const BenchPoolOptions& o) {
   return out;
 }
 
-const bool kRegistered = RegisterCommand(
+// The text of a result.
+void PrintText(const BenchPoolOptions& o, const nlohmann::json& j) {
+  fmt::print("geometry {}  kv {}  simd {}\n", j["geometry"].get<std::string>(),
+             j["kv_format"].get<std::string>(), j["simd_target"].get<std::string>());
+  fmt::print("{:<18} {:>12}\n", "alloc+release", fmt::format("{:.1f} ns", j["alloc_release_ns"].get<double>()));
+  fmt::print("{:<18} {:>12}\n", "append 1 token", fmt::format("{:.0f} ns", j["append_token_ns"].get<double>()));
+  fmt::print("{:<18} {:>12}\n", fmt::format("fork {}", o.context), fmt::format("{:.1f} us", j["fork_32k_us"].get<double>()));
+  fmt::print("{:<18} {:>12}\n", fmt::format("truncate {}", o.context), fmt::format("{:.1f} us", j["truncate_32k_us"].get<double>()));
+}
+
+const bool kRegistered = RegisterOptionsCommand<BenchPoolOptions>(
     "bench pool", "Pool and cache operation timings (alloc, append, fork, truncate)",
-    [](CLI::App* app) -> Runner {
-      auto o = std::make_shared<BenchPoolOptions>();
-      app->add_flag("--json", o->json, "Print JSON");
-      app->add_option("--layers", o->layers, "Number of layers")->capture_default_str();
-      app->add_option("--kv-heads", o->kv_heads, "Number of kv heads")->capture_default_str();
-      app->add_option("--head-dim", o->head_dim, "Values per head")->capture_default_str();
-      app->add_option("--block-size", o->block_size, "Tokens per block")->capture_default_str();
-      app->add_option("--kv-format", o->kv_format, "K:V format pair")->capture_default_str();
-      app->add_option("--context", o->context, "Tokens of the fork/truncate sequence")
+    [](CLI::App* app, BenchPoolOptions& o) {
+      AddBenchCacheFlags(app, o);
+      app->add_option("--context", o.context, "Tokens of the fork/truncate sequence")
           ->capture_default_str();
-      app->add_option("--repeats", o->repeats, "Runs per measurement (median)")
+      app->add_option("--repeats", o.repeats, "Runs per measurement (median)")
           ->capture_default_str();
-      return [o] {
-        auto r = RunBench(*o);
-        if (!r.ok()) {
-          fmt::print(stderr, "kvcache bench pool: {}\n", r.status().ToString());
-          return 2;
-        }
-        const nlohmann::json& j = *r;
-        if (o->json) {
-          fmt::print("{}\n", j.dump(2));
-          return 0;
-        }
-        fmt::print("geometry {}  kv {}  simd {}\n", j["geometry"].get<std::string>(),
-                   j["kv_format"].get<std::string>(), j["simd_target"].get<std::string>());
-        fmt::print("{:<18} {:>12}\n", "alloc+release", fmt::format("{:.1f} ns", j["alloc_release_ns"].get<double>()));
-        fmt::print("{:<18} {:>12}\n", "append 1 token", fmt::format("{:.0f} ns", j["append_token_ns"].get<double>()));
-        fmt::print("{:<18} {:>12}\n", fmt::format("fork {}", o->context), fmt::format("{:.1f} us", j["fork_32k_us"].get<double>()));
-        fmt::print("{:<18} {:>12}\n", fmt::format("truncate {}", o->context), fmt::format("{:.1f} us", j["truncate_32k_us"].get<double>()));
-        return 0;
-      };
-    });
+    },
+    JsonResultRunner<BenchPoolOptions>("bench pool", RunBench, PrintText));
 
 }  // namespace
 }  // namespace kvcache::tools

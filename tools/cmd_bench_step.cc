@@ -31,6 +31,7 @@
 #include "model/kv/cache_kv.h"
 #include "tools/bench_util.h"
 #include "tools/command.h"
+#include "tools/json_result.h"
 #include "tools/kv_flags.h"
 
 namespace kvcache::tools {
@@ -177,46 +178,37 @@ Result<nlohmann::json> RunBench(const BenchStepOptions& o) {
   return out;
 }
 
-const bool kRegistered = RegisterCommand(
+// The text of a result: one row per (format, stream count).
+void PrintText(const BenchStepOptions& o, const nlohmann::json& j) {
+  fmt::print("matmul {}  threads {}  context {} ({} shared)  simd {}\n", o.matmul, o.threads, o.context,
+             o.shared, j["simd_target"].get<std::string>());
+  fmt::print("{:<10} {:>7} {:>9} {:>9} {:>9} {:>9} {:>9} {:>7}\n", "kv", "streams", "step ms", "ms/token",
+             "tokens/s", "products", "attention", "other");
+  for (const auto& r : j["results"]) {
+    fmt::print("{:<10} {:>7} {:>9.2f} {:>9.3f} {:>9.1f} {:>8.0f}% {:>8.0f}% {:>6.0f}%\n",
+               r["kv_format"].get<std::string>(), r["streams"].get<uint32_t>(), r["step_ms"].get<double>(),
+               r["ms_per_token"].get<double>(), r["tokens_per_s"].get<double>(),
+               100 * r["products_share"].get<double>(), 100 * r["attention_share"].get<double>(),
+               100 * r["other_share"].get<double>());
+  }
+}
+
+const bool kRegistered = RegisterOptionsCommand<BenchStepOptions>(
     "bench step", "One batched decode step of a model over many sequences, per K/V format and stream count",
-    [](CLI::App* app) -> Runner {
-      auto o = std::make_shared<BenchStepOptions>();
-      app->add_option("--model", o->model_path, "GGUF file, or llama2.c v1 checkpoint")->required();
-      app->add_option("--tokenizer", o->tokenizer_path, "llama2.c tokenizer.bin (not for GGUF)");
-      app->add_option("--kv-formats", o->kv_formats, "K:V formats, comma-separated")->capture_default_str();
-      app->add_option("--streams", o->streams, "Sequences per step, comma-separated")->capture_default_str();
-      app->add_option("--context", o->context, "Tokens each sequence holds")->capture_default_str();
-      app->add_option("--shared", o->shared, "Of those, the prefix all sequences share")->capture_default_str();
-      app->add_option("--block-size", o->block_size, "Paged block size in tokens")->capture_default_str();
-      app->add_option("--matmul", o->matmul, kMatMulHelp)->capture_default_str();
-      app->add_option("--threads", o->threads, "Decoder threads")->capture_default_str();
-      app->add_option("--steps", o->steps, "Timed steps per measurement (median)")->capture_default_str();
-      app->add_flag("--json", o->json, "Print JSON");
-      return [o] {
-        auto r = RunBench(*o);
-        if (!r.ok()) {
-          fmt::print(stderr, "kvcache bench step: {}\n", r.status().ToString());
-          return 2;
-        }
-        const nlohmann::json& j = *r;
-        if (o->json) {
-          fmt::print("{}\n", j.dump(2));
-          return 0;
-        }
-        fmt::print("matmul {}  threads {}  context {} ({} shared)  simd {}\n", o->matmul, o->threads, o->context,
-                   o->shared, j["simd_target"].get<std::string>());
-        fmt::print("{:<10} {:>7} {:>9} {:>9} {:>9} {:>9} {:>9} {:>7}\n", "kv", "streams", "step ms", "ms/token",
-                   "tokens/s", "products", "attention", "other");
-        for (const auto& r : j["results"]) {
-          fmt::print("{:<10} {:>7} {:>9.2f} {:>9.3f} {:>9.1f} {:>8.0f}% {:>8.0f}% {:>6.0f}%\n",
-                     r["kv_format"].get<std::string>(), r["streams"].get<uint32_t>(), r["step_ms"].get<double>(),
-                     r["ms_per_token"].get<double>(), r["tokens_per_s"].get<double>(),
-                     100 * r["products_share"].get<double>(), 100 * r["attention_share"].get<double>(),
-                     100 * r["other_share"].get<double>());
-        }
-        return 0;
-      };
-    });
+    [](CLI::App* app, BenchStepOptions& o) {
+      app->add_option("--model", o.model_path, "GGUF file, or llama2.c v1 checkpoint")->required();
+      app->add_option("--tokenizer", o.tokenizer_path, "llama2.c tokenizer.bin (not for GGUF)");
+      app->add_option("--kv-formats", o.kv_formats, "K:V formats, comma-separated")->capture_default_str();
+      app->add_option("--streams", o.streams, "Sequences per step, comma-separated")->capture_default_str();
+      app->add_option("--context", o.context, "Tokens each sequence holds")->capture_default_str();
+      app->add_option("--shared", o.shared, "Of those, the prefix all sequences share")->capture_default_str();
+      app->add_option("--block-size", o.block_size, "Paged block size in tokens")->capture_default_str();
+      app->add_option("--matmul", o.matmul, kMatMulHelp)->capture_default_str();
+      app->add_option("--threads", o.threads, "Decoder threads")->capture_default_str();
+      app->add_option("--steps", o.steps, "Timed steps per measurement (median)")->capture_default_str();
+      app->add_flag("--json", o.json, "Print JSON");
+    },
+    JsonResultRunner<BenchStepOptions>("bench step", RunBench, PrintText));
 
 }  // namespace
 }  // namespace kvcache::tools

@@ -47,17 +47,18 @@
 
 #include "kvcache/pool.h"
 #include "kvcache/thread_pool.h"
-#include "kvcache/tier.h"
+#include "kvcache/serving/tier_object.h"
+#include "kvcache/serving/tier_store.h"
 #include "model/tensor/matmul.h"
+#include "tools/bench_util.h"
 #include "tools/command.h"
+#include "tools/json_result.h"
 
 namespace kvcache::tools {
 namespace {
 
-struct BenchTiersOptions {
-  bool json = false;
-  uint32_t layers = 32, kv_heads = 8, head_dim = 128, block_size = 16;
-  std::string kv_format = "bf16";
+struct BenchTiersOptions : BenchCacheOptions {
+  BenchTiersOptions() { kv_format = "bf16"; }
   uint32_t batch = 16;
   int repeats = 5;
   std::string disk_path;
@@ -67,11 +68,6 @@ struct BenchTiersOptions {
 };
 
 using BenchClock = std::chrono::steady_clock;
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
 
 double Seconds(BenchClock::time_point a, BenchClock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
@@ -86,7 +82,7 @@ Result<double> Gbps(int repeats, double bytes, Fn fn) {
     KV_RETURN_IF_ERROR(fn());
     t.push_back(Seconds(t0, BenchClock::now()));
   }
-  return bytes / Median(t) / 1e9;
+  return bytes / UpperMedian(t) / 1e9;
 }
 
 // Raw pipelined GETs of `keys` on one socket, every reply read with large
@@ -165,7 +161,7 @@ double MatMulFlops(uint32_t tokens, uint32_t* threads_out) {
     model::MatMul(m, x.data(), tokens, out.data(), &pool);
     t.push_back(Seconds(t0, BenchClock::now()));
   }
-  return 2.0 * kDim * kDim * tokens / Median(t);
+  return 2.0 * kDim * kDim * tokens / UpperMedian(t);
 }
 
 Result<nlohmann::json> RunBench(const BenchTiersOptions& o) {
@@ -347,7 +343,7 @@ Result<nlohmann::json> RunBench(const BenchTiersOptions& o) {
       load_s.push_back(Seconds(t1, t2));
     }
     const double bytes = double(object_bytes) * o.batch;
-    const double st = Median(store_s), ld = Median(load_s);
+    const double st = UpperMedian(store_s), ld = UpperMedian(load_s);
     const std::string name = tier->name();
     nlohmann::json floor;
     if (name == "host") floor = {{"name", "memcpy"}, {"gbps", memcpy_gbps}};
@@ -360,9 +356,9 @@ Result<nlohmann::json> RunBench(const BenchTiersOptions& o) {
                        {"floor", floor},
                        {"store_us", st / o.batch * 1e6},
                        {"load_us", ld / o.batch * 1e6},
-                       {"load_fetch_us", Median(fetch_s) / o.batch * 1e6},
-                       {"load_fetch_gbps", bytes / std::max(Median(fetch_s), 1e-9) / 1e9},
-                       {"load_verify_decode_us", Median(vd_s) / o.batch * 1e6},
+                       {"load_fetch_us", UpperMedian(fetch_s) / o.batch * 1e6},
+                       {"load_fetch_gbps", bytes / std::max(UpperMedian(fetch_s), 1e-9) / 1e9},
+                       {"load_verify_decode_us", UpperMedian(vd_s) / o.batch * 1e6},
                        {"recompute_us", recompute_us},
                        {"recompute_over_load", recompute_us / (ld / o.batch * 1e6)}});
   }
@@ -373,51 +369,38 @@ Result<nlohmann::json> RunBench(const BenchTiersOptions& o) {
   return out;
 }
 
-const bool kRegistered = RegisterCommand(
+// The text of a result: one row per tier.
+void PrintText(const BenchTiersOptions& o, const nlohmann::json& r) {
+  fmt::print("block {} bytes ({}), batch {}\n", r["block_bytes"].get<uint64_t>(),
+             r["kv_format"].get<std::string>(), o.batch);
+  fmt::print("{:<6} {:>10} {:>10} {:>10} {:>10} {:>10} {:>9} {:>10} {:>12}\n", "tier",
+             "store GB/s", "load GB/s", "floor GB/s", "store us", "load us", "fetch us",
+             "verify+dec", "recompute us");
+  for (const auto& t : r["tiers"]) {
+    fmt::print("{:<6} {:>10.2f} {:>10.2f} {:>10.2f} {:>10.0f} {:>10.0f} {:>9.0f} {:>10.0f} {:>12.0f}\n",
+               t["tier"].get<std::string>(), t["store_gbps"].get<double>(),
+               t["load_gbps"].get<double>(), t["floor"]["gbps"].get<double>(),
+               t["store_us"].get<double>(), t["load_us"].get<double>(),
+               t["load_fetch_us"].get<double>(), t["load_verify_decode_us"].get<double>(),
+               t["recompute_us"].get<double>());
+  }
+  fmt::print("floors: {}\nrecompute: {}\n", r["floors"].dump(), r["recompute"].dump());
+}
+
+const bool kRegistered = RegisterOptionsCommand<BenchTiersOptions>(
     "bench tiers", "Offload tier store/load bandwidth and latency per block (docs/tiers.md)",
-    [](CLI::App* app) -> Runner {
-      auto o = std::make_shared<BenchTiersOptions>();
-      app->add_flag("--json", o->json, "Print JSON");
-      app->add_option("--layers", o->layers)->capture_default_str();
-      app->add_option("--kv-heads", o->kv_heads)->capture_default_str();
-      app->add_option("--head-dim", o->head_dim)->capture_default_str();
-      app->add_option("--block-size", o->block_size)->capture_default_str();
-      app->add_option("--kv-format", o->kv_format)->capture_default_str();
-      app->add_option("--batch", o->batch, "Blocks per Store/Load call")->capture_default_str();
-      app->add_option("--repeats", o->repeats)->capture_default_str();
-      app->add_option("--disk-path", o->disk_path, "Disk tier folder (default: a temporary one)");
-      app->add_option("--redis", o->redis, "redis://host:port of a server to measure too");
-      app->add_flag("--no-fsync", o->no_fsync, "Disk tier without fsync before rename");
-      app->add_option("--recompute-params", o->recompute_params,
+    [](CLI::App* app, BenchTiersOptions& o) {
+      AddBenchCacheFlags(app, o);
+      app->add_option("--batch", o.batch, "Blocks per Store/Load call")->capture_default_str();
+      app->add_option("--repeats", o.repeats, "Runs per measurement (median)")->capture_default_str();
+      app->add_option("--disk-path", o.disk_path, "Disk tier folder (default: a temporary one)");
+      app->add_option("--redis", o.redis, "redis://host:port of a server to measure too");
+      app->add_flag("--no-fsync", o.no_fsync, "Disk tier without fsync before rename");
+      app->add_option("--recompute-params", o.recompute_params,
                       "Model parameters for the recompute estimate (default Llama-3-8B)")
           ->capture_default_str();
-      return [o] {
-        Result<nlohmann::json> r = RunBench(*o);
-        if (!r.ok()) {
-          fmt::print(stderr, "kvcache bench tiers: {}\n", r.status().ToString());
-          return 2;
-        }
-        if (o->json) {
-          fmt::print("{}\n", r->dump(2));
-          return 0;
-        }
-        fmt::print("block {} bytes ({}), batch {}\n", (*r)["block_bytes"].get<uint64_t>(),
-                   (*r)["kv_format"].get<std::string>(), o->batch);
-        fmt::print("{:<6} {:>10} {:>10} {:>10} {:>10} {:>10} {:>9} {:>10} {:>12}\n", "tier",
-                   "store GB/s", "load GB/s", "floor GB/s", "store us", "load us", "fetch us",
-                   "verify+dec", "recompute us");
-        for (const auto& t : (*r)["tiers"]) {
-          fmt::print("{:<6} {:>10.2f} {:>10.2f} {:>10.2f} {:>10.0f} {:>10.0f} {:>9.0f} {:>10.0f} {:>12.0f}\n",
-                     t["tier"].get<std::string>(), t["store_gbps"].get<double>(),
-                     t["load_gbps"].get<double>(), t["floor"]["gbps"].get<double>(),
-                     t["store_us"].get<double>(), t["load_us"].get<double>(),
-                     t["load_fetch_us"].get<double>(), t["load_verify_decode_us"].get<double>(),
-                     t["recompute_us"].get<double>());
-        }
-        fmt::print("floors: {}\nrecompute: {}\n", (*r)["floors"].dump(), (*r)["recompute"].dump());
-        return 0;
-      };
-    });
+    },
+    JsonResultRunner<BenchTiersOptions>("bench tiers", RunBench, PrintText));
 
 }  // namespace
 }  // namespace kvcache::tools

@@ -74,17 +74,16 @@ int RunDemo(const DemoOptions& o) {
   return RunServingDemo(stdout);
 }
 
-const bool kRegistered = RegisterCommand(
+const bool kRegistered = RegisterOptionsCommand<DemoOptions>(
     "demo", "SmolLM2 answers a chat prompt on the cache (plain and speculative), quality and memory per KV format, a serving simulation",
-    [](CLI::App* app) -> Runner {
-      auto o = std::make_shared<DemoOptions>();
-      app->add_option("--model", o->model, "SmolLM2 GGUF (scripts/fetch_model.sh fetches it)")
+    [](CLI::App* app, DemoOptions& o) {
+      app->add_option("--model", o.model, "SmolLM2 GGUF (scripts/fetch_model.sh fetches it)")
           ->capture_default_str();
-      app->add_option("--model-dir", o->model_dir,
+      app->add_option("--model-dir", o.model_dir,
                       "Run on stories260K from this folder (stories260K_v1.bin, tokenizer.bin) instead");
-      app->add_option("--threads", o->threads, "Threads for the weight products")->capture_default_str();
-      return [o] { return RunDemo(*o); };
-    });
+      app->add_option("--threads", o.threads, "Threads for the weight products")->capture_default_str();
+    },
+    RunDemo);
 
 }  // namespace
 }  // namespace kvcache::tools

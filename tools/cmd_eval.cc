@@ -17,11 +17,11 @@
 #include <optional>
 #include <sstream>
 
-#include "testing/eval/eval.h"
-#include "testing/eval/synthetic.h"
 #include "kvcache/format.h"
 #include "kvcache/npy.h"
 #include "tools/command.h"
+#include "tools/support/eval/eval.h"
+#include "tools/support/eval/synthetic.h"
 
 namespace kvcache::tools {
 namespace {
@@ -213,33 +213,30 @@ int RunEval(const EvalCliOptions& o) {
   return 0;
 }
 
-const bool kRegistered = RegisterCommand(
+const bool kRegistered = RegisterOptionsCommand<EvalCliOptions>(
     "eval", "Measure K/V format pairs against f32 attention (synthetic data or .npy dumps)",
-    [](CLI::App* app) -> Runner {
-      auto o = std::make_shared<EvalCliOptions>();
-      app->add_flag("--json", o->json, "Print one JSON object per format pair per line");
-      app->add_option("--head-dim", o->head_dim, "Values per head (synthetic data)")->capture_default_str();
-      auto* tokens = app->add_option("--tokens", o->tokens,
+    [](CLI::App* app, EvalCliOptions& o) {
+      app->add_flag("--json", o.json, "Print one JSON object per format pair per line");
+      app->add_option("--head-dim", o.head_dim, "Values per head (synthetic data)")->capture_default_str();
+      auto* tokens = app->add_option("--tokens", o.tokens,
                                      "Tokens (synthetic data; with --keys, keep the first N)")->capture_default_str();
-      app->add_option("--kv-heads", o->kv_heads, "KV heads (synthetic data)")->capture_default_str();
-      app->add_option("--q-heads", o->q_heads, "Query heads, a multiple of kv heads (0: 2x kv heads)")
+      app->add_option("--kv-heads", o.kv_heads, "KV heads (synthetic data)")->capture_default_str();
+      app->add_option("--q-heads", o.q_heads, "Query heads, a multiple of kv heads (0: 2x kv heads)")
           ->capture_default_str();
-      app->add_option("--num-queries", o->num_queries, "Queries drawn when --queries is not given")
+      app->add_option("--num-queries", o.num_queries, "Queries drawn when --queries is not given")
           ->capture_default_str();
-      app->add_option("--data", o->data, "Synthetic data: gaussian or outlier")->capture_default_str();
-      app->add_option("--keys", o->keys_path, "Keys .npy, float32/float16 [tokens, kv_heads, head_dim]");
-      app->add_option("--values", o->values_path, "Values .npy, same shape as the keys (default: synthetic)");
-      app->add_option("--queries", o->queries_path,
+      app->add_option("--data", o.data, "Synthetic data: gaussian or outlier")->capture_default_str();
+      app->add_option("--keys", o.keys_path, "Keys .npy, float32/float16 [tokens, kv_heads, head_dim]");
+      app->add_option("--values", o.values_path, "Values .npy, same shape as the keys (default: synthetic)");
+      app->add_option("--queries", o.queries_path,
                       "Queries .npy [n, q_heads, head_dim] (default: drawn from the keys)");
-      app->add_option("--formats", o->formats, "Comma-separated K:V pairs (default: every format and a few mixes)");
-      app->add_option("--seed", o->seed, "Seed of the synthetic data and queries")->capture_default_str();
-      app->add_option("--calibration-tokens", o->calibration_tokens,
+      app->add_option("--formats", o.formats, "Comma-separated K:V pairs (default: every format and a few mixes)");
+      app->add_option("--seed", o.seed, "Seed of the synthetic data and queries")->capture_default_str();
+      app->add_option("--calibration-tokens", o.calibration_tokens,
                       "Rows per head the codec calibrates on (the first ones)")->capture_default_str();
-      return [o, tokens] {
-        o->tokens_given = tokens->count() > 0;
-        return RunEval(*o);
-      };
-    });
+      app->callback([&o, tokens] { o.tokens_given = tokens->count() > 0; });
+    },
+    RunEval);
 
 }  // namespace
 }  // namespace kvcache::tools

@@ -31,7 +31,7 @@
 #include <nlohmann/json.hpp>
 
 #include "kvcache/npy.h"
-#include "kvcache/offload.h"
+#include "kvcache/serving/offload.h"
 #include "model/decoder/decoder.h"
 #include "model/decoder/loaded_model.h"
 #include "model/generate/generate.h"

@@ -20,6 +20,7 @@
 #include "kvcache/geometry.h"
 #include "kvcache/simd.h"
 #include "tools/command.h"
+#include "tools/kv_flags.h"
 
 namespace kvcache::tools {
 namespace {
@@ -128,18 +129,15 @@ int RunInfo(const InfoOptions& o) {
   return 0;
 }
 
-const bool kRegistered = RegisterCommand(
+const bool kRegistered = RegisterOptionsCommand<InfoOptions>(
     "info", "The formats and their bytes per token for a geometry, and the SIMD targets this CPU runs",
-    [](CLI::App* app) -> Runner {
-      auto o = std::make_shared<InfoOptions>();
-      app->add_flag("--json", o->json, "Print JSON");
-      app->add_option("--layers", o->layers, "Number of layers")->capture_default_str();
-      app->add_option("--kv-heads", o->kv_heads, "Number of kv heads")->capture_default_str();
-      app->add_option("--head-dim", o->head_dim, "Values per head")->capture_default_str();
-      app->add_option("--n-values", o->n_values, "Report bytes for this many values")->capture_default_str();
-      app->add_option("--pairs", o->pairs, "Comma-separated K:V pairs to size per token")->capture_default_str();
-      return [o] { return RunInfo(*o); };
-    });
+    [](CLI::App* app, InfoOptions& o) {
+      app->add_flag("--json", o.json, "Print JSON");
+      AddGeometryFlags(app, o.layers, o.kv_heads, o.head_dim);
+      app->add_option("--n-values", o.n_values, "Report bytes for this many values")->capture_default_str();
+      app->add_option("--pairs", o.pairs, "Comma-separated K:V pairs to size per token")->capture_default_str();
+    },
+    RunInfo);
 
 }  // namespace
 }  // namespace kvcache::tools

@@ -327,46 +327,45 @@ int RunPerplexity(const PerplexityCliOptions& o) {
   return all_ok ? 0 : 3;
 }
 
-const bool kRegistered = RegisterCommand(
+const bool kRegistered = RegisterOptionsCommand<PerplexityCliOptions>(
     "perplexity", "Teacher-forced perplexity, KL vs the f32 cache and top-1 agreement per KV format (or eviction budget) on a text",
-    [](CLI::App* app) -> Runner {
-      auto o = std::make_shared<PerplexityCliOptions>();
-      app->add_option("--model", o->model_path, "GGUF file, or llama2.c v1 checkpoint")->required();
-      app->add_option("--tokenizer", o->tokenizer_path, "llama2.c tokenizer.bin (not for GGUF)");
-      app->add_option("--formats", o->formats,
+    [](CLI::App* app, PerplexityCliOptions& o) {
+      app->add_option("--model", o.model_path, "GGUF file, or llama2.c v1 checkpoint")->required();
+      app->add_option("--tokenizer", o.tokenizer_path, "llama2.c tokenizer.bin (not for GGUF)");
+      app->add_option("--formats", o.formats,
                       "K:V,K:V,... evaluated in one process against one f32 run (overrides --kv-format); "
                       "also kv variants: KSPEC[:VSPEC][+OPT]... (model/kv/kv_variant.h), e.g. turbo4+s4+r128 "
                       "(the cache's precision window; --backend naive models it and kc4:turbo4+s4+ob, "
                       "q4_0+rot, ...)");
-      app->add_option("--max-tokens", o->max_tokens, "Score at most the first N tokens (0 = all that fit)")
+      app->add_option("--max-tokens", o.max_tokens, "Score at most the first N tokens (0 = all that fit)")
           ->capture_default_str();
-      app->add_option("--threads", o->threads, "Threads for the weight products")->capture_default_str();
-      app->add_option("--matmul", o->matmul,
+      app->add_option("--threads", o.threads, "Threads for the weight products")->capture_default_str();
+      app->add_option("--matmul", o.matmul,
                       "f32 | int8 | bf16: the products the formats are scored with (the f32 reference stays exact)")
           ->capture_default_str();
-      app->add_option("--eviction", o->eviction,
+      app->add_option("--eviction", o.eviction,
                       "streaming:SINKS,WINDOW | h2o:BUDGET,RECENT (bounded cache; KL still vs the full f32 cache)");
-      app->add_option("--logprobs-out", o->logprobs_out,
+      app->add_option("--logprobs-out", o.logprobs_out,
                       "Write log p(next token) per prediction, f32 [num_predictions] .npy "
                       "(several formats: FILE.<k>_<v>.npy)");
-      auto* file = app->add_option("--text-file", o->text_file, "Text to score");
-      auto* prompt = app->add_option("--prompt", o->prompt, "Text to score");
+      auto* file = app->add_option("--text-file", o.text_file, "Text to score");
+      auto* prompt = app->add_option("--prompt", o.prompt, "Text to score");
       file->excludes(prompt);
       prompt->excludes(file);
-      AddKvBackendFlags(app, o->kv_format, o->layout, o->block_size, o->backend);
-      app->add_option("--chunk", o->chunk, "Tokens per forward pass (1 = decode steps)")
+      AddKvBackendFlags(app, o.kv_format, o.layout, o.block_size, o.backend);
+      app->add_option("--chunk", o.chunk, "Tokens per forward pass (1 = decode steps)")
           ->capture_default_str();
-      app->add_option("--prefill", o->prefill,
+      app->add_option("--prefill", o.prefill,
                       "Tokens of a first prompt pass before the chunks (0 = none)")
           ->capture_default_str();
-      app->add_flag("--json", o->json, "Print JSON");
+      app->add_flag("--json", o.json, "Print JSON");
       app->callback([app] {
         if (app->count("--text-file") + app->count("--prompt") != 1) {
           throw CLI::ValidationError("one of --text-file or --prompt is required");
         }
       });
-      return [o] { return RunPerplexity(*o); };
-    });
+    },
+    RunPerplexity);
 
 }  // namespace
 }  // namespace kvcache::tools

@@ -65,12 +65,13 @@
 #include "kvcache/attention.h"
 #include "kvcache/cache.h"
 #include "kvcache/hybrid.h"
-#include "kvcache/offload.h"
+#include "kvcache/serving/offload.h"
 #include "kvcache/pool.h"
-#include "kvcache/prefix_cache.h"
-#include "testing/harness.h"
+#include "kvcache/serving/prefix_cache.h"
 #include "tools/command.h"
 #include "tools/heap_counter.h"
+#include "tools/json_result.h"
+#include "tools/support/harness.h"
 #include "tools/tier_json.h"
 
 namespace kvcache::tools {
@@ -662,50 +663,51 @@ Result<nlohmann::json> RunSoak(const SoakOptions& o) {
   return j;
 }
 
-const bool kRegistered = RegisterCommand(
+// The text of a result.
+void PrintText(const SoakOptions& o, const nlohmann::json& j) {
+  fmt::print("{} operations in {:.1f} s ({:.0f}/s) on {} threads; {} requests, {} drafts, {} preemptions\n",
+             j["operations"].get<uint64_t>(), j["seconds"].get<double>(),
+             j["operations_per_second"].get<double>(), o.threads,
+             j["requests"].get<uint64_t>(), j["drafts"].get<uint64_t>(),
+             j["preemptions"].get<uint64_t>());
+  fmt::print("invariant checks {}, failures {}; leaked {} blocks, {} bytes; rss start {} peak {} end {}\n",
+             j["invariant_checks"].get<uint64_t>(), j["invariant_failures"].get<uint64_t>(),
+             j["pool_blocks_leaked"].get<uint64_t>(), j["bytes_leaked"].get<uint64_t>(),
+             j["rss_start_bytes"].get<uint64_t>(), j["rss_peak_bytes"].get<uint64_t>(),
+             j["rss_end_bytes"].get<uint64_t>());
+}
+
+// The result, then the exit code: 1 if a check failed (the first failure
+// on stderr).
+int Soak(const SoakOptions& o) {
+  const Result<nlohmann::json> r = RunSoak(o);
+  const int printed = PrintResult("soak", r, o.json, [&o](const nlohmann::json& j) { PrintText(o, j); });
+  if (!r.ok()) return printed;
+  const nlohmann::json& j = *r;
+  const bool clean = j["invariant_failures"].get<uint64_t>() == 0 &&
+                     j["pool_blocks_leaked"].get<uint64_t>() == 0 &&
+                     j["bytes_leaked"].get<uint64_t>() == 0;
+  if (!clean) fmt::print(stderr, "kvcache soak: {}\n", j["first_failure"].get<std::string>());
+  return clean ? 0 : 1;
+}
+
+const bool kRegistered = RegisterOptionsCommand<SoakOptions>(
     "soak", "Serving path under load from several threads, with invariant and leak checks",
-    [](CLI::App* app) -> Runner {
-      auto o = std::make_shared<SoakOptions>();
-      app->add_option("--seconds", o->seconds, "Wall-clock run time (0: until --operations)")
+    [](CLI::App* app, SoakOptions& o) {
+      app->add_option("--seconds", o.seconds, "Wall-clock run time (0: until --operations)")
           ->capture_default_str();
-      app->add_option("--operations", o->operations, "Stop after this many operations (0: no limit)")
+      app->add_option("--operations", o.operations, "Stop after this many operations (0: no limit)")
           ->capture_default_str();
-      app->add_option("--threads", o->threads, "Worker threads")->capture_default_str();
-      app->add_option("--blocks", o->blocks, "Blocks in the shared pool")->capture_default_str();
-      app->add_option("--seed", o->seed, "Random seed")->capture_default_str();
-      app->add_flag("--json", o->json, "Print JSON");
-      app->add_option("--tiers", o->tiers,
+      app->add_option("--threads", o.threads, "Worker threads")->capture_default_str();
+      app->add_option("--blocks", o.blocks, "Blocks in the shared pool")->capture_default_str();
+      app->add_option("--seed", o.seed, "Random seed")->capture_default_str();
+      app->add_flag("--json", o.json, "Print JSON");
+      app->add_option("--tiers", o.tiers,
                       "Offload tiers under the prefix cache (host:SIZE,disk:PATH:SIZE,redis://...)");
-      app->add_option("--system-prompts", o->system_prompts, "Shared prompt prefixes")
+      app->add_option("--system-prompts", o.system_prompts, "Shared prompt prefixes")
           ->capture_default_str();
-      return [o] {
-        auto r = RunSoak(*o);
-        if (!r.ok()) {
-          fmt::print(stderr, "kvcache soak: {}\n", r.status().ToString());
-          return 2;
-        }
-        const nlohmann::json& j = *r;
-        if (o->json) {
-          fmt::print("{}\n", j.dump(2));
-        } else {
-          fmt::print("{} operations in {:.1f} s ({:.0f}/s) on {} threads; {} requests, {} drafts, {} preemptions\n",
-                     j["operations"].get<uint64_t>(), j["seconds"].get<double>(),
-                     j["operations_per_second"].get<double>(), o->threads,
-                     j["requests"].get<uint64_t>(), j["drafts"].get<uint64_t>(),
-                     j["preemptions"].get<uint64_t>());
-          fmt::print("invariant checks {}, failures {}; leaked {} blocks, {} bytes; rss start {} peak {} end {}\n",
-                     j["invariant_checks"].get<uint64_t>(), j["invariant_failures"].get<uint64_t>(),
-                     j["pool_blocks_leaked"].get<uint64_t>(), j["bytes_leaked"].get<uint64_t>(),
-                     j["rss_start_bytes"].get<uint64_t>(), j["rss_peak_bytes"].get<uint64_t>(),
-                     j["rss_end_bytes"].get<uint64_t>());
-        }
-        const bool clean = j["invariant_failures"].get<uint64_t>() == 0 &&
-                           j["pool_blocks_leaked"].get<uint64_t>() == 0 &&
-                           j["bytes_leaked"].get<uint64_t>() == 0;
-        if (!clean) fmt::print(stderr, "kvcache soak: {}\n", j["first_failure"].get<std::string>());
-        return clean ? 0 : 1;
-      };
-    });
+    },
+    Soak);
 
 }  // namespace
 }  // namespace kvcache::tools

@@ -8,12 +8,21 @@
 //
 // A name with a space ("bench pool") nests under its parent, which is created
 // on demand. The runner's return value is the process exit code.
+//
+// Most commands keep their flags in an options struct and run a function of
+// it; RegisterOptionsCommand says just that:
+//
+//   static const bool kRegistered = RegisterOptionsCommand<InfoOptions>(
+//       "info", "...", [](CLI::App* app, InfoOptions& o) { ...add options... },
+//       RunInfo);
 #pragma once
 
 #include <CLI/CLI.hpp>
 
 #include <functional>
+#include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace kvcache::tools {
@@ -29,5 +38,18 @@ struct CommandSpec {
 
 bool RegisterCommand(std::string name, std::string description, Configure configure);
 std::vector<CommandSpec>& Registry();
+
+// A command whose flags fill an Options (default-constructed per command
+// line) through add_flags(app, options), and whose runner returns
+// run(options).
+template <typename Options, typename AddFlags, typename Run>
+bool RegisterOptionsCommand(std::string name, std::string description, AddFlags add_flags, Run run) {
+  return RegisterCommand(std::move(name), std::move(description),
+                         [add_flags, run](CLI::App* app) -> Runner {
+                           auto o = std::make_shared<Options>();
+                           add_flags(app, *o);
+                           return [o, run] { return run(*o); };
+                         });
+}
 
 }  // namespace kvcache::tools

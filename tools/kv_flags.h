@@ -1,7 +1,8 @@
 // The K/V backend flags that `generate` and `perplexity` share:
 // --kv-format, --layout, --block-size, --backend (parsed by
-// model::ParseKvBackendOptions), and the --matmul help of `generate` and
-// `serve`.
+// model::ParseKvBackendOptions), the --matmul help of `generate` and
+// `serve`, and the geometry flags of the commands that size a cache without
+// a model.
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -24,6 +25,13 @@ inline void AddKvBackendFlags(CLI::App* app, std::string& kv_format, std::string
   app->add_option("--block-size", block_size, "Paged block size in tokens")->capture_default_str();
   app->add_option("--backend", backend, "cache (kvcache) | naive (reference)")
       ->capture_default_str();
+}
+
+// --layers, --kv-heads, --head-dim (info, bench pool, bench tiers).
+inline void AddGeometryFlags(CLI::App* app, uint32_t& layers, uint32_t& kv_heads, uint32_t& head_dim) {
+  app->add_option("--layers", layers, "Number of layers")->capture_default_str();
+  app->add_option("--kv-heads", kv_heads, "Number of kv heads")->capture_default_str();
+  app->add_option("--head-dim", head_dim, "Values per head")->capture_default_str();
 }
 
 }  // namespace kvcache::tools

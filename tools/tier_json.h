@@ -10,7 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "kvcache/offload.h"
+#include "kvcache/serving/offload.h"
 
 namespace kvcache::tools {
 

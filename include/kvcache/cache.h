@@ -145,7 +145,7 @@ struct PrecisionWindow {
 // covering the sinks reads the very bf16 rows the sequence that computed
 // them reads. A prefix cache keeps them beside the block that completes the
 // sinks (logical block (sinks - 1) / block_size, prefix_cache.h) and a tier
-// in that block's object (tier.h). Only the sinks travel: the recent
+// in that block's object (serving/tier_object.h). Only the sinks travel: the recent
 // positions inside adopted blocks are read in the cache's format.
 //
 // They fit a sequence whose window has the same `sinks`, geometry and

@@ -34,8 +34,8 @@
 
 #include "kvcache/format.h"
 #include "kvcache/geometry.h"
-#include "kvcache/offload.h"
-#include "kvcache/prefix_cache.h"
+#include "kvcache/serving/offload.h"
+#include "kvcache/serving/prefix_cache.h"
 #include "kvcache/status.h"
 #include "kvcache/workload.h"
 

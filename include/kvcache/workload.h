@@ -14,7 +14,7 @@
 #include <string_view>
 #include <vector>
 
-#include "kvcache/prefix_cache.h"
+#include "kvcache/serving/prefix_cache.h"
 #include "kvcache/status.h"
 
 namespace kvcache {

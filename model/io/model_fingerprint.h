@@ -1,5 +1,5 @@
 // A model's fingerprint for the offload tiers' compatibility digest
-// (kvcache/tier.h BlockCompat::model): two processes get the same string iff
+// (kvcache/serving/tier_object.h BlockCompat::model): two processes get the same string iff
 // they read byte-identical model files, so K/V blocks computed by one model
 // are never served to another (a retrained checkpoint under the same name, a
 // different quantization, a truncated download).

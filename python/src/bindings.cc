@@ -383,9 +383,9 @@ NB_MODULE(_kvcache, m) {
       });
 
   // --- SequenceCache ----------------------------------------------------------------------
-  nb::class_<PyCache>(m, "SequenceCache",
-                      "The K/V cache of one sequence, all layers, contiguous or paged.\n\n"
-                      "Mutated by one thread at a time; a context manager that releases.")
+  auto cache_class = nb::class_<PyCache>(m, "SequenceCache",
+                                         "The K/V cache of one sequence, all layers, contiguous or paged.\n\n"
+                                         "Mutated by one thread at a time; a context manager that releases.")
       .def_static(
           "contiguous",
           [](const Geometry& geometry, const std::string& formats, uint32_t capacity_tokens,
@@ -590,15 +590,8 @@ NB_MODULE(_kvcache, m) {
           },
           "layer"_a, "head"_a, "rows"_a,
           "Eviction: keeps only stored rows `rows` (strictly ascending) of one head.")
-      .def("check_invariants", [](const PyCache& c) { Check(c.obj.CheckInvariants()); })
-      .def("__enter__", [](nb::handle self) { return self; }, nb::rv_policy::reference)
-      .def(
-          "__exit__",
-          [](PyCache& c, nb::handle, nb::handle, nb::handle) {
-            c.Mut().Release();
-            return false;
-          },
-          "exc_type"_a.none(), "exc"_a.none(), "tb"_a.none())
+;
+  DefInvariantsAndWith(cache_class)
       .def("__repr__", [](const PyCache& c) {
         return std::string("SequenceCache(") +
                (c.obj.layout() == CacheLayout::kPaged ? "paged" : "contiguous") + ", " +

@@ -16,14 +16,14 @@
 #include <vector>
 
 #include "common.h"
-#include "testing/eval/eval.h"  // private: the evaluator has no public header yet
 #include "kvcache/eviction.h"
 #include "kvcache/hybrid.h"
-#include "kvcache/prefix_cache.h"
+#include "kvcache/serving/prefix_cache.h"
 #include "kvcache/simulator.h"
 #include "kvcache/workload.h"
-#include "kvcache/tier.h"
-#include "kvcache/offload.h"
+#include "kvcache/serving/tier_store.h"
+#include "kvcache/serving/offload.h"
+#include "tools/support/eval/eval.h"  // private: the evaluator has no public header yet
 #include <chrono>
 
 using namespace nb::literals;
@@ -223,9 +223,9 @@ void BindServing(nb::module_& m) {
           "blocks_per_group"_a,
           "One pool per non-empty storage group [full, bounded] (None for an empty group).");
 
-  nb::class_<PyHybrid>(m, "HybridSequence",
-                       "One sequence of a hybrid model, with speculative drafts as a "
-                       "transaction: begin_draft, then commit(n_accepted) or abort().")
+  auto hybrid_class = nb::class_<PyHybrid>(m, "HybridSequence",
+                                           "One sequence of a hybrid model, with speculative drafts as a "
+                                           "transaction: begin_draft, then commit(n_accepted) or abort().")
       .def_static(
           "contiguous",
           [](std::shared_ptr<HybridModel> model, uint32_t sinks, uint32_t recent, uint32_t slack) {
@@ -362,15 +362,8 @@ void BindServing(nb::module_& m) {
       .def_prop_ro("released", [](const PyHybrid& s) { return s.obj.released(); })
       .def_prop_ro("allocated_bytes", [](const PyHybrid& s) { return s.obj.allocated_bytes(); })
       .def_prop_ro("used_bytes", [](const PyHybrid& s) { return s.obj.used_bytes(); })
-      .def("check_invariants", [](const PyHybrid& s) { Check(s.obj.CheckInvariants()); })
-      .def("__enter__", [](nb::handle self) { return self; }, nb::rv_policy::reference)
-      .def(
-          "__exit__",
-          [](PyHybrid& s, nb::handle, nb::handle, nb::handle) {
-            s.Mut().Release();
-            return false;
-          },
-          "exc_type"_a.none(), "exc"_a.none(), "tb"_a.none());
+;
+  DefInvariantsAndWith(hybrid_class);
 
   // --- prefix cache ------------------------------------------------------------------------
   nb::class_<PrefixCache>(m, "PrefixCache",

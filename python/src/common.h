@@ -103,6 +103,23 @@ struct Guarded {
 };
 using PyCache = Guarded<SequenceCache>;
 
+// The end of a Guarded class's bindings: check_invariants, and the context
+// manager (`with` returns the object and releases it on exit, letting any
+// exception through).
+template <typename T>
+nb::class_<Guarded<T>>& DefInvariantsAndWith(nb::class_<Guarded<T>>& cls) {
+  cls.def("check_invariants", [](const Guarded<T>& g) { Check(g.obj.CheckInvariants()); })
+      .def("__enter__", [](nb::handle self) { return self; }, nb::rv_policy::reference)
+      .def(
+          "__exit__",
+          [](Guarded<T>& g, nb::handle, nb::handle, nb::handle) {
+            g.Mut().Release();
+            return false;
+          },
+          nb::arg("exc_type").none(), nb::arg("exc").none(), nb::arg("tb").none());
+  return cls;
+}
+
 // Marks caches busy for the duration of an attention call.
 class ReadGuard {
  public:

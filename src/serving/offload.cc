@@ -40,7 +40,7 @@
 #include <fmt/format.h>
 
 #include "kvcache/cache.h"
-#include "kvcache/offload.h"
+#include "kvcache/serving/offload.h"
 
 namespace kvcache {
 namespace {

@@ -17,11 +17,11 @@
 #include <string>
 #include <vector>
 
-#include "testing/bench_support.h"
 #include "kvcache/attention.h"
 #include "kvcache/attention_profile.h"
 #include "kvcache/thread_pool.h"
 #include "hwy_targets.h"
+#include "tools/support/bench_support.h"
 
 namespace kvcache {
 namespace {

@@ -3,7 +3,7 @@
 #include <cstdio>
 
 #include "kvcache/pool.h"
-#include "kvcache/prefix_cache.h"
+#include "kvcache/serving/prefix_cache.h"
 
 int main() {
   auto g = kvcache::Geometry::Create({.n_layers = 2, .n_kv_heads = 2, .head_dim = 64, .block_size = 16});

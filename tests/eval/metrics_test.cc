@@ -1,13 +1,13 @@
 // Metrics against hand-computed cases, and the evaluator on f32 (exact) and
 // on the formats that exist.
-#include "testing/eval/metrics.h"
+#include "tools/support/eval/metrics.h"
 
 #include <gtest/gtest.h>
 
 #include <cmath>
 
-#include "testing/eval/eval.h"
-#include "testing/eval/synthetic.h"
+#include "tools/support/eval/eval.h"
+#include "tools/support/eval/synthetic.h"
 
 namespace kvcache::eval {
 namespace {

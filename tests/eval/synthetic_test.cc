@@ -1,5 +1,5 @@
 // Synthetic eval data has the statistics synthetic.h promises.
-#include "testing/eval/synthetic.h"
+#include "tools/support/eval/synthetic.h"
 
 #include <gtest/gtest.h>
 

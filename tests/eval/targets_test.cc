@@ -3,8 +3,8 @@
 // not implemented in this build.
 #include <gtest/gtest.h>
 
-#include "testing/eval/eval.h"
-#include "testing/eval/synthetic.h"
+#include "tools/support/eval/eval.h"
+#include "tools/support/eval/synthetic.h"
 
 namespace kvcache::eval {
 namespace {

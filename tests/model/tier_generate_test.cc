@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "cli_runner.h"
-#include "kvcache/prefix_cache.h"
+#include "kvcache/serving/prefix_cache.h"
 #include "model/decoder/decoder.h"
 #include "model/io/model_fingerprint.h"
 #include "model/kv/cache_kv.h"

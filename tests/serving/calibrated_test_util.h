@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "kvcache/cache.h"
-#include "kvcache/offload.h"
+#include "kvcache/serving/offload.h"
 #include "serving/tier_test_util.h"
 
 namespace kvcache::caltest {

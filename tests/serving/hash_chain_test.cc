@@ -5,7 +5,7 @@
 #include <numeric>
 #include <vector>
 
-#include "kvcache/prefix_cache.h"
+#include "kvcache/serving/prefix_cache.h"
 
 namespace kvcache {
 namespace {

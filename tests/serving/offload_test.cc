@@ -12,7 +12,7 @@
 #include <thread>
 
 #include "kvcache/cache.h"
-#include "kvcache/offload.h"
+#include "kvcache/serving/offload.h"
 #include "serving/tier_test_util.h"
 
 namespace kvcache {

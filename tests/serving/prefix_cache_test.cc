@@ -10,7 +10,7 @@
 
 #include "kvcache/geometry.h"
 #include "kvcache/pool.h"
-#include "kvcache/prefix_cache.h"
+#include "kvcache/serving/prefix_cache.h"
 #include "serving/sim/block_source.h"
 #include "testing/model_block_source.h"
 

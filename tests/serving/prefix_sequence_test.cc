@@ -8,7 +8,7 @@
 
 #include "kvcache/cache.h"
 #include "kvcache/pool.h"
-#include "kvcache/prefix_cache.h"
+#include "kvcache/serving/prefix_cache.h"
 
 namespace kvcache {
 namespace {

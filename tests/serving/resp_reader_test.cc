@@ -1,5 +1,5 @@
-// RespReader (kvcache/resp_reader.h): RedisTier's reply reader.
-#include "kvcache/resp_reader.h"
+// RespReader (serving/tier/resp_reader.h): RedisTier's reply reader.
+#include "serving/tier/resp_reader.h"
 
 #include <gtest/gtest.h>
 

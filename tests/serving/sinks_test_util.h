@@ -14,7 +14,7 @@
 
 #include "kvcache/attention.h"
 #include "kvcache/cache.h"
-#include "kvcache/offload.h"
+#include "kvcache/serving/offload.h"
 #include "serving/tier_test_util.h"
 
 namespace kvcache::sinkstest {

@@ -24,7 +24,8 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
-#include "kvcache/tier.h"
+#include "kvcache/serving/tier_object.h"
+#include "kvcache/serving/tier_store.h"
 #include "serving/calibrated_test_util.h"
 #include "serving/redis_process.h"
 #include "serving/sinks_test_util.h"

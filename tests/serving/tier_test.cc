@@ -11,7 +11,8 @@
 #include <fstream>
 
 #include "kvcache/cache.h"
-#include "kvcache/tier.h"
+#include "kvcache/serving/tier_object.h"
+#include "kvcache/serving/tier_store.h"
 #include "serving/tier_test_util.h"
 
 namespace kvcache {

@@ -8,8 +8,8 @@
 #include <vector>
 
 #include "kvcache/pool.h"
-#include "kvcache/prefix_cache.h"
-#include "kvcache/tier.h"
+#include "kvcache/serving/prefix_cache.h"
+#include "kvcache/serving/tier_object.h"
 
 namespace kvcache::tiertest {
 

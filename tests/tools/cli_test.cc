@@ -10,7 +10,7 @@
 #include <sstream>
 #include <string>
 
-#include "testing/eval/synthetic.h"
+#include "tools/support/eval/synthetic.h"
 #include "kvcache/format.h"
 #include "kvcache/npy.h"
 

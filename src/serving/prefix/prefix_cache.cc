@@ -7,7 +7,7 @@
 // publisher's precision-window sinks, those sinks). evicted remembers recently evicted
 // hashes (to report evicted misses). Invariants (CheckInvariants): by_hash and
 // entries agree; a cached block's parent is cached and lists it as a child.
-#include "kvcache/prefix_cache.h"
+#include "kvcache/serving/prefix_cache.h"
 
 #include <algorithm>
 #include <deque>

@@ -4,7 +4,7 @@
 #include <fmt/format.h>
 
 #include "kvcache/cache.h"
-#include "kvcache/prefix_cache.h"
+#include "kvcache/serving/prefix_cache.h"
 
 namespace kvcache {
 namespace {

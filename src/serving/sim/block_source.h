@@ -12,7 +12,7 @@
 #include <span>
 
 #include "kvcache/pool.h"
-#include "kvcache/prefix_cache.h"
+#include "kvcache/serving/prefix_cache.h"
 #include "kvcache/status.h"
 
 namespace kvcache::serving {

@@ -1,6 +1,6 @@
 // RespReader (resp_reader.h): an incremental RESP2 reply parser whose bulk
 // payloads are read straight into their final buffers.
-#include "kvcache/resp_reader.h"
+#include "serving/tier/resp_reader.h"
 
 #include <algorithm>
 #include <charconv>

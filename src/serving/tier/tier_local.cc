@@ -1,4 +1,4 @@
-// HostTier and DiskTier (tier.h): a byte-budgeted index with chain-aware LRU
+// HostTier and DiskTier (tier_store.h): a byte-budgeted index with chain-aware LRU
 // eviction, over process memory or over one file per object.
 //
 // ChainLru is the shared index: key -> (bytes, parent key, calibration key,
@@ -38,7 +38,8 @@
 
 #include <fmt/format.h>
 
-#include "kvcache/tier.h"
+#include "kvcache/serving/tier_object.h"
+#include "kvcache/serving/tier_store.h"
 
 namespace kvcache {
 namespace {

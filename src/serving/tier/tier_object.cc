@@ -1,4 +1,4 @@
-// The block object of tier.h: compatibility manifest and digest, keys, and
+// The block object of tier_object.h: compatibility manifest and digest, keys, and
 // the encoder / verifier / decoder of one block. Layout (little-endian; the
 // same table is in docs/tiers.md):
 //
@@ -72,7 +72,8 @@
 
 #include "kvcache/cache.h"
 #include "kvcache/pool.h"
-#include "kvcache/tier.h"
+#include "kvcache/serving/tier_object.h"
+#include "kvcache/serving/tier_store.h"
 
 namespace kvcache {
 namespace {

@@ -1,4 +1,4 @@
-// RedisTier (tier.h): one connection (hiredis connects it, non-blocking),
+// RedisTier (tier_store.h): one connection (hiredis connects it, non-blocking),
 // driven by our own poll loop so that every round trip has an absolute
 // deadline, our own RESP2 writer and our own reply reader.
 //
@@ -8,7 +8,7 @@
 // more into our own vector). Here a command's value is written from the
 // caller's object with sendmsg (iovecs), and a GET's bulk payload is read by
 // read() straight into the uninitialized TierBlob it is returned in
-// (RespReader, kvcache/resp_reader.h: also the seam fuzz/redis_reply_fuzz.cc feeds).
+// (RespReader, serving/tier/resp_reader.h: also the seam fuzz/redis_reply_fuzz.cc feeds).
 //
 // A round trip writes up to max_batch commands (GET, EXISTS or SET, one per
 // key: pipelined) at once, then reads exactly that many replies, each wait
@@ -38,8 +38,8 @@
 
 #include <fmt/format.h>
 
-#include "kvcache/tier.h"
-#include "kvcache/resp_reader.h"
+#include "kvcache/serving/tier_store.h"
+#include "serving/tier/resp_reader.h"
 
 namespace kvcache {
 

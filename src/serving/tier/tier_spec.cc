@@ -7,7 +7,7 @@
 
 #include <fmt/format.h>
 
-#include "kvcache/offload.h"
+#include "kvcache/serving/offload.h"
 
 namespace kvcache {
 

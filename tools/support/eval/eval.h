@@ -16,7 +16,7 @@
 #include <utility>
 #include <vector>
 
-#include "testing/eval/metrics.h"
+#include "tools/support/eval/metrics.h"
 #include "kvcache/format.h"
 #include "kvcache/status.h"
 

@@ -1,5 +1,5 @@
 // Distortion metrics: see metrics.h.
-#include "testing/eval/metrics.h"
+#include "tools/support/eval/metrics.h"
 
 #include <algorithm>
 #include <cassert>

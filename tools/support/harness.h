@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "kvcache/hybrid.h"
-#include "kvcache/prefix_cache.h"
+#include "kvcache/serving/prefix_cache.h"
 
 namespace kvcache::harness {
 

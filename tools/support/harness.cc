@@ -1,5 +1,5 @@
 // The soak's and the API-sequence fuzzer's shared rows (harness.h).
-#include "testing/harness.h"
+#include "tools/support/harness.h"
 
 namespace kvcache::harness {
 

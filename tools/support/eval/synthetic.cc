@@ -1,6 +1,6 @@
 // Synthetic eval data: see synthetic.h. A private splitmix64 + Box-Muller
 // generator keeps the data identical across standard libraries.
-#include "testing/eval/synthetic.h"
+#include "tools/support/eval/synthetic.h"
 
 #include <fmt/format.h>
 

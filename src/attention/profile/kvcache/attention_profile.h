@@ -14,6 +14,9 @@
 //
 // Thread safety: as AttendMulti; *profile is written only by the calling
 // thread, after the call's tasks have finished.
+//
+// Also how the kernels split a call into tasks, for a read that walks the
+// K/V bytes in the kernels' pattern (the benches' pattern-read floor).
 #pragma once
 
 #include <cstdint>
@@ -48,5 +51,11 @@ struct AttentionPassProfile {
 Status AttendMultiProfiled(const LayerKvView& view, uint32_t n_queries, std::span<const float> q,
                            const AttentionOptions& options, const AttentionOutput& output,
                            AttentionPassProfile* profile);
+
+// Consecutive kv heads of view v per task when n_jobs whole (sequence, kv
+// head) jobs run on `threads` threads: 1, or a group the task walks
+// AttentionGroupChunkRows() rows at a time, head after head inside a chunk.
+uint32_t AttentionHeadsPerTask(const LayerKvView& v, size_t n_jobs, uint32_t threads);
+uint32_t AttentionGroupChunkRows();
 
 }  // namespace kvcache

@@ -1,5 +1,5 @@
 // Format-pair evaluation: see eval.h.
-#include "testing/eval/eval.h"
+#include "tools/support/eval/eval.h"
 
 #include <fmt/format.h>
 

@@ -1,5 +1,5 @@
 // SyntheticKv and ReadBandwidthProbe (bench_support.h).
-#include "testing/bench_support.h"
+#include "tools/support/bench_support.h"
 
 #include <algorithm>
 #include <atomic>
@@ -12,7 +12,7 @@
 #include <sys/mman.h>
 #include <time.h>
 
-#include "attention/plan.h"
+#include "kvcache/attention_profile.h"
 
 namespace kvcache::attention_internal {
 
@@ -132,9 +132,10 @@ double TscHz() {
   static const double hz = [] {
 #if defined(__x86_64__) || defined(__i386__)
     const auto t0 = std::chrono::steady_clock::now();
-    const uint64_t c0 = ReadTsc();
+    // The counter AttentionPassTime::ticks reads on x86 (attention_profile.h).
+    const uint64_t c0 = __builtin_ia32_rdtsc();
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    const uint64_t c1 = ReadTsc();
+    const uint64_t c1 = __builtin_ia32_rdtsc();
     const auto t1 = std::chrono::steady_clock::now();
     return static_cast<double>(c1 - c0) / std::chrono::duration<double>(t1 - t0).count();
 #else
@@ -247,7 +248,7 @@ double ReadLikeAttention(const std::vector<LayerKvView>& views, ThreadPool* pool
                          double* cpu_seconds) {
   // The kernels' thread split (kernels.cc RunPlanImpl, whole jobs): one job
   // per (sequence, kv head), or a group of consecutive kv heads of one
-  // sequence walked kGroupChunkRows rows at a time (plan.h).
+  // sequence walked AttentionGroupChunkRows() rows at a time.
   struct Group {
     uint32_t view, head, n;
   };
@@ -256,18 +257,19 @@ double ReadLikeAttention(const std::vector<LayerKvView>& views, ThreadPool* pool
   const uint32_t threads = pool ? pool->num_threads() : 1;
   std::vector<Group> groups;
   for (uint32_t i = 0; i < views.size(); ++i) {
-    const uint32_t g = HeadsPerTask(views[i], n_jobs, threads);
+    const uint32_t g = AttentionHeadsPerTask(views[i], n_jobs, threads);
     for (uint32_t h = 0; h < views[i].n_kv_heads; h += g) {
       groups.push_back({i, h, std::min(g, views[i].n_kv_heads - h)});
     }
   }
+  const uint32_t group_rows = AttentionGroupChunkRows();
   const double c0 = ProcessCpuSeconds();
   const auto t0 = std::chrono::steady_clock::now();
   auto body = [&](uint32_t j, uint32_t) {
     const Group& gr = groups[j];
     const LayerKvView& v = views[gr.view];
     auto rows = [&](uint32_t h) { return v.head_len ? v.head_len[h] : v.num_tokens; };
-    const uint32_t chunk = gr.n == 1 ? v.num_tokens : kGroupChunkRows;
+    const uint32_t chunk = gr.n == 1 ? v.num_tokens : group_rows;
     uint64_t sum = 0;
     std::vector<Piece> pieces;
     for (const KvSideView* side : {&v.k, &v.v}) {

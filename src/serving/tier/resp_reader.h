@@ -1,7 +1,8 @@
 // RespReader: an incremental reader of RESP2 replies (the Redis protocol),
-// the one RedisTier (tier.h) reads its server with. Public so that a tool,
-// a test or a fuzzer can feed it arbitrary server bytes exactly as the tier
-// does; nothing else in the library depends on it.
+// the one RedisTier (tier_store.h) reads its server with. Private to
+// kvcache_serving; a header of its own so that its test and the fuzz target
+// redis_reply (which compiles resp_reader.cc itself) can feed it arbitrary
+// server bytes exactly as the tier does.
 //
 // Replies it understands: simple strings (+OK), errors (-ERR ...), integers
 // (:1), bulk strings ($<len>\r\n<len bytes>\r\n) and the nil bulk ($-1).
@@ -31,7 +32,7 @@
 #include <string>
 #include <vector>
 
-#include "kvcache/tier.h"
+#include "kvcache/serving/tier_store.h"
 
 namespace kvcache {
 

@@ -1,12 +1,12 @@
 // OffloadCache: a PrefixCache whose blocks outlive the pool, through tiers
-// (tier.h): host memory, a disk folder, a shared Redis.
+// (tier_store.h): host memory, a disk folder, a shared Redis.
 //
 // Store (write-through at publication). Publish names a sequence's new full
 // blocks in the prefix cache, then queues each of them for the tiers: the
 // queue entry holds one pool reference on the block (a hashed block is never
 // written again, and the reference keeps the pool from reusing it), so no
 // bytes are copied on the caller's thread. A background thread encodes the
-// queued blocks (tier.h's object), drops its references, and stores each
+// queued blocks (tier_object.h), drops its references, and stores each
 // object in every tier that does not already hold it, in tier order. A full
 // queue drops the store and counts it: Publish never waits on a tier.
 // (Writing at pool eviction instead would need the bytes copied under the
@@ -30,7 +30,7 @@
 // published with. A block encoded with another calibration than
 // options.calibration (whose digest is part of the compatibility digest; none
 // if null) names its calibration's digest, and the calibration is stored
-// once per tier as its own object, before the blocks that name it (tier.h).
+// once per tier as its own object, before the blocks that name it (tier_object.h).
 // A load hands out the calibration the blocks were encoded with: the run of
 // tier blocks ends where their calibrations disagree (with each other or
 // with the pool's hit before them), and a run whose calibration object is
@@ -38,7 +38,7 @@
 //
 // Precision-window sinks: a publisher's WindowSinks (cache.h) go with the
 // block that completes them, in the prefix cache and in that block's object
-// (tier.h, kBlockFlagSinks), and come back with any match that includes it
+// (tier_object.h, kBlockFlagSinks), and come back with any match that includes it
 // (PrefixMatch::sinks, AcquireInto's `adopt` argument, AdoptInto), from the
 // pool or a tier, in this process or another. A sink section that fails its
 // checksum, or names sinks that end outside its block, makes the block a
@@ -60,9 +60,10 @@
 #include <vector>
 
 #include "kvcache/pool.h"
-#include "kvcache/prefix_cache.h"
+#include "kvcache/serving/prefix_cache.h"
 #include "kvcache/status.h"
-#include "kvcache/tier.h"
+#include "kvcache/serving/tier_object.h"
+#include "kvcache/serving/tier_store.h"
 
 namespace kvcache {
 
