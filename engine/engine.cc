@@ -8,27 +8,18 @@
 // pending event, under its own mutex); a stream keeps a weak reference to
 // Shared to wake the step thread when cancelled.
 //
-// Blocks. One paged CacheKv per running request on the one pool. Admission
-// adopts the longest cached prefix (OffloadCache::AcquireInto over the
-// context but its last token, so at least one token runs), then reserves
-// the context plus one block (CacheKv::Reserve): a request that cannot get
-// its reservation stays where it is in the queue, and admission stops for
-// the step. Whether the reservation can be met is worked out first from a
-// lookup that takes nothing and counts nothing (PrefixCache::Peek) and the
-// pool's available blocks, so a request waiting for blocks costs no counted
-// lookup per step. Full blocks are published as they fill
-// (OffloadCache::Publish with the request's chain hashes; without tiers the
-// offload cache only names them in the prefix cache). A step whose pass runs
-// out of blocks preempts the youngest running request and runs again
-// without it.
+// Blocks. A running request's K/V is a KvSequence of the KV manager
+// (kv_manager.h), which adopts, reserves, publishes and frees: a request
+// that the manager cannot admit stays where it is in the queue, and
+// admission stops for the step. A step whose pass runs out of blocks
+// preempts the youngest running request and runs again without it.
 //
-// Shared prefixes. Submit hashes the prompt's full blocks once (the chains
-// the prefix cache names them by). A waiting request is held back while
-// some running request, still publishing, has not yet published a block
-// the waiting one could adopt: the block at that request's publication
-// point carries the same chain hash in both (chains: equal there, equal
-// before). One comparison per running request; a held request is passed
-// over, and requests behind it may be admitted. The hold lapses if the
+// Shared prefixes. Submit has the manager hash the prompt's full blocks once
+// (the chains the prefix cache names them by). A waiting request is held
+// back while some running request, still publishing, has not yet published
+// a block the waiting one could adopt (KvManager::WillPublishFor). One
+// comparison per running request; a held request is passed over, and
+// requests behind it may be admitted. The hold lapses if the
 // running request's prefill stands still at kMaxStalledHolds admissions in
 // a row (its step budget taken by decodes), so no one waits on a request
 // that does not move.
@@ -43,14 +34,10 @@
 #include <string>
 #include <thread>
 
+#include "engine/kv_manager.h"
 #include "engine/sampler.h"
 #include "engine/stop_text.h"
-#include "kvcache/geometry.h"
-#include "kvcache/offload.h"
-#include "kvcache/pool.h"
-#include "kvcache/prefix_cache.h"
 #include "model/decoder/decoder.h"
-#include "model/kv/cache_kv.h"
 
 namespace kvcache::engine {
 
@@ -104,9 +91,7 @@ struct Request {
   uint32_t hold_stalls = 0;
   bool done = false;
   uint64_t admit_seq = 0;  // larger: admitted later (preemption picks the largest)
-  std::unique_ptr<model::CacheKv> kv;  // while running
-  size_t published = 0;                // blocks [0, published) named in the prefix cache
-  bool publish_stopped = false;        // stopped at a duplicate: no further
+  std::unique_ptr<KvSequence> seq;  // while running
   int32_t prev = 0;                    // the token before the next piece
   TokenSampler sampler;
   StopText text;
@@ -203,21 +188,16 @@ class EngineImpl final : public Engine {
   void DropCancelled();
   void Admit();
   // True while a running request will publish, and has not yet, a full
-  // block `r` could adopt (its publication point's chain hash is r's too),
-  // unless that request's prefill has stood still at the last
-  // kMaxStalledHolds admissions (a step budget the decodes take whole).
+  // block `r` could adopt (KvManager::WillPublishFor), unless that
+  // request's prefill has stood still at the last kMaxStalledHolds
+  // admissions (a step budget the decodes take whole).
   bool HeldBack(Request& r) const;
-  // Whether r's reservation can be met now, adopting what the prefix cache
-  // holds (looked up without references or counting).
-  bool CanReserve(const Request& r) const;
   Status StartRequest(Request& r);
-  size_t Adopt(model::CacheKv& kv, const Request& r);
   void RunBatch();
   // One ForwardBatch over what fits; preempts and retries on pool exhaustion.
   // Fills in_step (the requests in the pass, item order); false if the pass failed.
   bool Forward(std::vector<Request*>* in_step);
   void Preempt();
-  void Publish(Request& r);
   void OnLogits(Request& r, std::span<const float> logits);
   void Emit(Request& r, TokenOut out);
   void Finish(Request& r, FinishReason reason, Status error = Status::Ok());
@@ -228,9 +208,7 @@ class EngineImpl final : public Engine {
   const EngineOptions options_;
   model::Decoder decoder_;
   const std::vector<int32_t> stop_tokens_;
-  std::shared_ptr<BlockPool> pool_;
-  std::unique_ptr<PrefixCache> prefix_;
-  std::unique_ptr<OffloadCache> offload_;  // over prefix_ (no tiers: names blocks only)
+  std::unique_ptr<KvManager> kv_;
   std::shared_ptr<Shared> shared_;
   std::atomic<uint64_t> next_id_{1};
 
@@ -252,36 +230,15 @@ Status EngineImpl::Init() {
   if (o.threads == 0 || o.max_batch_tokens == 0 || o.max_running == 0 || o.max_waiting == 0) {
     return Status::InvalidArgument("engine: threads, max_batch_tokens, max_running and max_waiting must be > 0");
   }
-  if (!o.tiers.empty() && !o.prefix_cache) {
-    return Status::InvalidArgument("engine: tiers need the prefix cache");
-  }
-  if (!o.tiers.empty() && o.model_id.empty()) {
-    return Status::InvalidArgument("engine: tiers need model_id (the model's fingerprint)");
-  }
-  const model::AttentionShape s = decoder_.attention_shape();
-  KV_ASSIGN_OR_RETURN(Geometry geometry,
-                      Geometry::Create({s.n_layers, s.n_kv_heads, s.head_dim, o.block_size}));
-  const uint32_t blocks = BlockPool::BlocksForBytes(geometry, o.formats, o.pool_bytes);
-  BlockPoolOptions p;
-  p.num_blocks = std::max(blocks, 1u);
-  KV_ASSIGN_OR_RETURN(pool_, BlockPool::Create(geometry, o.formats, p));
-  const uint32_t per_seq = (s.max_seq_len + o.block_size - 1) / o.block_size;
-  if (blocks < per_seq) {
-    return Status::InvalidArgument("engine: pool_bytes " + std::to_string(o.pool_bytes) + " hold " +
-                                   std::to_string(blocks) + " blocks of " +
-                                   std::to_string(pool_->block_bytes()) + " bytes, one " +
-                                   std::to_string(s.max_seq_len) + "-token sequence needs " +
-                                   std::to_string(per_seq));
-  }
-  if (!o.prefix_cache) return Status::Ok();
-  std::vector<std::shared_ptr<Tier>> tiers;
-  if (!o.tiers.empty()) {
-    KV_ASSIGN_OR_RETURN(tiers, MakeTiers(o.tiers));
-  }
-  KV_ASSIGN_OR_RETURN(prefix_, PrefixCache::Create(pool_));
-  OffloadOptions off;
-  off.model = o.model_id;
-  KV_ASSIGN_OR_RETURN(offload_, OffloadCache::Create(pool_, prefix_.get(), std::move(tiers), off));
+  KvManagerOptions k;
+  k.formats = o.formats;
+  k.window = o.window;
+  k.block_size = o.block_size;
+  k.pool_bytes = o.pool_bytes;
+  k.prefix_cache = o.prefix_cache;
+  k.tiers = o.tiers;
+  k.model_id = o.model_id;
+  KV_ASSIGN_OR_RETURN(kv_, KvManager::Create(decoder_.attention_shape(), decoder_.thread_pool(), k));
   return Status::Ok();
 }
 
@@ -319,11 +276,7 @@ Status EngineImpl::CheckParams(const RequestParams& p) const {
 
 Result<std::shared_ptr<RequestStream>> EngineImpl::Submit(RequestParams params) {
   KV_RETURN_IF_ERROR(CheckParams(params));
-  std::vector<BlockHash> hashes;
-  if (options_.prefix_cache) {
-    const std::vector<TokenId> ids(params.prompt.begin(), params.prompt.end());
-    hashes = HashFullBlocks(ids, options_.block_size, "");
-  }
+  std::vector<BlockHash> hashes = kv_->HashPrompt(params.prompt);
   auto state = std::make_shared<StreamState>();
   std::lock_guard<std::mutex> lock(shared_->mu);
   if (!shared_->accepting) return Status::FailedPrecondition("engine: shut down");
@@ -345,22 +298,20 @@ EngineMetrics EngineImpl::Metrics() const {
     std::lock_guard<std::mutex> lock(metrics_mu_);
     m = counters_;
   }
-  const PoolStats ps = pool_->stats();
-  m.pool_blocks_total = ps.num_blocks;
-  m.pool_blocks_free = ps.free_blocks;
-  m.pool_blocks_used = ps.used_blocks;
-  m.pool_blocks_cached = ps.cached_blocks;
+  const KvMetrics kv = kv_->Metrics();
+  for (const KvGroupMetrics& g : kv.groups) {
+    m.pool_blocks_total += g.blocks_total;
+    m.pool_blocks_free += g.blocks_free;
+    m.pool_blocks_used += g.blocks_used;
+    m.pool_blocks_cached += g.blocks_cached;
+  }
   {
     std::lock_guard<std::mutex> lock(shared_->mu);
     m.requests_waiting = shared_->waiting.size();
   }
-  if (prefix_) m.prefix_lookups = prefix_->stats().lookups;
-  if (offload_) {
-    for (const TierStats& t : offload_->stats().tiers) {
-      m.tier_hit_blocks += t.hit_blocks;
-      for (uint64_t miss : t.misses) m.tier_miss_blocks += miss;
-    }
-  }
+  m.prefix_lookups = kv.prefix_lookups;
+  m.tier_hit_blocks = kv.tier_hit_blocks;
+  m.tier_miss_blocks = kv.tier_miss_blocks;
   return m;
 }
 
@@ -456,7 +407,7 @@ void EngineImpl::Admit() {
       w.erase(w.begin() + static_cast<std::ptrdiff_t>(at));
     }
     // With nothing running, blocks cannot come back: try, and fail if it must.
-    const bool wait = !running_.empty() && !CanReserve(*r);
+    const bool wait = !running_.empty() && !kv_->CanAdmit(r->tokens);
     Status s = wait ? Status::Ok() : StartRequest(*r);
     if (!wait && s.ok()) {
       running_.push_back(std::move(r));
@@ -475,14 +426,10 @@ void EngineImpl::Admit() {
 }
 
 bool EngineImpl::HeldBack(Request& r) const {
-  const uint32_t B = options_.block_size;
-  const size_t adoptable = std::min(r.hashes.size(), (r.tokens.size() - 1) / B);
-  if (!offload_ || adoptable == 0) return false;
   for (const auto& leader : running_) {
-    const size_t p = leader->published;
-    if (leader->publish_stopped || leader->done || leader->stream->cancelled.load()) continue;
-    if (p >= adoptable || p >= leader->hashes.size() || leader->hashes[p] != r.hashes[p]) continue;
-    const uint64_t computed = leader->kv->num_tokens();
+    if (leader->done || leader->stream->cancelled.load()) continue;
+    if (!kv_->WillPublishFor(*leader->seq, leader->hashes, r.tokens, r.hashes)) continue;
+    const uint64_t computed = leader->seq->num_tokens();
     const bool stalled = r.hold_leader == leader->id && r.hold_leader_tokens == computed;
     r.hold_stalls = stalled ? r.hold_stalls + 1 : 0;
     r.hold_leader = leader->id;
@@ -492,59 +439,15 @@ bool EngineImpl::HeldBack(Request& r) const {
   return false;
 }
 
-bool EngineImpl::CanReserve(const Request& r) const {
-  const uint32_t B = options_.block_size;
-  const uint64_t want = std::min<uint64_t>(r.tokens.size() + B, decoder_.config().max_seq_len);
-  uint64_t hit = 0, parked = 0;
-  if (prefix_) {
-    const std::vector<TokenId> ids(r.tokens.begin(), r.tokens.end() - 1);
-    const PrefixMatch m = prefix_->Peek(ids, "");
-    hit = m.blocks.size();
-    for (uint32_t b : m.blocks) parked += pool_->state(b) == BlockState::kCached ? 1 : 0;
-  }
-  // Adopting a parked block takes it out of the available ones; the rest
-  // of the reservation needs new blocks (a tier's hit takes pool blocks too).
-  const uint64_t need = (want + B - 1) / B - std::min<uint64_t>(hit, (want + B - 1) / B);
-  return need + parked <= pool_->stats().available_blocks;
-}
-
-size_t EngineImpl::Adopt(model::CacheKv& kv, const Request& r) {
-  if (!offload_) return 0;
-  // Every cached block but the one holding the last token: a token must run.
-  const std::vector<TokenId> ids(r.tokens.begin(), r.tokens.end() - 1);
-  auto adopted = offload_->AcquireInto(
-      ids, "",
-      [&kv](std::span<const uint32_t> blocks, std::shared_ptr<const Calibration> calibration,
-            std::shared_ptr<const WindowSinks> sinks) {
-        return kv.AdoptPrefix(blocks, std::move(calibration), std::move(sinks));
-      });
-  return adopted.ok() ? *adopted : 0;  // a failed adoption leaves kv empty: recompute
-}
-
 Status EngineImpl::StartRequest(Request& r) {
-  model::CacheKvOptions o;
-  o.formats = options_.formats;
-  o.window = options_.window;
-  o.layout = CacheLayout::kPaged;
-  o.block_size = options_.block_size;
-  o.pool = pool_;
-  o.attention_pool = decoder_.thread_pool();
-  KV_ASSIGN_OR_RETURN(std::unique_ptr<model::CacheKv> kv,
-                      model::CacheKv::Create(decoder_.attention_shape(), o));
-  const size_t adopted = Adopt(*kv, r);
-  const uint32_t max_seq = decoder_.config().max_seq_len;
-  const uint64_t want = std::min<uint64_t>(r.tokens.size() + options_.block_size, max_seq);
-  KV_RETURN_IF_ERROR(kv->Reserve(static_cast<uint32_t>(want)));  // kv's blocks go back on failure
-  r.kv = std::move(kv);
-  r.published = adopted / options_.block_size;
-  r.publish_stopped = false;
+  KV_ASSIGN_OR_RETURN(r.seq, kv_->Admit(r.tokens));
   r.admit_seq = ++admit_counter_;
   if (!r.admitted_before) {
     r.admitted_before = true;
-    r.cached_tokens = static_cast<uint32_t>(adopted);
+    r.cached_tokens = r.seq->cached_tokens();
     std::lock_guard<std::mutex> lock(metrics_mu_);
     counters_.prompt_tokens += r.params.prompt.size();
-    counters_.cached_prompt_tokens += adopted;
+    counters_.cached_prompt_tokens += r.cached_tokens;
   }
   return Status::Ok();
 }
@@ -563,12 +466,12 @@ bool EngineImpl::Forward(std::vector<Request*>* in_step) {
     for (int pass = 0; pass < 2; ++pass) {
       for (size_t k = 0; k < n; ++k) {
         Request* r = running_[pass == 0 ? (first + k) % n : k].get();
-        const size_t pending = r->tokens.size() - r->kv->num_tokens();
+        const size_t pending = r->tokens.size() - r->seq->num_tokens();
         if ((pending == 1) != (pass == 0) || budget == 0) continue;
         const uint32_t take = static_cast<uint32_t>(std::min<size_t>(pending, budget));
         budget -= take;
-        items.push_back({std::span<const int32_t>(r->tokens).subspan(r->kv->num_tokens(), take), r->kv.get(),
-                         false});
+        items.push_back({std::span<const int32_t>(r->tokens).subspan(r->seq->num_tokens(), take),
+                         &r->seq->kv(), false});
         in_step->push_back(r);
       }
     }
@@ -591,8 +494,7 @@ void EngineImpl::Preempt() {
   });
   std::unique_ptr<Request> r = std::move(*youngest);
   running_.erase(youngest);
-  r->kv.reset();  // its published blocks stay cached
-  r->published = 0;
+  r->seq.reset();  // its published blocks stay cached
   {
     std::lock_guard<std::mutex> lock(metrics_mu_);
     ++counters_.preemptions;
@@ -607,40 +509,11 @@ void EngineImpl::RunBatch() {
   const uint32_t vocab = decoder_.config().vocab_size;
   for (size_t i = 0; i < in_step.size(); ++i) {
     Request& r = *in_step[i];
-    Publish(r);
-    if (r.kv->num_tokens() < r.tokens.size()) continue;  // prefill goes on
+    kv_->Publish(*r.seq, r.tokens, &r.hashes);
+    if (r.seq->num_tokens() < r.tokens.size()) continue;  // prefill goes on
     OnLogits(r, std::span<const float>(logits_).subspan(i * vocab, vocab));
   }
   SweepDone();
-}
-
-void EngineImpl::Publish(Request& r) {
-  if (!offload_ || r.publish_stopped) return;
-  const uint32_t B = options_.block_size;
-  const size_t full = r.kv->num_tokens() / B;
-  if (full <= r.published) return;
-  const std::vector<TokenId> ids(r.tokens.begin(), r.tokens.begin() + full * B);
-  while (r.hashes.size() < full) {
-    const size_t b = r.hashes.size();
-    const BlockHash parent = b == 0 ? ChainRoot("") : r.hashes.back();
-    r.hashes.push_back(ChainHash(parent, std::span<const TokenId>(ids).subspan(b * B, B)));
-  }
-  model::CacheKv* kv = r.kv.get();
-  // The window's sinks go with the block that completes them, when this
-  // publication names it (copied only then).
-  std::shared_ptr<const WindowSinks> sinks;
-  const uint32_t S = options_.window.sinks;
-  if (S > 0 && r.published <= (S - 1) / B && (S - 1) / B < full) sinks = kv->cache().window_sinks();
-  auto end = offload_->Publish(
-      std::span<const BlockHash>(r.hashes).first(full), kv->cache().block_table(), r.published, ids, "",
-      kv->cache().calibration(),
-      [kv](size_t block, uint64_t hash) { return kv->SetBlockHash(static_cast<uint32_t>(block), hash); },
-      std::move(sinks));
-  if (!end.ok() || *end < full) {
-    r.publish_stopped = true;  // a duplicate (or an error): the rest stays private
-    return;
-  }
-  r.published = *end;
 }
 
 void EngineImpl::OnLogits(Request& r, std::span<const float> logits) {
@@ -685,7 +558,7 @@ void EngineImpl::Emit(Request& r, TokenOut out) {
 void EngineImpl::Finish(Request& r, FinishReason reason, Status error) {
   if (r.done) return;
   r.done = true;
-  r.kv.reset();
+  r.seq.reset();
   {
     std::lock_guard<std::mutex> lock(metrics_mu_);
     ++(reason == FinishReason::kCancelled ? counters_.requests_cancelled : counters_.requests_finished);
