@@ -1,28 +1,20 @@
 // The engine: Submit and the streams on the callers' threads, everything
 // else on one step thread (engine.h).
 //
-// Ownership. The waiting queue lives in Shared, under its mutex (Submit
-// pushes, the step thread pops, a preempted request goes back to its front);
-// running requests, their caches and the decoder belong to the step thread
-// alone. A stream and the engine share the request's StreamState (the
-// pending event, under its own mutex); a stream keeps a weak reference to
-// Shared to wake the step thread when cancelled.
-//
-// Blocks. A running request's K/V is a KvSequence of the KV manager
-// (kv_manager.h), which adopts, reserves, publishes and frees: a request
-// that the manager cannot admit stays where it is in the queue, and
-// admission stops for the step. A step whose pass runs out of blocks
-// preempts the youngest running request and runs again without it.
+// Ownership. Who runs is the Scheduler's (scheduler.h: admission, the
+// step's batch, preemption, the prefix hold); what a request's K/V needs is
+// the KV manager's (kv_manager.h: adopt, reserve, publish, free); the
+// engine joins them (it is the scheduler's SchedulerKv), runs the decoder
+// and streams the tokens. The waiting queue lives in the scheduler, under
+// Shared's mutex (Submit pushes, the step thread pops, a preempted request
+// goes back to its front); running requests, their K/V and the decoder
+// belong to the step thread alone. A stream and the engine share the
+// request's StreamState (the pending event, under its own mutex); a stream
+// keeps a weak reference to Shared to wake the step thread when cancelled.
 //
 // Shared prefixes. Submit has the manager hash the prompt's full blocks once
-// (the chains the prefix cache names them by). A waiting request is held
-// back while some running request, still publishing, has not yet published
-// a block the waiting one could adopt (KvManager::WillPublishFor). One
-// comparison per running request; a held request is passed over, and
-// requests behind it may be admitted. The hold lapses if the
-// running request's prefill stands still at kMaxStalledHolds admissions in
-// a row (its step budget taken by decodes), so no one waits on a request
-// that does not move.
+// (the chains the prefix cache names them by), so the scheduler's hold rule
+// costs one comparison per running request (KvManager::WillPublishFor).
 #include "engine/engine.h"
 
 #include <algorithm>
@@ -36,6 +28,7 @@
 
 #include "engine/kv_manager.h"
 #include "engine/sampler.h"
+#include "engine/scheduler.h"
 #include "engine/stop_text.h"
 #include "model/decoder/decoder.h"
 
@@ -60,7 +53,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 constexpr uint32_t kMaxStops = 8;
-constexpr uint32_t kMaxStalledHolds = 4;
 constexpr uint32_t kMaxTopLogprobs = 20;
 
 // A request's output, shared by its stream and the engine.
@@ -73,44 +65,42 @@ struct StreamState {
   std::atomic<bool> cancelled{false};
 };
 
-struct Request {
-  uint64_t id = 0;
+// A request: what the scheduler knows of it (id, tokens, admission and
+// hold state), its K/V while running, and its output.
+struct Request final : ScheduledRequest {
   RequestParams params;
   std::shared_ptr<StreamState> stream;
-  std::vector<int32_t> tokens;  // the prompt, then every generated token
   // Chain hashes of tokens' full blocks: the prompt's from Submit, then
   // extended as blocks are published.
   std::vector<BlockHash> hashes;
   uint32_t generated = 0;
   uint32_t cached_tokens = 0;
   bool admitted_before = false;
-  bool held_before = false;  // held back for a running request's prefill at least once
-  // The request it was last held for, that one's computed tokens then, and
-  // the admissions since at which they had not grown.
-  uint64_t hold_leader = 0, hold_leader_tokens = 0;
-  uint32_t hold_stalls = 0;
-  bool done = false;
-  uint64_t admit_seq = 0;  // larger: admitted later (preemption picks the largest)
   std::unique_ptr<KvSequence> seq;  // while running
-  int32_t prev = 0;                    // the token before the next piece
+  int32_t prev = 0;                 // the token before the next piece
   TokenSampler sampler;
   StopText text;
 
   Request(uint64_t id_, RequestParams p, std::shared_ptr<StreamState> s)
-      : id(id_),
-        params(std::move(p)),
+      : params(std::move(p)),
         stream(std::move(s)),
-        tokens(params.prompt),
         prev(params.prompt.back()),
         sampler(params.sampling, params.sampling.seed.value_or(id_)),
-        text(params.stop) {}
+        text(params.stop) {
+    id = id_;
+    tokens = params.prompt;
+  }
+  bool cancelled() const override { return stream->cancelled.load(); }
 };
 
-// What Submit, the streams and the step thread share.
+Request& AsRequest(ScheduledRequest& r) { return static_cast<Request&>(r); }
+const Request& AsRequest(const ScheduledRequest& r) { return static_cast<const Request&>(r); }
+
+// What Submit, the streams and the step thread share (mu also guards the
+// scheduler's waiting queue).
 struct Shared {
   std::mutex mu;
   std::condition_variable cv;
-  std::deque<std::unique_ptr<Request>> waiting;
   bool accepting = true;
   bool stopping = false;
   bool poke = false;  // a cancellation to look at
@@ -157,14 +147,22 @@ std::vector<double> StepBounds() {
 
 bool Finite(float x) { return std::isfinite(x); }
 
-class EngineImpl final : public Engine {
+SchedulerOptions SchedulerOptionsOf(const EngineOptions& o) {
+  SchedulerOptions s;
+  s.max_batch_tokens = o.max_batch_tokens;
+  s.max_running = o.max_running;
+  return s;
+}
+
+class EngineImpl final : public Engine, private SchedulerKv {
  public:
   EngineImpl(const model::LoadedModel& model, const EngineOptions& options)
       : model_(model),
         options_(options),
         decoder_(model.model(), options.threads),
         stop_tokens_(model.stop_tokens()),
-        shared_(std::make_shared<Shared>()) {
+        shared_(std::make_shared<Shared>()),
+        scheduler_(SchedulerOptionsOf(options), this, &shared_->mu) {
     counters_.step_seconds_bounds = StepBounds();
     counters_.step_seconds_counts.assign(counters_.step_seconds_bounds.size(), 0);
   }
@@ -187,17 +185,22 @@ class EngineImpl final : public Engine {
   void Step();
   void DropCancelled();
   void Admit();
-  // True while a running request will publish, and has not yet, a full
-  // block `r` could adopt (KvManager::WillPublishFor), unless that
-  // request's prefill has stood still at the last kMaxStalledHolds
-  // admissions (a step budget the decodes take whole).
-  bool HeldBack(Request& r) const;
-  Status StartRequest(Request& r);
   void RunBatch();
-  // One ForwardBatch over what fits; preempts and retries on pool exhaustion.
-  // Fills in_step (the requests in the pass, item order); false if the pass failed.
+  // One ForwardBatch over what the scheduler plans; preempts and retries on
+  // pool exhaustion. Fills in_step (the requests in the pass, item order);
+  // false if the pass failed.
   bool Forward(std::vector<Request*>* in_step);
-  void Preempt();
+  std::vector<std::unique_ptr<ScheduledRequest>>& running() { return scheduler_.running(); }
+
+  // SchedulerKv: the KV manager, for the scheduler.
+  bool CanAdmit(const ScheduledRequest& r) const override { return kv_->CanAdmit(r.tokens); }
+  Status Admit(ScheduledRequest& r) override;
+  uint64_t Computed(const ScheduledRequest& r) const override { return AsRequest(r).seq->num_tokens(); }
+  bool WillPublishFor(const ScheduledRequest& leader, const ScheduledRequest& r) const override {
+    const Request& l = AsRequest(leader);
+    return kv_->WillPublishFor(*l.seq, l.hashes, r.tokens, AsRequest(r).hashes);
+  }
+  void Release(ScheduledRequest& r) override { AsRequest(r).seq.reset(); }  // published blocks stay cached
   void OnLogits(Request& r, std::span<const float> logits);
   void Emit(Request& r, TokenOut out);
   void Finish(Request& r, FinishReason reason, Status error = Status::Ok());
@@ -211,12 +214,10 @@ class EngineImpl final : public Engine {
   std::unique_ptr<KvManager> kv_;
   std::shared_ptr<Shared> shared_;
   std::atomic<uint64_t> next_id_{1};
+  Scheduler scheduler_;  // its waiting queue under shared_->mu, the rest the step thread's
 
   // The step thread's.
-  std::vector<std::unique_ptr<Request>> running_;
   std::vector<float> logits_;
-  uint64_t admit_counter_ = 0;
-  uint64_t passes_ = 0;  // batches built (the decode rotation)
 
   mutable std::mutex metrics_mu_;
   EngineMetrics counters_;  // the counters; pool and queue figures are read live
@@ -280,14 +281,14 @@ Result<std::shared_ptr<RequestStream>> EngineImpl::Submit(RequestParams params) 
   auto state = std::make_shared<StreamState>();
   std::lock_guard<std::mutex> lock(shared_->mu);
   if (!shared_->accepting) return Status::FailedPrecondition("engine: shut down");
-  if (shared_->waiting.size() >= options_.max_waiting) {
-    return Status::CapacityExceeded("engine: " + std::to_string(shared_->waiting.size()) +
-                                     " requests wait already (max_waiting)");
+  const size_t waiting = scheduler_.num_waiting_locked();
+  if (waiting >= options_.max_waiting) {
+    return Status::CapacityExceeded("engine: " + std::to_string(waiting) + " requests wait already (max_waiting)");
   }
   const uint64_t id = next_id_.fetch_add(1);
   auto request = std::make_unique<Request>(id, std::move(params), state);
   request->hashes = std::move(hashes);
-  shared_->waiting.push_back(std::move(request));
+  scheduler_.EnqueueLocked(std::move(request));
   shared_->cv.notify_all();
   return std::shared_ptr<RequestStream>(std::make_shared<Stream>(id, state, shared_));
 }
@@ -307,7 +308,7 @@ EngineMetrics EngineImpl::Metrics() const {
   }
   {
     std::lock_guard<std::mutex> lock(shared_->mu);
-    m.requests_waiting = shared_->waiting.size();
+    m.requests_waiting = scheduler_.num_waiting_locked();
   }
   m.prefix_lookups = kv.prefix_lookups;
   m.tier_hit_blocks = kv.tier_hit_blocks;
@@ -329,22 +330,22 @@ void EngineImpl::Shutdown(std::chrono::milliseconds deadline) {
 }
 
 bool EngineImpl::WaitForWork() {
-  std::vector<std::unique_ptr<Request>> cancel;
+  std::deque<std::unique_ptr<ScheduledRequest>> cancel;
   {
     std::unique_lock<std::mutex> lock(shared_->mu);
     Shared& s = *shared_;
-    auto ready = [&] { return s.poke || s.stopping || !s.waiting.empty() || !running_.empty(); };
+    auto idle = [&] { return scheduler_.num_waiting_locked() == 0 && running().empty(); };
+    auto ready = [&] { return s.poke || s.stopping || !idle(); };
     if (!s.stopping) s.cv.wait(lock, ready);
     s.poke = false;
     if (!s.stopping) return true;
-    if (s.waiting.empty() && running_.empty()) return false;
+    if (idle()) return false;
     if (Clock::now() < s.deadline) return true;
-    for (auto& r : s.waiting) cancel.push_back(std::move(r));
-    s.waiting.clear();
+    cancel = scheduler_.TakeWaitingLocked();
   }
   // The deadline passed: cancel everything left.
-  for (auto& r : cancel) Finish(*r, FinishReason::kCancelled);
-  for (auto& r : running_) Finish(*r, FinishReason::kCancelled);
+  for (auto& r : cancel) Finish(AsRequest(*r), FinishReason::kCancelled);
+  for (auto& r : running()) Finish(AsRequest(*r), FinishReason::kCancelled);
   SweepDone();
   return false;
 }
@@ -358,90 +359,35 @@ void EngineImpl::Step() {
   Admit();
   {
     std::lock_guard<std::mutex> lock(metrics_mu_);
-    counters_.requests_running = running_.size();
+    counters_.requests_running = running().size();
   }
-  if (running_.empty()) return;
+  if (running().empty()) return;
   const Clock::time_point t0 = Clock::now();
   RunBatch();
   RecordStep(std::chrono::duration<double>(Clock::now() - t0).count());
 }
 
 void EngineImpl::DropCancelled() {
-  for (auto& r : running_) {
-    if (r->stream->cancelled.load()) Finish(*r, FinishReason::kCancelled);
+  for (auto& r : running()) {
+    if (r->cancelled()) Finish(AsRequest(*r), FinishReason::kCancelled);
   }
   SweepDone();
-  std::vector<std::unique_ptr<Request>> gone;
-  {
-    std::lock_guard<std::mutex> lock(shared_->mu);
-    auto& w = shared_->waiting;
-    for (auto it = w.begin(); it != w.end();) {
-      if ((*it)->stream->cancelled.load()) {
-        gone.push_back(std::move(*it));
-        it = w.erase(it);
-      } else {
-        ++it;
-      }
-    }
+  for (auto& r : scheduler_.TakeWaitingIf([](const ScheduledRequest& w) { return w.cancelled(); })) {
+    Finish(AsRequest(*r), FinishReason::kCancelled);
   }
-  for (auto& r : gone) Finish(*r, FinishReason::kCancelled);
 }
 
-// Admits waiting requests in queue order, passing over the held-back ones
-// (each is compared with the running set as it stands, so a request
-// admitted here holds back the later ones that share its prefix).
 void EngineImpl::Admit() {
-  uint64_t held = 0, newly_held = 0;
-  size_t at = 0;  // the next candidate's place in the queue
-  while (running_.size() < options_.max_running) {
-    std::unique_ptr<Request> r;
-    {
-      std::lock_guard<std::mutex> lock(shared_->mu);
-      auto& w = shared_->waiting;
-      for (; at < w.size() && HeldBack(*w[at]); ++at, ++held) {
-        newly_held += w[at]->held_before ? 0 : 1;
-        w[at]->held_before = true;
-      }
-      if (at == w.size()) break;
-      r = std::move(w[at]);
-      w.erase(w.begin() + static_cast<std::ptrdiff_t>(at));
-    }
-    // With nothing running, blocks cannot come back: try, and fail if it must.
-    const bool wait = !running_.empty() && !kv_->CanAdmit(r->tokens);
-    Status s = wait ? Status::Ok() : StartRequest(*r);
-    if (!wait && s.ok()) {
-      running_.push_back(std::move(r));
-      continue;
-    }
-    if (wait || (s.IsPoolExhausted() && !running_.empty())) {  // waits for blocks to come back
-      std::lock_guard<std::mutex> lock(shared_->mu);
-      shared_->waiting.insert(shared_->waiting.begin() + static_cast<std::ptrdiff_t>(at), std::move(r));
-      break;
-    }
-    Finish(*r, FinishReason::kError, s);
-  }
+  AdmitResult admitted = scheduler_.Admit();
+  for (auto& [r, error] : admitted.failed) Finish(AsRequest(*r), FinishReason::kError, std::move(error));
   std::lock_guard<std::mutex> lock(metrics_mu_);
-  counters_.requests_held = held;
-  counters_.prefix_holds += newly_held;
+  counters_.requests_held = admitted.held;
+  counters_.prefix_holds += admitted.newly_held;
 }
 
-bool EngineImpl::HeldBack(Request& r) const {
-  for (const auto& leader : running_) {
-    if (leader->done || leader->stream->cancelled.load()) continue;
-    if (!kv_->WillPublishFor(*leader->seq, leader->hashes, r.tokens, r.hashes)) continue;
-    const uint64_t computed = leader->seq->num_tokens();
-    const bool stalled = r.hold_leader == leader->id && r.hold_leader_tokens == computed;
-    r.hold_stalls = stalled ? r.hold_stalls + 1 : 0;
-    r.hold_leader = leader->id;
-    r.hold_leader_tokens = computed;
-    return r.hold_stalls < kMaxStalledHolds;
-  }
-  return false;
-}
-
-Status EngineImpl::StartRequest(Request& r) {
+Status EngineImpl::Admit(ScheduledRequest& sr) {
+  Request& r = AsRequest(sr);
   KV_ASSIGN_OR_RETURN(r.seq, kv_->Admit(r.tokens));
-  r.admit_seq = ++admit_counter_;
   if (!r.admitted_before) {
     r.admitted_before = true;
     r.cached_tokens = r.seq->cached_tokens();
@@ -457,50 +403,24 @@ bool EngineImpl::Forward(std::vector<Request*>* in_step) {
   for (;;) {
     in_step->clear();
     std::vector<model::BatchItem> items;
-    uint32_t budget = options_.max_batch_tokens;
-    // Decodes (one pending token) first, then prefill chunks, in admission
-    // order; when the budget cannot take every decode, the first one taken
-    // rotates with the step count so that none waits for ever.
-    const size_t n = running_.size(), first = budget < n ? passes_ % n : 0;
-    ++passes_;
-    for (int pass = 0; pass < 2; ++pass) {
-      for (size_t k = 0; k < n; ++k) {
-        Request* r = running_[pass == 0 ? (first + k) % n : k].get();
-        const size_t pending = r->tokens.size() - r->seq->num_tokens();
-        if ((pending == 1) != (pass == 0) || budget == 0) continue;
-        const uint32_t take = static_cast<uint32_t>(std::min<size_t>(pending, budget));
-        budget -= take;
-        items.push_back({std::span<const int32_t>(r->tokens).subspan(r->seq->num_tokens(), take),
-                         &r->seq->kv(), false});
-        in_step->push_back(r);
-      }
+    for (const BatchSlot& slot : scheduler_.Plan()) {
+      Request* r = &AsRequest(*slot.request);
+      items.push_back({std::span<const int32_t>(r->tokens).subspan(slot.begin, slot.count), &r->seq->kv(), false});
+      in_step->push_back(r);
     }
     logits_.resize(items.size() * size_t{vocab});
     Status s = decoder_.ForwardBatch(items, logits_);
     if (s.ok()) return true;
-    if (s.IsPoolExhausted() && running_.size() > 1) {
-      Preempt();
+    if (s.IsPoolExhausted() && running().size() > 1) {
+      scheduler_.PreemptYoungest();
+      std::lock_guard<std::mutex> lock(metrics_mu_);
+      ++counters_.preemptions;
       continue;
     }
     for (Request* r : *in_step) Finish(*r, FinishReason::kError, s);
     SweepDone();
     return false;
   }
-}
-
-void EngineImpl::Preempt() {
-  auto youngest = std::max_element(running_.begin(), running_.end(), [](const auto& a, const auto& b) {
-    return a->admit_seq < b->admit_seq;
-  });
-  std::unique_ptr<Request> r = std::move(*youngest);
-  running_.erase(youngest);
-  r->seq.reset();  // its published blocks stay cached
-  {
-    std::lock_guard<std::mutex> lock(metrics_mu_);
-    ++counters_.preemptions;
-  }
-  std::lock_guard<std::mutex> lock(shared_->mu);
-  shared_->waiting.push_front(std::move(r));
 }
 
 void EngineImpl::RunBatch() {
@@ -576,9 +496,7 @@ void EngineImpl::Finish(Request& r, FinishReason reason, Status error) {
   r.stream->cv.notify_all();
 }
 
-void EngineImpl::SweepDone() {
-  std::erase_if(running_, [](const std::unique_ptr<Request>& r) { return r->done; });
-}
+void EngineImpl::SweepDone() { scheduler_.SweepDone(); }
 
 void EngineImpl::RecordStep(double seconds) {
   std::lock_guard<std::mutex> lock(metrics_mu_);
@@ -587,7 +505,7 @@ void EngineImpl::RecordStep(double seconds) {
   for (size_t i = 0; i < counters_.step_seconds_bounds.size(); ++i) {
     if (seconds <= counters_.step_seconds_bounds[i]) ++counters_.step_seconds_counts[i];
   }
-  counters_.requests_running = running_.size();
+  counters_.requests_running = running().size();
 }
 
 }  // namespace
