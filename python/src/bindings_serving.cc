@@ -20,7 +20,7 @@
 #include "kvcache/eviction.h"
 #include "kvcache/hybrid.h"
 #include "kvcache/prefix_cache.h"
-#include "kvcache/simulator.h"
+#include "engine/sim/simulator.h"
 #include "kvcache/workload.h"
 #include "kvcache/tier.h"
 #include "kvcache/offload.h"

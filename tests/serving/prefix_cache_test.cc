@@ -11,7 +11,7 @@
 #include "kvcache/geometry.h"
 #include "kvcache/pool.h"
 #include "kvcache/prefix_cache.h"
-#include "serving/sim/block_source.h"
+#include "engine/sim/block_source.h"
 #include "testing/model_block_source.h"
 
 namespace kvcache {

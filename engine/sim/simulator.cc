@@ -15,7 +15,7 @@
 #include <fmt/format.h>
 #include <xxhash.h>
 
-#include "serving/sim/simulator_internal.h"
+#include "engine/sim/simulator_internal.h"
 
 namespace kvcache {
 
