@@ -70,6 +70,7 @@ struct StreamState {
 struct Request final : ScheduledRequest {
   RequestParams params;
   std::shared_ptr<StreamState> stream;
+  std::vector<int32_t> tokens;  // the prompt, then every generated token
   // Chain hashes of tokens' full blocks: the prompt's from Submit, then
   // extended as blocks are published.
   std::vector<BlockHash> hashes;
@@ -84,12 +85,13 @@ struct Request final : ScheduledRequest {
   Request(uint64_t id_, RequestParams p, std::shared_ptr<StreamState> s)
       : params(std::move(p)),
         stream(std::move(s)),
+        tokens(params.prompt),
         prev(params.prompt.back()),
         sampler(params.sampling, params.sampling.seed.value_or(id_)),
         text(params.stop) {
     id = id_;
-    tokens = params.prompt;
   }
+  size_t context_size() const override { return tokens.size(); }
   bool cancelled() const override { return stream->cancelled.load(); }
 };
 
@@ -193,12 +195,13 @@ class EngineImpl final : public Engine, private SchedulerKv {
   std::vector<std::unique_ptr<ScheduledRequest>>& running() { return scheduler_.running(); }
 
   // SchedulerKv: the KV manager, for the scheduler.
-  bool CanAdmit(const ScheduledRequest& r) const override { return kv_->CanAdmit(r.tokens); }
-  Status Admit(ScheduledRequest& r) override;
+  bool Fits(const ScheduledRequest&) const override { return true; }  // Init: the pool holds a whole context
+  bool CanAdmit(const ScheduledRequest& r) const override { return kv_->CanAdmit(AsRequest(r).tokens); }
+  Status Admit(ScheduledRequest& r, std::vector<std::unique_ptr<ScheduledRequest>>* forks) override;
   uint64_t Computed(const ScheduledRequest& r) const override { return AsRequest(r).seq->num_tokens(); }
   bool WillPublishFor(const ScheduledRequest& leader, const ScheduledRequest& r) const override {
     const Request& l = AsRequest(leader);
-    return kv_->WillPublishFor(*l.seq, l.hashes, r.tokens, AsRequest(r).hashes);
+    return kv_->WillPublishFor(*l.seq, l.hashes, AsRequest(r).tokens, AsRequest(r).hashes);
   }
   void Release(ScheduledRequest& r) override { AsRequest(r).seq.reset(); }  // published blocks stay cached
   void OnLogits(Request& r, std::span<const float> logits);
@@ -385,7 +388,7 @@ void EngineImpl::Admit() {
   counters_.prefix_holds += admitted.newly_held;
 }
 
-Status EngineImpl::Admit(ScheduledRequest& sr) {
+Status EngineImpl::Admit(ScheduledRequest& sr, std::vector<std::unique_ptr<ScheduledRequest>>*) {
   Request& r = AsRequest(sr);
   KV_ASSIGN_OR_RETURN(r.seq, kv_->Admit(r.tokens));
   if (!r.admitted_before) {

@@ -23,27 +23,41 @@ std::vector<std::unique_ptr<ScheduledRequest>> Scheduler::TakeWaitingIf(
 AdmitResult Scheduler::Admit() {
   AdmitResult out;
   size_t at = 0;  // the next candidate's place in the queue
-  while (running_.size() < options_.max_running) {
+  for (;;) {
     std::unique_ptr<ScheduledRequest> r;
     {
       std::lock_guard<std::mutex> lock(*mu_);
-      for (; at < waiting_.size() && HeldBack(*waiting_[at]); ++at, ++out.held) {
+      for (; running_.size() < options_.max_running && at < waiting_.size() && HeldBack(*waiting_[at]);
+           ++at, ++out.held) {
         out.newly_held += waiting_[at]->held_before ? 0 : 1;
         waiting_[at]->held_before = true;
       }
       if (at == waiting_.size()) break;
+      const bool fits = kv_->Fits(*waiting_[at]);
+      if (fits && running_.size() + waiting_[at]->width > options_.max_running) break;
       r = std::move(waiting_[at]);
       waiting_.erase(waiting_.begin() + static_cast<std::ptrdiff_t>(at));
+      if (!fits) {
+        out.rejected.push_back(std::move(r));
+        continue;
+      }
     }
-    // With nothing running, blocks cannot come back: try, and fail if it must.
+    // With nothing running, blocks cannot come back (fail_when_idle): try,
+    // and fail if it must.
     const bool wait = !running_.empty() && !kv_->CanAdmit(*r);
-    Status s = wait ? Status::Ok() : kv_->Admit(*r);
+    const bool can_wait = !running_.empty() || !options_.fail_when_idle;
+    std::vector<std::unique_ptr<ScheduledRequest>> forks;
+    Status s = wait ? Status::Ok() : kv_->Admit(*r, &forks);
     if (!wait && s.ok()) {
       r->admit_seq = ++admit_counter_;
       running_.push_back(std::move(r));
+      for (auto& f : forks) {
+        f->admit_seq = admit_counter_;
+        running_.push_back(std::move(f));
+      }
       continue;
     }
-    if (wait || (s.IsPoolExhausted() && !running_.empty())) {  // waits for blocks to come back
+    if (wait || (s.IsPoolExhausted() && can_wait)) {  // waits for blocks to come back
       std::lock_guard<std::mutex> lock(*mu_);
       waiting_.insert(waiting_.begin() + static_cast<std::ptrdiff_t>(at), std::move(r));
       break;
@@ -76,7 +90,7 @@ std::vector<BatchSlot> Scheduler::Plan() {
     for (size_t k = 0; k < n; ++k) {
       ScheduledRequest* r = running_[pass == 0 ? (first + k) % n : k].get();
       const uint64_t computed = kv_->Computed(*r);
-      const size_t pending = r->tokens.size() - computed;
+      const size_t pending = r->context_size() - computed;
       if ((pending == 1) != (pass == 0) || budget == 0) continue;
       const uint32_t take = static_cast<uint32_t>(std::min<size_t>(pending, budget));
       budget -= take;
@@ -86,15 +100,19 @@ std::vector<BatchSlot> Scheduler::Plan() {
   return slots;
 }
 
-void Scheduler::PreemptYoungest() {
-  auto youngest = std::max_element(running_.begin(), running_.end(), [](const auto& a, const auto& b) {
-    return a->admit_seq < b->admit_seq;
-  });
+ScheduledRequest* Scheduler::PreemptYoungest() {
+  auto youngest = running_.end();
+  for (auto it = running_.begin(); it != running_.end(); ++it) {
+    if (!(*it)->done && (youngest == running_.end() || (*it)->admit_seq >= (*youngest)->admit_seq)) youngest = it;
+  }
+  if (youngest == running_.end()) return nullptr;
   std::unique_ptr<ScheduledRequest> r = std::move(*youngest);
   running_.erase(youngest);
   kv_->Release(*r);
+  ScheduledRequest* queued = r.get();
   std::lock_guard<std::mutex> lock(*mu_);
   waiting_.push_front(std::move(r));
+  return queued;
 }
 
 void Scheduler::SweepDone() {

@@ -3,8 +3,13 @@
 // prefix hold), the step's batch (max_batch_tokens: decodes first, then
 // chunks of the prompts being prefilled) and preemption (the youngest
 // running request first). It knows no blocks: it asks its SchedulerKv (the
-// KV manager, for the engine) whether a request can be admitted, admits it,
-// and frees a preempted request's K/V.
+// KV manager, for the engine; the block accounting, for the serving
+// simulator in engine/sim/) whether a request can be admitted, admits it,
+// and frees a preempted request's K/V. The engine and the simulator run on
+// this one scheduler; what a step does with the batch is theirs (the engine
+// runs one forward pass over it and, when the pool runs out, preempts and
+// plans again; the simulator grows each sequence in turn and preempts when
+// one cannot grow).
 //
 // The prefix hold: a waiting request is passed over while a running request
 // is about to publish a full block it could adopt (SchedulerKv::
@@ -35,7 +40,7 @@ namespace kvcache::engine {
 struct ScheduledRequest {
   virtual ~ScheduledRequest() = default;
   uint64_t id = 0;
-  std::vector<int32_t> tokens;  // the context: the prompt, then every generated token
+  uint32_t width = 1;           // running sequences it becomes (parallel samples)
   bool done = false;            // finished: leaves the running set at the next sweep
   uint64_t admit_seq = 0;       // larger: admitted later (preemption picks the largest)
   bool held_before = false;     // held back for a running request's prefill at least once
@@ -43,6 +48,9 @@ struct ScheduledRequest {
   // the admissions since at which they had not grown.
   uint64_t hold_leader = 0, hold_leader_tokens = 0;
   uint32_t hold_stalls = 0;
+  // The context: the prompt, then every generated token (a running
+  // request's tokens past SchedulerKv::Computed are pending).
+  virtual size_t context_size() const = 0;
   // A cancelled request is no one's leader (it leaves at the next step).
   virtual bool cancelled() const { return false; }
 };
@@ -51,10 +59,17 @@ struct ScheduledRequest {
 class SchedulerKv {
  public:
   virtual ~SchedulerKv() = default;
-  // Whether r's admission can be met now (nothing taken or counted).
+  // False for a request that could not be admitted even alone: it leaves
+  // the queue (AdmitResult::rejected) when it comes up, instead of waiting
+  // for ever.
+  virtual bool Fits(const ScheduledRequest& r) const = 0;
+  // Whether r's admission can be met now (nothing taken or counted); true
+  // where that cannot be told without trying (Admit then says).
   virtual bool CanAdmit(const ScheduledRequest& r) const = 0;
-  // Admits r (its K/V from now on); PoolExhausted when the blocks are not there.
-  virtual Status Admit(ScheduledRequest& r) = 0;
+  // Admits r (its K/V from now on); PoolExhausted (nothing held) when the
+  // blocks are not there. A request of width > 1 adds its other sequences
+  // (forks of r) to `forks`; they run beside it, admitted with it.
+  virtual Status Admit(ScheduledRequest& r, std::vector<std::unique_ptr<ScheduledRequest>>* forks) = 0;
   // Positions of a running r already computed.
   virtual uint64_t Computed(const ScheduledRequest& r) const = 0;
   // Whether the running `leader` will publish, and has not yet, a block the
@@ -68,6 +83,11 @@ struct SchedulerOptions {
   uint32_t max_batch_tokens = 256;  // tokens per step (decodes + prefill chunks)
   uint32_t max_running = 64;        // requests in one step
   uint32_t max_stalled_holds = 4;   // admissions a hold survives a leader that does not move
+  // With nothing running, a request the K/V side cannot admit fails
+  // (AdmitResult::failed: no running request will give blocks back) or,
+  // false, waits (blocks other holders give back in time, as the
+  // simulator's tier writer does).
+  bool fail_when_idle = true;
 };
 
 // A request's share of a step: tokens [begin, begin + count) of its context.
@@ -80,6 +100,7 @@ struct BatchSlot {
 struct AdmitResult {
   uint64_t held = 0;        // waiting requests passed over for a prefix hold
   uint64_t newly_held = 0;  // of them, held for the first time
+  std::vector<std::unique_ptr<ScheduledRequest>> rejected;  // out of the queue: they never fit (SchedulerKv::Fits)
   // Requests that cannot be admitted ever (the K/V side's error), out of the queue.
   std::vector<std::pair<std::unique_ptr<ScheduledRequest>, Status>> failed;
 };
@@ -113,9 +134,10 @@ class Scheduler {
   // count so that none waits for ever.
   std::vector<BatchSlot> Plan();
 
-  // Preempts the youngest running request: its K/V is freed, it goes back
-  // to the front of the queue.
-  void PreemptYoungest();
+  // Preempts the youngest running request that is not done (of those
+  // admitted together, the last): its K/V is freed, it goes back to the
+  // front of the queue. Returns it (queued now); null when none runs.
+  ScheduledRequest* PreemptYoungest();
 
   // Drops the finished requests from the running set.
   void SweepDone();
