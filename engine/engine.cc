@@ -432,7 +432,7 @@ void EngineImpl::RunBatch() {
   const uint32_t vocab = decoder_.config().vocab_size;
   for (size_t i = 0; i < in_step.size(); ++i) {
     Request& r = *in_step[i];
-    kv_->Publish(*r.seq, r.tokens, &r.hashes);
+    (void)kv_->Publish(*r.seq, r.tokens, &r.hashes);  // a failure stops the request's publication only
     if (r.seq->num_tokens() < r.tokens.size()) continue;  // prefill goes on
     OnLogits(r, std::span<const float>(logits_).subspan(i * vocab, vocab));
   }

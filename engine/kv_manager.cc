@@ -47,7 +47,8 @@ Status KvManager::Init() {
   const model::AttentionShape& s = shape_;
   KV_ASSIGN_OR_RETURN(Geometry geometry,
                       Geometry::Create({s.n_layers, s.n_kv_heads, s.head_dim, o.block_size}));
-  const uint32_t blocks = BlockPool::BlocksForBytes(geometry, o.formats, o.pool_bytes);
+  const uint32_t blocks =
+      o.pool_blocks > 0 ? o.pool_blocks : BlockPool::BlocksForBytes(geometry, o.formats, o.pool_bytes);
   BlockPoolOptions p;
   p.num_blocks = std::max(blocks, 1u);
   KV_ASSIGN_OR_RETURN(pool_, BlockPool::Create(geometry, o.formats, p));
@@ -98,7 +99,7 @@ bool KvManager::CanAdmit(std::span<const int32_t> tokens) const {
   return need + parked <= pool_->stats().available_blocks;
 }
 
-size_t KvManager::Adopt(model::CacheKv& kv, std::span<const int32_t> tokens) {
+size_t KvManager::Adopt(model::CacheKv& kv, std::span<const int32_t> tokens, KvAdmission* found) {
   if (!offload_) return 0;
   // Every cached block but the one holding the last token: a token must run.
   const std::vector<TokenId> ids(tokens.begin(), tokens.end() - 1);
@@ -107,11 +108,13 @@ size_t KvManager::Adopt(model::CacheKv& kv, std::span<const int32_t> tokens) {
       [&kv](std::span<const uint32_t> blocks, std::shared_ptr<const Calibration> calibration,
             std::shared_ptr<const WindowSinks> sinks) {
         return kv.AdoptPrefix(blocks, std::move(calibration), std::move(sinks));
-      });
+      },
+      found != nullptr ? &found->served : nullptr);
+  if (!adopted.ok() && found != nullptr) found->adopt_error = adopted.status();
   return adopted.ok() ? *adopted : 0;  // a failed adoption leaves kv empty: recompute
 }
 
-Result<std::unique_ptr<KvSequence>> KvManager::Admit(std::span<const int32_t> tokens) {
+Result<std::unique_ptr<KvSequence>> KvManager::Admit(std::span<const int32_t> tokens, KvAdmission* found) {
   model::CacheKvOptions o;
   o.formats = options_.formats;
   o.window = options_.window;
@@ -120,7 +123,7 @@ Result<std::unique_ptr<KvSequence>> KvManager::Admit(std::span<const int32_t> to
   o.pool = pool_;
   o.attention_pool = attention_pool_;
   KV_ASSIGN_OR_RETURN(std::unique_ptr<model::CacheKv> kv, model::CacheKv::Create(shape_, o));
-  const size_t adopted = Adopt(*kv, tokens);
+  const size_t adopted = Adopt(*kv, tokens, found);
   const uint64_t want = std::min<uint64_t>(tokens.size() + options_.block_size, shape_.max_seq_len);
   KV_RETURN_IF_ERROR(kv->Reserve(static_cast<uint32_t>(want)));  // kv's blocks go back on failure
   auto seq = std::make_unique<KvSequence>();
@@ -139,11 +142,12 @@ bool KvManager::WillPublishFor(const KvSequence& leader, std::span<const BlockHa
   return p < adoptable && p < leader_hashes.size() && leader_hashes[p] == hashes[p];
 }
 
-void KvManager::Publish(KvSequence& seq, std::span<const int32_t> tokens, std::vector<BlockHash>* hashes) {
-  if (!offload_ || seq.publish_stopped_) return;
+Result<size_t> KvManager::Publish(KvSequence& seq, std::span<const int32_t> tokens,
+                                  std::vector<BlockHash>* hashes) {
+  if (!offload_ || seq.publish_stopped_) return seq.published_;
   const uint32_t B = options_.block_size;
-  const size_t full = seq.kv_->num_tokens() / B;
-  if (full <= seq.published_) return;
+  const size_t full = std::min<size_t>(seq.kv_->num_tokens(), tokens.size()) / B;
+  if (full <= seq.published_) return seq.published_;
   const std::vector<TokenId> ids(tokens.begin(), tokens.begin() + full * B);
   while (hashes->size() < full) {
     const size_t b = hashes->size();
@@ -163,9 +167,16 @@ void KvManager::Publish(KvSequence& seq, std::span<const int32_t> tokens, std::v
       std::move(sinks));
   if (!end.ok() || *end < full) {
     seq.publish_stopped_ = true;  // a duplicate (or an error): the rest stays private
-    return;
+    if (!end.ok()) return end.status();
   }
-  seq.published_ = *end;
+  seq.published_ = std::max(seq.published_, *end);
+  return seq.published_;
+}
+
+OffloadStats KvManager::tier_stats() const { return offload_ ? offload_->stats() : OffloadStats{}; }
+
+void KvManager::FlushTiers() {
+  if (offload_) offload_->Flush();
 }
 
 KvMetrics KvManager::Metrics() const {

@@ -52,6 +52,7 @@ struct KvManagerOptions {
   PrecisionWindow window;    // bf16 sinks and recent rows (engine.h, EngineOptions::window)
   uint32_t block_size = 16;  // tokens per block
   uint64_t pool_bytes = 256ull << 20;  // all groups' pools together, bytes
+  uint32_t pool_blocks = 0;  // > 0: blocks per group's pool instead of pool_bytes' share
   bool prefix_cache = true;  // adopt and publish full blocks
   std::string tiers;         // offload tiers (MakeTiers' spec); empty: none
   std::string model_id;      // the model's fingerprint, for the tiers
@@ -65,6 +66,14 @@ struct KvDemand {
 struct KvGroupMetrics {
   KvGroupKind kind = KvGroupKind::kFullAttention;
   uint64_t blocks_total = 0, blocks_free = 0, blocks_used = 0, blocks_cached = 0;
+};
+
+// What an admission's prefix lookup found.
+struct KvAdmission {
+  // Prompt tokens adopted: [0] from the pool, [1 + t] from tier t.
+  std::vector<uint64_t> served;
+  // A lookup or adoption that failed (the prefix is then recomputed).
+  Status adopt_error;
 };
 
 struct KvMetrics {
@@ -122,8 +131,9 @@ class KvManager {
 
   // Adopts the longest cached prefix of tokens[0, size - 1) and reserves the
   // admission demand. PoolExhausted (nothing held) when the pools cannot
-  // meet it; a failed adoption only means the prefix is recomputed.
-  Result<std::unique_ptr<KvSequence>> Admit(std::span<const int32_t> tokens);
+  // meet it; a failed adoption only means the prefix is recomputed
+  // (`found`, if given, says so, and where the prefix came from).
+  Result<std::unique_ptr<KvSequence>> Admit(std::span<const int32_t> tokens, KvAdmission* found = nullptr);
 
   // True while `leader` will publish, and has not yet, a full block a
   // request with `tokens` and prompt chain `hashes` could adopt (the block
@@ -131,19 +141,25 @@ class KvManager {
   bool WillPublishFor(const KvSequence& leader, std::span<const BlockHash> leader_hashes,
                       std::span<const int32_t> tokens, std::span<const BlockHash> hashes) const;
 
-  // Hashes the blocks of `seq` that filled since the last call (extending
-  // `hashes`, the chain of `tokens`' full blocks) and publishes them to the
-  // prefix cache and the tiers. A duplicate chain (or an error) stops
-  // publication for the sequence: the rest stays private.
-  void Publish(KvSequence& seq, std::span<const int32_t> tokens, std::vector<BlockHash>* hashes);
+  // Hashes the full blocks of `seq` whose positions `tokens` (its
+  // committed tokens, at least) gives that filled since the last call
+  // (extending `hashes`, the chain of `tokens`' full blocks) and publishes
+  // them to the prefix cache and the tiers. Returns the blocks [0, end) of
+  // seq now published. A duplicate chain (end short of the full blocks) or
+  // an error stops publication for the sequence: the rest stays private.
+  Result<size_t> Publish(KvSequence& seq, std::span<const int32_t> tokens, std::vector<BlockHash>* hashes);
 
   KvMetrics Metrics() const;
+  // The tiers' counters (none without tiers), and a wait until every
+  // queued store has been written (the end of a run).
+  OffloadStats tier_stats() const;
+  void FlushTiers();
 
  private:
   KvManager(const model::AttentionShape& shape, ThreadPool* attention_pool,
             const KvManagerOptions& options);
   Status Init();
-  size_t Adopt(model::CacheKv& kv, std::span<const int32_t> tokens);
+  size_t Adopt(model::CacheKv& kv, std::span<const int32_t> tokens, KvAdmission* found);
 
   const model::AttentionShape shape_;
   ThreadPool* const attention_pool_;
