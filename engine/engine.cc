@@ -408,7 +408,7 @@ bool EngineImpl::Forward(std::vector<Request*>* in_step) {
     std::vector<model::BatchItem> items;
     for (const BatchSlot& slot : scheduler_.Plan()) {
       Request* r = &AsRequest(*slot.request);
-      items.push_back({std::span<const int32_t>(r->tokens).subspan(slot.begin, slot.count), &r->seq->kv(), false});
+      items.push_back({std::span<const int32_t>(r->tokens).subspan(slot.begin, slot.count), r->seq.get(), false});
       in_step->push_back(r);
     }
     logits_.resize(items.size() * size_t{vocab});

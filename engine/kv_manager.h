@@ -1,8 +1,8 @@
 // The KV manager: everything a request's K/V needs from the block pools, the
 // prefix cache and the offload tiers, in one place. The engine's scheduler
 // asks it whether a request can be admitted or grow, and never sees a block;
-// the decoder writes a request's rows through its KvSequence (a
-// model::KvBackend). No other code of the engine touches the pool or the
+// the decoder writes a request's rows through its KvSequence, which is the
+// model's KV interface (model::KvBackend, model/kv/kv_backend.h). No other code of the engine touches the pool or the
 // prefix cache for a request; the engine reads pool figures from Metrics().
 //
 // Groups. A model's layers fall into groups whose K/V live differently:
@@ -82,13 +82,24 @@ struct KvMetrics {
   uint64_t tier_hit_blocks = 0, tier_miss_blocks = 0;
 };
 
-// One request's K/V: the rows the decoder writes (kv(): the model's
-// KvBackend over the pool) and what the manager knows of its publication.
-class KvSequence {
+// One request's K/V: the model's KvBackend over the manager's pools (what
+// the decoder stores and attends through; today one group, a paged
+// model::CacheKv) and what the manager knows of its publication.
+class KvSequence final : public model::KvBackend {
  public:
-  model::CacheKv& kv() { return *kv_; }
   // Positions computed (stored in every group).
-  uint32_t num_tokens() const { return kv_->num_tokens(); }
+  uint32_t num_tokens() const override { return kv_->num_tokens(); }
+  Status Extend(uint32_t n) override { return kv_->Extend(n); }
+  Status Store(uint32_t layer, std::span<const float> k, std::span<const float> v) override {
+    return kv_->Store(layer, k, v);
+  }
+  Status Attend(uint32_t layer, std::span<const float> q, std::span<float> out) override {
+    return kv_->Attend(layer, q, out);
+  }
+  Status Truncate(uint32_t num_tokens) override { return kv_->Truncate(num_tokens); }
+  // A copy outside the manager (copy-on-write blocks of the same pool): never published.
+  Result<std::unique_ptr<model::KvBackend>> Fork() override { return kv_->Fork(); }
+
   // Prompt tokens adopted at admission (the prefix cache or a tier).
   uint32_t cached_tokens() const { return cached_tokens_; }
 

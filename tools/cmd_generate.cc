@@ -209,7 +209,7 @@ int RunGenerate(const GenerateCliOptions& o) {
     if (!found.adopt_error.ok()) return Fail(found.adopt_error);
     tier_run->seq = std::move(*admitted);
     tier_run->served = std::move(found.served);
-    backend = &tier_run->seq->kv();
+    backend = tier_run->seq.get();
     adopted_blocks = tier_run->seq->cached_tokens() / kv_options.block_size;
     tier_run->lookup_seconds = SecondsBetween(start, Clock::now());
   } else {
