@@ -234,14 +234,9 @@ Status EngineImpl::Init() {
   if (o.threads == 0 || o.max_batch_tokens == 0 || o.max_running == 0 || o.max_waiting == 0) {
     return Status::InvalidArgument("engine: threads, max_batch_tokens, max_running and max_waiting must be > 0");
   }
-  KvManagerOptions k;
-  k.formats = o.formats;
-  k.window = o.window;
-  k.block_size = o.block_size;
-  k.pool_bytes = o.pool_bytes;
-  k.prefix_cache = o.prefix_cache;
-  k.tiers = o.tiers;
-  k.model_id = o.model_id;
+  const KvManagerOptions k{.formats = o.formats, .window = o.window, .block_size = o.block_size,
+                           .pool_bytes = o.pool_bytes, .prefix_cache = o.prefix_cache, .tiers = o.tiers,
+                           .model_id = o.model_id};
   KV_ASSIGN_OR_RETURN(kv_, KvManager::Create(decoder_.attention_shape(), decoder_.thread_pool(), k));
   return Status::Ok();
 }
