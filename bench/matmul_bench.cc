@@ -1,4 +1,4 @@
-// The decoder's weight products (model/decoder/matmul.h) on SmolLM2's
+// The decoder's weight products (model/tensor/matmul.h) on SmolLM2's
 // shapes, exact f32 inputs against int8 and bf16 inputs, times 1 token (decode) and
 // 64 (a prefill chunk), from cache and streamed from memory (sizes below).
 // Bytes/s counts the weight bytes read per product.

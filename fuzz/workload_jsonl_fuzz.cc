@@ -1,5 +1,5 @@
 // Fuzz target `workload_jsonl`: ParseWorkloadJsonl on arbitrary text
-// (src/serving/sim/workload.cc). An accepted workload obeys docs/workloads.md:
+// (src/serving/workload.cc). An accepted workload obeys docs/workloads.md:
 // non-empty prompts, 1 <= max_new_tokens, 1 <= n <= 256, known outputs no
 // longer than max_new_tokens, finite arrivals >= 0 in non-decreasing order.
 // Errors are InvalidArgument. Thread safety: see fuzz_target.h.

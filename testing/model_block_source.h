@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <memory>
 
-#include "serving/sim/block_source.h"
+#include "engine/sim/block_source.h"
 
 namespace kvcache::serving {
 

@@ -25,7 +25,7 @@
 //                           The bare floors are in "floors".
 //   recompute_us            the time to recompute one block instead
 //                           ("recompute": 2 * params * block_size FLOPs at
-//                           the f16 MatMul throughput of model/decoder/matmul.h
+//                           the f16 MatMul throughput of model/tensor/matmul.h
 //                           measured now on this machine's threads;
 //                           --recompute-params, default Llama-3-8B's).
 // The disk tier runs on --disk-path with the page cache warm (the batch was

@@ -5,8 +5,9 @@
 // --draft-kind layers -- verified in one multi-token pass). --json prints one JSON object instead of streaming.
 //
 // --tiers SPEC (offload tiers, docs/tiers.md "Sharing a tier across two
-// processes"): the K/V live in a paged cache over a BlockPool with a prefix
-// cache and an OffloadCache over the tiers. Before the prefill the prompt's
+// processes"): the K/V live in a sequence of the engine's KV manager
+// (engine/kv_manager.h: a BlockPool with a prefix cache and an OffloadCache
+// over the tiers), as a served request's do. Before the prefill the prompt's
 // longest cached prefix is looked up (the pool, then the tiers in order),
 // its blocks are adopted into the sequence instead of being recomputed, and
 // only the rest of the prompt is run. After generation the prompt's full
@@ -30,13 +31,13 @@
 #include <sstream>
 #include <nlohmann/json.hpp>
 
+#include "engine/kv_manager.h"
 #include "kvcache/npy.h"
 #include "kvcache/serving/offload.h"
 #include "model/decoder/decoder.h"
 #include "model/decoder/loaded_model.h"
 #include "model/generate/generate.h"
 #include "model/io/model_fingerprint.h"
-#include "model/kv/cache_kv.h"
 #include "model/kv/kv_factory.h"
 #include "model/tokenizer/unicode_classes.h"
 #include "tools/command.h"
@@ -74,12 +75,11 @@ double SecondsBetween(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
 }
 
-// The offload path of --tiers: a pool, its prefix cache and the tiers. The
-// CacheKv over the pool must be destroyed first (it holds pool blocks).
+// The offload path of --tiers: the KV manager (a pool, its prefix cache and
+// the tiers) and the sequence on it, destroyed first (it holds pool blocks).
 struct TierRun {
-  std::shared_ptr<BlockPool> pool;
-  std::unique_ptr<PrefixCache> cache;
-  std::unique_ptr<OffloadCache> offload;  // destroyed first (member order)
+  std::unique_ptr<engine::KvManager> manager;
+  std::unique_ptr<engine::KvSequence> seq;  // destroyed first (member order)
   std::string fingerprint;
   double fingerprint_seconds = 0;
   double lookup_seconds = 0;
@@ -88,10 +88,10 @@ struct TierRun {
 };
 
 // "pool", then each tier's name (a repeated name gets "#<position>").
-std::vector<std::string> ServedNames(const OffloadCache* offload) {
+std::vector<std::string> ServedNames(const engine::KvManager* manager) {
   std::vector<std::string> names = {"pool"};
-  if (offload == nullptr) return names;
-  for (const TierStats& t : offload->stats().tiers) {
+  if (manager == nullptr) return names;
+  for (const TierStats& t : manager->tier_stats().tiers) {
     std::string n = t.name;
     if (std::find(names.begin(), names.end(), n) != names.end()) {
       n += "#" + std::to_string(names.size());
@@ -102,7 +102,7 @@ std::vector<std::string> ServedNames(const OffloadCache* offload) {
 }
 
 Result<std::unique_ptr<TierRun>> OpenTiers(const GenerateCliOptions& o, const model::AttentionShape& shape,
-                                           const model::KvBackendOptions& kv) {
+                                           const model::KvBackendOptions& kv, ThreadPool* attention_pool) {
   if (kv.kind != model::BackendKind::kCache) {
     return Status::InvalidArgument("--tiers needs --backend cache");
   }
@@ -114,24 +114,16 @@ Result<std::unique_ptr<TierRun>> OpenTiers(const GenerateCliOptions& o, const mo
   // contract, but keep the two apart rather than rely on it.
   run->fingerprint = fp + ";weights=" + o.weights + (o.matmul == "f32" ? "" : ";matmul=" + o.matmul);
   run->fingerprint_seconds = SecondsBetween(t0, Clock::now());
-  KV_ASSIGN_OR_RETURN(Geometry geometry, Geometry::Create({shape.n_layers, shape.n_kv_heads,
-                                                           shape.head_dim, kv.block_size}));
-  const uint32_t per_seq = (shape.max_seq_len + kv.block_size - 1) / kv.block_size;
-  BlockPoolOptions p;
+  engine::KvManagerOptions m;
+  m.formats = kv.formats;
+  m.window = kv.window;
+  m.block_size = kv.block_size;
   // One sequence, its copy-on-write copies, and room to load a prefix.
-  p.num_blocks = 2 * per_seq + 2;
-  KV_ASSIGN_OR_RETURN(run->pool, BlockPool::Create(geometry, kv.formats, p));
-  KV_ASSIGN_OR_RETURN(run->cache, PrefixCache::Create(run->pool));
-  KV_ASSIGN_OR_RETURN(std::vector<std::shared_ptr<Tier>> tiers, MakeTiers(o.tiers));
-  OffloadOptions off;
-  off.model = run->fingerprint;
-  KV_ASSIGN_OR_RETURN(run->offload, OffloadCache::Create(run->pool, run->cache.get(),
-                                                         std::move(tiers), off));
+  m.pool_blocks = 2 * ((shape.max_seq_len + kv.block_size - 1) / kv.block_size) + 2;
+  m.tiers = o.tiers;
+  m.model_id = run->fingerprint;
+  KV_ASSIGN_OR_RETURN(run->manager, engine::KvManager::Create(shape, attention_pool, m));
   return run;
-}
-
-std::vector<TokenId> AsTokenIds(std::span<const int32_t> ids) {
-  return std::vector<TokenId>(ids.begin(), ids.end());
 }
 
 uint32_t decoder_threads(const GenerateCliOptions& o) { return std::max(1u, o.threads); }
@@ -197,47 +189,35 @@ int RunGenerate(const GenerateCliOptions& o) {
   model::AttentionShape shape = decoder.attention_shape();
   shape.max_seq_len = static_cast<uint32_t>(
       std::min<uint64_t>(shape.max_seq_len, prompt.size() + uint64_t{o.steps} + o.draft + 1));
-  std::unique_ptr<TierRun> tier_run;  // declared before kv: destroyed after it
-  model::CacheKv* paged = nullptr;    // kv, when it runs over tier_run's pool
+  std::unique_ptr<TierRun> tier_run;
   Result<std::unique_ptr<model::KvBackend>> kv = Status::Internal("no kv backend");
+  model::KvBackend* backend = nullptr;  // kv's, or tier_run's sequence's
   size_t adopted_blocks = 0;  // the prompt's prefix blocks adopted from the pool or the tiers
   Clock::time_point start = Clock::now();
   if (!o.tiers.empty()) {
     if (o.layout_given && kv_options.layout != CacheLayout::kPaged) {
       return Fail(Status::InvalidArgument("--tiers needs the paged layout (--layout paged, or no --layout)"));
     }
-    auto opened = OpenTiers(o, shape, kv_options);
+    auto opened = OpenTiers(o, shape, kv_options, decoder.thread_pool());
     if (!opened.ok()) return Fail(opened.status());
     tier_run = std::move(*opened);
-    model::CacheKvOptions c;
-    c.formats = kv_options.formats;
-    c.layout = CacheLayout::kPaged;
-    c.block_size = kv_options.block_size;
-    c.window = kv_options.window;
-    c.pool = tier_run->pool;
-    c.attention_pool = decoder.thread_pool();
-    auto created = model::CacheKv::Create(shape, c);
-    if (!created.ok()) return Fail(created.status());
-    paged = created->get();
-    kv = std::unique_ptr<model::KvBackend>(std::move(*created));
-    // The longest cached prefix of the prompt but its last token.
+    // The sequence, adopting the longest cached prefix of the prompt but its last token.
     start = Clock::now();
-    const std::vector<TokenId> ids = AsTokenIds(prompt);
-    auto adopted = tier_run->offload->AcquireInto(
-        std::span<const TokenId>(ids).first(ids.size() - 1), "",
-        [paged](std::span<const uint32_t> blocks, std::shared_ptr<const Calibration> calibration,
-                std::shared_ptr<const WindowSinks> sinks) {
-          return paged->AdoptPrefix(blocks, std::move(calibration), std::move(sinks));
-        },
-        &tier_run->served);
-    if (!adopted.ok()) return Fail(adopted.status());
-    adopted_blocks = *adopted / kv_options.block_size;
+    engine::KvAdmission found;
+    auto admitted = tier_run->manager->Admit(prompt, &found);
+    if (!admitted.ok()) return Fail(admitted.status());
+    if (!found.adopt_error.ok()) return Fail(found.adopt_error);
+    tier_run->seq = std::move(*admitted);
+    tier_run->served = std::move(found.served);
+    backend = tier_run->seq.get();
+    adopted_blocks = tier_run->seq->cached_tokens() / kv_options.block_size;
     tier_run->lookup_seconds = SecondsBetween(start, Clock::now());
   } else {
     model::KvBackendOptions with_threads = kv_options;
     with_threads.attention_pool = decoder.thread_pool();
     kv = model::CreateKvBackend(shape, with_threads);
     if (!kv.ok()) return Fail(kv.status());
+    backend = kv->get();
   }
 
   model::GenerateOptions g;
@@ -300,7 +280,7 @@ int RunGenerate(const GenerateCliOptions& o) {
     };
   }
   if (tier_run == nullptr) start = Clock::now();
-  auto r = model::Generate(decoder, **kv, prompt, g);
+  auto r = model::Generate(decoder, *backend, prompt, g);
   if (!r.ok()) {
     if (!o.json) fmt::print("\n");
     return Fail(r.status());
@@ -314,24 +294,17 @@ int RunGenerate(const GenerateCliOptions& o) {
   if (tier_run != nullptr) {
     // Publish the committed full blocks (the prompt's; with
     // --publish-generated also those the generated tokens filled) and write
-    // them to the tiers before exiting. kv holds every committed position.
-    std::vector<TokenId> committed = AsTokenIds(prompt);
-    if (o.publish_generated) {
-      const size_t held = std::min<size_t>((**kv).num_tokens(), prompt.size() + r->tokens.size());
-      committed.insert(committed.end(), r->tokens.begin(),
-                       r->tokens.begin() + static_cast<ptrdiff_t>(held - prompt.size()));
-    }
-    auto published = tier_run->offload->PublishBlocks(
-        committed, paged->cache().block_table(), adopted_blocks, "", paged->cache().calibration(),
-        [paged](size_t logical, uint64_t hash) {
-          return paged->SetBlockHash(static_cast<uint32_t>(logical), hash);
-        },
-        paged->cache().window_sinks());
+    // them to the tiers before exiting. The sequence holds every committed
+    // position.
+    std::vector<int32_t> committed = prompt;
+    if (o.publish_generated) committed.insert(committed.end(), r->tokens.begin(), r->tokens.end());
+    std::vector<BlockHash> hashes;
+    auto published = tier_run->manager->Publish(*tier_run->seq, committed, &hashes);
     if (!published.ok()) return Fail(published.status());
     tier_run->published_blocks = *published > adopted_blocks ? *published - adopted_blocks : 0;
-    tier_run->offload->Flush();
+    tier_run->manager->FlushTiers();
   }
-  const std::vector<std::string> served_names = ServedNames(tier_run ? tier_run->offload.get() : nullptr);
+  const std::vector<std::string> served_names = ServedNames(tier_run ? tier_run->manager.get() : nullptr);
   std::vector<uint64_t> served = tier_run ? tier_run->served : std::vector<uint64_t>{0};
   served.resize(served_names.size(), 0);
   size_t prefix_tokens = 0;
@@ -406,7 +379,7 @@ int RunGenerate(const GenerateCliOptions& o) {
     j["fingerprint_seconds"] = tier_run->fingerprint_seconds;
     j["tier_lookup_seconds"] = tier_run->lookup_seconds;
     j["published_blocks"] = tier_run->published_blocks;
-    const OffloadStats st = tier_run->offload->stats();
+    const OffloadStats st = tier_run->manager->tier_stats();
     nlohmann::json tiers = nlohmann::json::array();
     for (const TierStats& t : st.tiers) tiers.push_back(TierStatsJson(t));
     j["tiers"] = tiers;

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "kvcache/simulator.h"
+#include "engine/sim/simulator.h"
 #include "kvcache/workload.h"
 #include "tools/cmd_simulate.h"
 #include "tools/command.h"

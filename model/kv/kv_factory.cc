@@ -10,8 +10,8 @@ namespace kvcache::model {
 
 Result<std::unique_ptr<KvBackend>> CreateKvBackend(const AttentionShape& shape,
                                                    const KvBackendOptions& options) {
-  KV_RETURN_IF_ERROR(CheckHeadDim(options.formats.k, shape.head_dim));
-  KV_RETURN_IF_ERROR(CheckHeadDim(options.formats.v, shape.head_dim));
+  // The format pair meets head_dim once, where each backend builds its
+  // cache or codecs (SequenceCache, BlockPool, RowCodec, HybridModel).
   if (options.window.enabled() && (options.kind == BackendKind::kNaive || options.eviction.enabled())) {
     return Status::InvalidArgument(
         "a precision window (+sN/+rN) needs the cache backend without eviction (the naive backend "

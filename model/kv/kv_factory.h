@@ -43,7 +43,8 @@ struct KvBackendOptions {
 Result<PrecisionWindow> CacheWindowOf(const KvVariant& variant);
 
 // InvalidArgument when a format cannot take the model's head_dim (the
-// message says which), Unimplemented when a format is not built yet.
+// message says which: the backend's cache or codecs check it, once),
+// Unimplemented when a format is not built yet.
 Result<std::unique_ptr<KvBackend>> CreateKvBackend(const AttentionShape& shape,
                                                    const KvBackendOptions& options);
 

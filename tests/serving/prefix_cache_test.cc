@@ -10,8 +10,8 @@
 
 #include "kvcache/geometry.h"
 #include "kvcache/pool.h"
+#include "engine/sim/block_source.h"
 #include "kvcache/serving/prefix_cache.h"
-#include "serving/sim/block_source.h"
 #include "testing/model_block_source.h"
 
 namespace kvcache {

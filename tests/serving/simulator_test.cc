@@ -5,8 +5,8 @@
 #include <fmt/format.h>
 
 #include "kvcache/pool.h"
-#include "kvcache/simulator.h"
-#include "serving/sim/simulator_internal.h"
+#include "engine/sim/simulator.h"
+#include "engine/sim/simulator_internal.h"
 #include "testing/model_block_source.h"
 
 namespace kvcache {

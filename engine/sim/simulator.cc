@@ -1,4 +1,10 @@
-// The serving simulation loop (see simulator.h for what a step does).
+// The serving simulation loop (see simulator.h for what a step does). Who
+// is admitted, in what order the running sequences grow, and which one is
+// preempted is the engine's Scheduler (engine/scheduler.h), as in the
+// engine: first come first served (no prefix hold), max_running sequences,
+// no token budget (a step decodes every running sequence), the youngest
+// preempted first. This loop is the scheduler's SchedulerKv and runs the
+// steps.
 //
 // Bookkeeping per running sequence: its committed tokens, its block table
 // (whole blocks covering `length` rows, drafts included), its undrawn
@@ -10,12 +16,15 @@
 #include <chrono>
 #include <cmath>
 #include <deque>
+#include <mutex>
 #include <random>
+#include <unordered_map>
 
 #include <fmt/format.h>
 #include <xxhash.h>
 
-#include "serving/sim/simulator_internal.h"
+#include "engine/scheduler.h"
+#include "engine/sim/simulator_internal.h"
 
 namespace kvcache {
 
@@ -36,20 +45,14 @@ constexpr uint32_t kVocab = 32000;
 
 uint32_t CeilDiv(uint64_t a, uint32_t b) { return static_cast<uint32_t>((a + b - 1) / b); }
 
-// Work waiting for admission: a new request (all samples) or a preempted
-// sample resuming after `done` committed outputs.
-struct Pending {
-  const Request* req;
-  uint32_t first_sample;
-  uint32_t num_samples;
-  uint32_t done;
-  bool counted_queue;  // its queueing delay was already recorded
-};
-
-struct Seq {
-  const Request* req;
-  uint32_t sample;
-  uint64_t admit_order;
+// A sequence as the scheduler sees it. Waiting: a new request (all its
+// samples: width = num_samples) or a preempted sample resuming after `done`
+// committed outputs. Running: one sample, its tokens and blocks.
+struct Seq final : engine::ScheduledRequest {
+  const Request* req = nullptr;
+  uint32_t sample = 0;          // its (first) sample
+  uint32_t resume_outputs = 0;  // committed outputs when it was queued
+  bool counted_queue = false;   // its queueing delay was already recorded
   std::vector<TokenId> tokens;  // committed: prompt + outputs
   uint32_t generated = 0;       // committed outputs
   uint32_t target = 0;          // outputs it will produce in total
@@ -59,8 +62,18 @@ struct Seq {
   size_t offered = 0;           // leading blocks already offered to the prefix cache
   bool publish_stopped = false; // a duplicate chain: the rest stays private
   std::vector<BlockHash> hashes;  // chain hashes of the committed full blocks
-  bool alive = true;
+  bool alive = false;             // running, not finished or preempted this step
+
+  Seq(const Request* r, uint32_t first_sample, uint32_t num_samples, uint32_t done_outputs, bool counted)
+      : req(r), sample(first_sample), resume_outputs(done_outputs), counted_queue(counted) {
+    id = r->id;
+    width = num_samples;
+  }
+  size_t context_size() const override { return tokens.size(); }
 };
+
+Seq& AsSeq(engine::ScheduledRequest& r) { return static_cast<Seq&>(r); }
+const Seq& AsSeq(const engine::ScheduledRequest& r) { return static_cast<const Seq&>(r); }
 
 TokenId OutputToken(const Request& r, uint32_t sample, uint32_t j) {
   if (sample == 0 && j < r.output.size()) return r.output[j];
@@ -87,39 +100,65 @@ Result<std::vector<const Request*>> ArrivalOrder(std::span<const Request> reques
   return order;
 }
 
-class Sim {
+// The simulation: the engine's Scheduler decides admission and preemption;
+// this class is its SchedulerKv (the block accounting on the BlockSource,
+// the prefix cache and the tiers) and runs the steps.
+class Sim final : private engine::SchedulerKv {
  public:
   Sim(BlockSource* src, PrefixCache* cache, OffloadCache* offload, const SimulateOptions& o)
-      : src_(src), cache_(cache), offload_(offload), o_(o), bs_(src->block_size()), rng_(o.seed) {}
+      : src_(src),
+        cache_(cache),
+        offload_(offload),
+        o_(o),
+        bs_(src->block_size()),
+        rng_(o.seed),
+        scheduler_(SchedulerOptionsOf(o), this, &queue_mu_) {}
 
   Result<SimulateReport> Run(std::span<const Request> requests);
 
  private:
+  static engine::SchedulerOptions SchedulerOptionsOf(const SimulateOptions& o) {
+    engine::SchedulerOptions s;
+    s.max_running = o.max_running;
+    s.max_batch_tokens = UINT32_MAX;  // a step decodes every running sequence
+    s.fail_when_idle = false;         // the tiers' writer gives blocks back
+    return s;
+  }
   // Blocks a sample needs beyond the shared full prompt blocks, worst case.
   uint32_t WorstCaseBlocks(uint64_t prompt_len, uint32_t remaining) const {
     return CeilDiv(prompt_len + remaining + o_.draft_tokens, bs_);
   }
-  Result<bool> TryAdmit(const Pending& p, double now);
-  // TryAdmit's steps: the cached prefix of the prompt but its last token
-  // (the caller holds its blocks), each sample's reservation, and samples
-  // 1.. as forks of the admitted sample 0.
+  // The context a waiting sequence resumes with: its prompt and done outputs.
+  std::vector<TokenId> Context(const Seq& p) const;
+
+  // SchedulerKv. Admission: the cached prefix of the prompt but its last
+  // token, each sample's reservation, the prefill's rows, and samples 1..
+  // as forks of sample 0. Every running sequence has one decode pending.
+  bool Fits(const engine::ScheduledRequest& r) const override;
+  bool CanAdmit(const engine::ScheduledRequest&) const override { return true; }  // Admit tries
+  Status Admit(engine::ScheduledRequest& r, std::vector<std::unique_ptr<engine::ScheduledRequest>>* forks) override;
+  uint64_t Computed(const engine::ScheduledRequest& r) const override { return AsSeq(r).tokens.size() - 1; }
+  bool WillPublishFor(const engine::ScheduledRequest&, const engine::ScheduledRequest&) const override {
+    return false;  // no prefix hold: admission is first come first served
+  }
+  void Release(engine::ScheduledRequest& r) override;  // a preemption
+
   PrefixMatch AcquirePrefix(const Request& r, std::span<const TokenId> prompt);
-  std::vector<uint32_t> Shares(const Pending& p, uint64_t len, uint32_t remaining,
-                               uint32_t hit_blocks) const;
-  Status ForkSamples(const Pending& p, const Seq& s, std::span<const uint32_t> shares);
+  std::vector<uint32_t> Shares(const Seq& p, uint64_t len, uint32_t remaining, uint32_t hit_blocks) const;
+  Status ForkSamples(const Seq& p, const Seq& s, std::span<const uint32_t> shares,
+                     std::vector<std::unique_ptr<engine::ScheduledRequest>>* forks);
   // Appends `tokens.size()` rows; PoolExhausted changes nothing.
   Status AppendRows(Seq& s, uint32_t n);
   Status TruncateRows(Seq& s, uint32_t new_length);
   Status Publish(Seq& s);
   Status ReleaseSeq(Seq& s);
-  Status Preempt(Seq& s);
   Status DecodeStep(Seq& s, bool* preempted_self);
   // One decode step of every live sequence; adds the requests that finished.
   Status DecodeAll(uint64_t* finished);
   // The report's totals once every request is done.
   void Finish(uint64_t finished, uint64_t concurrent_sum, double util_sum,
               std::chrono::steady_clock::time_point t0);
-  Status Check() const;
+  Status Check();
 
   BlockSource* src_;
   PrefixCache* cache_;
@@ -127,9 +166,11 @@ class Sim {
   const SimulateOptions& o_;
   const uint32_t bs_;
   std::mt19937_64 rng_;
-  std::deque<Pending> waiting_;
-  std::vector<Seq> running_;  // admission order
-  uint64_t next_admit_ = 0;
+  std::mutex queue_mu_;  // the scheduler's queue (one thread here)
+  engine::Scheduler scheduler_;
+  double now_ = 0;
+  Status kv_error_;  // the first failure inside Release or Admit's bookkeeping
+  std::unordered_map<const Request*, uint32_t> unfinished_;  // samples not yet done, per request
   SimulateReport rep_;
   std::vector<uint64_t> served_;
   double queue_steps_sum_ = 0;
@@ -205,10 +246,21 @@ Status Sim::ReleaseSeq(Seq& s) {
   return src_->Release(back_to_front);
 }
 
-Status Sim::Preempt(Seq& s) {
+void Sim::Release(engine::ScheduledRequest& r) {
+  Seq& s = AsSeq(r);
   ++rep_.preemptions;
-  waiting_.push_front(Pending{s.req, s.sample, 1, s.generated, true});
-  return ReleaseSeq(s);
+  // Queued again as this one sample, resuming after its committed outputs.
+  s.width = 1;
+  s.resume_outputs = s.generated;
+  s.counted_queue = true;
+  Status st = ReleaseSeq(s);
+  if (kv_error_.ok()) kv_error_ = std::move(st);
+}
+
+std::vector<TokenId> Sim::Context(const Seq& p) const {
+  std::vector<TokenId> prompt = p.req->prompt;
+  for (uint32_t j = 0; j < p.resume_outputs; ++j) prompt.push_back(OutputToken(*p.req, p.sample, j));
+  return prompt;
 }
 
 PrefixMatch Sim::AcquirePrefix(const Request& r, std::span<const TokenId> prompt) {
@@ -220,92 +272,96 @@ PrefixMatch Sim::AcquirePrefix(const Request& r, std::span<const TokenId> prompt
   return match;
 }
 
-std::vector<uint32_t> Sim::Shares(const Pending& p, uint64_t len, uint32_t remaining,
+std::vector<uint32_t> Sim::Shares(const Seq& p, uint64_t len, uint32_t remaining,
                                   uint32_t hit_blocks) const {
   // Sample 0 owns the prompt blocks.
-  std::vector<uint32_t> share(p.num_samples);
+  std::vector<uint32_t> share(p.width);
   if (o_.admission == AdmissionPolicy::kReserveWorstCase) {
     share[0] = WorstCaseBlocks(len, remaining) - hit_blocks;
-    for (uint32_t i = 1; i < p.num_samples; ++i) {
+    for (uint32_t i = 1; i < p.width; ++i) {
       share[i] = WorstCaseBlocks(len, remaining) - static_cast<uint32_t>(len / bs_);
     }
   } else {
     share[0] = CeilDiv(len, bs_) - hit_blocks;  // the prefill's blocks
-    for (uint32_t i = 1; i < p.num_samples; ++i) share[i] = 1;
+    for (uint32_t i = 1; i < p.width; ++i) share[i] = 1;
   }
   return share;
 }
 
-Status Sim::ForkSamples(const Pending& p, const Seq& s, std::span<const uint32_t> shares) {
-  for (uint32_t i = 1; i < p.num_samples; ++i) {
-    Seq f;
-    f.req = s.req;
-    f.sample = p.first_sample + i;
-    f.admit_order = s.admit_order;
-    f.tokens = s.tokens;
-    f.generated = p.done;
-    f.target = s.target;
-    f.length = s.length;
-    f.table = s.table;
-    f.reserved = shares[i];
-    f.offered = s.offered;
-    f.publish_stopped = s.publish_stopped;
-    f.hashes = s.hashes;
-    KV_RETURN_IF_ERROR(src_->Retain(f.table));  // fork: share every block
-    running_.push_back(std::move(f));
+Status Sim::ForkSamples(const Seq& p, const Seq& s, std::span<const uint32_t> shares,
+                        std::vector<std::unique_ptr<engine::ScheduledRequest>>* forks) {
+  for (uint32_t i = 1; i < p.width; ++i) {
+    auto f = std::make_unique<Seq>(s.req, s.sample + i, 1, p.resume_outputs, false);
+    f->tokens = s.tokens;
+    f->generated = p.resume_outputs;
+    f->target = s.target;
+    f->length = s.length;
+    f->table = s.table;
+    f->reserved = shares[i];
+    f->offered = s.offered;
+    f->publish_stopped = s.publish_stopped;
+    f->hashes = s.hashes;
+    f->alive = true;
+    KV_RETURN_IF_ERROR(src_->Retain(f->table));  // fork: share every block
+    forks->push_back(std::move(f));
   }
   return Status::Ok();
 }
 
-Result<bool> Sim::TryAdmit(const Pending& p, double now) {
-  const Request& r = *p.req;
-  const uint32_t target = TargetOutputs(r);
-  std::vector<TokenId> prompt = r.prompt;
-  for (uint32_t j = 0; j < p.done; ++j) prompt.push_back(OutputToken(r, p.first_sample, j));
-  const uint32_t remaining = target - p.done;
-  const uint64_t len = prompt.size();
+bool Sim::Fits(const engine::ScheduledRequest& q) const {
   // A request that could not fit even alone is rejected, not queued forever.
+  const Seq& p = AsSeq(q);
+  const uint32_t remaining = TargetOutputs(*p.req) - p.resume_outputs;
+  const uint64_t len = p.req->prompt.size() + p.resume_outputs;
   const uint64_t alone = WorstCaseBlocks(len, remaining) +
-                         uint64_t{p.num_samples - 1} * (WorstCaseBlocks(len, remaining) - len / bs_);
-  if (alone > src_->num_blocks()) {
-    ++rep_.rejected;
-    return true;  // consumed
-  }
-  if (running_.size() + p.num_samples > o_.max_running) return false;
+                         uint64_t{p.width - 1} * (WorstCaseBlocks(len, remaining) - len / bs_);
+  return alone <= src_->num_blocks();
+}
 
+Status Sim::Admit(engine::ScheduledRequest& q, std::vector<std::unique_ptr<engine::ScheduledRequest>>* forks) {
+  Seq& s = AsSeq(q);
+  const Request& r = *s.req;
+  const uint32_t target = TargetOutputs(r);
+  std::vector<TokenId> prompt = Context(s);
+  const uint32_t remaining = target - s.resume_outputs;
+  const uint64_t len = prompt.size();
   PrefixMatch match = AcquirePrefix(r, prompt);
   const uint32_t hit_blocks = static_cast<uint32_t>(match.blocks.size());
-  const std::vector<uint32_t> share = Shares(p, len, remaining, hit_blocks);
+  const std::vector<uint32_t> share = Shares(s, len, remaining, hit_blocks);
   uint32_t total = 0;
   for (uint32_t x : share) total += x;
   Status reserve = src_->Reserve(total);
   if (!reserve.ok()) {
     std::vector<uint32_t> back(match.blocks.rbegin(), match.blocks.rend());
     KV_RETURN_IF_ERROR(src_->Release(back));
-    if (!reserve.IsPoolExhausted()) return reserve;
-    return false;
+    return reserve;  // PoolExhausted: it waits
   }
-  if (!p.counted_queue) {
-    queue_steps_sum_ += std::max(0.0, now - r.arrival);
+  if (!s.counted_queue) {
+    queue_steps_sum_ += std::max(0.0, now_ - r.arrival);
     ++queue_count_;
   }
-  Seq s;
-  s.req = &r;
-  s.sample = p.first_sample;
-  s.admit_order = next_admit_++;
+  // Sample s.sample from here on (the others are its forks).
   s.tokens = std::move(prompt);
-  s.generated = p.done;
+  s.generated = s.resume_outputs;
   s.target = target;
   s.table = match.blocks;
   s.length = static_cast<uint32_t>(match.num_tokens);
   s.reserved = share[0];
+  s.offered = 0;
+  s.publish_stopped = false;
+  s.hashes.clear();
+  s.alive = true;
   const uint32_t computed = static_cast<uint32_t>(len - match.num_tokens);
-  KV_RETURN_IF_ERROR(AppendRows(s, computed));  // draws the prefill's blocks from the reservation
-  rep_.prefill_tokens += computed;
-  KV_RETURN_IF_ERROR(Publish(s));
-  KV_RETURN_IF_ERROR(ForkSamples(p, s, share));
-  running_.insert(running_.end() - (p.num_samples - 1), std::move(s));
-  return true;
+  Status st = AppendRows(s, computed);  // draws the prefill's blocks from the reservation
+  rep_.prefill_tokens += st.ok() ? computed : 0;
+  if (st.ok()) st = Publish(s);
+  if (st.ok()) st = ForkSamples(s, s, share, forks);
+  s.width = 1;
+  if (!st.ok()) {  // past the reservation nothing may fail: the run stops
+    if (kv_error_.ok()) kv_error_ = st;
+    return Status::Internal("simulate: admission failed after its reservation: " + st.ToString());
+  }
+  return Status::Ok();
 }
 
 Status Sim::DecodeStep(Seq& s, bool* preempted_self) {
@@ -317,12 +373,9 @@ Status Sim::DecodeStep(Seq& s, bool* preempted_self) {
     Status st = AppendRows(s, rows);
     if (st.ok()) break;
     if (!st.IsPoolExhausted()) return st;
-    // Preempt the most recently admitted live sequence (maybe s itself).
-    Seq* victim = nullptr;
-    for (Seq& v : running_) {
-      if (v.alive && (victim == nullptr || v.admit_order >= victim->admit_order)) victim = &v;
-    }
-    KV_RETURN_IF_ERROR(Preempt(*victim));
+    // The scheduler preempts the most recently admitted live sequence (maybe s itself).
+    const engine::ScheduledRequest* victim = scheduler_.PreemptYoungest();
+    KV_RETURN_IF_ERROR(kv_error_);
     if (victim == &s) {
       *preempted_self = true;
       return Status::Ok();
@@ -343,11 +396,12 @@ Status Sim::DecodeStep(Seq& s, bool* preempted_self) {
   return Publish(s);
 }
 
-Status Sim::Check() const {
+Status Sim::Check() {
   KV_RETURN_IF_ERROR(src_->CheckInvariants());
   const PoolStats ps = src_->stats();
   uint64_t reserved = 0;
-  for (const Seq& s : running_) {
+  for (const auto& r : scheduler_.running()) {
+    const Seq& s = AsSeq(*r);
     reserved += s.reserved;
     if (s.table.size() != CeilDiv(s.length, bs_)) return Status::Internal("sim: table size");
     if (s.length != s.tokens.size()) return Status::Internal("sim: drafts left behind");
@@ -364,19 +418,18 @@ Status Sim::Check() const {
 }
 
 Status Sim::DecodeAll(uint64_t* finished) {
-  for (size_t i = 0; i < running_.size(); ++i) {
-    Seq& s = running_[i];
-    if (!s.alive) continue;
+  // Every running sequence, in admission order.
+  for (const engine::BatchSlot& slot : scheduler_.Plan()) {
+    Seq& s = AsSeq(*slot.request);
+    if (!s.alive) continue;  // preempted earlier in this step
     bool self = false;
     KV_RETURN_IF_ERROR(DecodeStep(s, &self));
     if (!self && s.generated >= s.target) {
       KV_RETURN_IF_ERROR(ReleaseSeq(s));
+      s.done = true;
       ++rep_.sequences;
-      // A request is done when its last live sample is.
-      bool last = true;
-      for (const Seq& o : running_) last &= !(o.alive && o.req == s.req);
-      for (const Pending& p : waiting_) last &= p.req != s.req;
-      if (last) ++*finished;
+      // A request is done when its last sample is.
+      if (--unfinished_[s.req] == 0) ++*finished;
     }
   }
   return Status::Ok();
@@ -416,22 +469,29 @@ Result<SimulateReport> Sim::Run(std::span<const Request> requests) {
     if (rep_.steps >= o_.max_steps) {
       return Status::Internal(fmt::format("simulate: no end after {} steps", o_.max_steps));
     }
-    while (next_arrival < order.size() && order[next_arrival]->arrival <= now) {
-      const Request* r = order[next_arrival++];
-      waiting_.push_back(Pending{r, 0, r->num_samples, 0, false});
+    size_t waiting = 0;
+    {
+      std::lock_guard<std::mutex> lock(queue_mu_);
+      while (next_arrival < order.size() && order[next_arrival]->arrival <= now) {
+        const Request* r = order[next_arrival++];
+        unfinished_[r] = r->num_samples;
+        scheduler_.EnqueueLocked(std::make_unique<Seq>(r, 0, r->num_samples, 0, false));
+      }
+      waiting = scheduler_.num_waiting_locked();
     }
-    if (running_.empty() && waiting_.empty()) {
+    if (scheduler_.running().empty() && waiting == 0) {
       now = std::ceil(order[next_arrival]->arrival);  // idle: jump to the next arrival
       continue;
     }
-    // 1. admission, first come first served.
-    while (!waiting_.empty()) {
-      KV_ASSIGN_OR_RETURN(const bool admitted, TryAdmit(waiting_.front(), now));
-      if (!admitted) break;
-      waiting_.pop_front();
-    }
+    // 1. admission, first come first served (the scheduler's: no prefix
+    // hold here, and no request passes the head of the line).
+    now_ = now;
+    engine::AdmitResult admitted = scheduler_.Admit();
+    KV_RETURN_IF_ERROR(kv_error_);
+    rep_.rejected += admitted.rejected.size();
+    for (auto& failed : admitted.failed) return failed.second;
     // 2. decode.
-    const uint32_t live = static_cast<uint32_t>(running_.size());
+    const uint32_t live = static_cast<uint32_t>(scheduler_.running().size());
     if (live > 0) {
       ++rep_.steps;
       concurrent_sum += live;
@@ -444,7 +504,7 @@ Result<SimulateReport> Sim::Run(std::span<const Request> requests) {
       util_sum += util;
       rep_.peak_pool_utilization = std::max(rep_.peak_pool_utilization, util);
     }
-    std::erase_if(running_, [](const Seq& s) { return !s.alive; });
+    scheduler_.SweepDone();
     if (o_.check_invariants) KV_RETURN_IF_ERROR(Check());
     now += 1;
     if (o_.progress && rep_.steps - last_progress_step >= 256) {

@@ -4,8 +4,8 @@
 
 #include <span>
 
-#include "kvcache/simulator.h"
-#include "serving/sim/block_source.h"
+#include "engine/sim/simulator.h"
+#include "engine/sim/block_source.h"
 
 namespace kvcache::serving {
 

@@ -1,0 +1,184 @@
+// The KV manager: everything a request's K/V needs from the block pools, the
+// prefix cache and the offload tiers, in one place. The engine's scheduler
+// asks it whether a request can be admitted or grow, and never sees a block;
+// the decoder writes a request's rows through its KvSequence, which is the
+// model's KV interface (model::KvBackend, model/kv/kv_backend.h). No other code of the engine touches the pool or the
+// prefix cache for a request; the engine reads pool figures from Metrics().
+//
+// Groups. A model's layers fall into groups whose K/V live differently:
+// every position (full attention), the last W positions (a sliding window),
+// a fixed-size state (linear attention); see HybridModel in kvcache/hybrid.h.
+// Each group has its own pool, so the blocks one group frees serve only that
+// group, and a reservation is a block count per group (KvDemand). Today's
+// decoder has one group (full attention): every vector below indexed by
+// group has one entry, and a model with more groups adds entries (a window
+// group's demand stops growing at its window) without changing the
+// scheduler.
+//
+// A request's life: HashPrompt (when it is submitted), CanAdmit / Admit
+// (adopting the longest cached prefix -- the prefix cache, then the tiers --
+// of every token but the last, so one token always runs, then reserving the
+// context plus one block), Publish after each pass (hashes the blocks that
+// filled and names them in the prefix cache and the tiers), and the
+// KvSequence's destruction (free or preemption: its published blocks stay
+// cached).
+//
+// Thread safety: one thread (the engine's step thread) for everything but
+// Metrics, which any thread may call.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "kvcache/cache.h"
+#include "kvcache/format.h"
+#include "kvcache/pool.h"
+#include "kvcache/serving/offload.h"
+#include "kvcache/serving/prefix_cache.h"
+#include "kvcache/status.h"
+#include "kvcache/thread_pool.h"
+#include "model/kv/cache_kv.h"
+
+namespace kvcache::engine {
+
+// How a group's layers keep their positions (the kinds of HybridModel).
+enum class KvGroupKind : uint8_t { kFullAttention, kSlidingWindow, kLinearState };
+
+struct KvManagerOptions {
+  FormatPair formats;        // the K:V format of every sequence
+  PrecisionWindow window;    // bf16 sinks and recent rows (engine.h, EngineOptions::window)
+  uint32_t block_size = 16;  // tokens per block
+  uint64_t pool_bytes = 256ull << 20;  // all groups' pools together, bytes
+  uint32_t pool_blocks = 0;  // > 0: blocks per group's pool instead of pool_bytes' share
+  bool prefix_cache = true;  // adopt and publish full blocks
+  std::string tiers;         // offload tiers (MakeTiers' spec); empty: none
+  std::string model_id;      // the model's fingerprint, for the tiers
+};
+
+// Blocks per group (KvManager::groups() order).
+struct KvDemand {
+  std::vector<uint64_t> blocks;
+};
+
+struct KvGroupMetrics {
+  KvGroupKind kind = KvGroupKind::kFullAttention;
+  uint64_t blocks_total = 0, blocks_free = 0, blocks_used = 0, blocks_cached = 0;
+};
+
+// What an admission's prefix lookup found.
+struct KvAdmission {
+  // Prompt tokens adopted: [0] from the pool, [1 + t] from tier t.
+  std::vector<uint64_t> served;
+  // A lookup or adoption that failed (the prefix is then recomputed).
+  Status adopt_error;
+};
+
+struct KvMetrics {
+  std::vector<KvGroupMetrics> groups;
+  uint64_t prefix_lookups = 0;  // counted lookups (one per admission)
+  uint64_t tier_hit_blocks = 0, tier_miss_blocks = 0;
+};
+
+// One request's K/V: the model's KvBackend over the manager's pools (what
+// the decoder stores and attends through; today one group, a paged
+// model::CacheKv) and what the manager knows of its publication.
+class KvSequence final : public model::KvBackend {
+ public:
+  // Positions computed (stored in every group).
+  uint32_t num_tokens() const override { return kv_->num_tokens(); }
+  Status Extend(uint32_t n) override { return kv_->Extend(n); }
+  Status Store(uint32_t layer, std::span<const float> k, std::span<const float> v) override {
+    return kv_->Store(layer, k, v);
+  }
+  Status Attend(uint32_t layer, std::span<const float> q, std::span<float> out) override {
+    return kv_->Attend(layer, q, out);
+  }
+  Status Truncate(uint32_t num_tokens) override { return kv_->Truncate(num_tokens); }
+  // A copy outside the manager (copy-on-write blocks of the same pool): never published.
+  Result<std::unique_ptr<model::KvBackend>> Fork() override { return kv_->Fork(); }
+
+  // Prompt tokens adopted at admission (the prefix cache or a tier).
+  uint32_t cached_tokens() const { return cached_tokens_; }
+
+ private:
+  friend class KvManager;
+  std::unique_ptr<model::CacheKv> kv_;
+  uint32_t cached_tokens_ = 0;
+  size_t published_ = 0;          // blocks [0, published_) named in the prefix cache
+  bool publish_stopped_ = false;  // stopped at a duplicate: no further
+};
+
+class KvManager {
+ public:
+  // InvalidArgument for options that do not fit the model (a format its
+  // head_dim cannot take, a pool smaller than one max_seq_len sequence, a
+  // bad tier spec, tiers without the prefix cache or model_id).
+  // `attention_pool` (may be null) must outlive the manager.
+  static Result<std::unique_ptr<KvManager>> Create(const model::AttentionShape& shape,
+                                                   ThreadPool* attention_pool,
+                                                   const KvManagerOptions& options);
+  ~KvManager();
+
+  bool prefix_caching() const { return offload_ != nullptr; }
+  std::span<const KvGroupKind> groups() const { return kinds_; }
+
+  // The chain hashes of the prompt's full blocks (empty without the prefix
+  // cache): the names the prefix cache knows them by. The caller keeps them
+  // with the request; Publish extends them.
+  std::vector<BlockHash> HashPrompt(std::span<const int32_t> prompt) const;
+
+  // The blocks per group a sequence of `tokens` positions (the context plus
+  // one block, capped at max_seq_len) asks for at admission.
+  KvDemand AdmissionDemand(size_t tokens) const;
+
+  // Whether a request with this context could be admitted now, adopting
+  // what the prefix cache holds (looked up without references or counting):
+  // its demand, less the blocks it would adopt, plus the parked blocks
+  // adopting takes out of the free ones, fits every group's pool.
+  bool CanAdmit(std::span<const int32_t> tokens) const;
+
+  // Adopts the longest cached prefix of tokens[0, size - 1) and reserves the
+  // admission demand. PoolExhausted (nothing held) when the pools cannot
+  // meet it; a failed adoption only means the prefix is recomputed
+  // (`found`, if given, says so, and where the prefix came from).
+  Result<std::unique_ptr<KvSequence>> Admit(std::span<const int32_t> tokens, KvAdmission* found = nullptr);
+
+  // True while `leader` will publish, and has not yet, a full block a
+  // request with `tokens` and prompt chain `hashes` could adopt (the block
+  // at the leader's publication point has the same chain hash in both).
+  bool WillPublishFor(const KvSequence& leader, std::span<const BlockHash> leader_hashes,
+                      std::span<const int32_t> tokens, std::span<const BlockHash> hashes) const;
+
+  // Hashes the full blocks of `seq` whose positions `tokens` (its
+  // committed tokens, at least) gives that filled since the last call
+  // (extending `hashes`, the chain of `tokens`' full blocks) and publishes
+  // them to the prefix cache and the tiers. Returns the blocks [0, end) of
+  // seq now published. A duplicate chain (end short of the full blocks) or
+  // an error stops publication for the sequence: the rest stays private.
+  Result<size_t> Publish(KvSequence& seq, std::span<const int32_t> tokens, std::vector<BlockHash>* hashes);
+
+  KvMetrics Metrics() const;
+  // The tiers' counters (none without tiers), and a wait until every
+  // queued store has been written (the end of a run).
+  OffloadStats tier_stats() const;
+  void FlushTiers();
+
+ private:
+  KvManager(const model::AttentionShape& shape, ThreadPool* attention_pool,
+            const KvManagerOptions& options);
+  Status Init();
+  size_t Adopt(model::CacheKv& kv, std::span<const int32_t> tokens, KvAdmission* found);
+
+  const model::AttentionShape shape_;
+  ThreadPool* const attention_pool_;
+  const KvManagerOptions options_;
+  std::vector<KvGroupKind> kinds_;  // one group: full attention
+  std::shared_ptr<BlockPool> pool_;
+  std::unique_ptr<PrefixCache> prefix_;
+  std::unique_ptr<OffloadCache> offload_;  // over prefix_ (no tiers: names blocks only)
+};
+
+}  // namespace kvcache::engine
