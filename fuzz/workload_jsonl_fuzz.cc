@@ -7,7 +7,7 @@
 #include <string_view>
 
 #include "fuzz/fuzz_target.h"
-#include "kvcache/workload.h"
+#include "kvcache/serving/workload.h"
 
 KVCACHE_FUZZ_TARGET(workload_jsonl) {
   using namespace kvcache;

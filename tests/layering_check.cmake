@@ -47,13 +47,11 @@ list(REMOVE_ITEM problems
   "fuzz/redis_reply_fuzz.cc: #include \"serving/tier/resp_reader.h\" (a face includes a private header)")
 set(core_dirs ${core_layers})
 list(TRANSFORM core_dirs PREPEND "src/")
-forbid_includes("${core_dirs}" "(serving/|testing/|kvcache/serving/|kvcache/(simulator|workload)\\.h)"
+forbid_includes("${core_dirs}" "(serving/|testing/|kvcache/serving/)"
   "kvcache_core must not use kvcache_serving")
-# kvcache_core's public headers: include/kvcache/*.h, except the simulator's
-# two (simulator.h, workload.h: serving, not core, for as long as they sit
-# at the top level).
+# kvcache_core's public headers: include/kvcache/*.h (serving's are under
+# include/kvcache/serving/).
 file(GLOB core_headers ${ROOT}/include/kvcache/*.h)
-list(REMOVE_ITEM core_headers ${ROOT}/include/kvcache/simulator.h ${ROOT}/include/kvcache/workload.h)
 forbid_includes_in("${core_headers}" "kvcache/serving/"
   "a public header of kvcache_core must not use kvcache_serving")
 

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "engine/sim/simulator.h"
-#include "kvcache/workload.h"
+#include "kvcache/serving/workload.h"
 #include "tools/cmd_simulate.h"
 #include "tools/command.h"
 #include "tools/tier_json.h"

@@ -37,7 +37,7 @@
 #include "kvcache/serving/offload.h"
 #include "kvcache/serving/prefix_cache.h"
 #include "kvcache/status.h"
-#include "kvcache/workload.h"
+#include "kvcache/serving/workload.h"
 
 namespace kvcache {
 

@@ -20,7 +20,7 @@
 #include "kvcache/hybrid.h"
 #include "engine/sim/simulator.h"
 #include "kvcache/serving/prefix_cache.h"
-#include "kvcache/workload.h"
+#include "kvcache/serving/workload.h"
 #include "kvcache/serving/tier_store.h"
 #include "kvcache/serving/offload.h"
 #include "tools/support/eval/eval.h"  // private: the evaluator has no public header yet

@@ -1,5 +1,5 @@
 // Workloads: JSONL parsing and the built-in generators (see workload.h).
-#include "kvcache/workload.h"
+#include "kvcache/serving/workload.h"
 
 #include <algorithm>
 #include <cmath>

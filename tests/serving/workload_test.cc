@@ -3,7 +3,7 @@
 
 #include <fstream>
 
-#include "kvcache/workload.h"
+#include "kvcache/serving/workload.h"
 
 namespace kvcache {
 namespace {
