@@ -40,10 +40,11 @@
 // passes and decoders are per-target headers, instantiated one format family
 // per file so the families compile in parallel:
 //   kernel_common-inl.h   types, lookups, reductions, the row walk
-//   kpass-inl.h           K pass (and the integer path for int8 keys)
-//   vpass-inl.h           V pass
+//   kpass-inl.h           K pass (generic; asks IntKeyPass<F> first)
+//   vpass-inl.h           V pass (generic; asks IntValuePass<F> first)
 //   family-inl.h          a family's K/V passes and DecodeRow, by format
-//   format/<family>/decode-inl.h (the decoders, shared with the codec):
+//   format/<family>/decode-inl.h (the decoders, shared with the codec) and
+//   format/<family>/kpass-inl.h, vpass-inl.h (the family's integer paths):
 //     plain    f32, f16, bf16             -> kernels_plain.cc
 //     fp8_q8   fp8_e4m3, q8               -> kernels_fp8_q8.cc
 //     ggml     q8_0, q4_0                 -> kernels_ggml.cc
