@@ -9,6 +9,7 @@
 // hwy/foreach_target.h, so once per compiled target, at file scope.
 
 #include <algorithm>
+#include <array>
 #include <cstring>
 
 #include "attention/kpass-inl.h"
@@ -41,6 +42,15 @@ namespace HWY_NAMESPACE {
 // only rounding of the path is the query's (bound: docs/attention.md).
 // The query is permuted once into the order the chunks consume (the low
 // nibble values of the chunk's bytes, then the high ones).
+
+// The low and the high nibbles of the bytes x, each in its byte.
+template <class DU8>
+HWY_INLINE void SplitNibbles(DU8 du8, hn::Vec<DU8> x, hn::Vec<DU8>* lo, hn::Vec<DU8>* hi) {
+  const hn::Repartition<uint16_t, DU8> dw;
+  const auto mask = hn::Set(du8, uint8_t{15});
+  *lo = hn::And(x, mask);
+  *hi = hn::And(hn::BitCast(du8, hn::ShiftRight<4>(hn::BitCast(dw, x))), mask);
+}
 
 // The order both turbo4i paths consume a query in, for chunks of kb code
 // bytes (2 kb values): per chunk, the values in the low nibbles of its bytes,
@@ -75,7 +85,7 @@ HWY_INLINE float QuantizeQueryNibble(const float* q, uint32_t d, int16_t* q16) {
 
 #if HWY_TARGET <= HWY_AVX2
 // f32 lane k from byte k of `rep` (an E4M3 scale per lane) times 2^-8: the
-// shared step of GroupScaleLanes and GroupScalePairs.
+// shared step of GroupScales<4> and GroupScales<2>.
 HWY_INLINE VF E4M3BytesToLanes(hn::Vec<hn::Full128<uint8_t>> rep) {
 #if HWY_TARGET == HWY_AVX2
   const auto b = hn::LowerHalf(rep);
@@ -91,21 +101,30 @@ HWY_INLINE VF E4M3BytesToLanes(hn::Vec<hn::Full128<uint8_t>> rep) {
 }
 #endif
 
-// f32 lane k: the E4M3 group scale sc[k / 4] times 2^-8 (exact; the f16
+// f32 lane k: the E4M3 group scale sc[k / kPer] times 2^-8 (exact; the f16
 // move of E4M3Block with F16C; NaN codes 0x7F/0xFF, which the encoder never
-// writes, read as numbers), for the kN / 4 groups of a chunk.
-HWY_INLINE VF GroupScaleLanes(const uint8_t* sc) {
+// writes, read as numbers), for the kN / kPer groups of a chunk: kPer 4 for
+// the int16-query path (4 lanes a group), 2 for the int8-query one.
+template <size_t kPer>
+HWY_INLINE VF GroupScales(const uint8_t* sc) {
+  static_assert(kPer == 2 || kPer == 4, "2 or 4 lanes per group");
 #if HWY_TARGET <= HWY_AVX2
-  constexpr size_t kG = kN / 4;
-  uint32_t w = 0;
+  constexpr size_t kG = kN / kPer;
+  uint64_t w = 0;
   std::memcpy(&w, sc, kG);
   const hn::Full128<uint8_t> d8;
-  alignas(16) static constexpr uint8_t kRep[16] = {0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3};
+  alignas(16) static constexpr auto kRep = [] {
+    std::array<uint8_t, 16> r{};
+    for (size_t i = 0; i < 16; ++i) r[i] = static_cast<uint8_t>(i / kPer);
+    return r;
+  }();
   return E4M3BytesToLanes(hn::TableLookupBytes(
-      hn::BitCast(d8, hn::Set(hn::Full128<uint32_t>(), w)), hn::Load(d8, kRep)));
+      hn::BitCast(d8, hn::Set(hn::Full128<uint64_t>(), w)), hn::Load(d8, kRep.data())));
 #else
-  static_assert(kN == 4, "SSE4: one group per chunk");
-  return hn::Set(DF(), fi::E4M3ToFloat(sc[0]) * (1.0f / kE4M3BlockMul));
+  static_assert(kN == 4, "SSE4: 4 lanes");
+  alignas(16) float lanes[4];
+  for (size_t k = 0; k < 4; ++k) lanes[k] = fi::E4M3ToFloat(sc[k / kPer]) * (1.0f / kE4M3BlockMul);
+  return hn::Load(DF(), lanes);
 #endif
 }
 
@@ -124,18 +143,17 @@ HWY_INLINE void RowDotsNibble(const uint8_t* p, uint32_t d, const int16_t* const
 #else
   const auto table = hn::LoadU(hn::Full128<int8_t>(), fi::kTurbo4IInt.data());
 #endif
-  const auto mask = hn::Set(d8, uint8_t{15});
-  const hn::Repartition<uint16_t, D8N> dw;
   const uint8_t* sc = p + d / 2;
   VF tot[kQB];
   for (int j = 0; j < kQB; ++j) tot[j] = hn::Zero(df);
   for (uint32_t c = 0; c < d / (2 * kN16); ++c) {
-    const auto x = hn::LoadU(d8, p + c * kN16);
-    const auto lo = hn::BitCast(d8i, hn::And(x, mask));
-    const auto hi = hn::BitCast(d8i, hn::And(hn::BitCast(d8, hn::ShiftRight<4>(hn::BitCast(dw, x))), mask));
+    hn::Vec<D8N> ulo, uhi;
+    SplitNibbles(d8, hn::LoadU(d8, p + c * kN16), &ulo, &uhi);
+    const auto lo = hn::BitCast(d8i, ulo);
+    const auto hi = hn::BitCast(d8i, uhi);
     const auto lv = hn::PromoteTo(d16, hn::TableLookupBytes(table, lo));
     const auto hv = hn::PromoteTo(d16, hn::TableLookupBytes(table, hi));
-    const VF s = GroupScaleLanes(sc + c * (kN16 / 8));
+    const VF s = GroupScales<4>(sc + c * (kN16 / 8));
     for (int j = 0; j < kQB; ++j) {
       const int16_t* qc = q16[j] + 2 * kN16 * c;
       auto s1 = hn::Zero(di);
@@ -249,24 +267,6 @@ HWY_INLINE hn::Vec<hn::Repartition<int32_t, D8N8>> DotBytesN(hn::Vec<D8N8> a_u8,
 #endif
 }
 
-// f32 lane k: the E4M3 group scale sc[k / 2] times 2^-8 (as
-// GroupScaleLanes), for the kN / 2 groups of a chunk.
-HWY_INLINE VF GroupScalePairs(const uint8_t* sc) {
-#if HWY_TARGET <= HWY_AVX2
-  constexpr size_t kG = kN / 2;
-  uint64_t w = 0;
-  std::memcpy(&w, sc, kG);
-  const hn::Full128<uint8_t> d8;
-  alignas(16) static constexpr uint8_t kRep[16] = {0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7};
-  return E4M3BytesToLanes(hn::TableLookupBytes(
-      hn::BitCast(d8, hn::Set(hn::Full128<uint64_t>(), w)), hn::Load(d8, kRep)));
-#else
-  const float a = fi::E4M3ToFloat(sc[0]) * (1.0f / kE4M3BlockMul);
-  const float b = fi::E4M3ToFloat(sc[1]) * (1.0f / kE4M3BlockMul);
-  return VF{_mm_setr_ps(a, a, b, b)};
-#endif
-}
-
 // dots[j] ~= <q_j, k> for the turbo4i row at p, kQB queries.
 // The factor each dot takes (qmul[j]: the query's step times 2^8 / 128,
 // Nibble8Mul, computed once per K pass so no row reloads it).
@@ -279,7 +279,6 @@ HWY_INLINE void RowDotsNibble8(const uint8_t* p, uint32_t d, const Nibble8Query*
                                const float* qmul, float* dots) {
   const D8N8 d8;
   const hn::RebindToUnsigned<D8N8> du8;
-  const hn::Repartition<uint16_t, D8N8> dw;
   const hn::Repartition<int32_t, D8N8> di;
   const DF df;
   alignas(16) static constexpr int8_t kAbs[16] = {127, 102, 80, 62, 46, 32, 18, 6,
@@ -291,15 +290,15 @@ HWY_INLINE void RowDotsNibble8(const uint8_t* p, uint32_t d, const Nibble8Query*
   (void)kAbs;
   const auto signed_table = hn::LoadDup128(d8, fi::kTurbo4IInt.data());
 #endif
-  const auto mask = hn::Set(du8, uint8_t{15});
   const uint8_t* sc = p + d / 2;
   VF tot[kQB];
   for (int j = 0; j < kQB; ++j) tot[j] = hn::Zero(df);
   for (uint32_t c = 0; c < d / (2 * kB8N); ++c) {
-    const auto x = hn::LoadU(du8, p + c * kB8N);
-    const auto lo = hn::BitCast(d8, hn::And(x, mask));
-    const auto hi = hn::BitCast(d8, hn::And(hn::BitCast(du8, hn::ShiftRight<4>(hn::BitCast(dw, x))), mask));
-    const VF s = GroupScalePairs(sc + c * (kB8N / 8));
+    hn::Vec<decltype(du8)> ulo, uhi;
+    SplitNibbles(du8, hn::LoadU(du8, p + c * kB8N), &ulo, &uhi);
+    const auto lo = hn::BitCast(d8, ulo);
+    const auto hi = hn::BitCast(d8, uhi);
+    const VF s = GroupScales<2>(sc + c * (kB8N / 8));
 #if HWY_TARGET <= HWY_AVX3
     // No vpsignb on 512-bit vectors: |L| from its own table, and a byte
     // blend of q and -q on the codes' sign (codes 0..7: negative levels).
@@ -452,7 +451,7 @@ HWY_INLINE hn::Vec<D8> SignBytesW(D8, hn::Vec<D8> b, hn::Vec<D8> c) {
 }
 
 // f32 lane l of DF4: the E4M3 scale sc[l] times 2^-8 (exact, as
-// GroupScaleLanes), for the kB / 4 groups of a chunk.
+// GroupScales), for the kB / 4 groups of a chunk.
 template <class DF4>
 HWY_INLINE hn::Vec<DF4> PlaneScales(DF4 df4, const uint8_t* sc) {
 #if HWY_TARGET <= HWY_AVX2
