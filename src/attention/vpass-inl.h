@@ -101,14 +101,12 @@ HWY_INLINE void TileWeights(const VTile& tile, bool all_visible, const float* co
   }
 }
 
-// Value block b: o[j][b] += sum over the tile's rows i of weight(i, j) *
-// v_i[b], rows in order; decode(i, vv) gives block b of row i. The masked
-// case is a separate loop so the common one tests nothing per row (acc
-// stays in registers). Shared by the generic pass and the families'
-// integer V passes.
-template <bool kExact, int kQB, class DecodeRow, class Weight>
-HWY_INLINE void AccumulateRows(const VTile& tile, float* const* o, uint32_t b,
-                               const DecodeRow& decode, const Weight& weight) {
+// Value block b: o[j][b] += sum over the tile's rows of w[j][i] * v_i[b],
+// rows in order; decode(row, vv) decodes block b of a row. The masked case
+// is a separate loop so the common one tests nothing per row.
+template <bool kExact, int kQB, class DecodeBlock>
+HWY_INLINE void AccumulateBlock(const VTile& tile, const float* const* w, float* const* o,
+                                uint32_t b, const DecodeBlock& decode) {
   VF acc[kQB][kVecs];
   for (int j = 0; j < kQB; ++j) {
     for (size_t v = 0; v < kVecs; ++v) acc[j][v] = hn::LoadU(DF(), o[j] + b * kDotLanes + v * kN);
@@ -116,19 +114,19 @@ HWY_INLINE void AccumulateRows(const VTile& tile, float* const* o, uint32_t b,
   if (tile.all) {
     for (uint32_t i = 0; i < tile.n; ++i) {
       VF vv[kVecs];
-      decode(i, vv);
+      decode(tile.rows[i], vv);
       for (int j = 0; j < kQB; ++j) {
-        const VF ew = hn::Set(DF(), weight(i, j));
+        const VF ew = hn::Set(DF(), w[j][i]);
         for (size_t v = 0; v < kVecs; ++v) acc[j][v] = MulAcc<kExact>(ew, vv[v], acc[j][v]);
       }
     }
   } else {
     for (uint32_t i = 0; i < tile.n; ++i) {
       VF vv[kVecs];
-      decode(i, vv);
+      decode(tile.rows[i], vv);
       for (int j = 0; j < kQB; ++j) {
         if (!(tile.masks[i] & (1u << j))) continue;
-        const VF ew = hn::Set(DF(), weight(i, j));
+        const VF ew = hn::Set(DF(), w[j][i]);
         for (size_t v = 0; v < kVecs; ++v) acc[j][v] = MulAcc<kExact>(ew, vv[v], acc[j][v]);
       }
     }
@@ -136,16 +134,6 @@ HWY_INLINE void AccumulateRows(const VTile& tile, float* const* o, uint32_t b,
   for (int j = 0; j < kQB; ++j) {
     for (size_t v = 0; v < kVecs; ++v) hn::StoreU(acc[j][v], DF(), o[j] + b * kDotLanes + v * kN);
   }
-}
-
-// Value block b of the decoded rows: weights w[j][i], decode(row, vv)
-// decodes block b of a row.
-template <bool kExact, int kQB, class DecodeBlock>
-HWY_INLINE void AccumulateBlock(const VTile& tile, const float* const* w, float* const* o,
-                                uint32_t b, const DecodeBlock& decode) {
-  AccumulateRows<kExact, kQB>(
-      tile, o, b, [&](uint32_t i, VF* vv) HWY_ATTR { decode(tile.rows[i], vv); },
-      [&](uint32_t i, int j) HWY_ATTR { return w[j][i]; });
 }
 
 // A format's integer V pass: Run<kQB>(a) runs the V pass of a and returns
@@ -162,20 +150,28 @@ struct IntValuePass {
   }
 };
 
-// The tile walk of a V pass over rows [a.r0, a.r1): per tile of up to
-// kTileRows rows kept (GatherTile), the rows' weights w[j][i] (TileWeights,
-// l updated), then fn(tile, w, prefetch_part), where prefetch_part(b) steps
-// the prefetch stream before value block b of n_blocks.
-template <Format F, int kQB, class TileFn>
-HWY_INLINE void WalkTiles(const VArgs& a, const Decoder<F>& dec, uint32_t n_blocks, const TileFn& fn) {
+template <Format F, bool kExact, int kQB>
+void VPass(const VArgs& a) {
+  static_assert(IntValuePass<F>::kDefined == fi::TraitsOf(F).int_values,
+                "a format with an integer V pass in the table needs its family's vpass-inl.h");
+  if constexpr (!kExact && IntValuePass<F>::kDefined) {
+    if (IntValuePass<F>::template Run<kQB>(a)) return;
+  }
   const Plan& plan = *a.plan;
   const HeadJob& job = *a.job;
   const LayerKvView& view = *job.view;
-  const uint32_t d = plan.head_dim;
+  const uint32_t d = plan.head_dim, pd = plan.padded_dim;
+  const uint32_t n_blocks = pd / kDotLanes;
+  const uint32_t full_blocks = d / kDotLanes;
+  const Decoder<F> dec = MakeDecoder<F>(d);
   const Visibility vis = MakeVisibility(job);
   const QueryVec* qv = plan.queries.data() + job.first_query + a.qi0;
   const float* e[kQB];
-  for (int j = 0; j < kQB; ++j) e[j] = a.e + static_cast<size_t>(a.qi0 + j) * job.rows;
+  float* o[kQB];
+  for (int j = 0; j < kQB; ++j) {
+    e[j] = a.e + static_cast<size_t>(a.qi0 + j) * job.rows;
+    o[j] = a.o + static_cast<size_t>(a.qi0 + j) * pd;
+  }
   const bool all_visible = AllVisible(vis, qv, kQB, a.r0, a.r1);
   const HeadRows hrows(view, view.v, job.head);
   // Prefetch runs on past the segment, so the next segment's rows are in
@@ -196,7 +192,7 @@ HWY_INLINE void WalkTiles(const VArgs& a, const Decoder<F>& dec, uint32_t n_bloc
     // `per` (+1 for the first `extra` blocks) before each value block.
     const uint32_t steps = t0 - tile_r0;
     const uint32_t per = steps / n_blocks, extra = steps % n_blocks;
-    auto prefetch_part = [&](uint32_t b) HWY_ATTR {
+    auto prefetch_part = [&](uint32_t b) {
       for (uint32_t k = per + (b < extra ? 1 : 0); k > 0; --k) pf.Step();
     };
     if (tile.n == 0) {
@@ -206,31 +202,6 @@ HWY_INLINE void WalkTiles(const VArgs& a, const Decoder<F>& dec, uint32_t n_bloc
     float et[kQB][kTileRows];
     const float* w[kQB];
     TileWeights<kQB>(tile, all_visible, e, tile_r0, a.l + a.qi0, et, w);
-    fn(tile, w, prefetch_part);
-  }
-}
-
-// o[j]: query j's output sums of a's block ([padded_dim]).
-template <int kQB>
-HWY_INLINE void OutputRows(const VArgs& a, float** o) {
-  for (int j = 0; j < kQB; ++j) o[j] = a.o + static_cast<size_t>(a.qi0 + j) * a.plan->padded_dim;
-}
-
-template <Format F, bool kExact, int kQB>
-void VPass(const VArgs& a) {
-  static_assert(IntValuePass<F>::kDefined == fi::TraitsOf(F).int_values,
-                "a format with an integer V pass in the table needs its family's vpass-inl.h");
-  if constexpr (!kExact && IntValuePass<F>::kDefined) {
-    if (IntValuePass<F>::template Run<kQB>(a)) return;
-  }
-  const uint32_t d = a.plan->head_dim, pd = a.plan->padded_dim;
-  const uint32_t n_blocks = pd / kDotLanes;
-  const uint32_t full_blocks = d / kDotLanes;
-  const Decoder<F> dec = MakeDecoder<F>(d);
-  float* o[kQB];
-  OutputRows<kQB>(a, o);
-  WalkTiles<F, kQB>(a, dec, n_blocks, [&](const VTile& tile, const float* const* w,
-                                          const auto& prefetch_part) HWY_ATTR {
     for (uint32_t b = 0; b < full_blocks; ++b) {
       prefetch_part(b);
       AccumulateBlock<kExact, kQB>(tile, w, o, b, [&](const RowRef& row, VF* vv) HWY_ATTR {
@@ -246,7 +217,7 @@ void VPass(const VArgs& a) {
                                      });
       }
     }
-  });
+  }
 }
 
 template <Format F, bool kExact>

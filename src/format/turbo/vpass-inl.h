@@ -133,24 +133,73 @@ HWY_INLINE void T4IAccumulateBlock(const VTile& tile, const int8_t (*lv)[kT4IMax
                                    uint32_t b) {
   const uint32_t ob = T4IGroupOffset(b);
   const VF levels = hn::LoadU(DF(), kT4ILevelsF);  // the first kN (unused off AVX-512)
-  AccumulateRows</*kExact=*/false, kQB>(
-      tile, o, b,
-      [&](uint32_t i, VF* vv) HWY_ATTR {
-        for (size_t v = 0; v < kVecs; ++v) vv[v] = T4IBlockLevels(lv[i] + ob + v * kN, levels);
-      },
-      [&](uint32_t i, int j) HWY_ATTR { return ws[i][j][b]; });
+  VF acc[kQB][kVecs];
+  for (int j = 0; j < kQB; ++j) {
+    for (size_t v = 0; v < kVecs; ++v) acc[j][v] = hn::LoadU(DF(), o[j] + b * kDotLanes + v * kN);
+  }
+  // The common case tests nothing per row (a separate loop, as in
+  // AccumulateBlock; acc stays in registers).
+  if (tile.all) {
+    for (uint32_t i = 0; i < tile.n; ++i) {
+      VF vv[kVecs];
+      for (size_t v = 0; v < kVecs; ++v) vv[v] = T4IBlockLevels(lv[i] + ob + v * kN, levels);
+      for (int j = 0; j < kQB; ++j) {
+        const VF ew = hn::Set(DF(), ws[i][j][b]);
+        for (size_t v = 0; v < kVecs; ++v) acc[j][v] = hn::MulAdd(ew, vv[v], acc[j][v]);
+      }
+    }
+  } else {
+    for (uint32_t i = 0; i < tile.n; ++i) {
+      VF vv[kVecs];
+      for (size_t v = 0; v < kVecs; ++v) vv[v] = T4IBlockLevels(lv[i] + ob + v * kN, levels);
+      for (int j = 0; j < kQB; ++j) {
+        if (!(tile.masks[i] & (1u << j))) continue;
+        const VF ew = hn::Set(DF(), ws[i][j][b]);
+        for (size_t v = 0; v < kVecs; ++v) acc[j][v] = hn::MulAdd(ew, vv[v], acc[j][v]);
+      }
+    }
+  }
+  for (int j = 0; j < kQB; ++j) {
+    for (size_t v = 0; v < kVecs; ++v) hn::StoreU(acc[j][v], DF(), o[j] + b * kDotLanes + v * kN);
+  }
 }
 
 template <int kQB>
 void VPassT4I(const VArgs& a) {
-  const uint32_t d = a.plan->head_dim, n_blocks = d / kDotLanes;
+  const Plan& plan = *a.plan;
+  const HeadJob& job = *a.job;
+  const LayerKvView& view = *job.view;
+  const uint32_t d = plan.head_dim, n_blocks = d / kDotLanes;
   const Decoder<Format::kTurbo4I> dec = MakeDecoder<Format::kTurbo4I>(d);
+  const Visibility vis = MakeVisibility(job);
+  const QueryVec* qv = plan.queries.data() + job.first_query + a.qi0;
+  const float* e[kQB];
   float* o[kQB];
-  OutputRows<kQB>(a, o);
+  for (int j = 0; j < kQB; ++j) {
+    e[j] = a.e + static_cast<size_t>(a.qi0 + j) * job.rows;
+    o[j] = a.o + static_cast<size_t>(a.qi0 + j) * plan.padded_dim;
+  }
+  const bool all_visible = AllVisible(vis, qv, kQB, a.r0, a.r1);
+  const HeadRows hrows(view, view.v, job.head);
+  std::optional<Prefetcher> own_pf;  // as VPass: spread over the value blocks
+  if (a.pf == nullptr) own_pf.emplace(&hrows, &job.rows, 1, a.r0, kWholeRun);
+  Prefetcher& pf = a.pf ? *a.pf : *own_pf;
+  VTile tile;
+  RowWalk walk{hrows};
   alignas(64) int8_t lv[kTileRows][kT4IMaxDim];
   alignas(64) float ws[kTileRows][kQB][kT4IMaxDim / 16];
-  WalkTiles<Format::kTurbo4I, kQB>(a, dec, n_blocks, [&](const VTile& tile, const float* const* w,
-                                                         const auto& prefetch_part) HWY_ATTR {
+  for (uint32_t t0 = a.r0; t0 < a.r1;) {
+    const uint32_t tile_r0 = t0;
+    t0 = GatherTile<Format::kTurbo4I, kQB>(dec, d, vis, qv, all_visible, t0, a.r1, walk, tile);
+    const uint32_t steps = t0 - tile_r0;
+    const uint32_t per = steps / n_blocks, extra = steps % n_blocks;
+    if (tile.n == 0) {
+      for (uint32_t k = 0; k < steps; ++k) pf.Step();
+      continue;
+    }
+    float et[kQB][kTileRows];
+    const float* w[kQB];
+    TileWeights<kQB>(tile, all_visible, e, tile_r0, a.l + a.qi0, et, w);
     for (uint32_t i = 0; i < tile.n; ++i) {
       float wi[kQB];
       for (int j = 0; j < kQB; ++j) wi[j] = w[j][i];
@@ -158,10 +207,10 @@ void VPassT4I(const VArgs& a) {
       T4IWeights<kQB>(tile.rows[i].p + d / 2, d, wi, ws[i]);
     }
     for (uint32_t b = 0; b < n_blocks; ++b) {
-      prefetch_part(b);
+      for (uint32_t k = per + (b < extra ? 1 : 0); k > 0; --k) pf.Step();
       T4IAccumulateBlock<kQB>(tile, lv, ws, o, b);
     }
-  });
+  }
 }
 #else
 // No VPassT4I on this target: VPass tests the flag at compile time, so no
