@@ -40,14 +40,16 @@
 // passes and decoders are per-target headers, instantiated one format family
 // per file so the families compile in parallel:
 //   kernel_common-inl.h   types, lookups, reductions, the row walk
-//   kpass-inl.h           K pass (and the integer path for int8 keys)
-//   vpass-inl.h           V pass
+//   kpass-inl.h           K pass (generic; asks IntKeyPass<F> first)
+//   vpass-inl.h           V pass (generic; asks IntValuePass<F> first)
 //   family-inl.h          a family's K/V passes and DecodeRow, by format
-//   format/<family>/decode-inl.h (the decoders, shared with the codec):
-//     plain    f32, f16, bf16        -> kernels_plain.cc
-//     fp8_q8   fp8_e4m3, q8          -> kernels_fp8_q8.cc
-//     ggml     q8_0, q4_0            -> kernels_ggml.cc
-//     turbo    turbo8/4/3/2          -> kernels_turbo.cc
+//   format/<family>/decode-inl.h (the decoders, shared with the codec) and
+//   format/<family>/kpass-inl.h, vpass-inl.h (the family's integer paths):
+//     plain    f32, f16, bf16             -> kernels_plain.cc
+//     fp8_q8   fp8_e4m3, q8               -> kernels_fp8_q8.cc
+//     ggml     q8_0, q4_0                 -> kernels_ggml.cc
+//     turbo    turbo8/4/3/2, turbo4i/3i/2i -> kernels_turbo.cc
+// The family of a format comes from the format table (format/traits.h).
 #pragma GCC optimize("fp-contract=off")
 
 // SSSE3 adds compile time and nothing over SSE4 for these kernels.
@@ -111,33 +113,23 @@ HWY_INLINE VF ExpV(VF x) {
 
 
 // ---------------------------------------------------------------------------
-// Kernel selection (per job, by format family; QB in {1, 2, 3, 4}).
+// Kernel selection (per job, by format family (format/traits.h); QB in
+// {1, 2, 3, 4}).
 
-struct Family {
+struct FamilyFns {
   KFn (*k)(Format, bool, int);
   VFn (*v)(Format, bool, int);
   void (*decode)(Format, const uint8_t*, uint32_t, float*);
 };
 
-Family FamilyOf(Format f) {
-  switch (f) {
-    case Format::kF32:
-    case Format::kF16:
-    case Format::kBF16: return {&PlainK, &PlainV, &PlainDecode};
-    case Format::kFp8E4M3:
-    case Format::kQ8: return {&Fp8Q8K, &Fp8Q8V, &Fp8Q8Decode};
-    case Format::kQ8_0:
-    case Format::kQ4_0: return {&GgmlK, &GgmlV, &GgmlDecode};
-    case Format::kTurbo8:
-    case Format::kTurbo4:
-    case Format::kTurbo4I:
-    case Format::kTurbo3:
-    case Format::kTurbo2:
-    case Format::kTurbo3I:
-    case Format::kTurbo2I: return {&TurboK, &TurboV, &TurboDecode};
-  }
-  return {&PlainK, &PlainV, &PlainDecode};  // not reached: every format is listed
-}
+// By fi::Family.
+constexpr FamilyFns kFamilyFns[fi::kNumFamilies] = {
+    {&PlainK, &PlainV, &PlainDecode},  // plain
+    {&Fp8Q8K, &Fp8Q8V, &Fp8Q8Decode},  // fp8_q8
+    {&TurboK, &TurboV, &TurboDecode},  // turbo
+    {&GgmlK, &GgmlV, &GgmlDecode},     // ggml
+};
+const FamilyFns& FamilyOf(Format f) { return kFamilyFns[static_cast<size_t>(fi::FamilyOf(f))]; }
 
 KFn SelectK(const HeadJob& job, int qb) {
   if (job.exact) return PlainK(Format::kF32, true, qb);

@@ -1,5 +1,6 @@
 // Attention kernels for fp8_e4m3 and q8: the K and V pass instances over their
-// decoders (format/fp8_q8/decode-inl.h; q8 keys: the integer K path).
+// decoders (format/fp8_q8/decode-inl.h) and q8's integer K path
+// (format/fp8_q8/kpass-inl.h).
 //
 // Compiled once per Highway target (foreach_target.h); kernels.cc calls
 // these from the same target. Thread safety: pure functions.
@@ -11,6 +12,7 @@
 #include <hwy/highway.h>
 
 #include "attention/family-inl.h"
+#include "format/fp8_q8/kpass-inl.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace kvcache::attention_internal::HWY_NAMESPACE {

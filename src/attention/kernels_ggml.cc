@@ -1,6 +1,6 @@
 // Attention kernels for the ggml block formats q8_0 and q4_0: the K and V pass
-// instances over their decoders (format/ggml/decode-inl.h; q8_0 keys: the
-// integer K path).
+// instances over their decoders (format/ggml/decode-inl.h) and their integer
+// K paths (format/ggml/kpass-inl.h).
 //
 // Compiled once per Highway target (foreach_target.h); kernels.cc calls
 // these from the same target. Thread safety: pure functions.
@@ -12,6 +12,7 @@
 #include <hwy/highway.h>
 
 #include "attention/family-inl.h"
+#include "format/ggml/kpass-inl.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace kvcache::attention_internal::HWY_NAMESPACE {

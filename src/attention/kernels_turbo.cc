@@ -1,5 +1,7 @@
 // Attention kernels for the turbo formats (turbo8/4/3/2, turbo4i/3i/2i): the
-// K and V pass instances over their decoders (format/turbo/decode-inl.h).
+// K and V pass instances over their decoders (format/turbo/decode-inl.h) and
+// the integer-level formats' integer paths (format/turbo/kpass-inl.h,
+// format/turbo/vpass-inl.h).
 //
 // Compiled once per Highway target (foreach_target.h); kernels.cc calls
 // these from the same target. Thread safety: pure functions.
@@ -11,6 +13,8 @@
 #include <hwy/highway.h>
 
 #include "attention/family-inl.h"
+#include "format/turbo/kpass-inl.h"
+#include "format/turbo/vpass-inl.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace kvcache::attention_internal::HWY_NAMESPACE {

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "attention/reference.h"
+#include "format/traits.h"
 #include "kvcache/attention.h"
 #include "kvcache/attention_profile.h"
 #include "kvcache/kv_view.h"
@@ -64,9 +65,7 @@ struct Plan {
 // into that order before the kernels run and outputs back after (a tail
 // group shorter than 16 stays in natural order). Other formats use natural
 // order.
-inline bool UsesNibbleOrder(Format f) {
-  return f == Format::kTurbo4 || f == Format::kTurbo4I || f == Format::kBF16;
-}
+inline bool UsesNibbleOrder(Format f) { return format_internal::TraitsOf(f).nibble_order; }
 inline void ToNibbleOrder(float* x, uint32_t head_dim) {
   float t[16];
   for (uint32_t g = 0; g + 16 <= head_dim; g += 16) {

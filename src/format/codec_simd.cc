@@ -180,24 +180,27 @@ size_t FirstNonFiniteT(const float* HWY_RESTRICT x, size_t n) {
   return n;
 }
 
+// Each family's SIMD encoder of n rows of d values, by Family (traits.h).
+using EncodeRowsFn = void (*)(Format f, uint32_t d, size_t n, const float* HWY_RESTRICT x,
+                              uint8_t* HWY_RESTRICT out);
+void EncodePlainRows(Format f, uint32_t d, size_t n, const float* HWY_RESTRICT x,
+                     uint8_t* HWY_RESTRICT out) {
+  EncodePlainRowsOf(f, n * d, x, out);
+}
+void EncodeGgmlRows(Format f, uint32_t d, size_t n, const float* HWY_RESTRICT x,
+                    uint8_t* HWY_RESTRICT out) {
+  EncodeGgmlRowsOf(f, n * d, x, out);
+}
+constexpr EncodeRowsFn kFamilyEncoders[kNumFamilies] = {
+    &EncodePlainRows,    // Family::kPlain
+    &EncodeFp8Q8RowsOf,  // Family::kFp8Q8
+    &EncodeTurboRowsOf,  // Family::kTurbo
+    &EncodeGgmlRows,     // Family::kGgml
+};
+
 void EncodeRowsT(Format f, uint32_t d, size_t n, const float* HWY_RESTRICT x,
                  uint8_t* HWY_RESTRICT out) {
-  switch (f) {
-    case Format::kF32:
-    case Format::kF16:
-    case Format::kBF16: return EncodePlainRowsOf(f, n * d, x, out);
-    case Format::kFp8E4M3:
-    case Format::kQ8: return EncodeFp8Q8RowsOf(f, d, n, x, out);
-    case Format::kTurbo8:
-    case Format::kTurbo4:
-    case Format::kTurbo4I:
-    case Format::kTurbo3:
-    case Format::kTurbo2:
-    case Format::kTurbo3I:
-    case Format::kTurbo2I: return EncodeTurboRowsOf(f, d, n, x, out);
-    case Format::kQ8_0:
-    case Format::kQ4_0: return EncodeGgmlRowsOf(f, n * d, x, out);
-  }
+  kFamilyEncoders[static_cast<size_t>(FamilyOf(f))](f, d, n, x, out);
 }
 
 void EncodeRowsScatteredT(Format f, uint32_t d, size_t n, const float* HWY_RESTRICT x,
@@ -269,22 +272,7 @@ void DecodeRowsOf(uint32_t d, size_t n, const uint8_t* HWY_RESTRICT in, float* H
 
 void DecodeRowsT(Format f, uint32_t d, size_t n, const uint8_t* HWY_RESTRICT in,
                  float* HWY_RESTRICT x) {
-  switch (f) {
-    case Format::kF32: return DecodeRowsOf<Format::kF32>(d, n, in, x);
-    case Format::kF16: return DecodeRowsOf<Format::kF16>(d, n, in, x);
-    case Format::kBF16: return DecodeRowsOf<Format::kBF16>(d, n, in, x);
-    case Format::kFp8E4M3: return DecodeRowsOf<Format::kFp8E4M3>(d, n, in, x);
-    case Format::kQ8: return DecodeRowsOf<Format::kQ8>(d, n, in, x);
-    case Format::kTurbo8: return DecodeRowsOf<Format::kTurbo8>(d, n, in, x);
-    case Format::kTurbo4: return DecodeRowsOf<Format::kTurbo4>(d, n, in, x);
-    case Format::kTurbo4I: return DecodeRowsOf<Format::kTurbo4I>(d, n, in, x);
-    case Format::kTurbo3: return DecodeRowsOf<Format::kTurbo3>(d, n, in, x);
-    case Format::kTurbo2: return DecodeRowsOf<Format::kTurbo2>(d, n, in, x);
-    case Format::kTurbo3I: return DecodeRowsOf<Format::kTurbo3I>(d, n, in, x);
-    case Format::kTurbo2I: return DecodeRowsOf<Format::kTurbo2I>(d, n, in, x);
-    case Format::kQ8_0: return DecodeRowsOf<Format::kQ8_0>(d, n, in, x);
-    case Format::kQ4_0: return DecodeRowsOf<Format::kQ4_0>(d, n, in, x);
-  }
+  VisitFormat(f, [&]<Format F>() HWY_ATTR { DecodeRowsOf<F>(d, n, in, x); });
 }
 
 }  // namespace HWY_NAMESPACE

@@ -28,6 +28,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 
 #include "format/format_internal.h"
 
@@ -220,13 +221,11 @@ constexpr bool EvenOdd() {
 
 template <Format F>
 HWY_INLINE Decoder<F> MakeDecoder(uint32_t d) {
-  if constexpr (F == Format::kTurbo8 || F == Format::kTurbo4 || F == Format::kTurbo3 ||
-                F == Format::kTurbo2 || F == Format::kTurbo4I || F == Format::kTurbo3I ||
-                F == Format::kTurbo2I) {
-    return Decoder<F>(d);
-  } else {
+  if constexpr (std::is_default_constructible_v<Decoder<F>>) {
     (void)d;
     return Decoder<F>();
+  } else {  // a decoder that depends on head_dim (where the scales start)
+    return Decoder<F>(d);
   }
 }
 

@@ -1,30 +1,19 @@
-// Format names, parsing, head_dim checks and row sizes.
+// Format names, parsing, head_dim checks and row sizes, read from the
+// format table (format/traits.h).
 #include "kvcache/format.h"
 
 #include <fmt/format.h>
 
 #include <string>
 
+#include "format/traits.h"
+
 namespace kvcache {
 
+namespace fi = format_internal;
+
 std::string_view FormatName(Format f) {
-  switch (f) {
-    case Format::kF32: return "f32";
-    case Format::kF16: return "f16";
-    case Format::kBF16: return "bf16";
-    case Format::kFp8E4M3: return "fp8_e4m3";
-    case Format::kQ8: return "q8";
-    case Format::kTurbo8: return "turbo8";
-    case Format::kTurbo4: return "turbo4";
-    case Format::kTurbo3: return "turbo3";
-    case Format::kTurbo2: return "turbo2";
-    case Format::kQ8_0: return "q8_0";
-    case Format::kQ4_0: return "q4_0";
-    case Format::kTurbo4I: return "turbo4i";
-    case Format::kTurbo3I: return "turbo3i";
-    case Format::kTurbo2I: return "turbo2i";
-  }
-  return "unknown";
+  return fi::IsKnownFormat(f) ? fi::TraitsOf(f).name : "unknown";
 }
 
 Result<Format> ParseFormat(std::string_view name) {
@@ -56,26 +45,9 @@ std::string FormatPairName(FormatPair pair) {
   return fmt::format("{}:{}", FormatName(pair.k), FormatName(pair.v));
 }
 
-uint32_t GroupSize(Format f) {
-  switch (f) {
-    case Format::kTurbo8:
-    case Format::kTurbo4:
-    case Format::kTurbo4I:
-    case Format::kTurbo3:
-    case Format::kTurbo2:
-    case Format::kTurbo3I:
-    case Format::kTurbo2I: return 16;
-    case Format::kQ8_0:
-    case Format::kQ4_0: return 32;
-    default: return 1;
-  }
-}
+uint32_t GroupSize(Format f) { return fi::IsKnownFormat(f) ? fi::TraitsOf(f).group_size : 1; }
 
-bool IsRotated(Format f) {
-  return f == Format::kTurbo8 || f == Format::kTurbo4 || f == Format::kTurbo3 ||
-         f == Format::kTurbo2 || f == Format::kTurbo4I || f == Format::kTurbo3I ||
-         f == Format::kTurbo2I;
-}
+bool IsRotated(Format f) { return fi::IsKnownFormat(f) && fi::TraitsOf(f).rotated; }
 
 Status CheckHeadDim(Format f, uint32_t head_dim) {
   if (head_dim == 0) {
@@ -90,26 +62,7 @@ Status CheckHeadDim(Format f, uint32_t head_dim) {
   return Status::Ok();
 }
 
-size_t RowBytes(Format f, uint32_t d) {
-  const size_t n = d;
-  switch (f) {
-    case Format::kF32: return 4 * n;
-    case Format::kF16:
-    case Format::kBF16: return 2 * n;
-    case Format::kFp8E4M3: return n;
-    case Format::kQ8: return n + 4;              // int8 codes + f32 row scale
-    case Format::kTurbo8: return n + 2 * (n / 16);   // E4M3 codes + bf16 group scales
-    case Format::kTurbo4:
-    case Format::kTurbo4I: return n / 2 + n / 16;    // 4-bit codes + E4M3 scales
-    case Format::kTurbo3:
-    case Format::kTurbo3I: return 6 * (n / 16) + n / 16;  // 3-bit codes + E4M3 scales
-    case Format::kTurbo2:
-    case Format::kTurbo2I: return n / 4 + n / 16;         // 2-bit codes + E4M3 scales
-    case Format::kQ8_0: return 34 * (n / 32);
-    case Format::kQ4_0: return 18 * (n / 32);
-  }
-  return 0;
-}
+size_t RowBytes(Format f, uint32_t d) { return fi::IsKnownFormat(f) ? fi::RowBytesOf(f, d) : 0; }
 
 size_t BytesFor(Format f, uint32_t head_dim, size_t n_values) {
   return n_values / head_dim * RowBytes(f, head_dim);

@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "kvcache/float16.h"
+#include "format/traits.h"
 #include "kvcache/format.h"
 
 namespace kvcache {
@@ -25,33 +26,17 @@ struct RowLayout {
                                // turbo2 4, q8_0 34 and q4_0 18 for a whole block incl. d)
 };
 
-// REQUIRES: CheckHeadDim(format, d) ok.
+// REQUIRES: CheckHeadDim(format, d) ok. From the format table (traits.h).
+// turbo3i: a group's 6 code bytes are 4 in the low-bit plane and 2 in the
+// bit-2 plane (turbo.h), not adjacent.
 inline RowLayout LayoutOf(Format format, uint32_t d) {
+  const FormatTraits& t = TraitsOf(format);
   RowLayout l;
-  l.group_size = GroupSize(format);
-  switch (format) {
-    case Format::kF32: l.codes_bytes = 4ull * d; break;
-    case Format::kF16:
-    case Format::kBF16: l.codes_bytes = 2ull * d; break;
-    case Format::kFp8E4M3: l.codes_bytes = d; break;
-    case Format::kQ8:
-      l.group_size = d;
-      l.codes_bytes = d;
-      l.scale_bytes = 4;
-      l.group_code_bytes = d;
-      break;
-    case Format::kTurbo8: l.codes_bytes = d; l.scale_bytes = 2; l.group_code_bytes = 16; break;
-    case Format::kTurbo4:
-    case Format::kTurbo4I: l.codes_bytes = d / 2; l.scale_bytes = 1; l.group_code_bytes = 8; break;
-    case Format::kTurbo3: l.codes_bytes = 6ull * (d / 16); l.scale_bytes = 1; l.group_code_bytes = 6; break;
-    case Format::kTurbo2:
-    case Format::kTurbo2I: l.codes_bytes = d / 4; l.scale_bytes = 1; l.group_code_bytes = 4; break;
-    // turbo3i: a group's 6 code bytes are 4 in the low-bit plane and 2 in the
-    // bit-2 plane (turbo.h), not adjacent.
-    case Format::kTurbo3I: l.codes_bytes = 6ull * (d / 16); l.scale_bytes = 1; l.group_code_bytes = 6; break;
-    case Format::kQ8_0: l.codes_bytes = 34ull * (d / 32); l.group_code_bytes = 34; break;
-    case Format::kQ4_0: l.codes_bytes = 18ull * (d / 32); l.group_code_bytes = 18; break;
-  }
+  l.group_size = t.row_scale ? d : t.group_size;
+  l.codes_bytes = size_t{d} / t.group_size * t.group_code_bytes;
+  l.scale_bytes = t.scale_bytes;
+  // Unscaled formats of one value per group have no groups to speak of.
+  l.group_code_bytes = t.row_scale ? d : (t.group_size == 1 && t.scale_bytes == 0) ? 0 : t.group_code_bytes;
   l.scales_offset = l.codes_bytes;
   return l;
 }
