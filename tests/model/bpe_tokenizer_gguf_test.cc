@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "model/gguf_writer.h"
+#include "model/gpt2_bytes.h"
 #include "model/io/gguf.h"
 #include "model/tokenizer/bpe_tokenizer.h"
 #include "model/tokenizer/unicode_classes.h"
@@ -17,20 +18,7 @@
 namespace kvcache::model {
 namespace {
 
-std::string Mapped(uint8_t b) {
-  static const std::vector<char32_t> table = [] {
-    std::vector<char32_t> t(256);
-    char32_t next = 256;
-    for (int i = 0; i < 256; ++i) {
-      const bool self = (i >= 33 && i <= 126) || (i >= 161 && i <= 172) || i >= 174;
-      t[i] = self ? i : next++;
-    }
-    return t;
-  }();
-  std::string s;
-  AppendUtf8(table[b], &s);
-  return s;
-}
+using testing::MapByte;
 
 struct Keys {
   std::string model = "gpt2";
@@ -43,7 +31,7 @@ struct Keys {
   bool tokens_as_ints = false, bos_as_string = false;
 
   Keys() {
-    for (int b = 0; b < 256; ++b) tokens.push_back(Mapped(static_cast<uint8_t>(b)));
+    for (int b = 0; b < 256; ++b) tokens.push_back(MapByte(static_cast<uint8_t>(b)));
     tokens.insert(tokens.end(), {"<|im_start|>", "<|im_end|>", "ab", "Ġab"});
     types.assign(tokens.size(), kTokenTypeNormal);
     types[256] = types[257] = kTokenTypeControl;
