@@ -95,42 +95,31 @@ void ExpectError(const Keys& k, StatusCode code, const std::string& needle) {
 }
 
 TEST(BpeFromGguf, MissingOrWrongKeys) {
-  Keys k;
-  k.skip_model = true;
-  ExpectError(k, StatusCode::kNotFound, "tokenizer.ggml.model");
-  k = Keys{};
-  k.model = "llama";
-  ExpectError(k, StatusCode::kUnimplemented, "'llama'");
-  k = Keys{};
-  k.skip_tokens = true;
-  ExpectError(k, StatusCode::kNotFound, "tokenizer.ggml.tokens");
-  k = Keys{};
-  k.tokens_as_ints = true;
-  ExpectError(k, StatusCode::kInvalidArgument, "tokenizer.ggml.tokens");
-  k = Keys{};
-  k.skip_merges = true;
-  ExpectError(k, StatusCode::kNotFound, "tokenizer.ggml.merges");
-  k = Keys{};
-  k.skip_pre = true;
-  ExpectError(k, StatusCode::kNotFound, "tokenizer.ggml.pre");
-  k = Keys{};
-  k.pre = "qwen2";
-  ExpectError(k, StatusCode::kUnimplemented, "qwen2");
-  k = Keys{};
-  k.bos = 260;
-  ExpectError(k, StatusCode::kCorruption, "tokenizer.ggml.bos_token_id");
-  k = Keys{};
-  k.bos_as_string = true;
-  ExpectError(k, StatusCode::kInvalidArgument, "tokenizer.ggml.bos_token_id");
-  k = Keys{};
-  k.merges.push_back("b a");
-  ExpectError(k, StatusCode::kCorruption, "merge 2");
-  k = Keys{};
-  k.tokens[258] = "a b";
-  ExpectError(k, StatusCode::kCorruption, "token 258");
-  k = Keys{};
-  k.types.pop_back();
-  ExpectError(k, StatusCode::kCorruption, "token_type");
+  // Each case changes one thing of a good file.
+  const struct {
+    std::function<void(Keys&)> change;
+    StatusCode code;
+    const char* needle;
+  } cases[] = {
+      {[](Keys& k) { k.skip_model = true; }, StatusCode::kNotFound, "tokenizer.ggml.model"},
+      {[](Keys& k) { k.model = "llama"; }, StatusCode::kUnimplemented, "'llama'"},
+      {[](Keys& k) { k.skip_tokens = true; }, StatusCode::kNotFound, "tokenizer.ggml.tokens"},
+      {[](Keys& k) { k.tokens_as_ints = true; }, StatusCode::kInvalidArgument, "tokenizer.ggml.tokens"},
+      {[](Keys& k) { k.skip_merges = true; }, StatusCode::kNotFound, "tokenizer.ggml.merges"},
+      {[](Keys& k) { k.skip_pre = true; }, StatusCode::kNotFound, "tokenizer.ggml.pre"},
+      {[](Keys& k) { k.pre = "qwen2"; }, StatusCode::kUnimplemented, "qwen2"},
+      {[](Keys& k) { k.bos = 260; }, StatusCode::kCorruption, "tokenizer.ggml.bos_token_id"},
+      {[](Keys& k) { k.bos_as_string = true; }, StatusCode::kInvalidArgument, "tokenizer.ggml.bos_token_id"},
+      {[](Keys& k) { k.merges.push_back("b a"); }, StatusCode::kCorruption, "merge 2"},
+      {[](Keys& k) { k.tokens[258] = "a b"; }, StatusCode::kCorruption, "token 258"},
+      {[](Keys& k) { k.types.pop_back(); }, StatusCode::kCorruption, "token_type"},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.needle);
+    Keys k;
+    c.change(k);
+    ExpectError(k, c.code, c.needle);
+  }
 }
 
 }  // namespace
