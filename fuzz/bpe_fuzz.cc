@@ -278,13 +278,7 @@ void FuzzEncode(const BpeTokenizer& t, PreTokenizer pre, std::string_view text, 
   FUZZ_CHECK(t.Decode(bad).status().code() == StatusCode::kInvalidArgument);
 }
 
-constexpr std::string_view kLoopOpen = "{% for message in messages %}";
-constexpr std::string_view kDefaultOpen =
-    "{% if loop.first and messages[0]['role'] != 'system' %}{{ '<|im_start|>system\n";
-constexpr std::string_view kDefaultClose = "<|im_end|>\n' }}{% endif %}";
-constexpr std::string_view kBody =
-    "{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}"
-    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
+using namespace chatml;
 
 void FuzzChat(const BpeTokenizer& t, std::string_view text) {
   // The raw text as a template: only the two ChatML forms are accepted.

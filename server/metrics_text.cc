@@ -49,26 +49,32 @@ std::string PrometheusText(const engine::EngineMetrics& m, const HttpCounters& h
   Sample(&out, "pool_blocks", m.pool_blocks_free, "{state=\"free\"}");
   Sample(&out, "pool_blocks", m.pool_blocks_used, "{state=\"used\"}");
   Sample(&out, "pool_blocks", m.pool_blocks_cached, "{state=\"cached\"}");
-  Single(&out, "pool_blocks_total", "gauge", "Blocks of the KV pool", m.pool_blocks_total);
-  Single(&out, "requests_running", "gauge", "Requests in the running batch", m.requests_running);
-  Single(&out, "requests_waiting", "gauge", "Requests queued for admission", m.requests_waiting);
-  Single(&out, "requests_finished_total", "counter", "Requests that ended (any reason)", m.requests_finished);
-  Single(&out, "requests_cancelled_total", "counter", "Requests cancelled (client gone, shutdown)",
-         m.requests_cancelled);
-  Single(&out, "preemptions_total", "counter", "Running requests preempted for lack of blocks", m.preemptions);
-  Single(&out, "prompt_tokens_total", "counter", "Prompt tokens of admitted requests", m.prompt_tokens);
-  Single(&out, "prefix_hit_tokens_total", "counter", "Prompt tokens adopted from the prefix cache or a tier",
-         m.cached_prompt_tokens);
-  Single(&out, "prefix_lookups_total", "counter", "Prefix-cache lookups (one per admission)", m.prefix_lookups);
-  Single(&out, "requests_held", "gauge", "Waiting requests held for a running request's prefill of their prefix",
-         m.requests_held);
-  Single(&out, "prefix_holds_total", "counter", "Requests held back to adopt a prefix another request prefilled",
-         m.prefix_holds);
-  Single(&out, "generated_tokens_total", "counter", "Tokens sampled", m.generated_tokens);
-  Single(&out, "tier_hits_total", "counter", "Blocks found in an offload tier", m.tier_hit_blocks);
-  Single(&out, "tier_misses_total", "counter", "Blocks looked up in the tiers and not found",
-         m.tier_miss_blocks);
-  Single(&out, "steps_total", "counter", "Engine steps run", m.steps);
+  const struct {
+    const char* name;
+    const char* type;
+    const char* help;
+    uint64_t value;
+  } singles[] = {
+      {"pool_blocks_total", "gauge", "Blocks of the KV pool", m.pool_blocks_total},
+      {"requests_running", "gauge", "Requests in the running batch", m.requests_running},
+      {"requests_waiting", "gauge", "Requests queued for admission", m.requests_waiting},
+      {"requests_finished_total", "counter", "Requests that ended (any reason)", m.requests_finished},
+      {"requests_cancelled_total", "counter", "Requests cancelled (client gone, shutdown)", m.requests_cancelled},
+      {"preemptions_total", "counter", "Running requests preempted for lack of blocks", m.preemptions},
+      {"prompt_tokens_total", "counter", "Prompt tokens of admitted requests", m.prompt_tokens},
+      {"prefix_hit_tokens_total", "counter", "Prompt tokens adopted from the prefix cache or a tier",
+       m.cached_prompt_tokens},
+      {"prefix_lookups_total", "counter", "Prefix-cache lookups (one per admission)", m.prefix_lookups},
+      {"requests_held", "gauge", "Waiting requests held for a running request's prefill of their prefix",
+       m.requests_held},
+      {"prefix_holds_total", "counter", "Requests held back to adopt a prefix another request prefilled",
+       m.prefix_holds},
+      {"generated_tokens_total", "counter", "Tokens sampled", m.generated_tokens},
+      {"tier_hits_total", "counter", "Blocks found in an offload tier", m.tier_hit_blocks},
+      {"tier_misses_total", "counter", "Blocks looked up in the tiers and not found", m.tier_miss_blocks},
+      {"steps_total", "counter", "Engine steps run", m.steps},
+  };
+  for (const auto& s : singles) Single(&out, s.name, s.type, s.help, s.value);
   StepHistogram(&out, m);
   Family(&out, "http_requests_total", "counter", "HTTP responses by status code");
   for (const auto& [code, count] : http.responses_by_status) {

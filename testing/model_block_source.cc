@@ -10,6 +10,7 @@
 
 #include <fmt/format.h>
 
+#include "serving/prefix/forwarding_backend.h"
 #include "testing/model_block_source.h"
 
 namespace kvcache::serving {
@@ -157,12 +158,13 @@ class ModelBlockSource final : public BlockSource {
     }
     return Status::Ok();
   }
-  std::optional<uint64_t> BlockHashOf(uint32_t b) const {
+  std::optional<uint64_t> block_hash(uint32_t b) const {
     return b < meta_.size() ? meta_[b].hash : std::nullopt;
   }
-  EvictionListener listener_;
+  void SetEvictionListener(EvictionListener listener) { listener_ = std::move(listener); }
 
  private:
+  EvictionListener listener_;
   struct Meta {
     uint32_t refs = 0;
     std::optional<uint64_t> hash;
@@ -181,24 +183,8 @@ class ModelBlockSource final : public BlockSource {
   uint64_t evictions_ = 0;
 };
 
-class ModelPrefixBackend final : public PrefixCacheBackend {
- public:
-  explicit ModelPrefixBackend(ModelBlockSource* m) : m_(m) {}
-  uint32_t num_blocks() const override { return m_->num_blocks(); }
-  uint32_t block_size() const override { return m_->block_size(); }
-  bool RetainCached(uint32_t block, uint64_t hash) override { return m_->RetainCached(block, hash); }
-  Status SetBlockHash(uint32_t block, uint64_t hash) override { return m_->SetBlockHash(block, hash); }
-  Status ClearBlockHash(uint32_t block) override { return m_->ClearBlockHash(block); }
-  Status Release(std::span<const uint32_t> blocks) override { return m_->Release(blocks); }
-  void SetEvictionListener(EvictionListener listener) override { m_->listener_ = std::move(listener); }
-  std::optional<uint64_t> block_hash(uint32_t block) const override { return m_->BlockHashOf(block); }
-
- private:
-  ModelBlockSource* m_;
-};
-
 std::unique_ptr<PrefixCacheBackend> ModelBlockSource::NewPrefixBackend() {
-  return std::make_unique<ModelPrefixBackend>(this);
+  return std::make_unique<ForwardingPrefixBackend<ModelBlockSource*>>(this);
 }
 
 }  // namespace

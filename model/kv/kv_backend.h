@@ -33,11 +33,7 @@ namespace kvcache::model {
 // The attention shape the decoder asks for (GQA: n_heads query heads share
 // n_kv_heads kv heads, query head h reads kv head h / (n_heads / n_kv_heads)).
 struct AttentionShape {
-  uint32_t n_layers = 0;
-  uint32_t n_heads = 0;
-  uint32_t n_kv_heads = 0;
-  uint32_t head_dim = 0;
-  uint32_t max_seq_len = 0;
+  uint32_t n_layers = 0, n_heads = 0, n_kv_heads = 0, head_dim = 0, max_seq_len = 0;
   uint32_t q_dim() const { return n_heads * head_dim; }
   uint32_t kv_dim() const { return n_kv_heads * head_dim; }
 };

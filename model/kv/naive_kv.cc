@@ -7,6 +7,7 @@
 
 #include "kvcache/attention.h"
 #include "kvcache/float16.h"
+#include "model/tensor/ops.h"
 
 namespace kvcache::model {
 
@@ -263,18 +264,12 @@ Status NaiveKv::Attend(uint32_t layer, std::span<const float> q, std::span<float
         for (uint32_t t = 0; t < len; ++t) att[t] += qd * kd[t];
       }
       for (uint32_t t = 0; t < len; ++t) att[t] *= inv_sqrt;
-      float mx = att[0];
-      for (uint32_t t = 1; t < len; ++t) mx = std::max(mx, att[t]);
-      float sum = 0;
-      for (uint32_t t = 0; t < len; ++t) {
-        att[t] = std::exp(att[t] - mx);
-        sum += att[t];
-      }
+      Softmax(att, len);
       float* oh = out.data() + static_cast<size_t>(i) * q_dim + h * hd;
       for (uint32_t d = 0; d < hd; ++d) oh[d] = 0;
       for (uint32_t t = 0; t < len; ++t) {
         const float* vt = values + static_cast<size_t>(t) * kv_dim + kvh * hd;
-        const float w = att[t] / sum;
+        const float w = att[t];
         for (uint32_t d = 0; d < hd; ++d) oh[d] += w * vt[d];
       }
     }

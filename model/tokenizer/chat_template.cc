@@ -2,17 +2,8 @@
 #include "model/tokenizer/chat_template.h"
 
 namespace kvcache::model {
-namespace {
 
-constexpr std::string_view kLoopOpen = "{% for message in messages %}";
-constexpr std::string_view kDefaultOpen =
-    "{% if loop.first and messages[0]['role'] != 'system' %}{{ '<|im_start|>system\n";
-constexpr std::string_view kDefaultClose = "<|im_end|>\n' }}{% endif %}";
-constexpr std::string_view kBody =
-    "{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}"
-    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
-
-}  // namespace
+using namespace chatml;
 
 ChatTemplate ChatTemplate::ChatMl(std::string default_system) {
   ChatTemplate t;

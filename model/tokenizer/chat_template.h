@@ -30,6 +30,18 @@
 
 namespace kvcache::model {
 
+// The pieces of the two accepted template texts: kLoopOpen, then
+// optionally kDefaultOpen SYSTEM kDefaultClose, then kBody.
+namespace chatml {
+inline constexpr std::string_view kLoopOpen = "{% for message in messages %}";
+inline constexpr std::string_view kDefaultOpen =
+    "{% if loop.first and messages[0]['role'] != 'system' %}{{ '<|im_start|>system\n";
+inline constexpr std::string_view kDefaultClose = "<|im_end|>\n' }}{% endif %}";
+inline constexpr std::string_view kBody =
+    "{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
+}  // namespace chatml
+
 struct ChatMessage {
   std::string role;  // "system", "user", "assistant"
   std::string content;

@@ -17,9 +17,7 @@
 namespace kvcache::linear {
 
 struct Shape {
-  uint32_t n_heads = 0;
-  uint32_t d_k = 0;
-  uint32_t d_v = 0;
+  uint32_t n_heads = 0, d_k = 0, d_v = 0;
 };
 
 // Applies n_tokens tokens in order to state [n_heads][d_k][d_v]:

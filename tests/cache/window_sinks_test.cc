@@ -100,6 +100,17 @@ void ExpectSameAttention(const SequenceCache& a, const SequenceCache& b, std::mt
   }
 }
 
+// The same n random rows appended to both: then the first `same` rows and
+// the attention over them still agree.
+void AppendToBothAndCompare(SequenceCache& a, SequenceCache& b, std::mt19937& rng, uint32_t n, uint32_t same) {
+  const Rows next = RandomRows(rng, n);
+  ASSERT_TRUE(a.Append(next.k, next.v).ok());
+  ASSERT_TRUE(b.Append(next.k, next.v).ok());
+  ASSERT_TRUE(b.CheckInvariants().ok());
+  ExpectSameRows(a, b, same);
+  ExpectSameAttention(a, b, rng);
+}
+
 TEST(WindowSinks, ComputedSequenceExportsItsSinksOnceComplete) {
   auto pool = Pool();
   std::mt19937 rng(3);
@@ -171,12 +182,7 @@ TEST(WindowSinks, AdoptedSinksReadAndAttendAsTheComputingSequence) {
     EXPECT_EQ(c.window_sinks(), nullptr);
     EXPECT_FALSE(SameFloats(a.HeadKeys(0, 0).value(), c.HeadKeys(0, 0).value(), 4 * kDim));
     // The same appends to both: still the same reads.
-    const Rows next = RandomRows(rng, 5);
-    ASSERT_TRUE(a.Append(next.k, next.v).ok());
-    ASSERT_TRUE(b.Append(next.k, next.v).ok());
-    ASSERT_TRUE(b.CheckInvariants().ok());
-    ExpectSameRows(a, b, 29);
-    ExpectSameAttention(a, b, rng);
+    ASSERT_NO_FATAL_FAILURE(AppendToBothAndCompare(a, b, rng, 5, 29));
     EXPECT_TRUE(pool->CheckInvariants().ok());
   }
 }
@@ -195,12 +201,7 @@ TEST(WindowSinks, WithRecentPositionsBothReadTheSameOncePastThePrefix) {
   // format, the computing sequence in bf16; the sinks agree.
   ExpectSameRows(a, b, 4);
   EXPECT_FALSE(SameFloats(a.HeadKeys(0, 0).value(), b.HeadKeys(0, 0).value(), 16 * kDim));
-  const Rows next = RandomRows(rng, 10);
-  ASSERT_TRUE(a.Append(next.k, next.v).ok());
-  ASSERT_TRUE(b.Append(next.k, next.v).ok());
-  ASSERT_TRUE(b.CheckInvariants().ok());
-  ExpectSameRows(a, b, 26);
-  ExpectSameAttention(a, b, rng);
+  ASSERT_NO_FATAL_FAILURE(AppendToBothAndCompare(a, b, rng, 10, 26));
 }
 
 // Sinks that do not fit the window are not taken: the blocks are adopted and

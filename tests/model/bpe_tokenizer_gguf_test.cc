@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "model/gguf_writer.h"
+#include "model/gpt2_bytes.h"
 #include "model/io/gguf.h"
 #include "model/tokenizer/bpe_tokenizer.h"
 #include "model/tokenizer/unicode_classes.h"
@@ -17,20 +18,7 @@
 namespace kvcache::model {
 namespace {
 
-std::string Mapped(uint8_t b) {
-  static const std::vector<char32_t> table = [] {
-    std::vector<char32_t> t(256);
-    char32_t next = 256;
-    for (int i = 0; i < 256; ++i) {
-      const bool self = (i >= 33 && i <= 126) || (i >= 161 && i <= 172) || i >= 174;
-      t[i] = self ? i : next++;
-    }
-    return t;
-  }();
-  std::string s;
-  AppendUtf8(table[b], &s);
-  return s;
-}
+using testing::MapByte;
 
 struct Keys {
   std::string model = "gpt2";
@@ -43,7 +31,7 @@ struct Keys {
   bool tokens_as_ints = false, bos_as_string = false;
 
   Keys() {
-    for (int b = 0; b < 256; ++b) tokens.push_back(Mapped(static_cast<uint8_t>(b)));
+    for (int b = 0; b < 256; ++b) tokens.push_back(MapByte(static_cast<uint8_t>(b)));
     tokens.insert(tokens.end(), {"<|im_start|>", "<|im_end|>", "ab", "Ġab"});
     types.assign(tokens.size(), kTokenTypeNormal);
     types[256] = types[257] = kTokenTypeControl;
@@ -107,42 +95,31 @@ void ExpectError(const Keys& k, StatusCode code, const std::string& needle) {
 }
 
 TEST(BpeFromGguf, MissingOrWrongKeys) {
-  Keys k;
-  k.skip_model = true;
-  ExpectError(k, StatusCode::kNotFound, "tokenizer.ggml.model");
-  k = Keys{};
-  k.model = "llama";
-  ExpectError(k, StatusCode::kUnimplemented, "'llama'");
-  k = Keys{};
-  k.skip_tokens = true;
-  ExpectError(k, StatusCode::kNotFound, "tokenizer.ggml.tokens");
-  k = Keys{};
-  k.tokens_as_ints = true;
-  ExpectError(k, StatusCode::kInvalidArgument, "tokenizer.ggml.tokens");
-  k = Keys{};
-  k.skip_merges = true;
-  ExpectError(k, StatusCode::kNotFound, "tokenizer.ggml.merges");
-  k = Keys{};
-  k.skip_pre = true;
-  ExpectError(k, StatusCode::kNotFound, "tokenizer.ggml.pre");
-  k = Keys{};
-  k.pre = "qwen2";
-  ExpectError(k, StatusCode::kUnimplemented, "qwen2");
-  k = Keys{};
-  k.bos = 260;
-  ExpectError(k, StatusCode::kCorruption, "tokenizer.ggml.bos_token_id");
-  k = Keys{};
-  k.bos_as_string = true;
-  ExpectError(k, StatusCode::kInvalidArgument, "tokenizer.ggml.bos_token_id");
-  k = Keys{};
-  k.merges.push_back("b a");
-  ExpectError(k, StatusCode::kCorruption, "merge 2");
-  k = Keys{};
-  k.tokens[258] = "a b";
-  ExpectError(k, StatusCode::kCorruption, "token 258");
-  k = Keys{};
-  k.types.pop_back();
-  ExpectError(k, StatusCode::kCorruption, "token_type");
+  // Each case changes one thing of a good file.
+  const struct {
+    std::function<void(Keys&)> change;
+    StatusCode code;
+    const char* needle;
+  } cases[] = {
+      {[](Keys& k) { k.skip_model = true; }, StatusCode::kNotFound, "tokenizer.ggml.model"},
+      {[](Keys& k) { k.model = "llama"; }, StatusCode::kUnimplemented, "'llama'"},
+      {[](Keys& k) { k.skip_tokens = true; }, StatusCode::kNotFound, "tokenizer.ggml.tokens"},
+      {[](Keys& k) { k.tokens_as_ints = true; }, StatusCode::kInvalidArgument, "tokenizer.ggml.tokens"},
+      {[](Keys& k) { k.skip_merges = true; }, StatusCode::kNotFound, "tokenizer.ggml.merges"},
+      {[](Keys& k) { k.skip_pre = true; }, StatusCode::kNotFound, "tokenizer.ggml.pre"},
+      {[](Keys& k) { k.pre = "qwen2"; }, StatusCode::kUnimplemented, "qwen2"},
+      {[](Keys& k) { k.bos = 260; }, StatusCode::kCorruption, "tokenizer.ggml.bos_token_id"},
+      {[](Keys& k) { k.bos_as_string = true; }, StatusCode::kInvalidArgument, "tokenizer.ggml.bos_token_id"},
+      {[](Keys& k) { k.merges.push_back("b a"); }, StatusCode::kCorruption, "merge 2"},
+      {[](Keys& k) { k.tokens[258] = "a b"; }, StatusCode::kCorruption, "token 258"},
+      {[](Keys& k) { k.types.pop_back(); }, StatusCode::kCorruption, "token_type"},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.needle);
+    Keys k;
+    c.change(k);
+    ExpectError(k, c.code, c.needle);
+  }
 }
 
 }  // namespace

@@ -15,27 +15,15 @@
 #include <string>
 #include <vector>
 
+#include "model/gpt2_bytes.h"
 #include "model/tokenizer/chat_template.h"
 #include "model/tokenizer/unicode_classes.h"
 
 namespace kvcache::model {
 namespace {
 
-// GPT-2's byte alphabet, written out the plain way.
-std::string MapByte(uint8_t b) {
-  static const std::vector<char32_t> table = [] {
-    std::vector<char32_t> t(256);
-    char32_t next = 256;
-    for (int i = 0; i < 256; ++i) {
-      bool self = (i >= 33 && i <= 126) || (i >= 161 && i <= 172) || (i >= 174 && i <= 255);
-      t[i] = self ? i : next++;
-    }
-    return t;
-  }();
-  std::string s;
-  AppendUtf8(table[b], &s);
-  return s;
-}
+using testing::MapByte;
+
 std::string MapBytes(std::string_view bytes) {
   std::string s;
   for (unsigned char c : bytes) s += MapByte(c);

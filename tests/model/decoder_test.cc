@@ -207,12 +207,6 @@ TEST(Decoder, RopeRotatesPairsByPosition) {
   for (int i = 0; i < 8; i += 2) EXPECT_NEAR(w[i] * w[i] + w[i + 1] * w[i + 1], 1.0f, 1e-6);
 }
 
-}  // namespace
-}  // namespace kvcache::model
-
-namespace kvcache::model {
-namespace {
-
 // A paged cache whose pool runs dry: the pass fails with PoolExhausted (at
 // layer 0's append: all layers share one block table, so later layers never
 // allocate), nothing is left behind, and the sequence continues exactly as if

@@ -11,6 +11,7 @@
 #include "model/generate/perplexity.h"
 #include "model/kv/evict_kv.h"
 #include "model/kv/kv_factory.h"
+#include "model/kv_logits.h"
 #include "model_fixture.h"
 
 namespace kvcache::model {
@@ -27,14 +28,7 @@ std::vector<int32_t> Tokens() {
 std::vector<float> Logits(Decoder& d, const EvictionSpec& e, std::span<const int32_t> tokens, uint32_t chunk) {
   KvBackendOptions o;
   o.eviction = e;
-  auto kv = CreateKvBackend(d.attention_shape(), o);
-  EXPECT_TRUE(kv.ok()) << kv.status().ToString();
-  if (!kv.ok()) return {};
-  PerplexityOptions p;
-  p.chunk_tokens = chunk;
-  auto l = TeacherForcedLogits(d, **kv, tokens, p);
-  EXPECT_TRUE(l.ok()) << l.status().ToString();
-  return l.ok() ? std::move(l).value() : std::vector<float>{};
+  return testing::KvLogits(d, o, tokens, chunk);
 }
 
 float MaxDiff(const float* a, const float* b, size_t n) {

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
 #include "model/io/gguf.h"
@@ -43,27 +44,9 @@ class GgufWriter {
     Str(b, v);
     KvRaw(key, 8, b);
   }
-  void KvStrArray(std::string_view key, const std::vector<std::string>& v) {
-    std::vector<uint8_t> b;
-    Pod(b, uint32_t{8});
-    Pod(b, uint64_t{v.size()});
-    for (const std::string& s : v) Str(b, s);
-    KvRaw(key, 9, b);
-  }
-  void KvI32Array(std::string_view key, const std::vector<int32_t>& v) {
-    std::vector<uint8_t> b;
-    Pod(b, uint32_t{5});
-    Pod(b, uint64_t{v.size()});
-    for (int32_t x : v) Pod(b, x);
-    KvRaw(key, 9, b);
-  }
-  void KvF32Array(std::string_view key, const std::vector<float>& v) {
-    std::vector<uint8_t> b;
-    Pod(b, uint32_t{6});
-    Pod(b, uint64_t{v.size()});
-    for (float x : v) Pod(b, x);
-    KvRaw(key, 9, b);
-  }
+  void KvStrArray(std::string_view key, const std::vector<std::string>& v) { KvArray(key, 8, v); }
+  void KvI32Array(std::string_view key, const std::vector<int32_t>& v) { KvArray(key, 5, v); }
+  void KvF32Array(std::string_view key, const std::vector<float>& v) { KvArray(key, 6, v); }
 
   void AddTensor(Tensor t) { tensors_.push_back(std::move(t)); }
 
@@ -112,6 +95,22 @@ class GgufWriter {
   }
 
  private:
+  // An array value: element type code, count, then each element.
+  template <typename T>
+  void KvArray(std::string_view key, uint32_t element_type, const std::vector<T>& v) {
+    std::vector<uint8_t> b;
+    Pod(b, element_type);
+    Pod(b, uint64_t{v.size()});
+    for (const T& x : v) {
+      if constexpr (std::is_same_v<T, std::string>) {
+        Str(b, x);
+      } else {
+        Pod(b, x);
+      }
+    }
+    KvRaw(key, 9, b);
+  }
+
   std::vector<uint8_t> kv_;
   uint64_t n_kv_ = 0;
   std::vector<Tensor> tensors_;

@@ -17,6 +17,7 @@
 #include "kvcache/float16.h"
 #include "kvcache/thread_pool.h"
 #include "model/tensor/matmul.h"
+#include "random_weights.h"
 
 namespace kvcache::model {
 namespace {
@@ -38,44 +39,20 @@ size_t RowBytes(GgmlType t, uint32_t cols) {
 // Random codes with real-model scales (as the int8 test's matrices), or
 // normal f32 / f16 values.
 std::vector<uint8_t> RandomMatrix(const Case& c, uint64_t seed) {
+  if (c.type != GgmlType::kF32 && c.type != GgmlType::kF16) return RandomQuantMatrix(c.type, c.rows, c.cols, seed);
   std::mt19937_64 rng(seed);
-  std::uniform_real_distribution<float> u(0, 1);
   std::normal_distribution<float> nd(0, 0.05f);
   std::vector<uint8_t> b(RowBytes(c.type, c.cols) * c.rows);
-  if (c.type == GgmlType::kF32 || c.type == GgmlType::kF16) {
-    for (size_t i = 0; i < size_t{c.rows} * c.cols; ++i) {
-      const float v = nd(rng);
-      if (c.type == GgmlType::kF32) {
-        std::memcpy(&b[4 * i], &v, 4);
-      } else {
-        const uint16_t h = FloatToF16(v);
-        std::memcpy(&b[2 * i], &h, 2);
-      }
-    }
-    return b;
-  }
-  for (uint8_t& x : b) x = static_cast<uint8_t>(rng());
-  const size_t bb = c.type == GgmlType::kQ4_1 ? 20 : 34;
-  for (size_t blk = 0; blk < b.size() / bb; ++blk) {
-    uint8_t* p = &b[blk * bb];
-    const uint16_t d =
-        FloatToF16(c.type == GgmlType::kQ4_1 ? 0.001f + 0.049f * u(rng) : 0.0005f + 0.0095f * u(rng));
-    std::memcpy(p, &d, 2);
-    if (c.type == GgmlType::kQ4_1) {
-      const uint16_t m = FloatToF16(-0.4f * u(rng));
-      std::memcpy(p + 2, &m, 2);
+  for (size_t i = 0; i < size_t{c.rows} * c.cols; ++i) {
+    const float v = nd(rng);
+    if (c.type == GgmlType::kF32) {
+      std::memcpy(&b[4 * i], &v, 4);
+    } else {
+      const uint16_t h = FloatToF16(v);
+      std::memcpy(&b[2 * i], &h, 2);
     }
   }
   return b;
-}
-
-std::vector<float> RandomInputs(size_t n, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> nd;
-  std::vector<float> x(n);
-  for (float& v : x) v = nd(rng);
-  x[0] = 40.0f;  // an outlier channel, as real activations have
-  return x;
 }
 
 WeightMatrix Matrix(const Case& c, const std::vector<uint8_t>& bytes) {

@@ -16,38 +16,10 @@
 #include "kvcache/float16.h"
 #include "kvcache/thread_pool.h"
 #include "model/tensor/matmul.h"
+#include "random_weights.h"
 
 namespace kvcache::model {
 namespace {
-
-// rows x cols of random codes with scales of real-model magnitude (Q4_1:
-// d in [0.001, 0.05], m in [-0.4, 0]; Q8_0: d in [0.0005, 0.01]).
-std::vector<uint8_t> RandomMatrix(GgmlType t, uint32_t rows, uint32_t cols, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  const size_t bb = t == GgmlType::kQ4_1 ? 20 : 34;
-  std::vector<uint8_t> b(static_cast<size_t>(rows) * cols / 32 * bb);
-  for (uint8_t& x : b) x = static_cast<uint8_t>(rng());
-  std::uniform_real_distribution<float> u(0, 1);
-  for (size_t blk = 0; blk < b.size() / bb; ++blk) {
-    uint8_t* p = &b[blk * bb];
-    const uint16_t d = FloatToF16(t == GgmlType::kQ4_1 ? 0.001f + 0.049f * u(rng) : 0.0005f + 0.0095f * u(rng));
-    std::memcpy(p, &d, 2);
-    if (t == GgmlType::kQ4_1) {
-      const uint16_t m = FloatToF16(-0.4f * u(rng));
-      std::memcpy(p + 2, &m, 2);
-    }
-  }
-  return b;
-}
-
-std::vector<float> RandomInputs(size_t n, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> nd;
-  std::vector<float> x(n);
-  for (float& v : x) v = nd(rng);
-  x[0] = 40.0f;  // an outlier channel, as real activations have
-  return x;
-}
 
 WeightMatrix Matrix(GgmlType t, const std::vector<uint8_t>& bytes, uint32_t rows, uint32_t cols) {
   WeightMatrix w{t, bytes.data(), rows, cols, static_cast<size_t>(cols) / 32 * (t == GgmlType::kQ4_1 ? 20 : 34)};
@@ -92,7 +64,7 @@ TEST(MatMulInt8, EverySimdTargetMatchesScalar) {
           for (uint32_t n : {1u, 2u, 5u}) {
             SCOPED_TRACE(GgmlTypeName(t) + " rows=" + std::to_string(rows) + " cols=" +
                          std::to_string(cols) + " n=" + std::to_string(n));
-            const std::vector<uint8_t> bytes = RandomMatrix(t, rows, cols, rows * 31 + cols);
+            const std::vector<uint8_t> bytes = RandomQuantMatrix(t, rows, cols, rows * 31 + cols);
             const WeightMatrix w = Matrix(t, bytes, rows, cols);
             const std::vector<float> x = RandomInputs(static_cast<size_t>(n) * cols, n + cols);
             QuantizedInputs q;
@@ -113,7 +85,7 @@ TEST(MatMulInt8, EverySimdTargetMatchesScalar) {
 TEST(MatMulInt8, ThreadsAndBatchChangeNothing) {
   const uint32_t rows = 67, cols = 576, n = 5;
   for (GgmlType t : {GgmlType::kQ4_1, GgmlType::kQ8_0}) {
-    const std::vector<uint8_t> bytes = RandomMatrix(t, rows, cols, 5);
+    const std::vector<uint8_t> bytes = RandomQuantMatrix(t, rows, cols, 5);
     const WeightMatrix w = Matrix(t, bytes, rows, cols);
     const std::vector<float> x = RandomInputs(static_cast<size_t>(n) * cols, 6);
     QuantizedInputs q;
@@ -142,7 +114,7 @@ TEST(MatMulInt8, ThreadsAndBatchChangeNothing) {
 TEST(MatMulInt8, StaysCloseToTheExactProduct) {
   const uint32_t rows = 64, cols = 576;
   for (GgmlType t : {GgmlType::kQ4_1, GgmlType::kQ8_0}) {
-    const std::vector<uint8_t> bytes = RandomMatrix(t, rows, cols, 9);
+    const std::vector<uint8_t> bytes = RandomQuantMatrix(t, rows, cols, 9);
     WeightMatrix w = Matrix(t, bytes, rows, cols);
     const std::vector<float> x = RandomInputs(cols, 10);
     std::vector<float> fast(rows), exact(rows);

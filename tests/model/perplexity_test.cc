@@ -149,12 +149,6 @@ std::vector<BackendParam> NaiveAndContiguous() {
 INSTANTIATE_TEST_SUITE_P(Backends, PerplexityOnBackend, ::testing::ValuesIn(NaiveAndContiguous()),
                          testing::BackendName);
 
-}  // namespace
-}  // namespace kvcache::model
-
-namespace kvcache::model {
-namespace {
-
 // The cache's precision window on a real model: the same variant through
 // the cache (both layouts) and through the naive reference backend gives
 // the same distributions up to float rounding, and the window moves them

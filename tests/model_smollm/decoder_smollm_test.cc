@@ -17,6 +17,7 @@
 #include "model/generate/perplexity.h"
 #include "model/kv/kv_factory.h"
 #include "model/kv/naive_kv.h"
+#include "model/kv_logits.h"
 #include "model_smollm/smollm_fixture.h"
 
 namespace kvcache::model {
@@ -38,14 +39,7 @@ KvBackendOptions Cache(CacheLayout layout, uint32_t block_size = 16) {
 
 std::vector<float> Logits(Decoder& d, const KvBackendOptions& kv_options, std::span<const int32_t> tokens,
                           uint32_t chunk) {
-  auto kv = CreateKvBackend(d.attention_shape(), kv_options);
-  EXPECT_TRUE(kv.ok()) << kv.status().ToString();
-  if (!kv.ok()) return {};
-  PerplexityOptions p;
-  p.chunk_tokens = chunk;
-  auto l = TeacherForcedLogits(d, **kv, tokens, p);
-  EXPECT_TRUE(l.ok()) << l.status().ToString();
-  return l.ok() ? std::move(l).value() : std::vector<float>{};
+  return testing::KvLogits(d, kv_options, tokens, chunk);
 }
 
 // Shared between the tests: the token-by-token contiguous f32 run.

@@ -12,6 +12,7 @@
 #include "kvcache/pool.h"
 #include "engine/sim/block_source.h"
 #include "kvcache/serving/prefix_cache.h"
+#include "serving/prefix/forwarding_backend.h"
 #include "testing/model_block_source.h"
 
 namespace kvcache {
@@ -196,52 +197,37 @@ TEST(PrefixCache, PublishRejectsBadInput) {
 }
 
 // A backend that fails SetBlockHash on the n-th call.
-class FailingBackend final : public PrefixCacheBackend {
+class FailingBackend final : public ForwardingPrefixBackend<std::unique_ptr<PrefixCacheBackend>> {
  public:
   FailingBackend(std::unique_ptr<PrefixCacheBackend> inner, int fail_at)
-      : inner_(std::move(inner)), fail_at_(fail_at) {}
-  uint32_t num_blocks() const override { return inner_->num_blocks(); }
-  uint32_t block_size() const override { return inner_->block_size(); }
-  bool RetainCached(uint32_t b, uint64_t h) override { return inner_->RetainCached(b, h); }
+      : ForwardingPrefixBackend(std::move(inner)), fail_at_(fail_at) {}
   Status SetBlockHash(uint32_t b, uint64_t h) override {
     if (++calls_ == fail_at_) return Status::FailedPrecondition("injected");
-    return inner_->SetBlockHash(b, h);
+    return target_->SetBlockHash(b, h);
   }
-  Status ClearBlockHash(uint32_t b) override { return inner_->ClearBlockHash(b); }
-  Status Release(std::span<const uint32_t> b) override { return inner_->Release(b); }
-  void SetEvictionListener(EvictionListener l) override { inner_->SetEvictionListener(std::move(l)); }
-  std::optional<uint64_t> block_hash(uint32_t b) const override { return inner_->block_hash(b); }
 
  private:
-  std::unique_ptr<PrefixCacheBackend> inner_;
   int fail_at_, calls_ = 0;
 };
 
 // Holds the pool's eviction reports until Deliver(), as when the listener
 // runs late on another thread.
-class LateListenerBackend final : public PrefixCacheBackend {
+class LateListenerBackend final : public ForwardingPrefixBackend<std::unique_ptr<PrefixCacheBackend>> {
  public:
-  explicit LateListenerBackend(std::unique_ptr<PrefixCacheBackend> inner) : inner_(std::move(inner)) {}
-  uint32_t num_blocks() const override { return inner_->num_blocks(); }
-  uint32_t block_size() const override { return inner_->block_size(); }
-  bool RetainCached(uint32_t b, uint64_t h) override { return inner_->RetainCached(b, h); }
-  Status SetBlockHash(uint32_t b, uint64_t h) override { return inner_->SetBlockHash(b, h); }
-  Status ClearBlockHash(uint32_t b) override { return inner_->ClearBlockHash(b); }
-  Status Release(std::span<const uint32_t> b) override { return inner_->Release(b); }
+  explicit LateListenerBackend(std::unique_ptr<PrefixCacheBackend> inner)
+      : ForwardingPrefixBackend(std::move(inner)) {}
   void SetEvictionListener(EvictionListener l) override {
     listener_ = std::move(l);
-    inner_->SetEvictionListener([this](std::span<const EvictedBlock> ev) {
+    target_->SetEvictionListener([this](std::span<const EvictedBlock> ev) {
       held_->insert(held_->end(), ev.begin(), ev.end());
     });
   }
-  std::optional<uint64_t> block_hash(uint32_t b) const override { return inner_->block_hash(b); }
   void Deliver() {
     if (listener_) listener_(*held_);
     held_->clear();
   }
 
  private:
-  std::unique_ptr<PrefixCacheBackend> inner_;
   EvictionListener listener_;
   std::shared_ptr<std::vector<EvictedBlock>> held_ = std::make_shared<std::vector<EvictedBlock>>();
 };

@@ -5,32 +5,12 @@
 
 #include "kvcache/cache.h"
 #include "kvcache/serving/prefix_cache.h"
+#include "serving/prefix/forwarding_backend.h"
 
 namespace kvcache {
-namespace {
-
-class PoolBackend final : public PrefixCacheBackend {
- public:
-  explicit PoolBackend(std::shared_ptr<BlockPool> pool) : pool_(std::move(pool)) {}
-  uint32_t num_blocks() const override { return pool_->num_blocks(); }
-  uint32_t block_size() const override { return pool_->block_size(); }
-  bool RetainCached(uint32_t block, uint64_t hash) override { return pool_->RetainCached(block, hash); }
-  Status SetBlockHash(uint32_t block, uint64_t hash) override { return pool_->SetBlockHash(block, hash); }
-  Status ClearBlockHash(uint32_t block) override { return pool_->ClearBlockHash(block); }
-  Status Release(std::span<const uint32_t> blocks) override { return pool_->Release(blocks); }
-  void SetEvictionListener(EvictionListener listener) override {
-    pool_->SetEvictionListener(std::move(listener));
-  }
-  std::optional<uint64_t> block_hash(uint32_t block) const override { return pool_->block_hash(block); }
-
- private:
-  std::shared_ptr<BlockPool> pool_;
-};
-
-}  // namespace
 
 std::unique_ptr<PrefixCacheBackend> PoolPrefixBackend(std::shared_ptr<BlockPool> pool) {
-  return std::make_unique<PoolBackend>(std::move(pool));
+  return std::make_unique<ForwardingPrefixBackend<std::shared_ptr<BlockPool>>>(std::move(pool));
 }
 
 Result<std::unique_ptr<PrefixCache>> PrefixCache::Create(std::shared_ptr<BlockPool> pool,
