@@ -66,6 +66,15 @@ bool BitsEqual(const std::vector<float>& a, const std::vector<float>& b, std::st
   return true;
 }
 
+// Every output of `got` bit for bit that of `want`.
+void ExpectSameBits(const Outputs& got, const Outputs& want) {
+  std::string where;
+  EXPECT_TRUE(BitsEqual(got.out, want.out, &where)) << "out " << where;
+  EXPECT_TRUE(BitsEqual(got.lse, want.lse, &where)) << "lse " << where;
+  EXPECT_TRUE(BitsEqual(got.probs, want.probs, &where)) << "probs " << where;
+  EXPECT_TRUE(BitsEqual(got.kv_probs, want.kv_probs, &where)) << "kv_probs " << where;
+}
+
 TEST(AttentionExp, VectorMatchesScalarBitForBit) {
   std::vector<float> x;
   for (float v = -90.0f; v <= 0.0f; v += 0.0137f) x.push_back(v);
@@ -172,11 +181,7 @@ void RunExactCase(const Case& c, ThreadPool* pool) {
     const Status st = c.n_queries == 1 ? AttendDecode(view, q, o, got.spans())
                                        : AttendMulti(view, c.n_queries, q, o, got.spans());
     ASSERT_TRUE(st.ok()) << st.ToString();
-    std::string where;
-    EXPECT_TRUE(BitsEqual(got.out, want.out, &where)) << "out " << where;
-    EXPECT_TRUE(BitsEqual(got.lse, want.lse, &where)) << "lse " << where;
-    EXPECT_TRUE(BitsEqual(got.probs, want.probs, &where)) << "probs " << where;
-    EXPECT_TRUE(BitsEqual(got.kv_probs, want.kv_probs, &where)) << "kv_probs " << where;
+    ExpectSameBits(got, want);
   });
 }
 
@@ -955,11 +960,7 @@ TEST(AttentionGrouped, GroupedWalkEqualsHeadByHead) {
       const Outputs want = run((*per_head)->view(), nullptr);
       for (ThreadPool* pool : {static_cast<ThreadPool*>(nullptr), &two, &three}) {
         const Outputs got = run((*paged)->view(), pool);
-        std::string where;
-        EXPECT_TRUE(BitsEqual(got.out, want.out, &where)) << "out " << where;
-        EXPECT_TRUE(BitsEqual(got.lse, want.lse, &where)) << "lse " << where;
-        EXPECT_TRUE(BitsEqual(got.probs, want.probs, &where)) << "probs " << where;
-        EXPECT_TRUE(BitsEqual(got.kv_probs, want.kv_probs, &where)) << "kv_probs " << where;
+        ExpectSameBits(got, want);
       }
     });
   }
