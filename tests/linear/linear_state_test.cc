@@ -124,6 +124,11 @@ TEST(LinearKernels, RulesMatchTheirDefinitions) {
   for (uint32_t j = 0; j < dv; ++j) EXPECT_NEAR(out[j], v[j], 1e-5);
 }
 
+// The per-head default gates `gates` for a gated rule; none for plain.
+std::vector<float> HeadGates(LinearRule rule, std::vector<float> gates) {
+  return rule == LinearRule::kPlain ? std::vector<float>{} : gates;
+}
+
 LinearState Make(LinearRule rule, uint32_t H, uint32_t dk, uint32_t dv,
                  std::vector<float> head_gate = {}) {
   auto s = LinearState::Create({.n_heads = H, .d_k = dk, .d_v = dv, .rule = rule,
@@ -137,8 +142,8 @@ TEST(LinearState, AppendMatchesReferenceAndDefaultGates) {
   for (LinearRule rule : kRules) {
     SCOPED_TRACE(LinearRuleName(rule));
     const uint32_t H = 2, dk = 8, dv = 6;
-    std::vector<float> head_gate;
-    if (rule != LinearRule::kPlain) head_gate = {0.75f, rule == LinearRule::kDelta ? 1.25f : 1.0f};
+    const std::vector<float> head_gate =
+        HeadGates(rule, {0.75f, rule == LinearRule::kDelta ? 1.25f : 1.0f});
     LinearState st = Make(rule, H, dk, dv, head_gate);
     std::vector<double> ref(H * dk * dv, 0.0);
     const linear::Shape shape{H, dk, dv};
@@ -177,8 +182,7 @@ TEST(LinearState, DraftCommitEqualsReplayingOnlyAcceptedTokens) {
   for (LinearRule rule : kRules) {
     SCOPED_TRACE(LinearRuleName(rule));
     const uint32_t H = 3, dk = 12, dv = 7;
-    std::vector<float> head_gate;
-    if (rule != LinearRule::kPlain) head_gate = {0.9f, 0.5f, 1.0f};
+    const std::vector<float> head_gate = HeadGates(rule, {0.9f, 0.5f, 1.0f});
     LinearState st = Make(rule, H, dk, dv, head_gate);
     LinearState twin = Make(rule, H, dk, dv, head_gate);
     for (int round = 0; round < 30; ++round) {
