@@ -34,42 +34,44 @@ void SetCounters(benchmark::State& state, const RowCodec& c) {
   state.SetLabel(SimdTarget());
 }
 
-void BM_Encode(benchmark::State& state, Format f) {
+// Times op(codec, rows, encoded bytes, decoded rows) over kRows gaussian
+// rows of format f; the bytes hold the rows' encoding when `encoded`.
+template <typename Op>
+void RunCodec(benchmark::State& state, Format f, bool encoded, Op op) {
   const RowCodec c = RowCodec::Create(f, kHeadDim, Side::kKey).value();
   const std::vector<float> x = Rows();
-  std::vector<uint8_t> out(kRows * c.row_bytes());
+  std::vector<uint8_t> bytes(kRows * c.row_bytes());
+  if (encoded) (void)c.Encode(x, bytes);
+  std::vector<float> y(encoded ? x.size() : 0);
   for (auto _ : state) {
-    benchmark::DoNotOptimize(c.Encode(x, out).ok());
+    benchmark::DoNotOptimize(op(c, x, bytes, y).ok());
     benchmark::ClobberMemory();
   }
   SetCounters(state, c);
 }
 
+void BM_Encode(benchmark::State& state, Format f) {
+  RunCodec(state, f, false, [](const RowCodec& c, const std::vector<float>& x,
+                               std::vector<uint8_t>& bytes, std::vector<float>&) {
+    return c.Encode(x, bytes);
+  });
+}
+
 void BM_Decode(benchmark::State& state, Format f) {
-  const RowCodec c = RowCodec::Create(f, kHeadDim, Side::kKey).value();
-  const std::vector<float> x = Rows();
-  std::vector<uint8_t> bytes(kRows * c.row_bytes());
-  (void)c.Encode(x, bytes);
-  std::vector<float> y(x.size());
-  for (auto _ : state) {
-    benchmark::DoNotOptimize(c.Decode(bytes, y).ok());
-    benchmark::ClobberMemory();
-  }
-  SetCounters(state, c);
+  RunCodec(state, f, true, [](const RowCodec& c, const std::vector<float>&,
+                              std::vector<uint8_t>& bytes, std::vector<float>& y) {
+    return c.Decode(bytes, y);
+  });
 }
 
 // The quantizer alone (RowCodec::EncodePrepared: no rotation, no value
 // checks, no calibration) on the same rows: what docs/encode.md calls the
 // bare quantizer.
 void BM_EncodeBare(benchmark::State& state, Format f) {
-  const RowCodec c = RowCodec::Create(f, kHeadDim, Side::kKey).value();
-  const std::vector<float> x = Rows();
-  std::vector<uint8_t> out(kRows * c.row_bytes());
-  for (auto _ : state) {
-    benchmark::DoNotOptimize(c.EncodePrepared(x, out).ok());
-    benchmark::ClobberMemory();
-  }
-  SetCounters(state, c);
+  RunCodec(state, f, false, [](const RowCodec& c, const std::vector<float>& x,
+                               std::vector<uint8_t>& bytes, std::vector<float>&) {
+    return c.EncodePrepared(x, bytes);
+  });
 }
 
 void BM_Rotate(benchmark::State& state) {
