@@ -55,11 +55,22 @@ Result<PrecisionWindow> CacheWindowOf(const KvVariant& variant) {
   return w;
 }
 
+namespace {
+
+// `name` as one of two choices; the error names both.
+template <typename E>
+Result<E> ParseOneOf(std::string_view what, std::string_view name, std::string_view a, E value_a,
+                     std::string_view b, E value_b) {
+  if (name == a) return value_a;
+  if (name == b) return value_b;
+  return Status::InvalidArgument("unknown " + std::string(what) + " '" + std::string(name) +
+                                 "' (want " + std::string(a) + " or " + std::string(b) + ")");
+}
+
+}  // namespace
+
 Result<BackendKind> ParseBackendKind(std::string_view name) {
-  if (name == "cache") return BackendKind::kCache;
-  if (name == "naive") return BackendKind::kNaive;
-  return Status::InvalidArgument("unknown backend '" + std::string(name) +
-                                 "' (want cache or naive)");
+  return ParseOneOf("backend", name, "cache", BackendKind::kCache, "naive", BackendKind::kNaive);
 }
 
 std::string_view BackendKindName(BackendKind kind) {
@@ -67,10 +78,8 @@ std::string_view BackendKindName(BackendKind kind) {
 }
 
 Result<CacheLayout> ParseCacheLayout(std::string_view name) {
-  if (name == "contiguous") return CacheLayout::kContiguous;
-  if (name == "paged") return CacheLayout::kPaged;
-  return Status::InvalidArgument("unknown layout '" + std::string(name) +
-                                 "' (want contiguous or paged)");
+  return ParseOneOf("layout", name, "contiguous", CacheLayout::kContiguous, "paged",
+                    CacheLayout::kPaged);
 }
 
 std::string_view CacheLayoutName(CacheLayout layout) {
