@@ -30,7 +30,8 @@ std::vector<float> Random(size_t n, uint32_t seed) {
 }
 
 bool SameBits(std::span<const float> a, std::span<const float> b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+  return a.size() == b.size() &&
+         (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
 }
 
 // A one-layer cache of `tokens` positions (paged or contiguous), appended in
