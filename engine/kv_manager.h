@@ -2,8 +2,9 @@
 // prefix cache and the offload tiers, in one place. The engine's scheduler
 // asks it whether a request can be admitted or grow, and never sees a block;
 // the decoder writes a request's rows through its KvSequence, which is the
-// model's KV interface (model::KvBackend, model/kv/kv_backend.h). No other code of the engine touches the pool or the
-// prefix cache for a request; the engine reads pool figures from Metrics().
+// model's KV interface (model::KvBackend, model/kv/kv_backend.h). No other
+// code of the engine touches the pool or the prefix cache for a request; the
+// engine reads pool figures from Metrics().
 //
 // Groups. A model's layers fall into groups whose K/V live differently:
 // every position (full attention), the last W positions (a sliding window),
