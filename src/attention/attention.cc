@@ -474,20 +474,21 @@ Status AttendDecodeHead(const LayerKvView& view, uint32_t kv_head, std::span<con
   const LayerKvView one = OneHeadView(view, kv_head, &hot);
   AttentionOptions one_options = options;
   one_options.n_q_heads = group;
-  // The one-head call writes probabilities padded to num_tokens; a caller's
-  // buffer of the head's rows gets the first `rows` of each.
-  std::vector<float> probs(output.probs.empty() ? 0 : size_t{group} * n);
-  std::vector<float> kv_probs(output.kv_probs.empty() ? 0 : n);
-  const AttentionOutput one_output{output.out, output.lse, probs, kv_probs};
+  // The one-head call writes probabilities padded to num_tokens: straight
+  // into a padded (or absent) buffer; through a scratch copy into a buffer
+  // of the head's rows, which gets the first `rows` of each.
+  std::vector<float> probs_scratch(padded_probs || output.probs.empty() ? 0 : size_t{group} * n);
+  std::vector<float> kv_scratch(padded_kv || output.kv_probs.empty() ? 0 : n);
+  const AttentionOutput one_output{
+      output.out, output.lse,
+      probs_scratch.empty() ? output.probs : std::span<float>(probs_scratch),
+      kv_scratch.empty() ? output.kv_probs : std::span<float>(kv_scratch)};
   KV_RETURN_IF_ERROR(AttendMultiImpl(one, 1, q, one_options, {}, one_output, nullptr));
-  for (uint32_t g = 0; g < group && !probs.empty(); ++g) {
-    const float* src = probs.data() + size_t{g} * n;
-    std::copy(src, src + (padded_probs ? n : rows),
-              output.probs.data() + size_t{g} * (padded_probs ? n : rows));
+  for (uint32_t g = 0; g < group && !probs_scratch.empty(); ++g) {
+    const float* src = probs_scratch.data() + size_t{g} * n;
+    std::copy(src, src + rows, output.probs.data() + size_t{g} * rows);
   }
-  if (!kv_probs.empty()) {
-    std::copy(kv_probs.begin(), kv_probs.begin() + (padded_kv ? n : rows), output.kv_probs.begin());
-  }
+  if (!kv_scratch.empty()) std::copy_n(kv_scratch.begin(), rows, output.kv_probs.begin());
   return Status::Ok();
 }
 

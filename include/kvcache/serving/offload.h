@@ -61,9 +61,9 @@
 
 #include "kvcache/pool.h"
 #include "kvcache/serving/prefix_cache.h"
-#include "kvcache/status.h"
 #include "kvcache/serving/tier_object.h"
 #include "kvcache/serving/tier_store.h"
+#include "kvcache/status.h"
 
 namespace kvcache {
 
