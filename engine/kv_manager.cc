@@ -78,10 +78,13 @@ std::vector<BlockHash> KvManager::HashPrompt(std::span<const int32_t> prompt) co
   return HashFullBlocks(ids, options_.block_size, "");
 }
 
+uint64_t KvManager::AdmissionTokens(size_t tokens) const {
+  return std::min<uint64_t>(tokens + options_.block_size, shape_.max_seq_len);
+}
+
 KvDemand KvManager::AdmissionDemand(size_t tokens) const {
   const uint32_t B = options_.block_size;
-  const uint64_t want = std::min<uint64_t>(tokens + B, shape_.max_seq_len);
-  return KvDemand{{(want + B - 1) / B}};
+  return KvDemand{{(AdmissionTokens(tokens) + B - 1) / B}};
 }
 
 bool KvManager::CanAdmit(std::span<const int32_t> tokens) const {
@@ -124,8 +127,7 @@ Result<std::unique_ptr<KvSequence>> KvManager::Admit(std::span<const int32_t> to
   o.attention_pool = attention_pool_;
   KV_ASSIGN_OR_RETURN(std::unique_ptr<model::CacheKv> kv, model::CacheKv::Create(shape_, o));
   const size_t adopted = Adopt(*kv, tokens, found);
-  const uint64_t want = std::min<uint64_t>(tokens.size() + options_.block_size, shape_.max_seq_len);
-  KV_RETURN_IF_ERROR(kv->Reserve(static_cast<uint32_t>(want)));  // kv's blocks go back on failure
+  KV_RETURN_IF_ERROR(kv->Reserve(static_cast<uint32_t>(AdmissionTokens(tokens.size()))));  // kv's blocks go back on failure
   auto seq = std::make_unique<KvSequence>();
   seq->kv_ = std::move(kv);
   seq->cached_tokens_ = static_cast<uint32_t>(adopted);

@@ -171,6 +171,9 @@ class KvManager {
   KvManager(const model::AttentionShape& shape, ThreadPool* attention_pool,
             const KvManagerOptions& options);
   Status Init();
+  // The positions an admission reserves: the context plus one block, capped
+  // at max_seq_len (AdmissionDemand's blocks hold them).
+  uint64_t AdmissionTokens(size_t tokens) const;
   size_t Adopt(model::CacheKv& kv, std::span<const int32_t> tokens, KvAdmission* found);
 
   const model::AttentionShape shape_;

@@ -119,6 +119,7 @@ class Scheduler {
       const std::function<bool(const ScheduledRequest&)>& drop);
 
   std::vector<std::unique_ptr<ScheduledRequest>>& running() { return running_; }
+  const std::vector<std::unique_ptr<ScheduledRequest>>& running() const { return running_; }
 
   // Admits waiting requests in queue order, passing over the held-back ones
   // (each is compared with the running set as it stands, so a request

@@ -145,7 +145,7 @@ class Sim final : private engine::SchedulerKv {
 
   PrefixMatch AcquirePrefix(const Request& r, std::span<const TokenId> prompt);
   std::vector<uint32_t> Shares(const Seq& p, uint64_t len, uint32_t remaining, uint32_t hit_blocks) const;
-  Status ForkSamples(const Seq& p, const Seq& s, std::span<const uint32_t> shares,
+  Status ForkSamples(const Seq& s, std::span<const uint32_t> shares,
                      std::vector<std::unique_ptr<engine::ScheduledRequest>>* forks);
   // Appends `tokens.size()` rows; PoolExhausted changes nothing.
   Status AppendRows(Seq& s, uint32_t n);
@@ -158,7 +158,7 @@ class Sim final : private engine::SchedulerKv {
   // The report's totals once every request is done.
   void Finish(uint64_t finished, uint64_t concurrent_sum, double util_sum,
               std::chrono::steady_clock::time_point t0);
-  Status Check();
+  Status Check() const;
 
   BlockSource* src_;
   PrefixCache* cache_;
@@ -288,12 +288,12 @@ std::vector<uint32_t> Sim::Shares(const Seq& p, uint64_t len, uint32_t remaining
   return share;
 }
 
-Status Sim::ForkSamples(const Seq& p, const Seq& s, std::span<const uint32_t> shares,
+Status Sim::ForkSamples(const Seq& s, std::span<const uint32_t> shares,
                         std::vector<std::unique_ptr<engine::ScheduledRequest>>* forks) {
-  for (uint32_t i = 1; i < p.width; ++i) {
-    auto f = std::make_unique<Seq>(s.req, s.sample + i, 1, p.resume_outputs, false);
+  for (uint32_t i = 1; i < s.width; ++i) {
+    auto f = std::make_unique<Seq>(s.req, s.sample + i, 1, s.resume_outputs, false);
     f->tokens = s.tokens;
-    f->generated = p.resume_outputs;
+    f->generated = s.resume_outputs;
     f->target = s.target;
     f->length = s.length;
     f->table = s.table;
@@ -355,7 +355,7 @@ Status Sim::Admit(engine::ScheduledRequest& q, std::vector<std::unique_ptr<engin
   Status st = AppendRows(s, computed);  // draws the prefill's blocks from the reservation
   rep_.prefill_tokens += st.ok() ? computed : 0;
   if (st.ok()) st = Publish(s);
-  if (st.ok()) st = ForkSamples(s, s, share, forks);
+  if (st.ok()) st = ForkSamples(s, share, forks);
   s.width = 1;
   if (!st.ok()) {  // past the reservation nothing may fail: the run stops
     if (kv_error_.ok()) kv_error_ = st;
@@ -396,7 +396,7 @@ Status Sim::DecodeStep(Seq& s, bool* preempted_self) {
   return Publish(s);
 }
 
-Status Sim::Check() {
+Status Sim::Check() const {
   KV_RETURN_IF_ERROR(src_->CheckInvariants());
   const PoolStats ps = src_->stats();
   uint64_t reserved = 0;
@@ -521,10 +521,6 @@ Result<SimulateReport> Sim::Run(std::span<const Request> requests) {
 
 Result<SimulateReport> SimulateOn(BlockSource* source, const SimulateOptions& options,
                                   std::span<const Request> requests) {
-  if (!(options.draft_accept >= 0 && options.draft_accept <= 1)) {
-    return Status::InvalidArgument("simulate: draft_accept must be in [0, 1]");
-  }
-  if (options.max_running == 0) return Status::InvalidArgument("simulate: max_running must be > 0");
   std::unique_ptr<PrefixCache> cache;
   if (options.prefix_caching) {
     KV_ASSIGN_OR_RETURN(cache, PrefixCache::Create(source->NewPrefixBackend()));

@@ -49,7 +49,14 @@ Decoder::Decoder(const Model& model, uint32_t num_threads)
       arch_(MakeArchitecture(model)),
       pool_(num_threads > 1 ? std::make_unique<ThreadPool>(num_threads) : nullptr) {
   layers_.resize(config().n_layers);
-  for (uint32_t l = 0; l < config().n_layers; ++l) layers_[l] = arch_->Layer(l);
+  for (uint32_t l = 0; l < config().n_layers; ++l) {
+    layers_[l] = arch_->Layer(l);
+    if (layers_[l].kind != AttentionKind::kFull && unsupported_.ok()) {
+      unsupported_ = Status::Unimplemented(
+          "forward: layer " + std::to_string(l) +
+          " attends to a sliding window, which the KV backends do not support");
+    }
+  }
 }
 
 AttentionShape Decoder::attention_shape() const {
@@ -66,12 +73,7 @@ Status Decoder::CheckBatch(std::span<const BatchItem> items, std::span<const flo
     return Status::InvalidArgument("forward: n_layers " + std::to_string(options.n_layers) +
                                    " > the model's " + std::to_string(c.n_layers));
   }
-  for (uint32_t l = 0; l < c.n_layers; ++l) {
-    if (layers_[l].kind != AttentionKind::kFull) {
-      return Status::Unimplemented("forward: layer " + std::to_string(l) +
-                                   " attends to a sliding window, which the KV backends do not support");
-    }
-  }
+  KV_RETURN_IF_ERROR(unsupported_);
   std::vector<const KvBackend*> seen;
   size_t tokens = 0, rows = 0;
   for (const BatchItem& item : items) {
@@ -203,10 +205,7 @@ void Decoder::Classify(std::span<const BatchItem> items, std::span<float> logits
     }
     off += ni;
   }
-  PhaseTimer products(profile ? &profile->products_s : nullptr);
-  products.Start();
-  MatMul(arch_->OutputHead(), xb_.data(), rows, logits.data(), pool_.get());
-  products.Stop();
+  MakePass(rows, profile).Product(arch_->OutputHead(), xb_.data(), logits.data());
 }
 
 Status Decoder::Forward(std::span<const int32_t> tokens, KvBackend& kv, std::span<float> logits,

@@ -118,6 +118,7 @@ class Decoder {
   const Model* model_;
   std::unique_ptr<Architecture> arch_;
   std::vector<LayerAttention> layers_;  // arch_->Layer(l) for every layer
+  Status unsupported_;  // Unimplemented naming the first layer the KV backends cannot run
   std::unique_ptr<ThreadPool> pool_;  // null for one thread
   // Scratch, sized for n tokens on demand: [n][dim], [n][q_dim], [n][kv_dim], [n][hidden].
   std::vector<float> x_, xb_, q_, k_, v_, att_, hb_, hb2_;

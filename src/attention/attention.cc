@@ -454,17 +454,11 @@ Status AttendDecodeHead(const LayerKvView& view, uint32_t kv_head, std::span<con
     return Status::OutOfRange(fmt::format("attention: kv head {} out of range (the view has {})",
                                           kv_head, view.n_kv_heads));
   }
-  if (view.hot != nullptr && options.window != 0) {
-    return Status::InvalidArgument(
-        "attention: a sliding window does not combine with a precision window");
-  }
+  // The query, out, lse and the window are checked by the one-head call
+  // below, before it writes anything; probs and kv_probs here, since they
+  // may hold the head's stored rows or be padded to num_tokens.
   const uint32_t group = options.n_q_heads / view.n_kv_heads;
   const uint32_t n = view.num_tokens, rows = view.rows(kv_head);
-  KV_RETURN_IF_ERROR(CheckSize(q, size_t{group} * view.head_dim, "query", false));
-  KV_RETURN_IF_ERROR(CheckQueryFinite(q, group, view.head_dim, "query token"));
-  KV_RETURN_IF_ERROR(CheckSize(output.out, size_t{group} * view.head_dim, "out", false));
-  KV_RETURN_IF_ERROR(CheckSize(output.lse, group, "lse", true));
-  // probs and kv_probs: the head's stored rows, or padded to num_tokens.
   const bool padded_probs = output.probs.size() == size_t{group} * n;
   if (!padded_probs) KV_RETURN_IF_ERROR(CheckSize(output.probs, size_t{group} * rows, "probs", true));
   const bool padded_kv = output.kv_probs.size() == n;

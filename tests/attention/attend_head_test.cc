@@ -148,7 +148,9 @@ TEST(AttendDecodeHead, MatchesPlainAttentionOverTheHeadsRows) {
     ASSERT_TRUE(keys.ok() && values.ok());
     const uint32_t rows = c->seq.head_len(0, h);
     ASSERT_EQ(got->kv_probs.size(), rows);
-    if (h == 1) EXPECT_LT(rows, view->num_tokens) << "head 1 is dead at some positions";
+    if (h == 1) {
+      EXPECT_LT(rows, view->num_tokens) << "head 1 is dead at some positions";
+    }
     std::vector<double> kv(rows, 0.0);
     for (uint32_t g = 0; g < kGroup; ++g) {
       const float* qg = q.data() + (size_t{h} * kGroup + g) * d;
@@ -193,7 +195,7 @@ TEST(AttendDecodeHead, EveryFormatMatchesTheMultiHeadSlice) {
       const std::vector<float> q = Random(kQHeads * d, 5);
       const AttentionOptions options{.n_q_heads = kQHeads};
       std::vector<float> out(kQHeads * d), probs(kQHeads * n);
-      ASSERT_TRUE(AttendDecode(*view, q, options, {.out = out, .probs = probs}).ok());
+      ASSERT_TRUE(AttendDecode(*view, q, options, {.out = out, .lse = {}, .probs = probs, .kv_probs = {}}).ok());
       for (uint32_t h = 0; h < kHeads; ++h) {
         auto got = AttendHead(*view, h, q, options, true);
         ASSERT_TRUE(got.ok()) << FormatName(f) << ": " << got.status().ToString();
@@ -241,7 +243,7 @@ TEST(AttendDecodeHead, EvictedRowsInHeadPositionsOrderFeedImportance) {
   // The same as attending the kept rows alone (the head's keys and values,
   // in that order) with the multi-head call's head 2 slice.
   std::vector<float> out(kQHeads * d), probs(kQHeads * view->num_tokens);
-  ASSERT_TRUE(AttendDecode(*view, q, {.n_q_heads = kQHeads}, {.out = out, .probs = probs}).ok());
+  ASSERT_TRUE(AttendDecode(*view, q, {.n_q_heads = kQHeads}, {.out = out, .lse = {}, .probs = probs, .kv_probs = {}}).ok());
   for (uint32_t g = 0; g < kGroup; ++g) {
     for (uint32_t r = 0; r < keep.size(); ++r) {
       EXPECT_EQ(got->probs[g * keep.size() + r],
@@ -268,7 +270,7 @@ TEST(AttendDecodeHead, PrecisionWindowViewIsTheMultiHeadSlice) {
     const uint32_t d = view->head_dim, n = view->num_tokens;
     const std::vector<float> q = Random(kQHeads * d, 17);
     std::vector<float> out(kQHeads * d), probs(kQHeads * n);
-    ASSERT_TRUE(AttendDecode(*view, q, {.n_q_heads = kQHeads}, {.out = out, .probs = probs}).ok());
+    ASSERT_TRUE(AttendDecode(*view, q, {.n_q_heads = kQHeads}, {.out = out, .lse = {}, .probs = probs, .kv_probs = {}}).ok());
     for (uint32_t h = 0; h < kHeads; ++h) {
       auto got = AttendHead(*view, h, q, {.n_q_heads = kQHeads}, true);
       ASSERT_TRUE(got.ok()) << got.status().ToString();
@@ -323,10 +325,12 @@ TEST(AttendDecodeHead, BadInputIsAnErrorThatWritesNothing) {
   s = AttendDecodeHead(*view, 0, q, options, {out, lse, short_probs, kv_probs});
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
   EXPECT_TRUE(untouched());
+  EXPECT_EQ(short_probs, std::vector<float>(kGroup * n - 1, sentinel));
   std::vector<float> short_out(kGroup * d - 1, sentinel);
   s = AttendDecodeHead(*view, 0, q, options, {short_out, lse, probs, kv_probs});
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
   EXPECT_TRUE(untouched());
+  EXPECT_EQ(short_out, std::vector<float>(kGroup * d - 1, sentinel));
   // And the same buffers work once the input is right.
   EXPECT_TRUE(AttendDecodeHead(*view, 0, q, options, output).ok());
   EXPECT_FALSE(untouched());

@@ -69,7 +69,6 @@ TEST_F(EngineText, TokensAndLogprobsCarryTheTokenizersPieces) {
     auto piece = m->DecodePiece(prev, t.token);
     ASSERT_TRUE(piece.ok());
     EXPECT_EQ(t.piece, *piece);
-    EXPECT_EQ(t.piece, Piece(*m, prev, t.token));
     ASSERT_EQ(t.top.size(), 4u);
     for (const TokenLogprob& top : t.top) {
       auto top_piece = m->DecodePiece(prev, top.token);

@@ -66,8 +66,8 @@ TEST(Scheduler, AdmitsInQueueOrderUntilTheHeadWaits) {
   Fixture f({.max_batch_tokens = 64, .max_running = 8});
   f.Enqueue(std::make_unique<Req>(1, 4, 4));
   f.Enqueue(std::make_unique<Req>(2, 4, 5));
-  f.Enqueue(std::make_unique<Req>(3, 4, 4));  // would fit, but the head waits
-  f.Enqueue(std::make_unique<Req>(4, 4, 1));
+  f.Enqueue(std::make_unique<Req>(3, 4, 4));  // more than the block left: the head waits
+  f.Enqueue(std::make_unique<Req>(4, 4, 1));  // would fit, but waits behind it
   AdmitResult a = f.scheduler.Admit();
   EXPECT_TRUE(a.failed.empty());
   EXPECT_EQ(Ids(f.scheduler.running()), (std::vector<uint64_t>{1, 2}));
