@@ -264,7 +264,7 @@ int RunPerplexity(const PerplexityCliOptions& o) {
   auto eviction = model::ParseEvictionSpec(o.eviction);
   if (!eviction.ok()) return Fail(eviction.status());
   kv_options.eviction = *eviction;
-  kv_options.eviction.max_chunk_tokens = std::max(o.chunk, o.prefill);
+  kv_options.max_chunk_tokens = std::max(o.chunk, o.prefill);
   std::vector<FormatPair> pairs = {kv_options.formats};
   if (!o.formats.empty() && !variant) {
     auto p = ParsePairs(o.formats);

@@ -80,6 +80,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string_view>
 #include <vector>
@@ -143,6 +144,10 @@ struct HybridModelOptions {
   uint32_t window_lookback_tokens = 0;
   // Most tokens one draft may hold (linear layers keep their inputs).
   uint32_t max_draft_tokens = 256;
+  // The bounded group's format pair when it differs from the model's (which
+  // the full group uses): e.g. a wider format for the few global layers of
+  // a sliding-window model and a narrower one for its many window layers.
+  std::optional<FormatPair> bounded_formats = std::nullopt;
 };
 
 // The immutable description of a model's layers; shared by its sequences.
@@ -158,7 +163,13 @@ class HybridModel {
       const HybridModelOptions& options = {});
 
   const Geometry& geometry() const { return geometry_; }
+  // The full group's format pair (and the bounded group's unless
+  // options().bounded_formats sets its own).
   FormatPair formats() const { return formats_; }
+  // Group g's format pair.
+  FormatPair group_formats(int group) const {
+    return group == kBoundedGroup && options_.bounded_formats ? *options_.bounded_formats : formats_;
+  }
   uint32_t n_layers() const { return geometry_.n_layers(); }
   const LayerSpec& spec(uint32_t layer) const { return layers_[layer]; }
   LayerKind kind(uint32_t layer) const { return layers_[layer].kind; }

@@ -1,6 +1,7 @@
 // The architecture of a loaded model, and the Pass helpers.
 #include "model/arch/architecture.h"
 
+#include "model/arch/gemma3.h"
 #include "model/arch/llama.h"
 #include "model/tensor/ops.h"
 
@@ -16,8 +17,10 @@ void Pass::NormRows(const float* in, std::span<const float> weight, float* out, 
 }
 
 std::unique_ptr<Architecture> MakeArchitecture(const Model& model) {
-  // Every Model today is a llama-architecture one (llama2.c checkpoints and
-  // GGUF's "llama"); a family with its own weights adds its case here.
+  switch (model.config().family) {
+    case ModelFamily::kGemma3: return std::make_unique<Gemma3Architecture>(model);
+    case ModelFamily::kLlama: break;
+  }
   return std::make_unique<LlamaArchitecture>(model);
 }
 

@@ -105,12 +105,19 @@ enum class AttentionKind : uint8_t {
   kSlidingWindow,  // the last `window` positions
 };
 
-// Rotary position embedding of one layer: pairs (2i, 2i+1) of the first
-// `dims` values of each head rotated by (pos / scaling) * base^(-2i/dims).
+// Which values of a head RoPE rotates together.
+enum class RopePairs : uint8_t {
+  kAdjacent,  // (2i, 2i+1): llama2.c, GGUF's llama (its tensors are permuted for it)
+  kHalves,    // (i, i + dims/2): GPT-NeoX's layout, Gemma's
+};
+
+// Rotary position embedding of one layer: pair i of the first `dims`
+// values of each head rotated by (pos / scaling) * base^(-2i/dims).
 struct RopeParams {
   float base = 10000.0f;
   uint32_t dims = 0;      // even, at most head_dim
   float scaling = 1.0f;   // linear position scaling (1: none)
+  RopePairs pairs = RopePairs::kAdjacent;
 };
 
 struct LayerAttention {

@@ -11,7 +11,7 @@ namespace kvcache::model {
 
 namespace {
 
-// cs[i] = cos, cs[i + 1] = sin of pair i's angle at pos (i even, < rope.dims).
+// cs[2i] = cos, cs[2i + 1] = sin of pair i's angle at pos (2i < rope.dims).
 void RopeAngles(const RopeParams& rope, uint32_t pos, float* cs) {
   const float p = static_cast<float>(pos) / rope.scaling;
   for (uint32_t i = 0; i < rope.dims; i += 2) {
@@ -22,15 +22,21 @@ void RopeAngles(const RopeParams& rope, uint32_t pos, float* cs) {
   }
 }
 
-// The first `dims` values of each head of vec [n_heads][head_dim].
-void RotatePairs(float* vec, uint32_t n_heads, uint32_t head_dim, uint32_t dims, const float* cs) {
+// The first `dims` values of each head of vec [n_heads][head_dim], pair i
+// being (2i, 2i+1) or (i, i + dims/2).
+void RotatePairs(float* vec, uint32_t n_heads, uint32_t head_dim, uint32_t dims, RopePairs pairs,
+                 const float* cs) {
+  const uint32_t half = dims / 2;
   for (uint32_t i = 0; i < dims; i += 2) {
     const float c = cs[i], s = cs[i + 1];
+    // The pair's two values: adjacent, or one in each half.
+    const uint32_t first = pairs == RopePairs::kAdjacent ? i : i / 2;
+    const uint32_t second = pairs == RopePairs::kAdjacent ? i + 1 : i / 2 + half;
     for (uint32_t h = 0; h < n_heads; ++h) {
-      float* p = vec + static_cast<size_t>(h) * head_dim + i;
-      const float a = p[0], b = p[1];
-      p[0] = a * c - b * s;
-      p[1] = a * s + b * c;
+      float* p = vec + static_cast<size_t>(h) * head_dim;
+      const float a = p[first], b = p[second];
+      p[first] = a * c - b * s;
+      p[second] = a * s + b * c;
     }
   }
 }
@@ -41,7 +47,7 @@ void ApplyRope(float* vec, uint32_t n_heads, uint32_t head_dim, uint32_t pos, fl
   const RopeParams rope{theta, head_dim, 1.0f};
   std::vector<float> cs(head_dim + 1);
   RopeAngles(rope, pos, cs.data());
-  RotatePairs(vec, n_heads, head_dim, head_dim, cs.data());
+  RotatePairs(vec, n_heads, head_dim, head_dim, RopePairs::kAdjacent, cs.data());
 }
 
 Decoder::Decoder(const Model& model, uint32_t num_threads)
@@ -49,19 +55,19 @@ Decoder::Decoder(const Model& model, uint32_t num_threads)
       arch_(MakeArchitecture(model)),
       pool_(num_threads > 1 ? std::make_unique<ThreadPool>(num_threads) : nullptr) {
   layers_.resize(config().n_layers);
-  for (uint32_t l = 0; l < config().n_layers; ++l) {
-    layers_[l] = arch_->Layer(l);
-    if (layers_[l].kind != AttentionKind::kFull && unsupported_.ok()) {
-      unsupported_ = Status::Unimplemented(
-          "forward: layer " + std::to_string(l) +
-          " attends to a sliding window, which the KV backends do not support");
-    }
-  }
+  for (uint32_t l = 0; l < config().n_layers; ++l) layers_[l] = arch_->Layer(l);
 }
 
 AttentionShape Decoder::attention_shape() const {
   const ModelConfig& c = config();
-  return {c.n_layers, c.n_heads, c.n_kv_heads, c.head_dim(), c.max_seq_len};
+  AttentionShape shape{c.n_layers, c.n_heads, c.n_kv_heads, c.head_dim(), c.max_seq_len, {}};
+  for (uint32_t l = 0; l < c.n_layers; ++l) {
+    if (layers_[l].kind == AttentionKind::kSlidingWindow) {
+      shape.windows.resize(c.n_layers, 0);
+      shape.windows[l] = layers_[l].window;
+    }
+  }
+  return shape;
 }
 
 Status Decoder::CheckBatch(std::span<const BatchItem> items, std::span<const float> logits,
@@ -73,7 +79,6 @@ Status Decoder::CheckBatch(std::span<const BatchItem> items, std::span<const flo
     return Status::InvalidArgument("forward: n_layers " + std::to_string(options.n_layers) +
                                    " > the model's " + std::to_string(c.n_layers));
   }
-  KV_RETURN_IF_ERROR(unsupported_);
   std::vector<const KvBackend*> seen;
   size_t tokens = 0, rows = 0;
   for (const BatchItem& item : items) {
@@ -82,6 +87,16 @@ Status Decoder::CheckBatch(std::span<const BatchItem> items, std::span<const flo
       return Status::InvalidArgument("forward: two items share one kv backend");
     }
     seen.push_back(item.kv);
+    for (uint32_t l = 0; l < c.n_layers; ++l) {
+      const uint32_t want = layers_[l].kind == AttentionKind::kSlidingWindow ? layers_[l].window : 0;
+      if (item.kv->window(l) != want) {
+        return Status::InvalidArgument(
+            "forward: the kv backend attends layer " + std::to_string(l) + " over " +
+            (item.kv->window(l) ? "a window of " + std::to_string(item.kv->window(l)) : std::string("every")) +
+            " positions, the model's layer over " + (want ? "a window of " + std::to_string(want) : std::string("every")) +
+            " (create the backend from Decoder::attention_shape())");
+      }
+    }
     const uint32_t n = static_cast<uint32_t>(item.tokens.size());
     if (n == 0) return Status::InvalidArgument("forward: no tokens");
     for (int32_t t : item.tokens) {
@@ -154,8 +169,8 @@ Status Decoder::ForwardLayer(uint32_t l, std::span<const BatchItem> items,
     for (size_t i = 0; i < ni; ++i) {
       const uint32_t pos = starts[it] + static_cast<uint32_t>(i);
       RopeAngles(rope, pos, cs.data());
-      RotatePairs(q_.data() + (off + i) * q_dim, c.n_heads, hd, rope.dims, cs.data());
-      RotatePairs(k_.data() + (off + i) * kv_dim, c.n_kv_heads, hd, rope.dims, cs.data());
+      RotatePairs(q_.data() + (off + i) * q_dim, c.n_heads, hd, rope.dims, rope.pairs, cs.data());
+      RotatePairs(k_.data() + (off + i) * kv_dim, c.n_kv_heads, hd, rope.dims, rope.pairs, cs.data());
     }
     KvBackend& kv = *items[it].kv;
     status[it] = kv.Store(l, std::span<const float>(k_).subspan(off * kv_dim, ni * kv_dim),

@@ -6,8 +6,9 @@
 // Activations f32; weights in their stored types through MatMul
 // (model/tensor/matmul.h), the tokens of a pass batched into one product
 // per matrix and the rows split over num_threads. RoPE rotates pairs
-// (2i, 2i+1) of each head's first `dims` values by
-// (pos / scaling) * base^(-2i/dims), with each layer's parameters.
+// (adjacent, or one value in each half: RopePairs) of each head's first
+// `dims` values by (pos / scaling) * base^(-2i/dims), with each layer's
+// parameters.
 // Attention is delegated to a KvBackend, so the same decoder runs on the naive
 // reference storage and on kvcache's caches.
 //
@@ -69,6 +70,8 @@ class Decoder {
 
   const Model& model() const { return *model_; }
   const ModelConfig& config() const { return model_->config(); }
+  // The attention shape a KV backend for this model is created with (its
+  // sliding-window layers' windows included).
   AttentionShape attention_shape() const;
   // The decoder's threads (null for one): a KV backend may run its attention
   // on them (CacheKvOptions::attention_pool) for a pass of a single sequence.
@@ -92,7 +95,8 @@ class Decoder {
   // the item alone), so Forward(tokens, kv) == ForwardBatch({{tokens, &kv}}).
   // Forward is exactly the one-item call. On failure every item's kv is
   // truncated back to where it was. InvalidArgument for no items, a null or
-  // repeated kv, an item without tokens, a bad token id or a logits size
+  // repeated kv, a kv whose layer windows differ from the model's
+  // (attention_shape()), an item without tokens, a bad token id or a logits size
   // other than the rows' total; OutOfRange past max_seq_len; the backends'
   // errors (e.g. PoolExhausted) as they come.
   Status ForwardBatch(std::span<const BatchItem> items, std::span<float> logits,
@@ -118,7 +122,6 @@ class Decoder {
   const Model* model_;
   std::unique_ptr<Architecture> arch_;
   std::vector<LayerAttention> layers_;  // arch_->Layer(l) for every layer
-  Status unsupported_;  // Unimplemented naming the first layer the KV backends cannot run
   std::unique_ptr<ThreadPool> pool_;  // null for one thread
   // Scratch, sized for n tokens on demand: [n][dim], [n][q_dim], [n][kv_dim], [n][hidden].
   std::vector<float> x_, xb_, q_, k_, v_, att_, hb_, hb2_;

@@ -43,7 +43,7 @@ Status ModelConfig::Validate() const {
       vocab_size > kMaxVocab || max_seq_len > kMaxSeqLen) {
     return Status::Corruption("checkpoint config is implausibly large: " + ToString());
   }
-  if (dim % n_heads != 0) {
+  if (head_dim_override == 0 && dim % n_heads != 0) {
     return Status::Corruption("checkpoint dim " + Num(dim) + " is not a multiple of n_heads " +
                               Num(n_heads));
   }
@@ -51,17 +51,30 @@ Status ModelConfig::Validate() const {
     return Status::Corruption("checkpoint n_heads " + Num(n_heads) +
                               " is not a multiple of n_kv_heads " + Num(n_kv_heads));
   }
-  if (head_dim() % 2 != 0) {
+  if (head_dim() % 2 != 0 || head_dim() > kMaxDim) {
     return Status::Corruption("checkpoint head_dim " + Num(head_dim()) +
-                              " is odd; RoPE needs pairs");
+                              " is odd or implausibly large; RoPE needs pairs");
+  }
+  if (sliding_window > 0 && (sliding_window_pattern == 0 || sliding_window > max_seq_len)) {
+    return Status::Corruption("sliding window " + Num(sliding_window) + " (pattern " +
+                              Num(sliding_window_pattern) + ") does not fit the context of " +
+                              Num(max_seq_len) + " positions");
   }
   return Status::Ok();
 }
 
+const char* ModelFamilyName(ModelFamily family) {
+  return family == ModelFamily::kGemma3 ? "gemma3" : "llama";
+}
+
 std::string ModelConfig::ToString() const {
-  return "dim=" + Num(dim) + " hidden=" + Num(hidden_dim) + " layers=" + Num(n_layers) +
-         " heads=" + Num(n_heads) + " kv_heads=" + Num(n_kv_heads) + " vocab=" + Num(vocab_size) +
-         " seq=" + Num(max_seq_len);
+  std::string s = std::string(family == ModelFamily::kLlama ? "" : ModelFamilyName(family)) +
+                  (family == ModelFamily::kLlama ? "" : " ") + "dim=" + Num(dim) + " hidden=" + Num(hidden_dim) +
+                  " layers=" + Num(n_layers) + " heads=" + Num(n_heads) + " kv_heads=" + Num(n_kv_heads) +
+                  " vocab=" + Num(vocab_size) + " seq=" + Num(max_seq_len);
+  if (head_dim_override != 0) s += " head_dim=" + Num(head_dim_override);
+  if (sliding_window != 0) s += " window=" + Num(sliding_window) + "/" + Num(sliding_window_pattern);
+  return s;
 }
 
 namespace {

@@ -37,7 +37,17 @@
 
 namespace kvcache::model {
 
+// The model families the decoder runs (model/arch/): their per-layer math
+// differs, their shapes are this ModelConfig.
+enum class ModelFamily : uint8_t {
+  kLlama,   // llama2.c checkpoints, GGUF "llama" (SmolLM2, TinyLlama, ...)
+  kGemma3,  // GGUF "gemma3": sliding-window and global layers, Q/K norms, GeGLU
+};
+// "llama", "gemma3".
+const char* ModelFamilyName(ModelFamily family);
+
 struct ModelConfig {
+  ModelFamily family = ModelFamily::kLlama;
   uint32_t dim = 0;
   uint32_t hidden_dim = 0;
   uint32_t n_layers = 0;
@@ -48,15 +58,33 @@ struct ModelConfig {
   bool shared_classifier = true;
   float rope_theta = 10000.0f;  // RoPE base (llama2.c: 10000)
   float rms_eps = 1e-5f;        // RMSNorm epsilon (llama2.c: 1e-5)
+  // The width of a head when the file states it (Gemma 3: 256 with dim 640
+  // and 4 heads); 0: dim / n_heads.
+  uint32_t head_dim_override = 0;
+  // Sliding-window layers: every layer l with (l + 1) % sliding_window_pattern
+  // != 0 attends to its last sliding_window positions (its own included)
+  // with RoPE base rope_theta_local; the others are global. 0: none.
+  uint32_t sliding_window = 0;
+  uint32_t sliding_window_pattern = 0;
+  float rope_theta_local = 10000.0f;
+  // Linear RoPE position scaling of the global layers (1: none).
+  float rope_scaling = 1.0f;
 
-  uint32_t head_dim() const { return dim / n_heads; }
+  uint32_t head_dim() const { return head_dim_override ? head_dim_override : dim / n_heads; }
+  uint32_t q_dim() const { return head_dim() * n_heads; }
+  // True iff layer l is a sliding-window layer.
+  bool is_sliding(uint32_t l) const {
+    return sliding_window > 0 && sliding_window_pattern > 0 && (l + 1) % sliding_window_pattern != 0;
+  }
   uint32_t kv_dim() const { return head_dim() * n_kv_heads; }
   // Number of float32 weights the checkpoint holds after the header.
   size_t NumWeights() const;
-  // OK iff the sizes are positive, dim % n_heads == 0, n_heads % n_kv_heads
-  // == 0, head_dim is even (RoPE rotates pairs) and nothing is absurdly large.
+  // OK iff the sizes are positive, dim % n_heads == 0 (unless head_dim is
+  // stated), n_heads % n_kv_heads == 0, head_dim is even (RoPE rotates pairs),
+  // a sliding window fits the context and nothing is absurdly large.
   Status Validate() const;
-  // "dim=64 hidden=172 layers=5 heads=8 kv_heads=4 vocab=512 seq=512".
+  // "dim=64 hidden=172 layers=5 heads=8 kv_heads=4 vocab=512 seq=512"; other
+  // families lead with their name and add head_dim and window when set.
   std::string ToString() const;
 };
 
@@ -64,13 +92,19 @@ struct ModelConfig {
 struct LayerWeights {
   std::span<const float> rms_att;  // [dim]
   std::span<const float> rms_ffn;  // [dim]
-  WeightMatrix wq;                 // [dim][dim]
+  WeightMatrix wq;                 // [q_dim][dim]
   WeightMatrix wk;                 // [kv_dim][dim]
   WeightMatrix wv;                 // [kv_dim][dim]
-  WeightMatrix wo;                 // [dim][dim]
+  WeightMatrix wo;                 // [dim][q_dim]
   WeightMatrix w1;                 // [hidden][dim]  (GGUF ffn_gate)
   WeightMatrix w2;                 // [dim][hidden]  (GGUF ffn_down)
   WeightMatrix w3;                 // [hidden][dim]  (GGUF ffn_up)
+  // Gemma 3 only (empty otherwise): per-head RMSNorm of Q and K before RoPE,
+  // and the norms of the attention and FFN blocks' outputs.
+  std::span<const float> q_norm;         // [head_dim]
+  std::span<const float> k_norm;         // [head_dim]
+  std::span<const float> post_att_norm;  // [dim]
+  std::span<const float> post_ffn_norm;  // [dim]
 };
 
 class Model {

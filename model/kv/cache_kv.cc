@@ -9,6 +9,10 @@ namespace kvcache::model {
 
 Result<std::unique_ptr<CacheKv>> CacheKv::Create(const AttentionShape& shape,
                                                  const CacheKvOptions& options) {
+  if (shape.has_windows()) {
+    return Status::InvalidArgument(
+        "cache kv: the model has sliding-window layers, which a SequenceCache does not bound (HybridKv does)");
+  }
   KV_ASSIGN_OR_RETURN(Geometry geometry,
                       Geometry::Create({shape.n_layers, shape.n_kv_heads, shape.head_dim,
                                         options.block_size}));

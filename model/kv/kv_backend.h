@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <vector>
 
 #include "kvcache/status.h"
 
@@ -32,10 +33,21 @@ namespace kvcache::model {
 
 // The attention shape the decoder asks for (GQA: n_heads query heads share
 // n_kv_heads kv heads, query head h reads kv head h / (n_heads / n_kv_heads)).
+// A layer with windows[l] = W > 0 is a sliding-window layer: the query at
+// position p attends to positions p - W < P <= p (its own and the W - 1
+// before it), as Gemma's and llama.cpp's sliding layers do.
 struct AttentionShape {
   uint32_t n_layers = 0, n_heads = 0, n_kv_heads = 0, head_dim = 0, max_seq_len = 0;
+  std::vector<uint32_t> windows = {};  // [n_layers], or empty: every layer full
   uint32_t q_dim() const { return n_heads * head_dim; }
   uint32_t kv_dim() const { return n_kv_heads * head_dim; }
+  uint32_t window(uint32_t layer) const { return layer < windows.size() ? windows[layer] : 0; }
+  bool has_windows() const {
+    for (uint32_t w : windows) {
+      if (w != 0) return true;
+    }
+    return false;
+  }
 };
 
 class KvBackend {
@@ -58,6 +70,13 @@ class KvBackend {
   virtual Status Truncate(uint32_t num_tokens) = 0;
   // An independent sequence with the same contents.
   virtual Result<std::unique_ptr<KvBackend>> Fork() = 0;
+  // The sliding window layer `layer` attends over (AttentionShape), 0 for
+  // every position. The decoder refuses a backend whose windows differ from
+  // its model's.
+  virtual uint32_t window(uint32_t layer) const {
+    (void)layer;
+    return 0;
+  }
 };
 
 }  // namespace kvcache::model

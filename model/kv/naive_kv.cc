@@ -251,8 +251,11 @@ Status NaiveKv::Attend(uint32_t layer, std::span<const float> q, std::span<float
   for (uint32_t t = 0; t < n; ++t) {
     for (uint32_t c = 0; c < kv_dim; ++c) keys_t_[c * n + t] = keys[static_cast<size_t>(t) * kv_dim + c];
   }
+  const uint32_t window = shape_.window(layer);
   for (uint32_t i = 0; i < pass_; ++i) {
-    const uint32_t len = base + i + 1;  // positions 0 ..= this query's
+    const uint32_t end = base + i + 1;  // positions first ..= this query's
+    const uint32_t first = window != 0 && end > window ? end - window : 0;
+    const uint32_t len = end - first;
     for (uint32_t h = 0; h < shape_.n_heads; ++h) {
       const float* qh = q.data() + static_cast<size_t>(i) * q_dim + h * hd;
       const uint32_t kvh = h / group;
@@ -260,7 +263,7 @@ Status NaiveKv::Attend(uint32_t layer, std::span<const float> q, std::span<float
       std::fill_n(att, len, 0.0f);
       for (uint32_t d = 0; d < hd; ++d) {
         const float qd = qh[d];
-        const float* kd = keys_t_.data() + (static_cast<size_t>(kvh) * hd + d) * n;
+        const float* kd = keys_t_.data() + (static_cast<size_t>(kvh) * hd + d) * n + first;
         for (uint32_t t = 0; t < len; ++t) att[t] += qd * kd[t];
       }
       for (uint32_t t = 0; t < len; ++t) att[t] *= inv_sqrt;
@@ -268,7 +271,7 @@ Status NaiveKv::Attend(uint32_t layer, std::span<const float> q, std::span<float
       float* oh = out.data() + static_cast<size_t>(i) * q_dim + h * hd;
       for (uint32_t d = 0; d < hd; ++d) oh[d] = 0;
       for (uint32_t t = 0; t < len; ++t) {
-        const float* vt = values + static_cast<size_t>(t) * kv_dim + kvh * hd;
+        const float* vt = values + static_cast<size_t>(first + t) * kv_dim + kvh * hd;
         const float w = att[t];
         for (uint32_t d = 0; d < hd; ++d) oh[d] += w * vt[d];
       }
@@ -296,6 +299,7 @@ Status NaiveKv::AttendWithReference(uint32_t layer, std::span<const float> q,
   }
   AttentionOptions options;
   options.n_q_heads = shape_.n_heads;
+  if (shape_.window(layer) < num_tokens_) options.window = shape_.window(layer);
   AttentionOutput output;
   output.out = out;
   return AttendReference(heads, hd, num_tokens_, pass_, q, options, output);

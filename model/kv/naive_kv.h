@@ -1,6 +1,8 @@
 // NaiveKv: the reference KvBackend. K/V rows live in plain f32 vectors and
 // attention is written out in scalar loops (scores, max-subtracted softmax,
-// weighted sum of values), one query head at a time.
+// weighted sum of values), one query head at a time. A sliding-window layer
+// (AttentionShape::windows) keeps every row and masks: each query reads only
+// the last W positions up to its own.
 //
 // With a non-f32 FormatPair every stored row is first round-tripped through
 // kvcache's RowCodec (encode, then decode) -- no calibration transform -- so
@@ -55,6 +57,7 @@ class NaiveKv final : public KvBackend {
   Status Attend(uint32_t layer, std::span<const float> q, std::span<float> out) override;
   Status Truncate(uint32_t num_tokens) override;
   Result<std::unique_ptr<KvBackend>> Fork() override;
+  uint32_t window(uint32_t layer) const override { return shape_.window(layer); }
 
   // The rows attention reads now for one layer, [positions stored][kv_dim]
   // (heads side by side): for tests that check what a variant stores.

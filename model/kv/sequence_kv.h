@@ -1,7 +1,7 @@
 // SequenceKv: the part of a KvBackend kept in a kvcache sequence that does
 // not depend on which one -- the open pass (the positions [base, base +
 // size) that Extend added) and the pass protocol of kv_backend.h around it.
-// CacheKv keeps a SequenceCache, EvictKv a HybridSequence; `Seq` is either
+// CacheKv keeps a SequenceCache, HybridKv a HybridSequence; `Seq` is either
 // (num_tokens(), num_tokens(layer), Truncate, Fork).
 //
 // Extend(n) fails with CapacityExceeded past max_seq_len, then runs the
@@ -46,6 +46,8 @@ class SequenceKv : public KvBackend {
     ClosePass(num_tokens);
     return Status::Ok();
   }
+
+  uint32_t window(uint32_t layer) const override { return shape_.window(layer); }
 
   Result<std::unique_ptr<KvBackend>> Fork() override {
     KV_ASSIGN_OR_RETURN(Seq copy, seq_.Fork());

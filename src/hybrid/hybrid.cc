@@ -57,6 +57,10 @@ Result<std::shared_ptr<const HybridModel>> HybridModel::Create(const Geometry& g
   }
   KV_RETURN_IF_ERROR(CheckHeadDim(formats.k, D));
   KV_RETURN_IF_ERROR(CheckHeadDim(formats.v, D));
+  if (options.bounded_formats) {
+    KV_RETURN_IF_ERROR(CheckHeadDim(options.bounded_formats->k, D));
+    KV_RETURN_IF_ERROR(CheckHeadDim(options.bounded_formats->v, D));
+  }
   if (options.max_draft_tokens == 0) {
     return Status::InvalidArgument("hybrid model: max_draft_tokens must be >= 1");
   }
@@ -144,7 +148,7 @@ Result<std::vector<std::shared_ptr<BlockPool>>> HybridModel::CreatePools(
     if (group_size_[g] == 0) continue;
     BlockPoolOptions o = options;
     o.num_blocks = blocks_per_group[g];
-    KV_ASSIGN_OR_RETURN(pools[g], BlockPool::Create(group_geometry(g), formats_, o));
+    KV_ASSIGN_OR_RETURN(pools[g], BlockPool::Create(group_geometry(g), group_formats(g), o));
   }
   return pools;
 }
@@ -213,7 +217,7 @@ Result<HybridSequence> HybridSequence::CreateContiguous(std::shared_ptr<const Hy
   seq.layout_ = CacheLayout::kContiguous;
   for (int g = 0; g < 2; ++g) {
     if (model->group_size(g) == 0) continue;
-    KV_ASSIGN_OR_RETURN(SequenceCache c, SequenceCache::CreateContiguous(model->group_geometry(g), model->formats(),
+    KV_ASSIGN_OR_RETURN(SequenceCache c, SequenceCache::CreateContiguous(model->group_geometry(g), model->group_formats(g),
                                                                          GroupOptions(options, g)));
     seq.groups_[g] = std::make_unique<SequenceCache>(std::move(c));
   }
@@ -233,10 +237,10 @@ Result<HybridSequence> HybridSequence::CreatePaged(
   for (int g = 0; g < 2; ++g) {
     if (model->group_size(g) == 0) continue;
     const auto& p = pools[g];
-    if (!p || !(p->geometry() == model->group_geometry(g)) || !(p->formats() == model->formats())) {
+    if (!p || !(p->geometry() == model->group_geometry(g)) || !(p->formats() == model->group_formats(g))) {
       return Status::InvalidArgument(fmt::format(
           "hybrid: pool {} must have geometry {} and formats {} (see HybridModel::CreatePools)", g,
-          model->group_geometry(g).ToString(), FormatPairName(model->formats())));
+          model->group_geometry(g).ToString(), FormatPairName(model->group_formats(g))));
     }
   }
   HybridSequence seq;

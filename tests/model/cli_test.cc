@@ -23,7 +23,7 @@ std::string ModelArgs() {
 // The cache backend when built, else the naive reference.
 std::string BackendArg() {
   KvBackendOptions o;
-  AttentionShape shape{1, 1, 1, 8, 16};
+  AttentionShape shape{1, 1, 1, 8, 16, {}};
   return CreateKvBackend(shape, o).ok() ? "--backend cache" : "--backend naive";
 }
 

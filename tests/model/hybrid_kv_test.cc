@@ -1,4 +1,4 @@
-// EvictKv on stories260K: spec parsing; a policy whose budget covers the
+// HybridKv's eviction on stories260K: spec parsing; a policy whose budget covers the
 // whole text equals the full cache; a streaming window agrees with the full
 // cache exactly until the first eviction and differs after it; H2O keeps
 // its per-head budget; passes larger than the lookback are refused.
@@ -9,7 +9,7 @@
 
 #include "model/decoder/decoder.h"
 #include "model/generate/perplexity.h"
-#include "model/kv/evict_kv.h"
+#include "model/kv/hybrid_kv.h"
 #include "model/kv/kv_factory.h"
 #include "model/kv_logits.h"
 #include "model_fixture.h"
@@ -25,9 +25,11 @@ std::vector<int32_t> Tokens() {
   return t;
 }
 
-std::vector<float> Logits(Decoder& d, const EvictionSpec& e, std::span<const int32_t> tokens, uint32_t chunk) {
+std::vector<float> Logits(Decoder& d, const EvictionSpec& e, std::span<const int32_t> tokens, uint32_t chunk,
+                          uint32_t max_chunk = 64) {
   KvBackendOptions o;
   o.eviction = e;
+  o.max_chunk_tokens = max_chunk;
   return testing::KvLogits(d, o, tokens, chunk);
 }
 
@@ -54,7 +56,7 @@ TEST(EvictionSpec, Parses) {
   }
 }
 
-TEST(EvictKv, AgreesWithTheFullCacheUntilItEvicts) {
+TEST(HybridKv, EvictionAgreesWithTheFullCacheUntilItEvicts) {
   const auto* s = Stories260K();
   ASSERT_NE(s, nullptr);
   Decoder d(s->model);
@@ -70,8 +72,7 @@ TEST(EvictKv, AgreesWithTheFullCacheUntilItEvicts) {
   // sinks 2 + window 30: position p sees everything while p < 32.
   for (uint32_t chunk : {1u, 8u}) {
     EvictionSpec w = *ParseEvictionSpec("streaming:2,30");
-    w.max_chunk_tokens = chunk;
-    const std::vector<float> l = Logits(d, w, tokens, chunk);
+    const std::vector<float> l = Logits(d, w, tokens, chunk, chunk);
     ASSERT_EQ(l.size(), full.size());
     EXPECT_LE(MaxDiff(l.data(), full.data(), 32 * vocab), 1e-5f) << "chunk " << chunk;
     float later = 0;
@@ -83,7 +84,7 @@ TEST(EvictKv, AgreesWithTheFullCacheUntilItEvicts) {
   // A chunk larger than the lookback the backend was made for is refused.
   KvBackendOptions o;
   o.eviction = *ParseEvictionSpec("streaming:2,30");
-  o.eviction.max_chunk_tokens = 4;
+  o.max_chunk_tokens = 4;
   auto kv = CreateKvBackend(d.attention_shape(), o);
   ASSERT_TRUE(kv.ok());
   std::vector<float> logits(vocab);
@@ -92,12 +93,14 @@ TEST(EvictKv, AgreesWithTheFullCacheUntilItEvicts) {
   EXPECT_EQ((*kv)->num_tokens(), 0u);
 }
 
-TEST(EvictKv, H2oKeepsItsBudgetPerHead) {
+TEST(HybridKv, H2oKeepsItsBudgetPerHead) {
   const auto* s = Stories260K();
   ASSERT_NE(s, nullptr);
   Decoder d(s->model);
   const auto tokens = Tokens();
-  auto kv = EvictKv::Create(d.attention_shape(), {}, *ParseEvictionSpec("h2o:24,8"));
+  HybridKvOptions o;
+  o.eviction = *ParseEvictionSpec("h2o:24,8");
+  auto kv = HybridKv::Create(d.attention_shape(), o);
   ASSERT_TRUE(kv.ok()) << kv.status().ToString();
   std::vector<float> logits(d.config().vocab_size);
   for (size_t i = 0; i < 60; ++i) {

@@ -1,0 +1,111 @@
+// HybridKv: a KvBackend on kvcache's HybridSequence (kvcache/hybrid.h), for
+// models with sliding-window layers and for bounded memory by eviction.
+//
+// Layers. A layer the model gives a window W (AttentionShape::windows) is a
+// kWindow layer (no sinks, window W): its heads keep the last W positions
+// plus the slack and lookback, and in the paged layout its blocks go back
+// to its group's pool as the window moves. The other layers are full, or
+// carry the eviction policy:
+//   streaming (StreamingLLM): every full layer a kWindow layer keeping the
+//     first `sinks` positions and the last `window`; attention applies the
+//     exact window (hybrid.h).
+//   h2o (Heavy-Hitter Oracle): every kv head of a full layer keeps the last
+//     `recent` positions plus the budget - recent others with the largest
+//     attention mass accumulated so far; the mass of each pass is added
+//     after its attention and the cache is evicted at the start of the next
+//     pass.
+// A chunk of n <= max_chunk_tokens tokens sees what the cache held before it
+// plus the chunk itself (for windows exactly the window, via a lookback of
+// max_chunk_tokens - 1), so chunk 1 gives the policies their decode-time
+// behaviour; a longer pass is refused.
+//
+// Groups and formats: the full layers form HybridModel's full group, the
+// window (and evicted) layers its bounded group; each group has its own
+// format pair (`formats`, `bounded_formats`) and, paged, its own pool. A
+// precision window applies to the full group.
+//
+// Thread safety: one sequence, one thread at a time; paged sequences may
+// share pools across threads.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <optional>
+
+#include "kvcache/format.h"
+#include "kvcache/hybrid.h"
+#include "kvcache/thread_pool.h"
+#include "model/kv/kv_backend.h"
+#include "model/kv/sequence_kv.h"
+
+namespace kvcache::model {
+
+struct EvictionSpec {
+  enum class Kind : uint8_t { kNone, kStreaming, kH2o };
+  Kind kind = Kind::kNone;
+  uint32_t sinks = 0, window = 0;   // kStreaming
+  uint32_t budget = 0, recent = 0;  // kH2o: recent >= 1, budget > recent
+
+  bool enabled() const { return kind != Kind::kNone; }
+  // "none", "streaming:4,1024", "h2o:256,32".
+  std::string ToString() const;
+};
+// "streaming:SINKS,WINDOW" | "h2o:BUDGET,RECENT" | "none" (or "").
+Result<EvictionSpec> ParseEvictionSpec(std::string_view text);
+
+struct HybridKvOptions {
+  FormatPair formats;                       // the full group's (and the bounded one's by default)
+  std::optional<FormatPair> bounded_formats;  // the window / evicted layers' group, if different
+  CacheLayout layout = CacheLayout::kContiguous;
+  uint32_t block_size = 16;
+  // Paged: the two groups' pools (HybridModel::CreatePools of a model this
+  // shape and these options make: HybridKv::MakeModel), or empty to create
+  // them with pool_blocks[g] blocks (0 = four sequences' worth).
+  std::vector<std::shared_ptr<BlockPool>> pools;
+  uint32_t pool_blocks[2] = {0, 0};
+  // Threads for attention (AttentionOptions::pool); null: the caller's.
+  ThreadPool* attention_pool = nullptr;
+  PrecisionWindow window;  // the full group's bf16 sinks and recent rows
+  EvictionSpec eviction;   // on the full layers
+  // Largest pass (chunk) served with exact windows.
+  uint32_t max_chunk_tokens = 512;
+};
+
+class HybridKv final : public SequenceKv<HybridSequence> {
+ public:
+  // InvalidArgument for a shape or options the hybrid cache cannot build
+  // (the message names it: a window larger than max_seq_len, pools of the
+  // wrong geometry or formats, a precision window with eviction, ...).
+  static Result<std::unique_ptr<HybridKv>> Create(const AttentionShape& shape,
+                                                  const HybridKvOptions& options);
+  // The HybridModel a shape and options give (its groups, pools' geometry).
+  static Result<std::shared_ptr<const HybridModel>> MakeModel(const AttentionShape& shape,
+                                                              const HybridKvOptions& options);
+  // Blocks one sequence of `tokens` positions holds at most in group g's
+  // pool (the full group: every position; the bounded group: sinks, window,
+  // slack and lookback), for sizing pools.
+  static uint64_t BlocksPerSequence(const HybridModel& model, int group, uint64_t tokens);
+
+  Status Store(uint32_t layer, std::span<const float> k, std::span<const float> v) override;
+  Status Attend(uint32_t layer, std::span<const float> q, std::span<float> out) override;
+
+  const HybridSequence& sequence() const { return seq_; }
+
+ private:
+  HybridKv(const AttentionShape& shape, const HybridKvOptions& options, HybridSequence seq)
+      : SequenceKv("hybrid kv", shape, std::move(seq)), options_(options) {}
+  std::unique_ptr<SequenceKv> WithSequence(HybridSequence seq) const override {
+    return std::unique_ptr<SequenceKv>(new HybridKv(shape_, options_, std::move(seq)));
+  }
+  // A pass no larger than max_chunk_tokens. H2O: evicts first.
+  Status BeforePass(uint32_t len, uint32_t n) override;
+
+  HybridKvOptions options_;
+  std::vector<float> kv_probs_;  // [n_kv_heads][stored rows] scratch (h2o)
+};
+
+}  // namespace kvcache::model
