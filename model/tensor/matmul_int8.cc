@@ -36,6 +36,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "kvcache/float16.h"
@@ -208,7 +209,8 @@ constexpr bool SignedCodes(GgmlType t) {
 constexpr bool SubScales(GgmlType t) { return t == GgmlType::kQ4_K || t == GgmlType::kQ6_K; }
 // A minimum term.
 constexpr bool HasMin(GgmlType t) { return t == GgmlType::kQ4_1 || t == GgmlType::kQ4_K; }
-// The bytes a row spends on 32 values, and whether its blocks hold 256.
+// The bytes a row spends on 32 values (Q6_K: rounded down; for prefetching
+// and the 32-value types' block addresses only).
 constexpr size_t BytesPer32(GgmlType t) {
   switch (t) {
     case GgmlType::kQ4_1: return ggml_blocks::kQ41Bytes;
@@ -356,10 +358,43 @@ struct RowBlock {
   __m128 dm;
 };
 
+// A K type super-block's scales for its eight blocks of 32, decoded once
+// at its first block: (d, m, -, -) and the pmaddwd multipliers of each.
+struct SuperScales {
+  __m128 dm[8];
+  VI s[8][kGroups];
+};
+
 template <GgmlType kT>
-HWY_INLINE void LoadRowBlock(const uint8_t* row, uint32_t b, RowBlock* rb) {
+HWY_INLINE void LoadSuperScales(const uint8_t* sb, SuperScales* out) {
+  namespace gb = ggml_blocks;
+  if constexpr (kT == GgmlType::kQ4_K) {
+    const float d = HalfT(sb), dmin = HalfT(sb + 2);
+    for (uint32_t j = 0; j < 8; ++j) {
+      uint8_t sc, mn;
+      gb::Q4KScaleMin(j, sb + gb::kQ4KScales, &sc, &mn);
+      out->dm[j] = _mm_setr_ps(d, -(dmin * static_cast<float>(mn)), 0.0f, 0.0f);
+      SubScalesT(sc, sc, out->s[j]);
+    }
+  } else {
+    const __m128 dm = _mm_setr_ps(HalfT(sb + gb::kQ6KD), 0.0f, 0.0f, 0.0f);
+    const int8_t* sc = reinterpret_cast<const int8_t*>(sb + gb::kQ6KScales);
+    for (uint32_t j = 0; j < 8; ++j) {
+      out->dm[j] = dm;
+      SubScalesT(sc[2 * j], sc[2 * j + 1], out->s[j]);
+    }
+  }
+}
+
+// Block b's codes; for the K types b is block kJ of its super-block
+// (b % 8 == kJ, known at compile time) and its scales come from `ss`, the
+// super-block's (Q6_K's block j = 4 h + k takes scales 8 h + 2 k and the
+// next, i.e. 2 j and 2 j + 1).
+template <GgmlType kT, uint32_t kJ>
+HWY_INLINE void LoadRowBlock(const uint8_t* row, uint32_t b, const SuperScales* ss, RowBlock* rb) {
   namespace gb = ggml_blocks;
   if constexpr (kT == GgmlType::kQ4_1 || kT == GgmlType::kQ8_0 || kT == GgmlType::kQ5_0) {
+    (void)ss;
     const uint8_t* blk = row + static_cast<size_t>(b) * BytesPer32(kT);
     if constexpr (kT == GgmlType::kQ4_1) {
       Q41Weights(blk + 4, rb->w);
@@ -369,26 +404,76 @@ HWY_INLINE void LoadRowBlock(const uint8_t* row, uint32_t b, RowBlock* rb) {
       Q80Weights(reinterpret_cast<const int8_t*>(blk + 2), rb->w);
     }
     rb->dm = LoadDm(blk, kT == GgmlType::kQ4_1);
-  } else if constexpr (kT == GgmlType::kQ4_K) {
-    const uint8_t* sb = row + static_cast<size_t>(b / 8) * gb::kQ4KBytes;
-    const uint32_t j = b % 8;
-    uint8_t sc, mn;
-    gb::Q4KScaleMin(j, sb + gb::kQ4KScales, &sc, &mn);
-    Q4KWeights(sb + gb::kQ4KQs + 32 * (j / 2), j % 2 != 0, rb->w);
-    SubScalesT(sc, sc, rb->s);
-    rb->dm = _mm_setr_ps(HalfT(sb), -(HalfT(sb + 2) * static_cast<float>(mn)), 0.0f, 0.0f);
   } else {
-    const uint8_t* sb = row + static_cast<size_t>(b / 8) * gb::kQ6KBytes;
-    const uint32_t h = (b % 8) / 4, k = b % 4;
-    Q6KWeights(sb + 64 * h + 32 * (k % 2), sb + gb::kQ6KQh + 32 * h, k, rb->w);
-    const int8_t* sc = reinterpret_cast<const int8_t*>(sb + gb::kQ6KScales + 8 * h + 2 * k);
-    SubScalesT(sc[0], sc[1], rb->s);
-    rb->dm = _mm_setr_ps(HalfT(sb + gb::kQ6KD), 0.0f, 0.0f, 0.0f);
+    constexpr uint32_t j = kJ;
+    if constexpr (kT == GgmlType::kQ4_K) {
+      const uint8_t* sb = row + static_cast<size_t>(b / 8) * gb::kQ4KBytes;
+      Q4KWeights(sb + gb::kQ4KQs + 32 * (j / 2), j % 2 != 0, rb->w);
+    } else {
+      const uint8_t* sb = row + static_cast<size_t>(b / 8) * gb::kQ6KBytes;
+      constexpr uint32_t h = j / 4, k = j % 4;
+      Q6KWeights(sb + 64 * h + 32 * (k % 2), sb + gb::kQ6KQh + 32 * h, k, rb->w);
+    }
+    for (int g = 0; g < kGroups; ++g) rb->s[g] = ss->s[j][g];
+    rb->dm = ss->dm[j];
   }
   for (int g = 0; g < kGroups; ++g) rb->a[g] = SignedCodes(kT) ? AbsI8(rb->w[g]) : rb->w[g];
 }
 
 constexpr size_t kPrefetchBytes = 2048;
+
+// The accumulators of R rows x T tokens: per group the eight lanes' sums,
+// and in lane 1 of mt the minimum term, sum of m * c in block order (lane 0
+// unused).
+template <int R, int T>
+struct Accumulators {
+  VF acc[R][T][kGroups];
+  __m128 mt[R][T];
+};
+
+// Block b (block kJ of its super-block for the K types) of R rows times T
+// tokens of x from token t0, into a.
+template <GgmlType kT, int R, int T, uint32_t kJ>
+HWY_INLINE void BlockStep(const uint8_t* const* rows, const QuantizedInputs& x, uint32_t t0, uint32_t nb,
+                          uint32_t b, const SuperScales* ss, Accumulators<R, T>& a) {
+  VI xv[T][kGroups];
+  __m128 dxc[T];  // (dx, c, -, -) of the token's block
+  for (int t = 0; t < T; ++t) {
+    const size_t xb = static_cast<size_t>(t0 + t) * nb + b;
+    for (int g = 0; g < kGroups; ++g) xv[t][g] = LoadCodes(x.q.data() + xb * kInt8Block, g);
+    dxc[t] = _mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(x.dxc.data() + 2 * xb)));
+  }
+  for (int r = 0; r < R; ++r) {
+    // Weights stream from memory once per product: ask for them well
+    // ahead (the hardware prefetcher alone leaves decode waiting on DRAM).
+    _mm_prefetch(reinterpret_cast<const char*>(rows[r] + b * BytesPer32(kT)) + kPrefetchBytes, _MM_HINT_T0);
+    RowBlock rb;
+    LoadRowBlock<kT, kJ>(rows[r], b, SubScales(kT) ? &ss[r] : nullptr, &rb);
+    for (int t = 0; t < T; ++t) {
+      const __m128 prod = _mm_mul_ps(rb.dm, dxc[t]);  // (d * dx, m * c)
+      for (int g = 0; g < kGroups; ++g) {
+        const VI xs = SignedCodes(kT) ? SignI8(xv[t][g], rb.w[g]) : xv[t][g];
+        VI lanes;
+        if constexpr (SubScales(kT)) {
+          lanes = Dot4Scaled(rb.a[g], xs, rb.s[g]);
+        } else {
+          lanes = Dot4(rb.a[g], xs);
+        }
+        a.acc[r][t][g] = Accumulate(a.acc[r][t][g], lanes, prod);
+      }
+      if constexpr (HasMin(kT)) a.mt[r][t] = _mm_add_ps(a.mt[r][t], prod);
+    }
+  }
+}
+
+// The eight blocks of a K type's super-block starting at block b, each
+// with its position known at compile time.
+template <GgmlType kT, int R, int T, uint32_t... kJ>
+HWY_INLINE void SuperBlockSteps(const uint8_t* const* rows, const QuantizedInputs& x, uint32_t t0, uint32_t nb,
+                                uint32_t b, const SuperScales* ss, Accumulators<R, T>& a,
+                                std::integer_sequence<uint32_t, kJ...>) {
+  (BlockStep<kT, R, T, kJ>(rows, x, t0, nb, b + kJ, ss, a), ...);
+}
 
 // R rows (pointers to their first block) times T tokens of x from token t0,
 // over nb blocks of 32; out[t * out_stride + r].
@@ -396,51 +481,29 @@ template <GgmlType kT, int R, int T>
 HWY_INLINE void RowsTimesTokens(const uint8_t* const* rows, const QuantizedInputs& x, uint32_t t0, uint32_t nb,
                                 float* out, size_t out_stride) {
   using namespace int8_internal;
-  VF acc[R][T][kGroups];
-  // Lane 1: the minimum term, sum of m * c in block order (lane 0 unused).
-  __m128 mt[R][T];
+  Accumulators<R, T> a;
   for (int r = 0; r < R; ++r) {
     for (int t = 0; t < T; ++t) {
-      mt[r][t] = _mm_setzero_ps();
-      for (int g = 0; g < kGroups; ++g) acc[r][t][g] = ZeroF();
+      a.mt[r][t] = _mm_setzero_ps();
+      for (int g = 0; g < kGroups; ++g) a.acc[r][t][g] = ZeroF();
     }
   }
-  for (uint32_t b = 0; b < nb; ++b) {
-    VI xv[T][kGroups];
-    __m128 dxc[T];  // (dx, c, -, -) of the token's block
-    for (int t = 0; t < T; ++t) {
-      const size_t xb = static_cast<size_t>(t0 + t) * nb + b;
-      for (int g = 0; g < kGroups; ++g) xv[t][g] = LoadCodes(x.q.data() + xb * kInt8Block, g);
-      dxc[t] = _mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(x.dxc.data() + 2 * xb)));
+  if constexpr (SubScales(kT)) {
+    SuperScales ss[R];
+    for (uint32_t b = 0; b < nb; b += 8) {
+      const size_t sb = static_cast<size_t>(b / 8) * GgmlTypeSizeOf(kT).block_bytes;
+      for (int r = 0; r < R; ++r) LoadSuperScales<kT>(rows[r] + sb, &ss[r]);
+      SuperBlockSteps<kT, R, T>(rows, x, t0, nb, b, ss, a, std::make_integer_sequence<uint32_t, 8>());
     }
-    for (int r = 0; r < R; ++r) {
-      // Weights stream from memory once per product: ask for them well
-      // ahead (the hardware prefetcher alone leaves decode waiting on DRAM).
-      _mm_prefetch(reinterpret_cast<const char*>(rows[r] + b * BytesPer32(kT)) + kPrefetchBytes, _MM_HINT_T0);
-      RowBlock rb;
-      LoadRowBlock<kT>(rows[r], b, &rb);
-      for (int t = 0; t < T; ++t) {
-        const __m128 prod = _mm_mul_ps(rb.dm, dxc[t]);  // (d * dx, m * c)
-        for (int g = 0; g < kGroups; ++g) {
-          const VI xs = SignedCodes(kT) ? SignI8(xv[t][g], rb.w[g]) : xv[t][g];
-          VI lanes;
-          if constexpr (SubScales(kT)) {
-            lanes = Dot4Scaled(rb.a[g], xs, rb.s[g]);
-          } else {
-            lanes = Dot4(rb.a[g], xs);
-          }
-          acc[r][t][g] = Accumulate(acc[r][t][g], lanes, prod);
-        }
-        if constexpr (HasMin(kT)) mt[r][t] = _mm_add_ps(mt[r][t], prod);
-      }
-    }
+  } else {
+    for (uint32_t b = 0; b < nb; ++b) BlockStep<kT, R, T, 0>(rows, x, t0, nb, b, nullptr, a);
   }
   for (int r = 0; r < R; ++r) {
     for (int t = 0; t < T; ++t) {
       float lanes[8];
       HWY_ALIGN float m4[4];
-      for (int g = 0; g < kGroups; ++g) StoreF(acc[r][t][g], lanes + 4 * g);
-      _mm_store_ps(m4, mt[r][t]);
+      for (int g = 0; g < kGroups; ++g) StoreF(a.acc[r][t][g], lanes + 4 * g);
+      _mm_store_ps(m4, a.mt[r][t]);
       out[t * out_stride + r] = SumLanes(lanes) + m4[1];
     }
   }
