@@ -8,6 +8,7 @@
 #include <hwy/targets.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <random>
 #include <string>
@@ -170,6 +171,7 @@ TEST(MatMulInt8, StaysCloseToTheExactProduct) {
       err += (fast[r] - exact[r]) * (fast[r] - exact[r]);
       norm += exact[r] * exact[r];
     }
+    std::printf("%s: relative rms error of the int8 product %.4f\n", GgmlTypeName(t).c_str(), std::sqrt(err / norm));
     EXPECT_LT(std::sqrt(err / norm), 0.02) << GgmlTypeName(t);
     EXPECT_GT(std::sqrt(err / norm), 0.0) << GgmlTypeName(t) << ": rounding the inputs must show";
   }
