@@ -1,6 +1,7 @@
 // The decoder's weight products (model/tensor/matmul.h) on SmolLM2's
-// shapes, exact f32 inputs against int8 and bf16 inputs, times 1 token (decode) and
-// 64 (a prefill chunk), from cache and streamed from memory (sizes below).
+// shapes (Q4_1, Q8_0) and Gemma 3 270M's (Q5_0, Q4_K, Q6_K), exact f32
+// inputs against int8 and bf16 inputs, times 1 token (decode) and 16 or 64
+// (a prefill chunk), from cache and streamed from memory (sizes below).
 // Bytes/s counts the weight bytes read per product.
 #include <benchmark/benchmark.h>
 
@@ -8,6 +9,8 @@
 #include <memory>
 #include <random>
 #include <vector>
+
+#include <hwy/targets.h>
 
 #include "kvcache/float16.h"
 #include "kvcache/thread_pool.h"
@@ -25,18 +28,22 @@ struct Matrix {
   WeightMatrix w;
 };
 
+// Random codes with fixed scales (the K types' sub-block scales random).
 Matrix MakeMatrix(GgmlType t, uint32_t rows, uint32_t cols) {
-  const size_t bb = t == GgmlType::kQ4_1 ? 20 : 34;
+  const kvcache::model::GgmlTypeSize size = kvcache::model::GgmlTypeSizeOf(t);
+  const size_t bb = size.block_bytes;
   Matrix m;
-  m.bytes.resize(static_cast<size_t>(rows) * cols / 32 * bb);
+  m.bytes.resize(static_cast<size_t>(rows) * cols / size.block_values * bb);
   std::mt19937_64 rng(1);
   for (uint8_t& b : m.bytes) b = static_cast<uint8_t>(rng());
+  const uint16_t d = kvcache::FloatToF16(t == GgmlType::kQ4_K || t == GgmlType::kQ6_K ? 0.001f : 0.01f);
+  const uint16_t mn = kvcache::FloatToF16(t == GgmlType::kQ4_K ? 0.001f : -0.1f);
   for (size_t blk = 0; blk < m.bytes.size() / bb; ++blk) {
-    const uint16_t d = kvcache::FloatToF16(0.01f), mn = kvcache::FloatToF16(-0.1f);
-    std::memcpy(&m.bytes[blk * bb], &d, 2);
-    if (t == GgmlType::kQ4_1) std::memcpy(&m.bytes[blk * bb + 2], &mn, 2);
+    uint8_t* p = &m.bytes[blk * bb];
+    std::memcpy(t == GgmlType::kQ6_K ? p + 208 : p, &d, 2);
+    if (t == GgmlType::kQ4_1 || t == GgmlType::kQ4_K) std::memcpy(p + 2, &mn, 2);
   }
-  m.w = WeightMatrix{t, m.bytes.data(), rows, cols, static_cast<size_t>(cols) / 32 * bb};
+  m.w = WeightMatrix{t, m.bytes.data(), rows, cols, static_cast<size_t>(cols) / size.block_values * bb};
   return m;
 }
 
@@ -69,6 +76,53 @@ void BM_MatMul(benchmark::State& state) {
 }
 BENCHMARK(BM_MatMul)->ArgsProduct({{0, 1}, {0, 1, 2}, {1, 16, 64}, {1}, {0}});
 BENCHMARK(BM_MatMul)->ArgsProduct({{0, 1}, {0, 1, 2}, {1}, {1, 2}, {1}})->UseRealTime();
+
+// Gemma 3 270M's matrices, one layer's worth each (in cache):
+// args: matrix (0: attn_q [1024][640] Q5_0, 1: ffn_gate [2048][640] Q5_0,
+// 2: attn_output [640][1024] Q4_K, 3: ffn_down [640][2048] Q6_K, 4: attn_v
+// [256][640] Q8_0), inputs (0 f32, 1 int8, 2 bf16), tokens, SIMD target (0:
+// the best this CPU runs, 1: AVX2, where the CPU runs more; the bf16 dot
+// and tile kernels do not go through Highway and ignore it).
+void BM_MatMulGemma(benchmark::State& state) {
+  struct Shape {
+    GgmlType type;
+    uint32_t rows, cols;
+    const char* name;
+  };
+  const Shape shapes[] = {{GgmlType::kQ5_0, 1024, 640, "attn_q q5_0"},
+                          {GgmlType::kQ5_0, 2048, 640, "ffn_gate q5_0"},
+                          {GgmlType::kQ4_K, 640, 1024, "attn_output q4_k"},
+                          {GgmlType::kQ6_K, 640, 2048, "ffn_down q6_k"},
+                          {GgmlType::kQ8_0, 256, 640, "attn_v q8_0"}};
+  const Shape& sh = shapes[state.range(0)];
+  const bool avx2 = state.range(3) != 0;
+  if (avx2) {
+    if ((hwy::SupportedTargets() & HWY_AVX2) == 0) {
+      state.SkipWithError("this CPU does not run AVX2");
+      return;
+    }
+    hwy::SetSupportedTargetsForTest(HWY_AVX2);
+  }
+  Matrix m = MakeMatrix(sh.type, sh.rows, sh.cols);
+  const MatMulInputs kinds[] = {MatMulInputs::kF32, MatMulInputs::kInt8, MatMulInputs::kBf16};
+  m.w.inputs = kinds[state.range(1)];
+  const uint32_t n = static_cast<uint32_t>(state.range(2));
+  std::vector<float> x(static_cast<size_t>(n) * m.w.cols), out(static_cast<size_t>(n) * m.w.rows);
+  std::mt19937_64 rng(2);
+  std::normal_distribution<float> nd;
+  for (float& v : x) v = nd(rng);
+  for (auto _ : state) {
+    kvcache::model::MatMul(m.w, x.data(), n, out.data(), nullptr);
+    benchmark::DoNotOptimize(out.data());
+  }
+  if (avx2) hwy::SetSupportedTargetsForTest(0);
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * static_cast<int64_t>(m.bytes.size()));
+  state.counters["rows/s"] =
+      benchmark::Counter(static_cast<double>(sh.rows) * n, benchmark::Counter::kIsIterationInvariantRate);
+  state.SetLabel(std::string(sh.name) + " " + std::string(kvcache::model::MatMulInputsName(m.w.inputs)) +
+                 " n=" + std::to_string(n) + (avx2 ? " AVX2" : " best"));
+}
+BENCHMARK(BM_MatMulGemma)->ArgsProduct({{0, 1, 2, 3, 4}, {0, 1, 2}, {1, 16}, {0, 1}});
 
 // The floor the streamed products are compared with: one read of 96 MB
 // (SmolLM2's weights as stored) split over the threads, in the same run.

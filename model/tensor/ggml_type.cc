@@ -56,8 +56,20 @@ GgmlTypeSize GgmlTypeSizeOf(GgmlType type) {
 }
 
 bool CanDequantize(GgmlType type) {
-  return type == GgmlType::kF32 || type == GgmlType::kF16 || type == GgmlType::kQ4_1 ||
-         type == GgmlType::kQ8_0;
+  switch (type) {
+    case GgmlType::kF32:
+    case GgmlType::kF16:
+    case GgmlType::kQ4_1:
+    case GgmlType::kQ5_0:
+    case GgmlType::kQ8_0:
+    case GgmlType::kQ4_K:
+    case GgmlType::kQ6_K:
+      return true;
+    default:
+      return false;
+  }
 }
+
+std::string DequantizableTypeNames() { return "F32, F16, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K"; }
 
 }  // namespace kvcache::model

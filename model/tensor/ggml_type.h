@@ -41,7 +41,10 @@ struct GgmlTypeSize {
   uint32_t block_bytes = 0;
 };
 GgmlTypeSize GgmlTypeSizeOf(GgmlType type);
-// True for the types DequantizeRow decodes (F32, F16, Q4_1, Q8_0).
+// True for the types DequantizeRow decodes (F32, F16, Q4_1, Q5_0, Q8_0,
+// Q4_K, Q6_K).
 bool CanDequantize(GgmlType type);
+// Those types' names, for messages: "F32, F16, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K".
+std::string DequantizableTypeNames();
 
 }  // namespace kvcache::model

@@ -3,8 +3,11 @@
 // dispatch once per DequantizeRow / MatMul part / DotF32 call).
 //
 // Every kernel reproduces the scalar reference bit for bit: values are
-// integer codes converted exactly to float, then one multiply and (Q4_1)
-// one add, with contraction into FMA disabled so both round identically.
+// integer codes converted exactly to float, then one multiply by the
+// block's (exact) scale and (Q4_1, Q4_K) one add or subtract of its
+// minimum, with contraction into FMA disabled so both round identically.
+// The K types' scales d * sc are products of an f16 and a 6- or 8-bit
+// integer, exact in f32, and so are their products with the codes.
 // Thread safety: pure functions.
 #pragma GCC optimize("fp-contract=off")
 
@@ -13,6 +16,7 @@
 #include <string>
 
 #include "kvcache/float16.h"
+#include "model/tensor/ggml_blocks.h"
 #include "model/tensor/gguf_dequant.h"
 #include "model/tensor/matmul.h"
 
@@ -34,8 +38,8 @@ inline uint16_t LoadU16(const uint8_t* p) {
 // Checks shared by both paths: a known decodable type and whole blocks.
 inline Status CheckRow(GgmlType type, size_t n) {
   if (!CanDequantize(type)) {
-    return Status::Unimplemented("dequantizing " + GgmlTypeName(type) +
-                                 " is not supported (F32, F16, Q4_1, Q8_0)");
+    return Status::Unimplemented("dequantizing " + GgmlTypeName(type) + " is not supported (" +
+                                 DequantizableTypeNames() + ")");
   }
   const uint32_t bv = GgmlTypeSizeOf(type).block_values;
   if (n % bv != 0) {
@@ -71,6 +75,45 @@ Status DequantizeRowScalar(GgmlType type, const uint8_t* src, size_t n, float* d
       for (size_t b = 0; b < n / 32; ++b, src += 34, dst += 32) {
         const float d = F16ToFloat(LoadU16(src));
         for (int j = 0; j < 32; ++j) dst[j] = static_cast<float>(static_cast<int8_t>(src[2 + j])) * d;
+      }
+      break;
+    case GgmlType::kQ5_0:
+      for (size_t b = 0; b < n / 32; ++b, src += ggml_blocks::kQ50Bytes, dst += 32) {
+        const float d = F16ToFloat(LoadU16(src));
+        const uint32_t qh = ggml_blocks::LoadU32Le(src + 2);
+        for (int j = 0; j < 16; ++j) {
+          const int lo = (src[6 + j] & 0xF) | static_cast<int>(((qh >> j) & 1) << 4);
+          const int hi = (src[6 + j] >> 4) | static_cast<int>(((qh >> (j + 16)) & 1) << 4);
+          dst[j] = static_cast<float>(lo - 16) * d;
+          dst[j + 16] = static_cast<float>(hi - 16) * d;
+        }
+      }
+      break;
+    case GgmlType::kQ4_K:
+      for (size_t b = 0; b < n / 256; ++b, src += ggml_blocks::kQ4KBytes, dst += 256) {
+        const float d = F16ToFloat(LoadU16(src)), dmin = F16ToFloat(LoadU16(src + 2));
+        for (uint32_t j = 0; j < 8; ++j) {
+          uint8_t sc, m;
+          ggml_blocks::Q4KScaleMin(j, src + ggml_blocks::kQ4KScales, &sc, &m);
+          const float d1 = d * static_cast<float>(sc), m1 = dmin * static_cast<float>(m);
+          const uint8_t* q = src + ggml_blocks::kQ4KQs + 32 * (j / 2);
+          const int shift = (j % 2) * 4;
+          for (int l = 0; l < 32; ++l) dst[32 * j + l] = static_cast<float>((q[l] >> shift) & 0xF) * d1 - m1;
+        }
+      }
+      break;
+    case GgmlType::kQ6_K:
+      for (size_t b = 0; b < n / 256; ++b, src += ggml_blocks::kQ6KBytes, dst += 256) {
+        const float d = F16ToFloat(LoadU16(src + ggml_blocks::kQ6KD));
+        const int8_t* sc = reinterpret_cast<const int8_t*>(src + ggml_blocks::kQ6KScales);
+        for (uint32_t h = 0; h < 2; ++h) {
+          for (uint32_t k = 0; k < 4; ++k) {
+            for (uint32_t l = 0; l < 32; ++l) {
+              const float s = d * static_cast<float>(sc[8 * h + 2 * k + l / 16]);
+              dst[128 * h + 32 * k + l] = s * static_cast<float>(ggml_blocks::Q6KCode(src, h, k, l) - 32);
+            }
+          }
+        }
       }
       break;
     default:
@@ -140,6 +183,88 @@ void DecodeQ80(const uint8_t* src, size_t n, float* dst) {
     for (size_t j = 0; j < 32; j += N) {
       const auto v = hn::ConvertTo(df, hn::PromoteTo(di, hn::LoadU(di8, q + j)));
       hn::StoreU(hn::Mul(v, d), df, dst + j);
+    }
+  }
+}
+
+void DecodeQ50(const uint8_t* src, size_t n, float* dst) {
+  const DF df;
+  const hn::Rebind<int32_t, DF> di;
+  const hn::Rebind<uint8_t, DF> du8;
+  const size_t N = hn::Lanes(df);
+  const auto one = hn::Set(di, 1), nib = hn::Set(di, 0xF), bias = hn::Set(di, 16);
+  for (size_t b = 0; b < n / 32; ++b, src += ggml_blocks::kQ50Bytes, dst += 32) {
+    const auto d = hn::Set(df, HalfT(src));
+    // qh as a signed lane: shifted right by at most 31 and masked to its
+    // low bit, the sign extension never shows.
+    const auto qh = hn::Set(di, static_cast<int32_t>(ggml_blocks::LoadU32Le(src + 2)));
+    for (size_t j = 0; j < 16; j += N) {
+      const auto q = hn::PromoteTo(di, hn::LoadU(du8, src + 6 + j));
+      const auto idx = hn::Iota(di, static_cast<int32_t>(j));
+      const auto hlo = hn::ShiftLeft<4>(hn::And(hn::Shr(qh, idx), one));
+      const auto hhi = hn::ShiftLeft<4>(hn::And(hn::Shr(qh, hn::Add(idx, bias)), one));
+      const auto lo = hn::Sub(hn::Or(hn::And(q, nib), hlo), bias);
+      const auto hi = hn::Sub(hn::Or(hn::ShiftRight<4>(q), hhi), bias);
+      hn::StoreU(hn::Mul(hn::ConvertTo(df, lo), d), df, dst + j);
+      hn::StoreU(hn::Mul(hn::ConvertTo(df, hi), d), df, dst + 16 + j);
+    }
+  }
+}
+
+void DecodeQ4K(const uint8_t* src, size_t n, float* dst) {
+  const DF df;
+  const hn::Rebind<int32_t, DF> di;
+  const hn::Rebind<uint8_t, DF> du8;
+  const size_t N = hn::Lanes(df);
+  const auto nib = hn::Set(di, 0xF);
+  for (size_t b = 0; b < n / 256; ++b, src += ggml_blocks::kQ4KBytes, dst += 256) {
+    const float d = HalfT(src), dmin = HalfT(src + 2);
+    for (uint32_t j = 0; j < 8; ++j) {
+      uint8_t sc, m;
+      ggml_blocks::Q4KScaleMin(j, src + ggml_blocks::kQ4KScales, &sc, &m);
+      const auto d1 = hn::Set(df, d * static_cast<float>(sc));
+      const auto m1 = hn::Set(df, dmin * static_cast<float>(m));
+      const uint8_t* q = src + ggml_blocks::kQ4KQs + 32 * (j / 2);
+      for (size_t l = 0; l < 32; l += N) {
+        const auto v = hn::PromoteTo(di, hn::LoadU(du8, q + l));
+        const auto code = j % 2 == 0 ? hn::And(v, nib) : hn::ShiftRight<4>(v);
+        hn::StoreU(hn::Sub(hn::Mul(hn::ConvertTo(df, code), d1), m1), df, dst + 32 * j + l);
+      }
+    }
+  }
+}
+
+void DecodeQ6K(const uint8_t* src, size_t n, float* dst) {
+  const DF df;
+  const hn::Rebind<int32_t, DF> di;
+  const hn::Rebind<uint8_t, DF> du8;
+  const size_t N = hn::Lanes(df);
+  const auto nib = hn::Set(di, 0xF), two = hn::Set(di, 3), bias = hn::Set(di, 32);
+  for (size_t b = 0; b < n / 256; ++b, src += ggml_blocks::kQ6KBytes, dst += 256) {
+    const float d = HalfT(src + ggml_blocks::kQ6KD);
+    const int8_t* sc = reinterpret_cast<const int8_t*>(src + ggml_blocks::kQ6KScales);
+    for (uint32_t h = 0; h < 2; ++h) {
+      const uint8_t* ql = src + 64 * h;
+      const uint8_t* qh = src + ggml_blocks::kQ6KQh + 32 * h;
+      float* y = dst + 128 * h;
+      // N divides 16: a vector's lanes share one scale.
+      for (size_t l = 0; l < 32; l += N) {
+        const auto a = hn::PromoteTo(di, hn::LoadU(du8, ql + l));
+        const auto c = hn::PromoteTo(di, hn::LoadU(du8, ql + l + 32));
+        const auto hb = hn::PromoteTo(di, hn::LoadU(du8, qh + l));
+        const auto q0 = hn::Or(hn::And(a, nib), hn::ShiftLeft<4>(hn::And(hb, two)));
+        const auto q1 = hn::Or(hn::And(c, nib), hn::ShiftLeft<4>(hn::And(hn::ShiftRight<2>(hb), two)));
+        const auto q2 = hn::Or(hn::ShiftRight<4>(a), hn::ShiftLeft<4>(hn::And(hn::ShiftRight<4>(hb), two)));
+        const auto q3 = hn::Or(hn::ShiftRight<4>(c), hn::ShiftLeft<4>(hn::ShiftRight<6>(hb)));
+        const int8_t* s = sc + 8 * h + l / 16;
+        hn::StoreU(hn::Mul(hn::Set(df, d * static_cast<float>(s[0])), hn::ConvertTo(df, hn::Sub(q0, bias))), df, y + l);
+        hn::StoreU(hn::Mul(hn::Set(df, d * static_cast<float>(s[2])), hn::ConvertTo(df, hn::Sub(q1, bias))), df,
+                   y + 32 + l);
+        hn::StoreU(hn::Mul(hn::Set(df, d * static_cast<float>(s[4])), hn::ConvertTo(df, hn::Sub(q2, bias))), df,
+                   y + 64 + l);
+        hn::StoreU(hn::Mul(hn::Set(df, d * static_cast<float>(s[6])), hn::ConvertTo(df, hn::Sub(q3, bias))), df,
+                   y + 96 + l);
+      }
     }
   }
 }
@@ -279,6 +404,15 @@ void DequantizeRowT(GgmlType type, const uint8_t* src, size_t n, float* dst) {
       break;
     case GgmlType::kQ8_0:
       DecodeQ80(src, n, dst);
+      break;
+    case GgmlType::kQ5_0:
+      DecodeQ50(src, n, dst);
+      break;
+    case GgmlType::kQ4_K:
+      DecodeQ4K(src, n, dst);
+      break;
+    case GgmlType::kQ6_K:
+      DecodeQ6K(src, n, dst);
       break;
     default:
       break;

@@ -1,11 +1,11 @@
 // Decoding rows of ggml tensor data into f32.
 //
-// Dequantization covers the types SmolLM2's Q4_1 file holds plus F16:
-// F32, F16, Q4_1 (blocks of 32: f16 scale d, f16 min m, 16 bytes of nibbles;
-// value j = (low nibble of byte j) * d + m, value 16 + j = (high nibble) *
-// d + m) and Q8_0 (blocks of 32: f16 scale d, 32 int8; value = q * d). Other
-// known types (Q6_K, BF16, ...) are sized (ggml_type.h) but decoding them is
-// Unimplemented, naming the type.
+// Dequantization covers the types of SmolLM2's Q4_1 file and Gemma 3's
+// Q4_K_M file plus F16: F32, F16, Q4_1, Q5_0, Q8_0 (blocks of 32 values)
+// and Q4_K, Q6_K (super-blocks of 256); the block layouts are ggml's, spelled
+// out in model/tensor/ggml_blocks.h. Other known types (Q5_K, BF16, ...) are
+// sized (ggml_type.h) but decoding them is Unimplemented, naming the type
+// and the types that are decoded.
 //
 // Thread safety: pure functions.
 #pragma once

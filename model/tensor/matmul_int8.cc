@@ -1,22 +1,33 @@
-// The integer-lane weight product (matmul.h, MatMulInputs::kInt8): Q4_1 and
-// Q8_0 matrices times inputs rounded to int8 per 32 values, summed exactly
-// in 32-bit integer lanes, scaled once per block.
+// The integer-lane weight product (matmul.h, MatMulInputs::kInt8): Q4_1,
+// Q5_0, Q8_0, Q4_K and Q6_K matrices times inputs rounded to int8 per 32
+// values, summed exactly in 32-bit integer lanes, scaled once per block of
+// 32.
 //
 // Inputs, per token and per block b of 32 values: dx = amax / 127, codes
 // q = round-to-nearest-even(x * (127 / amax)) in [-127, 127] (all 0 when
-// amax is 0), and c = dx * sum(q). A block of a row holds codes w (Q4_1:
-// nibbles 0..15 with scale d and minimum m; Q8_0: int8 with scale d).
+// amax is 0), and c = dx * sum(q). The 32 values of a row that meet block b
+// have integer codes w, two integer sub-block scales s0 (values 0..15) and
+// s1 (16..31), a float scale d and a float minimum m (the layouts are in
+// ggml_blocks.h):
+//   Q4_1: w = nibbles 0..15, s0 = s1 = 1, d and m the block's;
+//   Q5_0: w = 5-bit codes - 16, s = 1, d the block's, m = 0;
+//   Q8_0: w = int8, s = 1, d the block's, m = 0;
+//   Q4_K: b is sub-block j of a super-block: w = its nibbles, s0 = s1 = its
+//         6-bit scale, d the super-block's, m = -(dmin * its 6-bit min)
+//         (exact);
+//   Q6_K: w = 6-bit codes - 32, s0 and s1 the int8 scales of its two
+//         16-value sub-blocks, d the super-block's, m = 0.
 //
 // The sum, fixed for every target: eight integer lanes per block, lane i
-// (0..7) = w[4i]q[4i] + ... + w[4i+3]q[4i+3] (exact in int32; Q4_1's w[j]
-// is the low nibble of byte j for j < 16, the high nibble of byte j - 16
-// above); eight float accumulators, acc_i = acc_i + float(lane_i)
-// * (d * dx) over the blocks in order, each operation rounded on its own
-// (no FMA contraction); then ((a0+a1)+(a2+a3))+((a4+a5)+(a6+a7)), plus for
-// Q4_1 the minimum term sum_b m * c summed in block order. The x86 kernels
-// compute those lanes with byte multiply-adds (pmaddubsw + pmaddwd on SSE4,
-// AVX2 and AVX3; vpdpbusd on AVX3_DL) and the same float steps, so every
-// target, thread count, row split and batch size gives the scalar
+// (0..7) = s_(i / 4) * (w[4i]q[4i] + ... + w[4i+3]q[4i+3]) (exact in int32);
+// eight float accumulators, acc_i = acc_i + float(lane_i) * (d * dx) over
+// the blocks in order, each operation rounded on its own (no FMA
+// contraction); then ((a0+a1)+(a2+a3))+((a4+a5)+(a6+a7)) plus the minimum
+// term, sum_b m * c summed in block order (0 where m is). The x86 kernels
+// compute those lanes with byte multiply-adds (pmaddubsw + pmaddwd, whose
+// 16-bit multipliers carry the sub-block scales, on SSE4, AVX2 and AVX3;
+// vpdpbusd for the unscaled types on AVX3_DL) and the same float steps, so
+// every target, thread count, row split and batch size gives the scalar
 // reference's bits; other targets run the reference.
 //
 // Thread safety: pure functions.
@@ -25,9 +36,11 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "kvcache/float16.h"
+#include "model/tensor/ggml_blocks.h"
 #include "model/tensor/matmul.h"
 #include "model/tensor/matmul_int8.h"
 
@@ -44,22 +57,76 @@ inline float HalfAt(const uint8_t* p) {
   return F16ToFloat(static_cast<uint16_t>(p[0] | (p[1] << 8)));
 }
 
-// The block's scale d (both types) and minimum m (Q4_1; 0 for Q8_0).
-inline void BlockScales(GgmlType type, const uint8_t* block, float* d, float* m) {
-  *d = HalfAt(block);
-  *m = type == GgmlType::kQ4_1 ? HalfAt(block + 2) : 0.0f;
-}
-
 inline uint32_t LoadU32(const uint8_t* p) {
   uint32_t v;
   std::memcpy(&v, p, 4);
   return v;
 }
 
-inline size_t BlockBytes(GgmlType type) { return type == GgmlType::kQ4_1 ? 20 : 34; }
-
 inline float SumLanes(const float* a) {
   return ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
+}
+
+// What a row holds for input block b (matmul_int8.cc's opening comment).
+struct BlockCodes {
+  int32_t w[32];
+  int32_t s[2];
+  float d, m;
+};
+
+inline void DecodeBlock(GgmlType type, const uint8_t* row, uint32_t b, BlockCodes* c) {
+  namespace gb = ggml_blocks;
+  c->s[0] = c->s[1] = 1;
+  c->m = 0;
+  switch (type) {
+    case GgmlType::kQ4_1: {
+      const uint8_t* blk = row + static_cast<size_t>(b) * gb::kQ41Bytes;
+      for (int j = 0; j < 16; ++j) {
+        c->w[j] = blk[4 + j] & 0xF;
+        c->w[j + 16] = blk[4 + j] >> 4;
+      }
+      c->d = HalfAt(blk);
+      c->m = HalfAt(blk + 2);
+      break;
+    }
+    case GgmlType::kQ5_0: {
+      const uint8_t* blk = row + static_cast<size_t>(b) * gb::kQ50Bytes;
+      const uint32_t qh = gb::LoadU32Le(blk + 2);
+      for (int j = 0; j < 16; ++j) {
+        c->w[j] = ((blk[6 + j] & 0xF) | static_cast<int32_t>(((qh >> j) & 1) << 4)) - 16;
+        c->w[j + 16] = ((blk[6 + j] >> 4) | static_cast<int32_t>(((qh >> (j + 16)) & 1) << 4)) - 16;
+      }
+      c->d = HalfAt(blk);
+      break;
+    }
+    case GgmlType::kQ4_K: {
+      const uint8_t* sb = row + static_cast<size_t>(b / 8) * gb::kQ4KBytes;
+      const uint32_t j = b % 8;
+      uint8_t sc, mn;
+      gb::Q4KScaleMin(j, sb + gb::kQ4KScales, &sc, &mn);
+      const uint8_t* q = sb + gb::kQ4KQs + 32 * (j / 2);
+      for (int l = 0; l < 32; ++l) c->w[l] = (q[l] >> (4 * (j % 2))) & 0xF;
+      c->s[0] = c->s[1] = sc;
+      c->d = HalfAt(sb);
+      c->m = -(HalfAt(sb + 2) * static_cast<float>(mn));
+      break;
+    }
+    case GgmlType::kQ6_K: {
+      const uint8_t* sb = row + static_cast<size_t>(b / 8) * gb::kQ6KBytes;
+      const uint32_t h = (b % 8) / 4, k = b % 4;
+      for (uint32_t l = 0; l < 32; ++l) c->w[l] = gb::Q6KCode(sb, h, k, l) - 32;
+      c->s[0] = static_cast<int8_t>(sb[gb::kQ6KScales + 8 * h + 2 * k]);
+      c->s[1] = static_cast<int8_t>(sb[gb::kQ6KScales + 8 * h + 2 * k + 1]);
+      c->d = HalfAt(sb + gb::kQ6KD);
+      break;
+    }
+    default: {  // Q8_0
+      const uint8_t* blk = row + static_cast<size_t>(b) * gb::kQ80Bytes;
+      for (int j = 0; j < 32; ++j) c->w[j] = static_cast<int8_t>(blk[2 + j]);
+      c->d = HalfAt(blk);
+      break;
+    }
+  }
 }
 
 }  // namespace kvcache::model::int8_internal
@@ -93,33 +160,23 @@ void QuantizeInputs(const float* x, uint32_t n, uint32_t cols, QuantizedInputs* 
 void MatMulInt8Scalar(const WeightMatrix& w, const QuantizedInputs& x, float* out) {
   using namespace int8_internal;
   const uint32_t nb = w.cols / kInt8Block;
-  const size_t bb = BlockBytes(w.type);
   for (uint32_t r = 0; r < w.rows; ++r) {
     const uint8_t* row = w.data + static_cast<size_t>(r) * w.row_bytes;
     for (uint32_t t = 0; t < x.n; ++t) {
       float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
       float mterm = 0;
       for (uint32_t b = 0; b < nb; ++b) {
-        const uint8_t* blk = row + b * bb;
         const int8_t* q = x.q.data() + (static_cast<size_t>(t) * nb + b) * kInt8Block;
-        int32_t wv[32];
-        if (w.type == GgmlType::kQ4_1) {
-          for (int j = 0; j < 16; ++j) {
-            wv[j] = blk[4 + j] & 0xF;
-            wv[j + 16] = blk[4 + j] >> 4;
-          }
-        } else {
-          for (int j = 0; j < 32; ++j) wv[j] = static_cast<int8_t>(blk[2 + j]);
-        }
-        float d, m;
-        BlockScales(w.type, blk, &d, &m);
-        const float s = d * x.dxc[2 * (static_cast<size_t>(t) * nb + b)];
+        BlockCodes c;
+        DecodeBlock(w.type, row, b, &c);
+        const float s = c.d * x.dxc[2 * (static_cast<size_t>(t) * nb + b)];
         for (int i = 0; i < 8; ++i) {
           int32_t lane = 0;
-          for (int k = 0; k < 4; ++k) lane += wv[4 * i + k] * q[4 * i + k];
+          for (int k = 0; k < 4; ++k) lane += c.w[4 * i + k] * q[4 * i + k];
+          lane *= c.s[i / 4];
           acc[i] = acc[i] + static_cast<float>(lane) * s;
         }
-        mterm = mterm + m * x.dxc[2 * (static_cast<size_t>(t) * nb + b) + 1];
+        mterm = mterm + c.m * x.dxc[2 * (static_cast<size_t>(t) * nb + b) + 1];
       }
       out[static_cast<size_t>(t) * w.rows + r] = SumLanes(acc) + mterm;
     }
@@ -135,30 +192,86 @@ namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_SSE4
-// The block's d and (Q4_1) m through the target's f16 conversion (F16C on
-// x86): exact, like F16ToFloat, without its branches.
-HWY_INLINE void BlockScalesT(GgmlType type, const uint8_t* blk, float* d, float* m) {
+// The f16 at p through the target's conversion (F16C on x86): exact, like
+// F16ToFloat, without its branches.
+HWY_INLINE float HalfT(const uint8_t* p) {
   const hn::CappedTag<hwy::float16_t, 1> dh;
   const hn::Rebind<float, decltype(dh)> df1;
-  const auto* h = reinterpret_cast<const hwy::float16_t*>(blk);
-  *d = hn::GetLane(hn::PromoteTo(df1, hn::LoadU(dh, h)));
-  *m = type == GgmlType::kQ4_1 ? hn::GetLane(hn::PromoteTo(df1, hn::LoadU(dh, h + 1))) : 0.0f;
+  return hn::GetLane(hn::PromoteTo(df1, hn::LoadU(dh, reinterpret_cast<const hwy::float16_t*>(p))));
+}
+
+// Signed codes go through |w| times sign(w) * q, which keeps every product
+// and pair sum exact (pmaddubsw takes an unsigned and a signed operand).
+constexpr bool SignedCodes(GgmlType t) {
+  return t == GgmlType::kQ8_0 || t == GgmlType::kQ5_0 || t == GgmlType::kQ6_K;
+}
+// Sub-block scales multiply the integer lanes.
+constexpr bool SubScales(GgmlType t) { return t == GgmlType::kQ4_K || t == GgmlType::kQ6_K; }
+// A minimum term.
+constexpr bool HasMin(GgmlType t) { return t == GgmlType::kQ4_1 || t == GgmlType::kQ4_K; }
+// The bytes a row spends on 32 values (Q6_K: rounded down; for prefetching
+// and the 32-value types' block addresses only).
+constexpr size_t BytesPer32(GgmlType t) {
+  switch (t) {
+    case GgmlType::kQ4_1: return ggml_blocks::kQ41Bytes;
+    case GgmlType::kQ5_0: return ggml_blocks::kQ50Bytes;
+    case GgmlType::kQ4_K: return ggml_blocks::kQ4KBytes / 8;
+    case GgmlType::kQ6_K: return ggml_blocks::kQ6KBytes / 8;
+    default: return ggml_blocks::kQ80Bytes;
+  }
 }
 
 #if HWY_TARGET <= HWY_AVX2
-// One 256-bit vector holds a block: 32 unsigned weight bytes against 32
-// signed codes, eight int32 lanes of four consecutive products each.
+// One 256-bit vector holds a block: 32 weight bytes against 32 signed
+// codes, eight int32 lanes of four consecutive products each.
 using VI = __m256i;
 using VF = __m256;
 constexpr int kGroups = 1;
 HWY_INLINE VF ZeroF() { return _mm256_setzero_ps(); }
 HWY_INLINE VI LoadCodes(const int8_t* q, int) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q)); }
+HWY_INLINE VI Load32(const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+HWY_INLINE VI Nibbles(VI v, bool high) {
+  return _mm256_and_si256(high ? _mm256_srli_epi16(v, 4) : v, _mm256_set1_epi8(0x0F));
+}
 HWY_INLINE void Q41Weights(const uint8_t* nib, VI* w) {
   const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(nib));
   const __m128i mask = _mm_set1_epi8(0x0F);
   w[0] = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(b, 4), mask), _mm_and_si128(b, mask));
 }
 HWY_INLINE void Q80Weights(const int8_t* v, VI* w) { w[0] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(v)); }
+// Q5_0: byte k of the fifth bits is bit k of qh (each 128-bit half picks
+// its two bytes of the broadcast qh, then tests one bit per byte); a code
+// whose fifth bit is clear is its nibble - 16, i.e. the nibble with the
+// top four bits set.
+HWY_INLINE void Q50Weights(const uint8_t* blk, VI* w) {
+  VI nib;
+  Q41Weights(blk + 6, &nib);
+  const VI qh = _mm256_set1_epi32(static_cast<int>(int8_internal::LoadU32(blk + 2)));
+  const VI sel = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3,
+                                  3, 3, 3, 3);
+  const VI bit = _mm256_set1_epi64x(static_cast<int64_t>(0x8040201008040201ull));
+  const VI set = _mm256_cmpeq_epi8(_mm256_and_si256(_mm256_shuffle_epi8(qh, sel), bit), bit);
+  w[0] = _mm256_or_si256(nib, _mm256_andnot_si256(set, _mm256_set1_epi8(static_cast<char>(0xF0))));
+}
+// Q4_K sub-block: the low (even sub-block) or high nibbles of 32 bytes.
+HWY_INLINE void Q4KWeights(const uint8_t* q, bool high, VI* w) { w[0] = Nibbles(Load32(q), high); }
+// Q6_K group k of a half: low bits from ql (32 bytes), bits 2k, 2k + 1 of
+// qh (32 bytes), minus 32.
+HWY_INLINE void Q6KWeights(const uint8_t* ql, const uint8_t* qh, uint32_t k, VI* w) {
+  const VI low = Nibbles(Load32(ql), k >= 2);
+  const VI hi = _mm256_and_si256(_mm256_srl_epi16(Load32(qh), _mm_cvtsi32_si128(static_cast<int>(2 * k))),
+                                 _mm256_set1_epi8(3));
+  w[0] = _mm256_sub_epi8(_mm256_or_si256(low, _mm256_slli_epi16(hi, 4)), _mm256_set1_epi8(32));
+}
+// The 16-bit multipliers of pmaddwd: s0 for values 0..15, s1 for 16..31.
+HWY_INLINE void SubScalesT(int s0, int s1, VI* s) {
+  s[0] = _mm256_set_m128i(_mm_set1_epi16(static_cast<int16_t>(s1)), _mm_set1_epi16(static_cast<int16_t>(s0)));
+}
+// (d, m, -, -) of a 32-value block: both halves converted at once (F16C);
+// without a minimum lane 1 is not a scale and is never used.
+HWY_INLINE __m128 LoadDm(const uint8_t* blk, bool) {
+  return _mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(int8_internal::LoadU32(blk))));
+}
 // Four products per int32 lane: unsigned a times signed b.
 HWY_INLINE VI Dot4(VI a, VI b) {
 #if HWY_TARGET <= HWY_AVX3_DL
@@ -167,13 +280,10 @@ HWY_INLINE VI Dot4(VI a, VI b) {
   return _mm256_madd_epi16(_mm256_maddubs_epi16(a, b), _mm256_set1_epi16(1));
 #endif
 }
+// The same times the lane's 16-bit multiplier s (|s| <= 128: exact).
+HWY_INLINE VI Dot4Scaled(VI a, VI b, VI s) { return _mm256_madd_epi16(_mm256_maddubs_epi16(a, b), s); }
 HWY_INLINE VI AbsI8(VI v) { return _mm256_abs_epi8(v); }
 HWY_INLINE VI SignI8(VI v, VI s) { return _mm256_sign_epi8(v, s); }
-// (d, m, -, -) of a block: both halves converted at once (F16C); for Q8_0
-// lane 1 is not a scale and is never used.
-HWY_INLINE __m128 LoadDm(GgmlType, const uint8_t* blk) {
-  return _mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(int8_internal::LoadU32(blk))));
-}
 // acc + float(lanes) * lane 0 of `scale`.
 HWY_INLINE VF Accumulate(VF acc, VI lanes, __m128 scale) {
   return _mm256_add_ps(acc, _mm256_mul_ps(_mm256_cvtepi32_ps(lanes), _mm256_broadcastss_ps(scale)));
@@ -187,105 +297,232 @@ using VF = __m128;
 constexpr int kGroups = 2;
 HWY_INLINE VF ZeroF() { return _mm_setzero_ps(); }
 HWY_INLINE VI LoadCodes(const int8_t* q, int g) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 16 * g)); }
+HWY_INLINE VI Load16(const uint8_t* p) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)); }
+HWY_INLINE VI Nibbles(VI v, bool high) { return _mm_and_si128(high ? _mm_srli_epi16(v, 4) : v, _mm_set1_epi8(0x0F)); }
 HWY_INLINE void Q41Weights(const uint8_t* nib, VI* w) {
-  const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(nib));
-  const __m128i mask = _mm_set1_epi8(0x0F);
-  w[0] = _mm_and_si128(b, mask);
-  w[1] = _mm_and_si128(_mm_srli_epi16(b, 4), mask);
+  const __m128i b = Load16(nib);
+  w[0] = Nibbles(b, false);
+  w[1] = Nibbles(b, true);
 }
 HWY_INLINE void Q80Weights(const int8_t* v, VI* w) {
   w[0] = _mm_loadu_si128(reinterpret_cast<const __m128i*>(v));
   w[1] = _mm_loadu_si128(reinterpret_cast<const __m128i*>(v + 16));
 }
+HWY_INLINE void Q50Weights(const uint8_t* blk, VI* w) {
+  Q41Weights(blk + 6, w);
+  const VI qh = _mm_set1_epi32(static_cast<int>(int8_internal::LoadU32(blk + 2)));
+  const VI bit = _mm_set1_epi64x(static_cast<int64_t>(0x8040201008040201ull));
+  const VI top = _mm_set1_epi8(static_cast<char>(0xF0));
+  for (int g = 0; g < 2; ++g) {
+    const VI sel = g == 0 ? _mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1)
+                          : _mm_setr_epi8(2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+    const VI set = _mm_cmpeq_epi8(_mm_and_si128(_mm_shuffle_epi8(qh, sel), bit), bit);
+    w[g] = _mm_or_si128(w[g], _mm_andnot_si128(set, top));
+  }
+}
+HWY_INLINE void Q4KWeights(const uint8_t* q, bool high, VI* w) {
+  w[0] = Nibbles(Load16(q), high);
+  w[1] = Nibbles(Load16(q + 16), high);
+}
+HWY_INLINE void Q6KWeights(const uint8_t* ql, const uint8_t* qh, uint32_t k, VI* w) {
+  const __m128i count = _mm_cvtsi32_si128(static_cast<int>(2 * k));
+  for (int g = 0; g < 2; ++g) {
+    const VI low = Nibbles(Load16(ql + 16 * g), k >= 2);
+    const VI hi = _mm_and_si128(_mm_srl_epi16(Load16(qh + 16 * g), count), _mm_set1_epi8(3));
+    w[g] = _mm_sub_epi8(_mm_or_si128(low, _mm_slli_epi16(hi, 4)), _mm_set1_epi8(32));
+  }
+}
+HWY_INLINE void SubScalesT(int s0, int s1, VI* s) {
+  s[0] = _mm_set1_epi16(static_cast<int16_t>(s0));
+  s[1] = _mm_set1_epi16(static_cast<int16_t>(s1));
+}
+HWY_INLINE __m128 LoadDm(const uint8_t* blk, bool has_min) {
+  return _mm_setr_ps(HalfT(blk), has_min ? HalfT(blk + 2) : 0.0f, 0.0f, 0.0f);
+}
 HWY_INLINE VI Dot4(VI a, VI b) { return _mm_madd_epi16(_mm_maddubs_epi16(a, b), _mm_set1_epi16(1)); }
+HWY_INLINE VI Dot4Scaled(VI a, VI b, VI s) { return _mm_madd_epi16(_mm_maddubs_epi16(a, b), s); }
 HWY_INLINE VI AbsI8(VI v) { return _mm_abs_epi8(v); }
 HWY_INLINE VI SignI8(VI v, VI s) { return _mm_sign_epi8(v, s); }
-HWY_INLINE __m128 LoadDm(GgmlType type, const uint8_t* blk) {
-  float d, m;
-  BlockScalesT(type, blk, &d, &m);
-  return _mm_setr_ps(d, m, 0.0f, 0.0f);
-}
 HWY_INLINE VF Accumulate(VF acc, VI lanes, __m128 scale) {
   return _mm_add_ps(acc, _mm_mul_ps(_mm_cvtepi32_ps(lanes), _mm_shuffle_ps(scale, scale, 0)));
 }
 HWY_INLINE void StoreF(VF v, float* out) { _mm_storeu_ps(out, v); }
 #endif
 
-constexpr size_t kPrefetchBytes = 2048;
+// One row's share of input block b: its codes as the unsigned operand of
+// the byte products (|w| for signed codes), the codes themselves (the sign
+// source), the pmaddwd multipliers (types with sub-block scales) and (d, m,
+// -, -) for the float steps.
+struct RowBlock {
+  VI a[kGroups], w[kGroups], s[kGroups];
+  __m128 dm;
+};
 
-// R rows (pointers to their first block) times T tokens of x from token t0,
-// over nb blocks; out[t * out_stride + r]. Q8_0's signed weights go through
-// |w| times sign(w) * q, which keeps every product and pair sum exact.
-template <int R, int T>
-HWY_INLINE void RowsTimesTokens(GgmlType type, const uint8_t* const* rows, const QuantizedInputs& x,
-                                uint32_t t0, uint32_t nb, float* out, size_t out_stride) {
-  using namespace int8_internal;
-  const bool q41 = type == GgmlType::kQ4_1;
-  const size_t bb = BlockBytes(type);
-  VF acc[R][T][kGroups];
-  // Lane 1: the minimum term, sum of m * c in block order (lane 0 unused).
-  __m128 mt[R][T];
-  for (int r = 0; r < R; ++r) {
-    for (int t = 0; t < T; ++t) {
-      mt[r][t] = _mm_setzero_ps();
-      for (int g = 0; g < kGroups; ++g) acc[r][t][g] = ZeroF();
+// A K type super-block's scales for its eight blocks of 32, decoded once
+// at its first block: (d, m, -, -) and the pmaddwd multipliers of each.
+struct SuperScales {
+  __m128 dm[8];
+  VI s[8][kGroups];
+};
+
+template <GgmlType kT>
+HWY_INLINE void LoadSuperScales(const uint8_t* sb, SuperScales* out) {
+  namespace gb = ggml_blocks;
+  if constexpr (kT == GgmlType::kQ4_K) {
+    const float d = HalfT(sb), dmin = HalfT(sb + 2);
+    for (uint32_t j = 0; j < 8; ++j) {
+      uint8_t sc, mn;
+      gb::Q4KScaleMin(j, sb + gb::kQ4KScales, &sc, &mn);
+      out->dm[j] = _mm_setr_ps(d, -(dmin * static_cast<float>(mn)), 0.0f, 0.0f);
+      SubScalesT(sc, sc, out->s[j]);
+    }
+  } else {
+    const __m128 dm = _mm_setr_ps(HalfT(sb + gb::kQ6KD), 0.0f, 0.0f, 0.0f);
+    const int8_t* sc = reinterpret_cast<const int8_t*>(sb + gb::kQ6KScales);
+    for (uint32_t j = 0; j < 8; ++j) {
+      out->dm[j] = dm;
+      SubScalesT(sc[2 * j], sc[2 * j + 1], out->s[j]);
     }
   }
-  for (uint32_t b = 0; b < nb; ++b) {
-    VI xv[T][kGroups];
-    __m128 dxc[T];  // (dx, c, -, -) of the token's block
+}
+
+// Block b's codes; for the K types b is block kJ of its super-block
+// (b % 8 == kJ, known at compile time) and its scales come from `ss`, the
+// super-block's (Q6_K's block j = 4 h + k takes scales 8 h + 2 k and the
+// next, i.e. 2 j and 2 j + 1).
+template <GgmlType kT, uint32_t kJ>
+HWY_INLINE void LoadRowBlock(const uint8_t* row, uint32_t b, const SuperScales* ss, RowBlock* rb) {
+  namespace gb = ggml_blocks;
+  if constexpr (kT == GgmlType::kQ4_1 || kT == GgmlType::kQ8_0 || kT == GgmlType::kQ5_0) {
+    (void)ss;
+    const uint8_t* blk = row + static_cast<size_t>(b) * BytesPer32(kT);
+    if constexpr (kT == GgmlType::kQ4_1) {
+      Q41Weights(blk + 4, rb->w);
+    } else if constexpr (kT == GgmlType::kQ5_0) {
+      Q50Weights(blk, rb->w);
+    } else {
+      Q80Weights(reinterpret_cast<const int8_t*>(blk + 2), rb->w);
+    }
+    rb->dm = LoadDm(blk, kT == GgmlType::kQ4_1);
+  } else {
+    constexpr uint32_t j = kJ;
+    if constexpr (kT == GgmlType::kQ4_K) {
+      const uint8_t* sb = row + static_cast<size_t>(b / 8) * gb::kQ4KBytes;
+      Q4KWeights(sb + gb::kQ4KQs + 32 * (j / 2), j % 2 != 0, rb->w);
+    } else {
+      const uint8_t* sb = row + static_cast<size_t>(b / 8) * gb::kQ6KBytes;
+      constexpr uint32_t h = j / 4, k = j % 4;
+      Q6KWeights(sb + 64 * h + 32 * (k % 2), sb + gb::kQ6KQh + 32 * h, k, rb->w);
+    }
+    for (int g = 0; g < kGroups; ++g) rb->s[g] = ss->s[j][g];
+    rb->dm = ss->dm[j];
+  }
+  for (int g = 0; g < kGroups; ++g) rb->a[g] = SignedCodes(kT) ? AbsI8(rb->w[g]) : rb->w[g];
+}
+
+constexpr size_t kPrefetchBytes = 2048;
+
+// The accumulators of R rows x T tokens: per group the eight lanes' sums,
+// and in lane 1 of mt the minimum term, sum of m * c in block order (lane 0
+// unused).
+template <int R, int T>
+struct Accumulators {
+  VF acc[R][T][kGroups];
+  __m128 mt[R][T];
+};
+
+// Block b (block kJ of its super-block for the K types) of R rows times T
+// tokens of x from token t0, into a.
+template <GgmlType kT, int R, int T, uint32_t kJ>
+HWY_INLINE void BlockStep(const uint8_t* const* rows, const QuantizedInputs& x, uint32_t t0, uint32_t nb,
+                          uint32_t b, const SuperScales* ss, Accumulators<R, T>& a) {
+  VI xv[T][kGroups];
+  __m128 dxc[T];  // (dx, c, -, -) of the token's block
+  for (int t = 0; t < T; ++t) {
+    const size_t xb = static_cast<size_t>(t0 + t) * nb + b;
+    for (int g = 0; g < kGroups; ++g) xv[t][g] = LoadCodes(x.q.data() + xb * kInt8Block, g);
+    dxc[t] = _mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(x.dxc.data() + 2 * xb)));
+  }
+  for (int r = 0; r < R; ++r) {
+    // Weights stream from memory once per product: ask for them well
+    // ahead (the hardware prefetcher alone leaves decode waiting on DRAM).
+    _mm_prefetch(reinterpret_cast<const char*>(rows[r] + b * BytesPer32(kT)) + kPrefetchBytes, _MM_HINT_T0);
+    RowBlock rb;
+    LoadRowBlock<kT, kJ>(rows[r], b, SubScales(kT) ? &ss[r] : nullptr, &rb);
     for (int t = 0; t < T; ++t) {
-      const size_t xb = static_cast<size_t>(t0 + t) * nb + b;
-      for (int g = 0; g < kGroups; ++g) xv[t][g] = LoadCodes(x.q.data() + xb * kInt8Block, g);
-      dxc[t] = _mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(x.dxc.data() + 2 * xb)));
-    }
-    for (int r = 0; r < R; ++r) {
-      const uint8_t* blk = rows[r] + b * bb;
-      // Weights stream from memory once per product: ask for them well
-      // ahead (the hardware prefetcher alone leaves decode waiting on DRAM).
-      _mm_prefetch(reinterpret_cast<const char*>(blk) + kPrefetchBytes, _MM_HINT_T0);
-      VI w[kGroups];
-      if (q41) {
-        Q41Weights(blk + 4, w);
-      } else {
-        Q80Weights(reinterpret_cast<const int8_t*>(blk + 2), w);
-      }
-      const __m128 dm = LoadDm(type, blk);
-      for (int t = 0; t < T; ++t) {
-        const __m128 prod = _mm_mul_ps(dm, dxc[t]);  // (d * dx, m * c)
-        for (int g = 0; g < kGroups; ++g) {
-          const VI lanes = q41 ? Dot4(w[g], xv[t][g]) : Dot4(AbsI8(w[g]), SignI8(xv[t][g], w[g]));
-          acc[r][t][g] = Accumulate(acc[r][t][g], lanes, prod);
+      const __m128 prod = _mm_mul_ps(rb.dm, dxc[t]);  // (d * dx, m * c)
+      for (int g = 0; g < kGroups; ++g) {
+        const VI xs = SignedCodes(kT) ? SignI8(xv[t][g], rb.w[g]) : xv[t][g];
+        VI lanes;
+        if constexpr (SubScales(kT)) {
+          lanes = Dot4Scaled(rb.a[g], xs, rb.s[g]);
+        } else {
+          lanes = Dot4(rb.a[g], xs);
         }
-        if (q41) mt[r][t] = _mm_add_ps(mt[r][t], prod);
+        a.acc[r][t][g] = Accumulate(a.acc[r][t][g], lanes, prod);
       }
+      if constexpr (HasMin(kT)) a.mt[r][t] = _mm_add_ps(a.mt[r][t], prod);
     }
+  }
+}
+
+// The eight blocks of a K type's super-block starting at block b, each
+// with its position known at compile time.
+template <GgmlType kT, int R, int T, uint32_t... kJ>
+HWY_INLINE void SuperBlockSteps(const uint8_t* const* rows, const QuantizedInputs& x, uint32_t t0, uint32_t nb,
+                                uint32_t b, const SuperScales* ss, Accumulators<R, T>& a,
+                                std::integer_sequence<uint32_t, kJ...>) {
+  (BlockStep<kT, R, T, kJ>(rows, x, t0, nb, b + kJ, ss, a), ...);
+}
+
+// R rows (pointers to their first block) times T tokens of x from token t0,
+// over nb blocks of 32; out[t * out_stride + r].
+template <GgmlType kT, int R, int T>
+HWY_INLINE void RowsTimesTokens(const uint8_t* const* rows, const QuantizedInputs& x, uint32_t t0, uint32_t nb,
+                                float* out, size_t out_stride) {
+  using namespace int8_internal;
+  Accumulators<R, T> a;
+  for (int r = 0; r < R; ++r) {
+    for (int t = 0; t < T; ++t) {
+      a.mt[r][t] = _mm_setzero_ps();
+      for (int g = 0; g < kGroups; ++g) a.acc[r][t][g] = ZeroF();
+    }
+  }
+  if constexpr (SubScales(kT)) {
+    SuperScales ss[R];
+    for (uint32_t b = 0; b < nb; b += 8) {
+      const size_t sb = static_cast<size_t>(b / 8) * GgmlTypeSizeOf(kT).block_bytes;
+      for (int r = 0; r < R; ++r) LoadSuperScales<kT>(rows[r] + sb, &ss[r]);
+      SuperBlockSteps<kT, R, T>(rows, x, t0, nb, b, ss, a, std::make_integer_sequence<uint32_t, 8>());
+    }
+  } else {
+    for (uint32_t b = 0; b < nb; ++b) BlockStep<kT, R, T, 0>(rows, x, t0, nb, b, nullptr, a);
   }
   for (int r = 0; r < R; ++r) {
     for (int t = 0; t < T; ++t) {
       float lanes[8];
       HWY_ALIGN float m4[4];
-      for (int g = 0; g < kGroups; ++g) StoreF(acc[r][t][g], lanes + 4 * g);
-      _mm_store_ps(m4, mt[r][t]);
+      for (int g = 0; g < kGroups; ++g) StoreF(a.acc[r][t][g], lanes + 4 * g);
+      _mm_store_ps(m4, a.mt[r][t]);
       out[t * out_stride + r] = SumLanes(lanes) + m4[1];
     }
   }
 }
 
-template <int R>
-void RowsTimesAll(GgmlType type, const uint8_t* const* rows, const QuantizedInputs& x, uint32_t nb,
-                  float* out, uint32_t out_stride) {
+template <GgmlType kT, int R>
+void RowsTimesAll(const uint8_t* const* rows, const QuantizedInputs& x, uint32_t nb, float* out,
+                  uint32_t out_stride) {
   uint32_t t = 0;
   for (; t + 2 <= x.n; t += 2) {
-    RowsTimesTokens<R, 2>(type, rows, x, t, nb, out + static_cast<size_t>(t) * out_stride, out_stride);
+    RowsTimesTokens<kT, R, 2>(rows, x, t, nb, out + static_cast<size_t>(t) * out_stride, out_stride);
   }
   if (t < x.n) {
-    RowsTimesTokens<R, 1>(type, rows, x, t, nb, out + static_cast<size_t>(t) * out_stride, out_stride);
+    RowsTimesTokens<kT, R, 1>(rows, x, t, nb, out + static_cast<size_t>(t) * out_stride, out_stride);
   }
 }
 
-void MatMulRowsInt8T(const WeightMatrix& w, uint32_t r0, uint32_t r1, const QuantizedInputs& x,
-                     float* out) {
+template <GgmlType kT>
+void RowsInt8(const WeightMatrix& w, uint32_t r0, uint32_t r1, const QuantizedInputs& x, float* out) {
   const uint32_t nb = w.cols / kInt8Block;
   for (uint32_t r = r0; r < r1; r += 4) {
     const uint32_t m = std::min<uint32_t>(4, r1 - r);
@@ -293,11 +530,22 @@ void MatMulRowsInt8T(const WeightMatrix& w, uint32_t r0, uint32_t r1, const Quan
     for (uint32_t k = 0; k < m; ++k) rows[k] = w.data + static_cast<size_t>(r + k) * w.row_bytes;
     float* o = out + r;
     switch (m) {
-      case 4: RowsTimesAll<4>(w.type, rows, x, nb, o, w.rows); break;
-      case 3: RowsTimesAll<3>(w.type, rows, x, nb, o, w.rows); break;
-      case 2: RowsTimesAll<2>(w.type, rows, x, nb, o, w.rows); break;
-      default: RowsTimesAll<1>(w.type, rows, x, nb, o, w.rows); break;
+      case 4: RowsTimesAll<kT, 4>(rows, x, nb, o, w.rows); break;
+      case 3: RowsTimesAll<kT, 3>(rows, x, nb, o, w.rows); break;
+      case 2: RowsTimesAll<kT, 2>(rows, x, nb, o, w.rows); break;
+      default: RowsTimesAll<kT, 1>(rows, x, nb, o, w.rows); break;
     }
+  }
+}
+
+void MatMulRowsInt8T(const WeightMatrix& w, uint32_t r0, uint32_t r1, const QuantizedInputs& x,
+                     float* out) {
+  switch (w.type) {
+    case GgmlType::kQ4_1: RowsInt8<GgmlType::kQ4_1>(w, r0, r1, x, out); break;
+    case GgmlType::kQ5_0: RowsInt8<GgmlType::kQ5_0>(w, r0, r1, x, out); break;
+    case GgmlType::kQ4_K: RowsInt8<GgmlType::kQ4_K>(w, r0, r1, x, out); break;
+    case GgmlType::kQ6_K: RowsInt8<GgmlType::kQ6_K>(w, r0, r1, x, out); break;
+    default: RowsInt8<GgmlType::kQ8_0>(w, r0, r1, x, out); break;
   }
 }
 

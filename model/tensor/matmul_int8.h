@@ -1,7 +1,9 @@
 // The integer-lane weight product behind MatMul's MatMulInputs::kInt8 path
 // (the rounding and the exact summation order are in matmul_int8.cc's
 // opening comment): inputs rounded to int8 per 32 values once per product,
-// Q4_1 / Q8_0 rows multiplied in integer lanes, one scale per block.
+// Q4_1 / Q5_0 / Q8_0 / Q4_K / Q6_K rows multiplied in integer lanes (the K
+// types' sub-block scales multiply the integer lanes), one float scale per
+// block of 32.
 //
 // Thread safety: pure functions; a QuantizedInputs is read-only once made.
 #pragma once
@@ -26,13 +28,18 @@ struct QuantizedInputs {
 
 void QuantizeInputs(const float* x, uint32_t n, uint32_t cols, QuantizedInputs* out);
 
-// True iff MatMul takes the integer path for w (kInt8 requested, a Q4_1 or
-// Q8_0 matrix).
-inline bool UsesInt8(const WeightMatrix& w) {
-  return w.inputs == MatMulInputs::kInt8 && (w.type == GgmlType::kQ4_1 || w.type == GgmlType::kQ8_0);
+// True for the types the integer path multiplies: Q4_1, Q5_0, Q8_0, Q4_K,
+// Q6_K.
+inline bool Int8Type(GgmlType t) {
+  return t == GgmlType::kQ4_1 || t == GgmlType::kQ5_0 || t == GgmlType::kQ8_0 || t == GgmlType::kQ4_K ||
+         t == GgmlType::kQ6_K;
 }
 
-// The reference: out[t][r] for every row (w a Q4_1 or Q8_0 matrix).
+// True iff MatMul takes the integer path for w (kInt8 requested, a matrix
+// of an Int8Type).
+inline bool UsesInt8(const WeightMatrix& w) { return w.inputs == MatMulInputs::kInt8 && Int8Type(w.type); }
+
+// The reference: out[t][r] for every row (w a matrix of an Int8Type).
 void MatMulInt8Scalar(const WeightMatrix& w, const QuantizedInputs& x, float* out);
 // Rows [r0, r1), the best SIMD target (runtime dispatch); bit-identical to
 // MatMulInt8Scalar.

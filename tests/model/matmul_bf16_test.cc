@@ -29,10 +29,9 @@ struct Case {
 
 size_t RowBytes(GgmlType t, uint32_t cols) {
   switch (t) {
-    case GgmlType::kQ4_1: return cols / 32 * 20;
-    case GgmlType::kQ8_0: return cols / 32 * 34;
     case GgmlType::kF16: return size_t{cols} * 2;
-    default: return size_t{cols} * 4;
+    case GgmlType::kF32: return size_t{cols} * 4;
+    default: return QuantRowBytes(t, cols);
   }
 }
 
@@ -91,6 +90,8 @@ const Case kCases[] = {
     {GgmlType::kQ8_0, 33, 64},   {GgmlType::kQ4_1, 16, 32},
     {GgmlType::kF32, 21, 40},    // columns not a multiple of 32
     {GgmlType::kF16, 5, 96},
+    {GgmlType::kQ5_0, 19, 160},  {GgmlType::kQ4_K, 18, 512},  // Gemma 3's types
+    {GgmlType::kQ6_K, 35, 256},
 };
 const uint32_t kTokens[] = {1, 3, 16, 17, 33, 48, 64, 70};
 
