@@ -31,8 +31,10 @@
 // every other token as its text; with add_space_prefix the leading space of
 // the first token (the one after a leading BOS) is dropped. The result need
 // not be valid UTF-8 (byte tokens): SanitizeUtf8 it for display.
-// Decode(Encode(s)) == s for any bytes s when add_space_prefix is off and
-// the text holds no "<0xNN>" that merging could turn into a byte token.
+// Decode(Encode(s)) == s when add_space_prefix is off, for valid UTF-8
+// (an invalid lead byte right before a space takes part of its "▁", which
+// then decodes as those bytes) that holds no "<0xNN>" merging could turn
+// into a byte token.
 //
 // Thread safety: immutable after Create/FromGguf; share it freely.
 #pragma once
