@@ -33,8 +33,8 @@
 // not be valid UTF-8 (byte tokens): SanitizeUtf8 it for display.
 // Decode(Encode(s)) == s when add_space_prefix is off, for valid UTF-8
 // (an invalid lead byte right before a space takes part of its "▁", which
-// then decodes as those bytes) that holds no "<0xNN>" merging could turn
-// into a byte token.
+// then decodes as those bytes) that holds no "▁" of its own (it decodes as
+// a space) and no "<0xNN>" merging could turn into a byte token.
 //
 // Thread safety: immutable after Create/FromGguf; share it freely.
 #pragma once
