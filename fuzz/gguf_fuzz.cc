@@ -3,8 +3,8 @@
 // every metadata accessor on every key, every tensor dequantized
 // (model/tensor/gguf_dequant.cc, bounded) with the SIMD result bit-identical to the
 // scalar reference (NaN payloads aside: a NaN scale gives NaN either way),
-// and the BPE tokenizer built from the metadata
-// (model/tokenizer/bpe_tokenizer_gguf.cc) encoding and decoding the input's last bytes.
+// and the tokenizer built from the metadata (byte-level BPE or
+// SentencePiece, model/tokenizer/gguf_tokenizer.cc) encoding and decoding the input's last bytes.
 // Properties: a refused file is Corruption / InvalidArgument / Unimplemented /
 // NotFound / OutOfRange, never Internal; an accepted tensor's bytes are
 // exactly num_bytes; ids the tokenizer returns are inside its vocabulary and
@@ -17,7 +17,7 @@
 #include "fuzz/fuzz_target.h"
 #include "model/io/gguf.h"
 #include "model/tensor/gguf_dequant.h"
-#include "model/tokenizer/bpe_tokenizer.h"
+#include "model/tokenizer/gguf_tokenizer.h"
 
 namespace {
 using kvcache::StatusCode;
@@ -81,7 +81,7 @@ KVCACHE_FUZZ_TARGET(gguf) {
       }
     }
   }
-  auto tok = BpeTokenizer::FromGguf(f);
+  auto tok = GgufTokenizer::FromGguf(f);
   if (!tok.ok()) {
     FUZZ_CHECK(Expected(tok.status().code()));
     return 0;

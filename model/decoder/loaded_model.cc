@@ -11,7 +11,7 @@ Result<std::unique_ptr<LoadedModel>> LoadedModel::Load(const std::string& model_
   if (IsGgufFile(model_path)) {
     KV_ASSIGN_OR_RETURN(std::unique_ptr<GgufFile> f, GgufFile::Open(model_path));
     std::shared_ptr<const GgufFile> file(std::move(f));
-    KV_ASSIGN_OR_RETURN(BpeTokenizer tok, BpeTokenizer::FromGguf(*file));
+    KV_ASSIGN_OR_RETURN(GgufTokenizer tok, GgufTokenizer::FromGguf(*file));
     KV_ASSIGN_OR_RETURN(Model m, ModelFromGguf(file, options));
     if (tok.vocab_size() != m.config().vocab_size) {
       return Status::Corruption("GGUF " + model_path + ": the tokenizer has " +

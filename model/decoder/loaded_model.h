@@ -16,8 +16,8 @@
 #include "kvcache/status.h"
 #include "model/decoder/gguf_model.h"
 #include "model/io/checkpoint.h"
-#include "model/tokenizer/bpe_tokenizer.h"
 #include "model/tokenizer/chat_template.h"
+#include "model/tokenizer/gguf_tokenizer.h"
 #include "model/tokenizer/tokenizer.h"
 
 namespace kvcache::model {
@@ -53,7 +53,7 @@ class LoadedModel {
   LoadedModel(Model model) : model_(std::move(model)) {}
   Model model_;
   std::optional<Tokenizer> llama2c_;
-  std::optional<BpeTokenizer> bpe_;
+  std::optional<GgufTokenizer> bpe_;
 };
 
 }  // namespace kvcache::model
