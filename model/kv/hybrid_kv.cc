@@ -67,11 +67,6 @@ Result<std::shared_ptr<const HybridModel>> HybridKv::MakeModel(const AttentionSh
   std::vector<LayerSpec> layers;
   for (uint32_t l = 0; l < shape.n_layers; ++l) {
     const uint32_t w = shape.window(l);
-    if (w > shape.max_seq_len) {
-      return Status::InvalidArgument("hybrid kv: layer " + std::to_string(l) + "'s window of " + std::to_string(w) +
-                                     " positions is larger than the context of " +
-                                     std::to_string(shape.max_seq_len));
-    }
     if (w != 0) {
       layers.push_back(LayerSpec::Window(0, w));
     } else if (spec.kind == EvictionSpec::Kind::kStreaming) {

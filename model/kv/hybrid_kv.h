@@ -78,8 +78,8 @@ struct HybridKvOptions {
 class HybridKv final : public SequenceKv<HybridSequence> {
  public:
   // InvalidArgument for a shape or options the hybrid cache cannot build
-  // (the message names it: a window larger than max_seq_len, pools of the
-  // wrong geometry or formats, a precision window with eviction, ...).
+  // (the message names it: pools of the wrong geometry or formats, a
+  // precision window with eviction, ...).
   static Result<std::unique_ptr<HybridKv>> Create(const AttentionShape& shape,
                                                   const HybridKvOptions& options);
   // The HybridModel a shape and options give (its groups, pools' geometry).

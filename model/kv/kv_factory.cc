@@ -22,13 +22,6 @@ Result<std::unique_ptr<KvBackend>> CreateKvBackend(const AttentionShape& shape,
     return Status::InvalidArgument("kv backend: " + std::to_string(shape.windows.size()) + " layer windows for " +
                                    std::to_string(shape.n_layers) + " layers");
   }
-  for (uint32_t l = 0; l < shape.windows.size(); ++l) {
-    if (shape.windows[l] > shape.max_seq_len) {
-      return Status::InvalidArgument("kv backend: layer " + std::to_string(l) + "'s window of " +
-                                     std::to_string(shape.windows[l]) + " positions is larger than the context of " +
-                                     std::to_string(shape.max_seq_len));
-    }
-  }
   if (options.local_formats && (options.kind == BackendKind::kNaive || !shape.has_windows())) {
     return Status::InvalidArgument(
         "kv backend: a local (sliding-window layer) format needs the cache backend and a model with "

@@ -53,9 +53,9 @@ Result<PrecisionWindow> CacheWindowOf(const KvVariant& variant);
 // gets a HybridKv (its window layers in their own group and, paged, their
 // own pool), otherwise a CacheKv; kNaive a NaiveKv, which masks windows.
 // InvalidArgument when a format cannot take the model's head_dim (the
-// message says which: the backend's cache or codecs check it, once), a
-// window does not fit the context, or local formats meet a backend or model
-// without window layers; Unimplemented when a format is not built yet.
+// message says which: the backend's cache or codecs check it, once), or
+// local formats meet a backend or model without window layers (a window
+// longer than max_seq_len is allowed: it covers every position); Unimplemented when a format is not built yet.
 Result<std::unique_ptr<KvBackend>> CreateKvBackend(const AttentionShape& shape,
                                                    const KvBackendOptions& options);
 
