@@ -40,6 +40,7 @@ struct PerplexityCliOptions {
   uint32_t chunk = 1;
   uint32_t prefill = 0;
   uint32_t max_tokens = 0;
+  uint32_t score_from = 0;
   uint32_t threads = 2;
   std::string matmul = "f32";
   std::string logprobs_out;
@@ -76,8 +77,7 @@ std::string LogprobsPath(const std::string& base, FormatPair pair, bool several)
   return stem + "." + std::string(FormatName(pair.k)) + "_" + std::string(FormatName(pair.v)) + ext;
 }
 
-// The scores of one evaluation, in the JSON every format prints.
-void PutResult(const model::PerplexityResult& r, nlohmann::json& j) {
+void PutStats(const model::ScoreStats& r, nlohmann::json& j) {
   j["num_predictions"] = r.num_predictions;
   j["mean_nll"] = r.mean_nll;
   j["perplexity"] = r.perplexity;
@@ -87,13 +87,25 @@ void PutResult(const model::PerplexityResult& r, nlohmann::json& j) {
   j["top1_agree_vs_f32"] = r.top1_agree_vs_ref;
 }
 
-nlohmann::json EvaluationJson(const PerplexityCliOptions& o, const model::FormatEvaluation& e, uint32_t head_dim,
-                              size_t num_tokens, size_t encoded) {
+// The scores of one evaluation, in the JSON every format prints: over the
+// scored positions (>= scored_from), and over all of them.
+void PutResult(const model::PerplexityResult& r, nlohmann::json& j) {
+  PutStats(r, j);
+  j["scored_from"] = r.scored_from;
+  nlohmann::json all;
+  PutStats(r.all_positions, all);
+  j["all_positions"] = std::move(all);
+}
+
+nlohmann::json EvaluationJson(const PerplexityCliOptions& o, const model::FormatEvaluation& e,
+                              const std::string& name, const model::AttentionShape& shape,
+                              const model::KvBackendOptions& backend, size_t num_tokens, size_t encoded) {
+  const uint32_t head_dim = shape.head_dim;
   const bool ok = e.state == model::FormatEvaluation::State::kOk;
   const model::PerplexityResult& r = e.result;
   nlohmann::json j;
   j["model"] = o.model_path;
-  j["kv_format"] = FormatPairName(e.formats);
+  j["kv_format"] = name;
   j["layout"] = o.layout;
   j["backend"] = o.backend;
   j["eviction"] = o.eviction.empty() ? "none" : o.eviction;
@@ -109,6 +121,12 @@ nlohmann::json EvaluationJson(const PerplexityCliOptions& o, const model::Format
     PutResult(r, j);
     j["k_bits_per_value"] = BitsPerValue(e.formats.k, head_dim);
     j["v_bits_per_value"] = BitsPerValue(e.formats.v, head_dim);
+    // Over the whole cache at the scored length: every layer's rows at its
+    // group's format, the precision window's bf16 rows included.
+    const model::VariantBits bits = model::CacheBits(shape, backend, static_cast<uint32_t>(num_tokens));
+    j["cache_bits_per_value"] = bits.mean();
+    j["cache_k_bits_per_value"] = bits.k;
+    j["cache_v_bits_per_value"] = bits.v;
     if (!o.eviction.empty() && o.eviction != "none") {
       // What a budget keeps per position of the text: the format's bits x kept / scored.
       auto spec = model::ParseEvictionSpec(o.eviction);
@@ -256,8 +274,12 @@ int RunPerplexity(const PerplexityCliOptions& o) {
   auto files = model::LoadedModel::Load(o.model_path, o.tokenizer_path);
   if (!files.ok()) return Fail(files.status());
   const model::LoadedModel& lm = **files;
-  const bool variant = IsVariantSpec(o.formats.empty() ? o.kv_format : o.formats);
-  auto parsed = model::ParseKvBackendOptions(variant ? "f32" : o.kv_format, o.layout, o.backend,
+  const std::string spec = o.formats.empty() ? o.kv_format : o.formats;
+  // "global=F,local=G" entries (several separated by ';') are full backend
+  // specs: per-group formats, each group's own window.
+  const bool specs = spec.find('=') != std::string::npos || spec.find(';') != std::string::npos;
+  const bool variant = !specs && IsVariantSpec(spec);
+  auto parsed = model::ParseKvBackendOptions(variant || specs ? "f32" : o.kv_format, o.layout, o.backend,
                                              o.block_size);
   if (!parsed.ok()) return Fail(parsed.status());
   model::KvBackendOptions kv_options = *parsed;
@@ -266,7 +288,21 @@ int RunPerplexity(const PerplexityCliOptions& o) {
   kv_options.eviction = *eviction;
   kv_options.max_chunk_tokens = std::max(o.chunk, o.prefill);
   std::vector<FormatPair> pairs = {kv_options.formats};
-  if (!o.formats.empty() && !variant) {
+  std::vector<std::string> names;
+  std::vector<model::KvBackendOptions> backends;
+  if (specs) {
+    std::stringstream ss(spec);
+    std::string item;
+    while (std::getline(ss, item, ';')) {
+      auto b = model::ParseKvBackendOptions(item, o.layout, o.backend, o.block_size);
+      if (!b.ok()) return Fail(b.status());
+      b->eviction = kv_options.eviction;
+      b->max_chunk_tokens = kv_options.max_chunk_tokens;
+      names.push_back(item);
+      backends.push_back(*b);
+    }
+    if (backends.empty()) return Fail(Status::InvalidArgument("--formats: no entry given"));
+  } else if (!o.formats.empty() && !variant) {
     auto p = ParsePairs(o.formats);
     if (!p.ok()) return Fail(p.status());
     pairs = *p;
@@ -290,39 +326,54 @@ int RunPerplexity(const PerplexityCliOptions& o) {
   p.chunk_tokens = o.chunk;
   p.prefill_tokens = o.prefill;
   p.max_seq_len = static_cast<uint32_t>(tokens.size());
+  p.score_from = o.score_from;
+  if (o.score_from + 1 >= tokens.size()) {
+    return Fail(Status::InvalidArgument(fmt::format("--score-from {} leaves no prediction in {} tokens", o.score_from,
+                                                    tokens.size())));
+  }
   p.on_progress = ProgressPrinter();
   if (exact) p.reference_decoder = &*exact;
   if (variant) return RunVariants(o, decoder, tokens, p, kv_options);
-  auto evals = model::EvaluateFormats(decoder, tokens, kv_options, pairs, p);
+  if (!specs) {
+    for (FormatPair pair : pairs) {
+      backends.push_back(kv_options);
+      backends.back().formats = pair;
+      names.push_back(FormatPairName(pair));
+    }
+  }
+  auto evals = model::EvaluateBackends(decoder, tokens, backends, p);
   if (!evals.ok()) return Fail(evals.status());
-  const uint32_t hd = decoder.config().head_dim();
+  model::AttentionShape shape = decoder.attention_shape();
   bool all_ok = true;
   nlohmann::json list = nlohmann::json::array();
-  for (const model::FormatEvaluation& e : *evals) {
+  for (size_t i = 0; i < evals->size(); ++i) {
+    const model::FormatEvaluation& e = (*evals)[i];
     const bool ok = e.state == model::FormatEvaluation::State::kOk;
     all_ok = all_ok && ok;
     if (ok && !o.logprobs_out.empty()) {
       const uint64_t shape[1] = {e.result.logprobs.size()};
-      const std::string path = LogprobsPath(o.logprobs_out, e.formats, pairs.size() > 1);
+      const std::string path = LogprobsPath(o.logprobs_out, e.formats, backends.size() > 1);
       if (Status s = WriteNpy(path, shape, e.result.logprobs); !s.ok()) return Fail(s);
     }
-    nlohmann::json j = EvaluationJson(o, e, hd, tokens.size(), encoded);
+    nlohmann::json j = EvaluationJson(o, e, names[i], shape, backends[i], tokens.size(), encoded);
     if (o.json) {
       list.push_back(std::move(j));
     } else if (ok) {
       const model::PerplexityResult& r = e.result;
-      fmt::print("kv {} ({}): {} predictions, mean NLL {:.6f}, perplexity {:.4f} "
-                 "(f32 {:.4f}), KL vs f32 {:.3e}, top-1 agreement {:.2f}%\n",
-                 FormatPairName(e.formats), o.layout, r.num_predictions, r.mean_nll,
-                 r.perplexity, std::exp(r.ref_mean_nll), r.kl_vs_ref, 100.0 * r.top1_agree_vs_ref);
+      fmt::print("kv {} ({}): {} predictions{}, mean NLL {:.6f}, perplexity {:.4f} "
+                 "(f32 {:.4f}), KL vs f32 {:.3e}, top-1 agreement {:.2f}%, {:.3f} bits/value over the cache\n",
+                 names[i], o.layout, r.num_predictions,
+                 r.scored_from ? fmt::format(" from position {}", r.scored_from) : std::string(), r.mean_nll,
+                 r.perplexity, std::exp(r.ref_mean_nll), r.kl_vs_ref, 100.0 * r.top1_agree_vs_ref,
+                 j["cache_bits_per_value"].get<double>());
     } else {
-      fmt::print(stderr, "kvcache perplexity: {} is {} for this model: {}\n", FormatPairName(e.formats),
+      fmt::print(stderr, "kvcache perplexity: {} is {} for this model: {}\n", names[i],
                  model::FormatEvaluationStateName(e.state), e.message);
     }
   }
   if (o.json) {
     // One object for one format (the shape it always had), else an array of them.
-    fmt::print("{}\n", (pairs.size() == 1 && o.formats.empty() ? list[0] : list).dump(2));
+    fmt::print("{}\n", (backends.size() == 1 && o.formats.empty() ? list[0] : list).dump(2));
   }
   return all_ok ? 0 : 3;
 }
@@ -334,10 +385,15 @@ const bool kRegistered = RegisterOptionsCommand<PerplexityCliOptions>(
       app->add_option("--tokenizer", o.tokenizer_path, "llama2.c tokenizer.bin (not for GGUF)");
       app->add_option("--formats", o.formats,
                       "K:V,K:V,... evaluated in one process against one f32 run (overrides --kv-format); "
+                      "per layer group: global=SPEC,local=SPEC entries separated by ';'; "
                       "also kv variants: KSPEC[:VSPEC][+OPT]... (model/kv/kv_variant.h), e.g. turbo4+s4+r128 "
                       "(the cache's precision window; --backend naive models it and kc4:turbo4+s4+ob, "
                       "q4_0+rot, ...)");
       app->add_option("--max-tokens", o.max_tokens, "Score at most the first N tokens (0 = all that fit)")
+          ->capture_default_str();
+      app->add_option("--score-from", o.score_from,
+                      "Score only the predictions at positions >= N (the earlier ones are context, as "
+                      "llama-perplexity scores each chunk's second half); the JSON keeps all_positions too")
           ->capture_default_str();
       app->add_option("--threads", o.threads, "Threads for the weight products")->capture_default_str();
       app->add_option("--matmul", o.matmul,

@@ -9,6 +9,17 @@
 // calibrates from the rows of a head's first append (see cache.h): pure
 // decode steps calibrate on the first token (BOS) alone. Sums are in double.
 //
+// Scores can start late: with score_from = N only the predictions made at
+// positions >= N (of tokens N + 1 ..) are scored, the earlier positions being
+// context (as llama-perplexity scores the second half of each chunk), so a
+// long text's KL is not diluted by its easy early positions; the scores over
+// every position are kept beside them.
+//
+// EvaluateFormats and EvaluateVariants run the reference and every candidate
+// in lockstep, pass by pass, scoring each pass's logits and dropping them:
+// memory is a pass's logits per backend, not the whole text's (Gemma 3's
+// 262,144-token vocabulary makes a 32k text's logits 34 GB).
+//
 // Thread safety: one call per Decoder and backend at a time.
 #pragma once
 
@@ -34,6 +45,9 @@ struct PerplexityOptions {
   // Cache capacity for EvaluateFormats' backends (0 = the model's
   // max_seq_len; the CLI sizes it to the text).
   uint32_t max_seq_len = 0;
+  // Predictions at positions < score_from are context, not scored (the
+  // scores over every position are in PerplexityResult::all_positions).
+  uint32_t score_from = 0;
   // Called after each Forward pass with the positions fed so far and the
   // total (progress output); may be empty.
   std::function<void(size_t done, size_t total)> on_progress;
@@ -50,23 +64,65 @@ Result<std::vector<float>> TeacherForcedLogits(Decoder& decoder, KvBackend& kv,
                                                std::span<const int32_t> tokens,
                                                const PerplexityOptions& options = {});
 
-struct PerplexityResult {
-  uint32_t num_predictions = 0;  // tokens.size() - 1
-  double mean_nll = 0;           // nats per token
-  double perplexity = 0;         // exp(mean_nll)
+// Scores over a range of predictions.
+struct ScoreStats {
+  uint32_t num_predictions = 0;
+  double mean_nll = 0;    // nats per token
+  double perplexity = 0;  // exp(mean_nll)
   // Only with reference logits: mean KL(p_ref || p) in nats, the fraction of
   // positions whose argmax agrees, and the reference's own mean NLL.
   double kl_vs_ref = 0;
   double top1_agree_vs_ref = 0;
   double ref_mean_nll = 0;
-  // log p(tokens[i + 1]) under the scored logits, [num_predictions].
+};
+
+struct PerplexityResult : ScoreStats {
+  // The ScoreStats above cover the predictions at positions >= score_from
+  // (scored_from); these every prediction (tokens.size() - 1).
+  uint32_t scored_from = 0;
+  ScoreStats all_positions;
+  // log p(tokens[i + 1]) under the scored logits, for every prediction.
   std::vector<float> logprobs;
+};
+
+// Adds up predictions one at a time (in position order) into a
+// PerplexityResult.
+class LogitScorer {
+ public:
+  LogitScorer(uint32_t vocab, uint32_t num_predictions, uint32_t score_from);
+  // The logits at position i (predicting `next`), and the reference's (or empty).
+  void Add(uint32_t i, std::span<const float> row, int32_t next, std::span<const float> ref_row);
+  PerplexityResult Finish() const;
+
+ private:
+  struct Sums {
+    double nll = 0, ref_nll = 0, kl = 0;
+    uint32_t n = 0, agree = 0;
+    ScoreStats Stats(bool with_ref) const;
+  };
+  uint32_t vocab_, score_from_;
+  bool with_ref_ = false;
+  Sums from_, all_;
+  std::vector<float> logprobs_;
 };
 
 // Scores logits ([size-1][vocab], from TeacherForcedLogits) against tokens,
 // and against ref_logits (same shape) unless empty.
 PerplexityResult ScoreLogits(std::span<const float> logits, std::span<const int32_t> tokens,
-                             uint32_t vocab, std::span<const float> ref_logits = {});
+                             uint32_t vocab, std::span<const float> ref_logits = {},
+                             uint32_t score_from = 0);
+
+// Runs `tokens` through the reference backend `ref` (on ref_decoder) and
+// every backend of `kvs` (on decoder) in lockstep, pass by pass, scoring each
+// against the reference. A null entry of kvs is scored as the reference
+// itself (its logits are the reference's). Every backend must start empty.
+// A backend that fails with Unimplemented is dropped (its status in
+// `failed`, one entry per backend; other errors end the run).
+Result<std::vector<PerplexityResult>> ScoreInLockstep(Decoder& decoder, std::span<KvBackend* const> kvs,
+                                                      Decoder& ref_decoder, KvBackend& ref,
+                                                      std::span<const int32_t> tokens,
+                                                      const PerplexityOptions& options,
+                                                      std::vector<Status>* failed);
 
 // TeacherForcedLogits on kv (and ref, if not null) + ScoreLogits.
 Result<PerplexityResult> Perplexity(Decoder& decoder, KvBackend& kv, KvBackend* ref,
@@ -97,6 +153,20 @@ Result<std::vector<FormatEvaluation>> EvaluateFormats(Decoder& decoder,
                                                       const KvBackendOptions& backend,
                                                       std::span<const FormatPair> formats,
                                                       const PerplexityOptions& options = {});
+// Any backends (each its own options: formats, per-group formats, precision
+// window, eviction) against one f32 reference with the first one's layout
+// and block size that keeps every position in every layer. Entry i's
+// FormatEvaluation::formats is backends[i].formats.
+Result<std::vector<FormatEvaluation>> EvaluateBackends(Decoder& decoder, std::span<const int32_t> tokens,
+                                                       std::span<const KvBackendOptions> backends,
+                                                       const PerplexityOptions& options = {});
+// Mean bits per stored K/V value of a cache with these options at
+// `positions` positions: every layer's rows counted (a full layer's
+// `positions`, a sliding-window layer's min(positions, its window)), each at
+// its group's format (and the precision window's bf16 rows in the full
+// layers, CacheWindowBits). Eviction is not counted.
+VariantBits CacheBits(const AttentionShape& shape, const KvBackendOptions& options, uint32_t positions);
+
 // The same for one format pair (backend.formats).
 Result<FormatEvaluation> EvaluateFormat(Decoder& decoder, std::span<const int32_t> tokens,
                                         const KvBackendOptions& backend,
