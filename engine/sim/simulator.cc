@@ -167,7 +167,7 @@ class Sim final : private engine::SchedulerKv {
   std::mutex queue_mu_;  // the scheduler's queue (one thread here)
   engine::Scheduler scheduler_;
   double now_ = 0;
-  Status kv_error_;  // the first failure inside Release or Admit's bookkeeping
+  Status kv_error_;  // the first failure inside Admit's bookkeeping
   std::unordered_map<const Request*, uint32_t> unfinished_;  // samples not yet done, per request
   SimulateReport rep_;
   double queue_steps_sum_ = 0;
