@@ -10,6 +10,12 @@
 // are published as they fill (OffloadCache::Publish with the request's
 // chain hashes; without tiers the offload cache only names them in the
 // prefix cache).
+//
+// Sequences without rows (KvManagerOptions::rows false) keep the block
+// table a paged cache would keep, with the same pool calls in the same
+// order: appends draw from the sequence's reservation first and copy a
+// shared partial last block before writing it; truncations give blocks
+// back tail first; forks retain every block.
 #include "engine/kv_manager.h"
 
 #include <algorithm>
@@ -18,6 +24,106 @@
 #include "kvcache/geometry.h"
 
 namespace kvcache::engine {
+namespace {
+
+uint32_t CeilDiv(uint64_t a, uint32_t b) { return static_cast<uint32_t>((a + b - 1) / b); }
+
+// The engine's token ids as the prefix cache's (the same bits).
+std::span<const TokenId> AsTokenIds(std::span<const int32_t> tokens) {
+  static_assert(sizeof(TokenId) == sizeof(int32_t));
+  return {reinterpret_cast<const TokenId*>(tokens.data()), tokens.size()};
+}
+
+}  // namespace
+
+void ExtendChainHashes(std::span<const TokenId> tokens, uint32_t block_size, std::string_view salt,
+                       size_t full, std::vector<BlockHash>* hashes) {
+  while (hashes->size() < full) {
+    const size_t b = hashes->size();
+    const BlockHash parent = b == 0 ? ChainRoot(salt) : hashes->back();
+    hashes->push_back(ChainHash(parent, tokens.subspan(b * block_size, block_size)));
+  }
+}
+
+// --- KvSequence --------------------------------------------------------------
+
+KvSequence::~KvSequence() {
+  if (!pool_) return;
+  const uint64_t reserved = reserved_blocks();
+  if (reserved > 0) pool_->Unreserve(static_cast<uint32_t>(reserved));
+  if (!table_.empty()) {
+    const std::vector<uint32_t> back_to_front(table_.rbegin(), table_.rend());
+    (void)pool_->Release(back_to_front);  // the table's own references: cannot fail
+  }
+}
+
+Status KvSequence::NoRows() {
+  return Status::FailedPrecondition("kv manager: a sequence without rows stores and attends nothing");
+}
+
+Result<std::unique_ptr<model::KvBackend>> KvSequence::Fork() {
+  if (!kv_) return NoRows();
+  return kv_->Fork();
+}
+
+uint64_t KvSequence::reserved_blocks() const {
+  uint64_t n = reserved_;
+  for (uint32_t share : fork_shares_) n += share;
+  return n;
+}
+
+Status KvSequence::CheckBlocks() const {
+  if (kv_) return Status::Ok();
+  if (table_.size() != CeilDiv(length_, pool_->block_size())) {
+    return Status::Internal("kv manager: " + std::to_string(table_.size()) + " blocks hold " +
+                            std::to_string(length_) + " rows");
+  }
+  return Status::Ok();
+}
+
+Status KvSequence::ExtendBlocks(uint32_t n) {
+  const uint32_t B = pool_->block_size();
+  const uint32_t new_blocks = CeilDiv(uint64_t{length_} + n, B) - static_cast<uint32_t>(table_.size());
+  // Writing into a shared partial last block copies it first (copy on write).
+  const bool cow = length_ % B != 0 && !pool_->IsExclusive(table_.back());
+  const uint32_t total = new_blocks + (cow ? 1 : 0);
+  if (total > 0) {
+    std::vector<uint32_t> fresh(total);
+    const uint32_t from_reserved = std::min(total, reserved_);
+    KV_RETURN_IF_ERROR(pool_->Allocate(fresh, from_reserved));
+    reserved_ -= from_reserved;
+    size_t next = 0;
+    if (cow) {
+      const uint32_t old = table_.back();
+      table_.back() = fresh[next++];
+      KV_RETURN_IF_ERROR(pool_->Release(std::span<const uint32_t>(&old, 1)));
+    }
+    for (; next < fresh.size(); ++next) table_.push_back(fresh[next]);
+  }
+  length_ += n;
+  return Status::Ok();
+}
+
+Status KvSequence::TruncateBlocks(uint32_t num_tokens) {
+  if (num_tokens > length_) {
+    return Status::OutOfRange("kv manager: truncate to " + std::to_string(num_tokens) + " of " +
+                              std::to_string(length_) + " rows");
+  }
+  const uint32_t keep = CeilDiv(num_tokens, pool_->block_size());
+  length_ = num_tokens;
+  if (keep >= table_.size()) return Status::Ok();
+  std::vector<uint32_t> drop(table_.rbegin(), table_.rend() - keep);  // tail first
+  table_.resize(keep);
+  if (truncate_reserves_) {
+    KV_ASSIGN_OR_RETURN(const uint32_t got,
+                        pool_->ReleaseAndReserve(drop, static_cast<uint32_t>(drop.size())));
+    reserved_ += got;
+    return Status::Ok();
+  }
+  return pool_->Release(drop);
+}
+
+// --- KvManager ---------------------------------------------------------------
 
 KvManager::KvManager(const model::AttentionShape& shape, ThreadPool* attention_pool,
                      const KvManagerOptions& options)
@@ -38,10 +144,11 @@ Result<std::unique_ptr<KvManager>> KvManager::Create(const model::AttentionShape
 
 Status KvManager::Init() {
   const KvManagerOptions& o = options_;
-  if (!o.tiers.empty() && !o.prefix_cache) {
+  const bool tiered = !o.tiers.empty() || !o.tier_objects.empty();
+  if (tiered && !o.prefix_cache) {
     return Status::InvalidArgument("engine: tiers need the prefix cache");
   }
-  if (!o.tiers.empty() && o.model_id.empty()) {
+  if (tiered && o.model_id.empty()) {
     return Status::InvalidArgument("engine: tiers need model_id (the model's fingerprint)");
   }
   const model::AttentionShape& s = shape_;
@@ -61,7 +168,7 @@ Status KvManager::Init() {
                                    std::to_string(per_seq));
   }
   if (!o.prefix_cache) return Status::Ok();
-  std::vector<std::shared_ptr<Tier>> tiers;
+  std::vector<std::shared_ptr<Tier>> tiers = o.tier_objects;
   if (!o.tiers.empty()) {
     KV_ASSIGN_OR_RETURN(tiers, MakeTiers(o.tiers));
   }
@@ -74,8 +181,7 @@ Status KvManager::Init() {
 
 std::vector<BlockHash> KvManager::HashPrompt(std::span<const int32_t> prompt) const {
   if (!options_.prefix_cache) return {};
-  const std::vector<TokenId> ids(prompt.begin(), prompt.end());
-  return HashFullBlocks(ids, options_.block_size, "");
+  return HashFullBlocks(AsTokenIds(prompt), options_.block_size, "");
 }
 
 uint64_t KvManager::AdmissionTokens(size_t tokens) const {
@@ -91,8 +197,7 @@ bool KvManager::CanAdmit(std::span<const int32_t> tokens) const {
   const uint64_t blocks = AdmissionDemand(tokens.size()).blocks[0];
   uint64_t hit = 0, parked = 0;
   if (prefix_) {
-    const std::vector<TokenId> ids(tokens.begin(), tokens.end() - 1);
-    const PrefixMatch m = prefix_->Peek(ids, "");
+    const PrefixMatch m = prefix_->Peek(AsTokenIds(tokens).first(tokens.size() - 1), "");
     hit = m.blocks.size();
     for (uint32_t b : m.blocks) parked += pool_->state(b) == BlockState::kCached ? 1 : 0;
   }
@@ -105,9 +210,8 @@ bool KvManager::CanAdmit(std::span<const int32_t> tokens) const {
 size_t KvManager::Adopt(model::CacheKv& kv, std::span<const int32_t> tokens, KvAdmission* found) {
   if (!offload_) return 0;
   // Every cached block but the one holding the last token: a token must run.
-  const std::vector<TokenId> ids(tokens.begin(), tokens.end() - 1);
   auto adopted = offload_->AcquireInto(
-      ids, "",
+      AsTokenIds(tokens).first(tokens.size() - 1), "",
       [&kv](std::span<const uint32_t> blocks, std::shared_ptr<const Calibration> calibration,
             std::shared_ptr<const WindowSinks> sinks) {
         return kv.AdoptPrefix(blocks, std::move(calibration), std::move(sinks));
@@ -118,6 +222,7 @@ size_t KvManager::Adopt(model::CacheKv& kv, std::span<const int32_t> tokens, KvA
 }
 
 Result<std::unique_ptr<KvSequence>> KvManager::Admit(std::span<const int32_t> tokens, KvAdmission* found) {
+  if (!options_.rows) return Admit(AsTokenIds(tokens), KvAdmitOptions{}, found);
   model::CacheKvOptions o;
   o.formats = options_.formats;
   o.window = options_.window;
@@ -135,6 +240,97 @@ Result<std::unique_ptr<KvSequence>> KvManager::Admit(std::span<const int32_t> to
   return seq;
 }
 
+Result<std::unique_ptr<KvSequence>> KvManager::Admit(std::span<const TokenId> tokens,
+                                                     const KvAdmitOptions& options, KvAdmission* found) {
+  if (tokens.empty() || options.samples == 0) {
+    return Status::InvalidArgument("kv manager: an admission needs a token and a sample");
+  }
+  if (!options_.rows) return AdmitBlocks(tokens, options, found);
+  if (options.reservation != KvReservation::kContextPlusBlock || options.samples != 1 ||
+      !options.salt.empty()) {
+    return Status::InvalidArgument(
+        "kv manager: sequences with rows reserve the context plus one block, one sample, no salt");
+  }
+  static_assert(sizeof(TokenId) == sizeof(int32_t));
+  return Admit(std::span<const int32_t>(reinterpret_cast<const int32_t*>(tokens.data()), tokens.size()),
+               found);
+}
+
+Result<std::unique_ptr<KvSequence>> KvManager::AdmitBlocks(std::span<const TokenId> tokens,
+                                                           const KvAdmitOptions& options,
+                                                           KvAdmission* found) {
+  const uint32_t B = options_.block_size;
+  const uint64_t len = tokens.size();
+  // Every cached block but the one holding the last token: a token must run.
+  PrefixMatch match;
+  if (offload_) {
+    match = offload_->Acquire(tokens.first(len - 1), options.salt, found != nullptr ? &found->served : nullptr);
+  }
+  const uint64_t hit = match.blocks.size();
+  // The shares: this sequence's, then each fork's.
+  uint64_t own = 0, fork = 1;
+  switch (options.reservation) {
+    case KvReservation::kContextPlusBlock:
+      own = AdmissionDemand(len).blocks[0];
+      break;
+    case KvReservation::kPrompt:
+      own = CeilDiv(len, B);
+      break;
+    case KvReservation::kWorstCase: {
+      const uint64_t worst = CeilDiv(len + options.max_new_tokens + options.draft_tokens, B);
+      own = worst;
+      fork = worst - len / B;  // the prompt's full blocks are shared
+      break;
+    }
+  }
+  own -= std::min(own, hit);
+  const uint64_t total = own + fork * (options.samples - 1);
+  Status reserve = total <= pool_->num_blocks() ? pool_->Reserve(static_cast<uint32_t>(total))
+                                                : Status::PoolExhausted("kv manager: a reservation past the pool");
+  if (!reserve.ok()) {
+    const std::vector<uint32_t> back(match.blocks.rbegin(), match.blocks.rend());
+    KV_RETURN_IF_ERROR(pool_->Release(back));
+    return reserve;  // PoolExhausted: nothing held
+  }
+  auto seq = std::make_unique<KvSequence>();
+  seq->pool_ = pool_;
+  seq->table_ = std::move(match.blocks);
+  seq->length_ = static_cast<uint32_t>(match.num_tokens);
+  seq->reserved_ = static_cast<uint32_t>(own);
+  seq->fork_shares_.assign(options.samples - 1, static_cast<uint32_t>(fork));
+  seq->truncate_reserves_ = options.reservation == KvReservation::kWorstCase;
+  seq->cached_tokens_ = static_cast<uint32_t>(match.num_tokens);
+  seq->published_ = hit;
+  seq->salt_ = options.salt;
+  return seq;
+}
+
+Result<std::unique_ptr<KvSequence>> KvManager::Fork(KvSequence& parent) {
+  auto child = std::make_unique<KvSequence>();
+  if (parent.kv_) {
+    KV_ASSIGN_OR_RETURN(std::unique_ptr<model::KvBackend> copy, parent.kv_->Fork());
+    auto* kv = dynamic_cast<model::CacheKv*>(copy.get());
+    if (kv == nullptr) return Status::Internal("kv manager: a fork that is not a paged cache");
+    copy.release();
+    child->kv_.reset(kv);
+  } else {
+    KV_RETURN_IF_ERROR(pool_->Retain(parent.table_));  // share every block
+    child->pool_ = pool_;
+    child->table_ = parent.table_;
+    child->length_ = parent.length_;
+    child->truncate_reserves_ = parent.truncate_reserves_;
+    if (!parent.fork_shares_.empty()) {
+      child->reserved_ = parent.fork_shares_.back();
+      parent.fork_shares_.pop_back();
+    }
+  }
+  child->cached_tokens_ = parent.cached_tokens_;
+  child->published_ = parent.published_;
+  child->publish_stopped_ = parent.publish_stopped_;
+  child->salt_ = parent.salt_;
+  return child;
+}
+
 bool KvManager::WillPublishFor(const KvSequence& leader, std::span<const BlockHash> leader_hashes,
                                std::span<const int32_t> tokens, std::span<const BlockHash> hashes) const {
   if (!offload_) return false;
@@ -146,27 +342,31 @@ bool KvManager::WillPublishFor(const KvSequence& leader, std::span<const BlockHa
 
 Result<size_t> KvManager::Publish(KvSequence& seq, std::span<const int32_t> tokens,
                                   std::vector<BlockHash>* hashes) {
+  return Publish(seq, AsTokenIds(tokens), hashes);
+}
+
+Result<size_t> KvManager::Publish(KvSequence& seq, std::span<const TokenId> tokens,
+                                  std::vector<BlockHash>* hashes) {
   if (!offload_ || seq.publish_stopped_) return seq.published_;
   const uint32_t B = options_.block_size;
-  const size_t full = std::min<size_t>(seq.kv_->num_tokens(), tokens.size()) / B;
+  const size_t full = std::min<size_t>(seq.num_tokens(), tokens.size()) / B;
   if (full <= seq.published_) return seq.published_;
-  const std::vector<TokenId> ids(tokens.begin(), tokens.begin() + full * B);
-  while (hashes->size() < full) {
-    const size_t b = hashes->size();
-    const BlockHash parent = b == 0 ? ChainRoot("") : hashes->back();
-    hashes->push_back(ChainHash(parent, std::span<const TokenId>(ids).subspan(b * B, B)));
-  }
-  model::CacheKv* kv = seq.kv_.get();
-  // The window's sinks go with the block that completes them, when this
-  // publication names it (copied only then).
+  const std::span<const TokenId> ids = tokens.first(full * B);
+  ExtendChainHashes(ids, B, seq.salt_, full, hashes);
+  std::shared_ptr<const Calibration> calibration;
+  PrefixCache::SetHashFn set_hash;
   std::shared_ptr<const WindowSinks> sinks;
-  const uint32_t S = options_.window.sinks;
-  if (S > 0 && seq.published_ <= (S - 1) / B && (S - 1) / B < full) sinks = kv->cache().window_sinks();
-  auto end = offload_->Publish(
-      std::span<const BlockHash>(*hashes).first(full), kv->cache().block_table(), seq.published_, ids, "",
-      kv->cache().calibration(),
-      [kv](size_t block, uint64_t hash) { return kv->SetBlockHash(static_cast<uint32_t>(block), hash); },
-      std::move(sinks));
+  if (model::CacheKv* kv = seq.kv_.get()) {
+    calibration = kv->cache().calibration();
+    set_hash = [kv](size_t block, uint64_t hash) { return kv->SetBlockHash(static_cast<uint32_t>(block), hash); };
+    // The window's sinks go with the block that completes them, when this
+    // publication names it (copied only then).
+    const uint32_t S = options_.window.sinks;
+    if (S > 0 && seq.published_ <= (S - 1) / B && (S - 1) / B < full) sinks = kv->cache().window_sinks();
+  }
+  auto end = offload_->Publish(std::span<const BlockHash>(*hashes).first(full), seq.block_table(),
+                               seq.published_, ids, seq.salt_, std::move(calibration), set_hash,
+                               std::move(sinks));
   if (!end.ok() || *end < full) {
     seq.publish_stopped_ = true;  // a duplicate (or an error): the rest stays private
     if (!end.ok()) return end.status();
@@ -181,8 +381,16 @@ void KvManager::FlushTiers() {
   if (offload_) offload_->Flush();
 }
 
-KvMetrics KvManager::Metrics() const {
-  KvMetrics m;
+Status KvManager::CheckInvariants() const {
+  KV_RETURN_IF_ERROR(pool_->CheckInvariants());
+  if (prefix_) {
+    const std::string bad = prefix_->CheckInvariants();
+    if (!bad.empty()) return Status::Internal("prefix cache: " + bad);
+  }
+  return Status::Ok();
+}
+
+std::vector<KvGroupMetrics> KvManager::GroupMetrics() const {
   const PoolStats ps = pool_->stats();
   KvGroupMetrics g;
   g.kind = kinds_[0];
@@ -190,8 +398,18 @@ KvMetrics KvManager::Metrics() const {
   g.blocks_free = ps.free_blocks;
   g.blocks_used = ps.used_blocks;
   g.blocks_cached = ps.cached_blocks;
-  m.groups.push_back(g);
-  if (prefix_) m.prefix_lookups = prefix_->stats().lookups;
+  g.blocks_reserved = ps.reserved_blocks;
+  g.evictions = ps.evictions;
+  return {g};
+}
+
+KvMetrics KvManager::Metrics() const {
+  KvMetrics m;
+  m.groups = GroupMetrics();
+  if (prefix_) {
+    m.prefix = prefix_->stats();
+    m.prefix_lookups = m.prefix.lookups;
+  }
   if (offload_) {
     for (const TierStats& t : offload_->stats().tiers) {
       m.tier_hit_blocks += t.hit_blocks;

@@ -24,6 +24,22 @@
 // KvSequence's destruction (free or preemption: its published blocks stay
 // cached).
 //
+// Reservations. What an admission reserves is the caller's choice
+// (KvReservation): the engine's (the context plus one block) or the serving
+// simulator's two policies (the uncached prompt; the worst case of every
+// sample). Parallel samples are forks made by the manager (Fork): they share
+// the prompt's blocks copy-on-write and each publishes its own blocks.
+//
+// Rows. A manager with rows (the engine) gives each request a paged
+// model::CacheKv the decoder stores and attends through. A manager without
+// rows (KvManagerOptions::rows false: the serving simulator, which computes
+// no K/V) gives each request a block table alone: Extend and Truncate
+// allocate and free the blocks rows would take (copy-on-write of a shared
+// partial block included), so the pool's accounting -- blocks, references,
+// reservations, the prefix cache's names and evictions -- is what the rows
+// would make it, at the cost of a few integers per block. Store and Attend
+// fail on such a sequence.
+//
 // Thread safety: one thread (the engine's step thread) for everything but
 // Metrics, which any thread may call.
 #pragma once
@@ -32,6 +48,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "kvcache/cache.h"
@@ -57,7 +74,42 @@ struct KvManagerOptions {
   bool prefix_cache = true;  // adopt and publish full blocks
   std::string tiers;         // offload tiers (MakeTiers' spec); empty: none
   std::string model_id;      // the model's fingerprint, for the tiers
+  // Tiers already built (instead of the `tiers` spec; needs the prefix cache).
+  std::vector<std::shared_ptr<Tier>> tier_objects = {};
+  // False: sequences hold block tables without K/V rows (see the file comment).
+  bool rows = true;
 };
+
+// What an admission reserves, beside the cached prefix it adopts.
+enum class KvReservation : uint8_t {
+  // The engine's: the context plus one block, capped at max_seq_len (with
+  // rows, the only one). Appends past it take free blocks; when none are
+  // left the caller preempts.
+  kContextPlusBlock,
+  // The uncached prompt blocks, plus one block per extra sample (its first
+  // copy-on-write copy or new block). Decode grows from the free blocks;
+  // when none are left the caller preempts.
+  kPrompt,
+  // The worst case: prompt + max_new_tokens + draft_tokens rows for every
+  // sample (the extra samples share the prompt's full blocks). Appends
+  // never fail, and blocks a truncation (rejected drafts) frees go back
+  // into the reservation.
+  kWorstCase,
+};
+
+struct KvAdmitOptions {
+  KvReservation reservation = KvReservation::kContextPlusBlock;
+  uint32_t samples = 1;         // this sequence and samples - 1 forks (KvManager::Fork)
+  uint32_t max_new_tokens = 0;  // kWorstCase: the outputs still to come, per sample
+  uint32_t draft_tokens = 0;    // kWorstCase: draft rows appended per step
+  std::string salt;             // the prefix cache's namespace ("" = shared)
+};
+
+// Extends `hashes`, the chain hashes of the first full blocks of `tokens`
+// under `salt`, to its first `full` blocks (tokens holds at least full *
+// block_size tokens); a chain already that long is left as it is.
+void ExtendChainHashes(std::span<const TokenId> tokens, uint32_t block_size, std::string_view salt,
+                       size_t full, std::vector<BlockHash>* hashes);
 
 // Blocks per group (KvManager::groups() order).
 struct KvDemand {
@@ -67,6 +119,8 @@ struct KvDemand {
 struct KvGroupMetrics {
   KvGroupKind kind = KvGroupKind::kFullAttention;
   uint64_t blocks_total = 0, blocks_free = 0, blocks_used = 0, blocks_cached = 0;
+  uint64_t blocks_reserved = 0;  // promised to sequences, not yet drawn
+  uint64_t evictions = 0;        // cached blocks the pool reclaimed, ever
 };
 
 // What an admission's prefix lookup found.
@@ -81,35 +135,68 @@ struct KvMetrics {
   std::vector<KvGroupMetrics> groups;
   uint64_t prefix_lookups = 0;  // counted lookups (one per admission)
   uint64_t tier_hit_blocks = 0, tier_miss_blocks = 0;
+  PrefixCacheStats prefix;      // the prefix cache's counters (zero without it)
 };
 
 // One request's K/V: the model's KvBackend over the manager's pools (what
 // the decoder stores and attends through; today one group, a paged
-// model::CacheKv) and what the manager knows of its publication.
+// model::CacheKv, or a block table without rows) and what the manager knows
+// of its publication. Its blocks and undrawn reservation go back to the pool
+// when it is destroyed (its published blocks stay cached).
 class KvSequence final : public model::KvBackend {
  public:
+  ~KvSequence() override;
   // Positions computed (stored in every group).
-  uint32_t num_tokens() const override { return kv_->num_tokens(); }
-  Status Extend(uint32_t n) override { return kv_->Extend(n); }
+  uint32_t num_tokens() const override { return kv_ ? kv_->num_tokens() : length_; }
+  // Without rows: takes the blocks n more rows need (copying a shared
+  // partial last block first), from the reservation first; PoolExhausted
+  // changes nothing.
+  Status Extend(uint32_t n) override { return kv_ ? kv_->Extend(n) : ExtendBlocks(n); }
   Status Store(uint32_t layer, std::span<const float> k, std::span<const float> v) override {
-    return kv_->Store(layer, k, v);
+    return kv_ ? kv_->Store(layer, k, v) : NoRows();
   }
   Status Attend(uint32_t layer, std::span<const float> q, std::span<float> out) override {
-    return kv_->Attend(layer, q, out);
+    return kv_ ? kv_->Attend(layer, q, out) : NoRows();
   }
-  Status Truncate(uint32_t num_tokens) override { return kv_->Truncate(num_tokens); }
-  // A copy outside the manager (copy-on-write blocks of the same pool): never published.
-  Result<std::unique_ptr<model::KvBackend>> Fork() override { return kv_->Fork(); }
+  // Without rows: the blocks past num_tokens go back, tail first (into the
+  // reservation under KvReservation::kWorstCase).
+  Status Truncate(uint32_t num_tokens) override {
+    return kv_ ? kv_->Truncate(num_tokens) : TruncateBlocks(num_tokens);
+  }
+  // A copy outside the manager (copy-on-write blocks of the same pool):
+  // never published. KvManager::Fork makes a managed one.
+  Result<std::unique_ptr<model::KvBackend>> Fork() override;
 
   // Prompt tokens adopted at admission (the prefix cache or a tier).
   uint32_t cached_tokens() const { return cached_tokens_; }
+  bool has_rows() const { return kv_ != nullptr; }
+  // Blocks reserved for it (and, until they are made, for its forks) and
+  // not yet drawn; without rows only (0 with rows).
+  uint64_t reserved_blocks() const;
+  // Without rows: the table covers num_tokens() exactly (Internal if not).
+  Status CheckBlocks() const;
 
  private:
   friend class KvManager;
-  std::unique_ptr<model::CacheKv> kv_;
+  Status ExtendBlocks(uint32_t n);
+  Status TruncateBlocks(uint32_t num_tokens);
+  std::span<const uint32_t> block_table() const { return kv_ ? kv_->cache().block_table() : table_; }
+  static Status NoRows();
+
+  std::unique_ptr<model::CacheKv> kv_;  // with rows
   uint32_t cached_tokens_ = 0;
   size_t published_ = 0;          // blocks [0, published_) named in the prefix cache
   bool publish_stopped_ = false;  // stopped at a duplicate: no further
+  std::string salt_;              // its prefix-cache namespace
+  // Without rows: the blocks covering length_ rows (one pool reference
+  // each), the undrawn reservation, and the shares reserved for the forks
+  // still to be made (the next one last).
+  std::shared_ptr<BlockPool> pool_;
+  std::vector<uint32_t> table_;
+  uint32_t length_ = 0;
+  uint32_t reserved_ = 0;
+  std::vector<uint32_t> fork_shares_;
+  bool truncate_reserves_ = false;  // KvReservation::kWorstCase
 };
 
 class KvManager {
@@ -146,6 +233,19 @@ class KvManager {
   // meet it; a failed adoption only means the prefix is recomputed
   // (`found`, if given, says so, and where the prefix came from).
   Result<std::unique_ptr<KvSequence>> Admit(std::span<const int32_t> tokens, KvAdmission* found = nullptr);
+  // The same with a reservation choice and parallel samples (`tokens`: the
+  // context; `options.samples` - 1 forks follow through Fork). The whole
+  // reservation, the forks' shares included, is taken at once or not at
+  // all (PoolExhausted: nothing held, the adopted prefix given back tail
+  // first). Every lookup is counted. With rows, only kContextPlusBlock and
+  // one sample (InvalidArgument otherwise).
+  Result<std::unique_ptr<KvSequence>> Admit(std::span<const TokenId> tokens, const KvAdmitOptions& options,
+                                            KvAdmission* found = nullptr);
+  // A parallel sample of `parent` (after its prefill): shares every block
+  // copy-on-write, takes the next share its admission reserved for forks
+  // (none left: no reservation), and publishes its own blocks from where
+  // the parent's publication stands.
+  Result<std::unique_ptr<KvSequence>> Fork(KvSequence& parent);
 
   // True while `leader` will publish, and has not yet, a full block a
   // request with `tokens` and prompt chain `hashes` could adopt (the block
@@ -160,12 +260,17 @@ class KvManager {
   // seq now published. A duplicate chain (end short of the full blocks) or
   // an error stops publication for the sequence: the rest stays private.
   Result<size_t> Publish(KvSequence& seq, std::span<const int32_t> tokens, std::vector<BlockHash>* hashes);
+  Result<size_t> Publish(KvSequence& seq, std::span<const TokenId> tokens, std::vector<BlockHash>* hashes);
 
   KvMetrics Metrics() const;
+  // Metrics' pool figures alone (no prefix-cache or tier counters: cheap).
+  std::vector<KvGroupMetrics> GroupMetrics() const;
   // The tiers' counters (none without tiers), and a wait until every
   // queued store has been written (the end of a run).
   OffloadStats tier_stats() const;
   void FlushTiers();
+  // The pool's and the prefix cache's own checks (Internal on failure).
+  Status CheckInvariants() const;
 
  private:
   KvManager(const model::AttentionShape& shape, ThreadPool* attention_pool,
@@ -175,6 +280,10 @@ class KvManager {
   // at max_seq_len (AdmissionDemand's blocks hold them).
   uint64_t AdmissionTokens(size_t tokens) const;
   size_t Adopt(model::CacheKv& kv, std::span<const int32_t> tokens, KvAdmission* found);
+  // Admission of a sequence without rows: the adopted prefix, then the
+  // reservation `options` asks for.
+  Result<std::unique_ptr<KvSequence>> AdmitBlocks(std::span<const TokenId> tokens,
+                                                  const KvAdmitOptions& options, KvAdmission* found);
 
   const model::AttentionShape shape_;
   ThreadPool* const attention_pool_;

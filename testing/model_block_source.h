@@ -1,12 +1,12 @@
-// The reference model of the block pool's accounting that the simulator and
-// prefix-cache tests compare the real pool against: metadata only, plain
-// containers, obviously correct. Not thread-safe: one thread at a time.
+// The reference model of the block pool's accounting that the prefix-cache
+// tests compare the real pool against: metadata only, plain containers,
+// obviously correct. Not thread-safe: one thread at a time.
 #pragma once
 
 #include <cstdint>
 #include <memory>
 
-#include "engine/sim/block_source.h"
+#include "testing/block_source.h"
 
 namespace kvcache::serving {
 

@@ -1,6 +1,8 @@
-// Simulate(): builds the pool for the options' memory budget and runs the
-// simulation loop on it; ParseModelGeometry.
+// Simulate(): builds the KV manager for the options' memory budget and runs
+// the simulation loop on it; ParseModelGeometry.
+#include <algorithm>
 #include <charconv>
+#include <cstdint>
 
 #include <fmt/format.h>
 
@@ -44,6 +46,36 @@ Result<GeometryOptions> ParseModelGeometry(std::string_view text) {
   return g;
 }
 
+namespace serving {
+
+Result<std::unique_ptr<engine::KvManager>> NewSimulationKvManager(const SimulateOptions& options,
+                                                                  uint32_t num_blocks) {
+  if (!options.tiers.empty() && !options.prefix_caching) {
+    return Status::InvalidArgument("simulate: tiers need prefix caching");
+  }
+  const GeometryOptions& g = options.geometry;
+  // The longest sequence is the whole pool: the simulator's own admission
+  // (Fits) rejects what could never fit.
+  const uint32_t max_blocks = std::min<uint32_t>(num_blocks, UINT32_MAX / g.block_size);
+  model::AttentionShape shape;
+  shape.n_layers = g.n_layers;
+  shape.n_heads = g.n_kv_heads;
+  shape.n_kv_heads = g.n_kv_heads;
+  shape.head_dim = g.head_dim;
+  shape.max_seq_len = max_blocks * g.block_size;
+  engine::KvManagerOptions k;
+  k.formats = options.formats;
+  k.block_size = g.block_size;
+  k.pool_blocks = num_blocks;
+  k.prefix_cache = options.prefix_caching;
+  k.tier_objects = options.tiers;
+  k.model_id = options.model_fingerprint;
+  k.rows = false;
+  return engine::KvManager::Create(shape, nullptr, k);
+}
+
+}  // namespace serving
+
 Result<SimulateReport> Simulate(const SimulateOptions& options, std::span<const Request> requests) {
   KV_ASSIGN_OR_RETURN(const Geometry geometry, Geometry::Create(options.geometry));
   KV_RETURN_IF_ERROR(CheckHeadDim(options.formats.k, geometry.head_dim()));
@@ -54,28 +86,11 @@ Result<SimulateReport> Simulate(const SimulateOptions& options, std::span<const 
     return Status::InvalidArgument(fmt::format(
         "simulate: a pool of {} bytes holds no block of {} bytes", options.pool_bytes, block_bytes));
   }
-  BlockPoolOptions pool_options;
-  pool_options.num_blocks = num_blocks;
-  KV_ASSIGN_OR_RETURN(std::shared_ptr<BlockPool> pool,
-                      BlockPool::Create(geometry, options.formats, pool_options));
-  std::unique_ptr<serving::BlockSource> source = serving::NewPoolBlockSource(pool);
-  SimulateReport report;
-  if (options.tiers.empty()) {
-    KV_ASSIGN_OR_RETURN(report, serving::SimulateOn(source.get(), options, requests));
-  } else {
-    if (!options.prefix_caching) {
-      return Status::InvalidArgument("simulate: tiers need prefix caching");
-    }
-    KV_ASSIGN_OR_RETURN(std::unique_ptr<PrefixCache> cache, PrefixCache::Create(pool));
-    OffloadOptions oo;
-    oo.model = options.model_fingerprint;
-    KV_ASSIGN_OR_RETURN(std::unique_ptr<OffloadCache> offload,
-                        OffloadCache::Create(pool, cache.get(), options.tiers, oo));
-    KV_ASSIGN_OR_RETURN(report, serving::SimulateWith(source.get(), cache.get(), offload.get(),
-                                                      options, requests));
-  }
+  KV_ASSIGN_OR_RETURN(std::unique_ptr<engine::KvManager> kv, serving::NewSimulationKvManager(options, num_blocks));
+  KV_ASSIGN_OR_RETURN(SimulateReport report,
+                      serving::SimulateOn(kv.get(), geometry.block_size(), options, requests));
   report.formats = FormatPairName(options.formats);
-  report.num_blocks = source->num_blocks();
+  report.num_blocks = num_blocks;
   report.block_bytes = block_bytes;
   report.bytes_per_token = block_bytes / geometry.block_size();
   report.capacity_tokens = uint64_t{report.num_blocks} * geometry.block_size();

@@ -4,14 +4,16 @@
 // engine: first come first served (no prefix hold), max_running sequences,
 // no token budget (a step decodes every running sequence), the youngest
 // preempted first. This loop is the scheduler's SchedulerKv and runs the
-// steps.
+// steps. Every block a request holds, the prefix cache and the tiers are
+// the engine's KV manager's (engine/kv_manager.h), created without rows:
+// a running sequence holds a KvSequence whose block table grows and
+// shrinks as rows would make it.
 //
-// Bookkeeping per running sequence: its committed tokens, its block table
-// (whole blocks covering `length` rows, drafts included), its undrawn
-// reservation, and how many leading blocks were already offered to the
-// prefix cache. Invariant between steps: every block in a table is held
-// (one pool reference per table entry), reservations sum to what the pool
-// has reserved, and no sequence holds drafts.
+// Bookkeeping per running sequence: its committed tokens, its KvSequence
+// (rows: drafts included while a step runs) and the chain hashes of its
+// committed full blocks. Invariant between steps: the sequences' undrawn
+// reservations sum to what the pool has reserved, and no sequence holds
+// drafts.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -23,6 +25,7 @@
 #include <fmt/format.h>
 #include <xxhash.h>
 
+#include "engine/kv_manager.h"
 #include "engine/scheduler.h"
 #include "engine/sim/simulator_internal.h"
 
@@ -45,9 +48,14 @@ constexpr uint32_t kVocab = 32000;
 
 uint32_t CeilDiv(uint64_t a, uint32_t b) { return static_cast<uint32_t>((a + b - 1) / b); }
 
+engine::KvReservation ReservationOf(AdmissionPolicy policy) {
+  return policy == AdmissionPolicy::kReservePrompt ? engine::KvReservation::kPrompt
+                                                   : engine::KvReservation::kWorstCase;
+}
+
 // A sequence as the scheduler sees it. Waiting: a new request (all its
 // samples: width = num_samples) or a preempted sample resuming after `done`
-// committed outputs. Running: one sample, its tokens and blocks.
+// committed outputs. Running: one sample, its tokens and K/V.
 struct Seq final : engine::ScheduledRequest {
   const Request* req = nullptr;
   uint32_t sample = 0;          // its (first) sample
@@ -56,13 +64,10 @@ struct Seq final : engine::ScheduledRequest {
   std::vector<TokenId> tokens;  // committed: prompt + outputs
   uint32_t generated = 0;       // committed outputs
   uint32_t target = 0;          // outputs it will produce in total
-  uint32_t length = 0;          // rows in the cache (committed; drafts transiently)
-  std::vector<uint32_t> table;  // ceil(length / B) blocks
-  uint32_t reserved = 0;        // undrawn reservation
-  size_t offered = 0;           // leading blocks already offered to the prefix cache
-  bool publish_stopped = false; // a duplicate chain: the rest stays private
+  // Running (not finished or preempted this step): its rows (committed;
+  // drafts while a step runs) on the KV manager's pool.
+  std::unique_ptr<engine::KvSequence> kv;
   std::vector<BlockHash> hashes;  // chain hashes of the committed full blocks
-  bool alive = false;             // running, not finished or preempted this step
 
   Seq(const Request* r, uint32_t first_sample, uint32_t num_samples, uint32_t done_outputs, bool counted)
       : req(r), sample(first_sample), resume_outputs(done_outputs), counted_queue(counted) {
@@ -101,16 +106,14 @@ Result<std::vector<const Request*>> ArrivalOrder(std::span<const Request> reques
 }
 
 // The simulation: the engine's Scheduler decides admission and preemption;
-// this class is its SchedulerKv (the block accounting on the BlockSource,
-// the prefix cache and the tiers) and runs the steps.
+// this class is its SchedulerKv (over the KV manager) and runs the steps.
 class Sim final : private engine::SchedulerKv {
  public:
-  Sim(BlockSource* src, PrefixCache* cache, OffloadCache* offload, const SimulateOptions& o)
-      : src_(src),
-        cache_(cache),
-        offload_(offload),
+  Sim(engine::KvManager* kv, uint32_t block_size, const SimulateOptions& o)
+      : kv_(kv),
         o_(o),
-        bs_(src->block_size()),
+        bs_(block_size),
+        num_blocks_(kv->Metrics().groups[0].blocks_total),
         rng_(o.seed),
         scheduler_(SchedulerOptionsOf(o), this, &queue_mu_) {}
 
@@ -131,9 +134,10 @@ class Sim final : private engine::SchedulerKv {
   // The context a waiting sequence resumes with: its prompt and done outputs.
   std::vector<TokenId> Context(const Seq& p) const;
 
-  // SchedulerKv. Admission: the cached prefix of the prompt but its last
-  // token, each sample's reservation, the prefill's rows, and samples 1..
-  // as forks of sample 0. Every running sequence has one decode pending.
+  // SchedulerKv. Admission: the KV manager's (the cached prefix of the
+  // prompt but its last token, each sample's reservation), the prefill's
+  // rows, and samples 1.. as forks of sample 0. Every running sequence has
+  // one decode pending.
   bool Fits(const engine::ScheduledRequest& r) const override;
   bool CanAdmit(const engine::ScheduledRequest&) const override { return true; }  // Admit tries
   Status Admit(engine::ScheduledRequest& r, std::vector<std::unique_ptr<engine::ScheduledRequest>>* forks) override;
@@ -143,15 +147,10 @@ class Sim final : private engine::SchedulerKv {
   }
   void Release(engine::ScheduledRequest& r) override;  // a preemption
 
-  PrefixMatch AcquirePrefix(const Request& r, std::span<const TokenId> prompt);
-  std::vector<uint32_t> Shares(const Seq& p, uint64_t len, uint32_t remaining, uint32_t hit_blocks) const;
-  Status ForkSamples(const Seq& s, std::span<const uint32_t> shares,
-                     std::vector<std::unique_ptr<engine::ScheduledRequest>>* forks);
-  // Appends `tokens.size()` rows; PoolExhausted changes nothing.
+  Status ForkSamples(Seq& s, std::vector<std::unique_ptr<engine::ScheduledRequest>>* forks);
+  // Appends n rows; PoolExhausted changes nothing.
   Status AppendRows(Seq& s, uint32_t n);
-  Status TruncateRows(Seq& s, uint32_t new_length);
-  Status Publish(Seq& s);
-  Status ReleaseSeq(Seq& s);
+  Status Publish(Seq& s) { return kv_->Publish(*s.kv, s.tokens, &s.hashes).status(); }
   Status DecodeStep(Seq& s, bool* preempted_self);
   // One decode step of every live sequence; adds the requests that finished.
   Status DecodeAll(uint64_t* finished);
@@ -160,90 +159,25 @@ class Sim final : private engine::SchedulerKv {
               std::chrono::steady_clock::time_point t0);
   Status Check() const;
 
-  BlockSource* src_;
-  PrefixCache* cache_;
-  OffloadCache* offload_;
+  engine::KvManager* kv_;
   const SimulateOptions& o_;
   const uint32_t bs_;
+  const uint64_t num_blocks_;
   std::mt19937_64 rng_;
   std::mutex queue_mu_;  // the scheduler's queue (one thread here)
   engine::Scheduler scheduler_;
   double now_ = 0;
-  Status kv_error_;  // the first failure inside Release or Admit's bookkeeping
+  Status kv_error_;  // the first failure inside Admit's bookkeeping
   std::unordered_map<const Request*, uint32_t> unfinished_;  // samples not yet done, per request
   SimulateReport rep_;
-  std::vector<uint64_t> served_;
   double queue_steps_sum_ = 0;
   uint64_t queue_count_ = 0;
 };
 
 Status Sim::AppendRows(Seq& s, uint32_t n) {
-  const uint32_t new_blocks = CeilDiv(uint64_t{s.length} + n, bs_) - static_cast<uint32_t>(s.table.size());
-  // Writing into a shared partial last block copies it first (copy on write).
-  const bool cow = s.length % bs_ != 0 && !src_->IsExclusive(s.table.back());
-  const uint32_t total = new_blocks + (cow ? 1 : 0);
-  if (total > 0) {
-    std::vector<uint32_t> fresh(total);
-    const uint32_t from_reserved = std::min(total, s.reserved);
-    KV_RETURN_IF_ERROR(src_->Allocate(fresh, from_reserved));
-    s.reserved -= from_reserved;
-    size_t next = 0;
-    if (cow) {
-      const uint32_t old = s.table.back();
-      s.table.back() = fresh[next++];
-      KV_RETURN_IF_ERROR(src_->Release(std::span<const uint32_t>(&old, 1)));
-    }
-    for (; next < fresh.size(); ++next) s.table.push_back(fresh[next]);
-  }
-  s.length += n;
+  KV_RETURN_IF_ERROR(s.kv->Extend(n));
   rep_.tokens_appended += n;
   return Status::Ok();
-}
-
-Status Sim::TruncateRows(Seq& s, uint32_t new_length) {
-  const uint32_t keep = CeilDiv(new_length, bs_);
-  s.length = new_length;
-  if (keep >= s.table.size()) return Status::Ok();
-  std::vector<uint32_t> drop(s.table.rbegin(), s.table.rend() - keep);  // tail first
-  s.table.resize(keep);
-  if (o_.admission == AdmissionPolicy::kReserveWorstCase) {
-    KV_ASSIGN_OR_RETURN(const uint32_t got,
-                        src_->ReleaseAndReserve(drop, static_cast<uint32_t>(drop.size())));
-    s.reserved += got;
-    return Status::Ok();
-  }
-  return src_->Release(drop);
-}
-
-Status Sim::Publish(Seq& s) {
-  if (cache_ == nullptr || s.publish_stopped) return Status::Ok();
-  const size_t full = s.tokens.size() / bs_;
-  if (full <= s.offered) return Status::Ok();
-  // Extend the chain hashes by the newly full blocks only.
-  BlockHash h = s.hashes.empty() ? ChainRoot(s.req->salt) : s.hashes.back();
-  for (size_t i = s.hashes.size(); i < full; ++i) {
-    h = ChainHash(h, std::span<const TokenId>(s.tokens).subspan(i * bs_, bs_));
-    s.hashes.push_back(h);
-  }
-  const std::span<const uint32_t> blocks(s.table.data(), full);
-  KV_ASSIGN_OR_RETURN(
-      const size_t end,
-      offload_ != nullptr
-          ? offload_->Publish(s.hashes, blocks, s.offered, s.tokens, s.req->salt)
-          : cache_->PublishHashed(s.hashes, blocks, s.offered,
-                                  std::span<const TokenId>(s.tokens.data(), bs_), s.req->salt));
-  s.offered = full;
-  s.publish_stopped = end < full;
-  return Status::Ok();
-}
-
-Status Sim::ReleaseSeq(Seq& s) {
-  src_->Unreserve(s.reserved);
-  s.reserved = 0;
-  std::vector<uint32_t> back_to_front(s.table.rbegin(), s.table.rend());
-  s.table.clear();
-  s.alive = false;
-  return src_->Release(back_to_front);
 }
 
 void Sim::Release(engine::ScheduledRequest& r) {
@@ -253,8 +187,7 @@ void Sim::Release(engine::ScheduledRequest& r) {
   s.width = 1;
   s.resume_outputs = s.generated;
   s.counted_queue = true;
-  Status st = ReleaseSeq(s);
-  if (kv_error_.ok()) kv_error_ = std::move(st);
+  s.kv.reset();
 }
 
 std::vector<TokenId> Sim::Context(const Seq& p) const {
@@ -263,46 +196,14 @@ std::vector<TokenId> Sim::Context(const Seq& p) const {
   return prompt;
 }
 
-PrefixMatch Sim::AcquirePrefix(const Request& r, std::span<const TokenId> prompt) {
-  if (cache_ == nullptr) return {};
-  const std::span<const TokenId> lookup = prompt.first(prompt.size() - 1);
-  if (offload_ == nullptr) return cache_->Acquire(lookup, r.salt);
-  PrefixMatch match = offload_->Acquire(lookup, r.salt, &served_);
-  for (size_t t = 1; t < served_.size(); ++t) rep_.tier_hit_tokens += served_[t];
-  return match;
-}
-
-std::vector<uint32_t> Sim::Shares(const Seq& p, uint64_t len, uint32_t remaining,
-                                  uint32_t hit_blocks) const {
-  // Sample 0 owns the prompt blocks.
-  std::vector<uint32_t> share(p.width);
-  if (o_.admission == AdmissionPolicy::kReserveWorstCase) {
-    share[0] = WorstCaseBlocks(len, remaining) - hit_blocks;
-    for (uint32_t i = 1; i < p.width; ++i) {
-      share[i] = WorstCaseBlocks(len, remaining) - static_cast<uint32_t>(len / bs_);
-    }
-  } else {
-    share[0] = CeilDiv(len, bs_) - hit_blocks;  // the prefill's blocks
-    for (uint32_t i = 1; i < p.width; ++i) share[i] = 1;
-  }
-  return share;
-}
-
-Status Sim::ForkSamples(const Seq& s, std::span<const uint32_t> shares,
-                        std::vector<std::unique_ptr<engine::ScheduledRequest>>* forks) {
+Status Sim::ForkSamples(Seq& s, std::vector<std::unique_ptr<engine::ScheduledRequest>>* forks) {
   for (uint32_t i = 1; i < s.width; ++i) {
     auto f = std::make_unique<Seq>(s.req, s.sample + i, 1, s.resume_outputs, false);
     f->tokens = s.tokens;
     f->generated = s.resume_outputs;
     f->target = s.target;
-    f->length = s.length;
-    f->table = s.table;
-    f->reserved = shares[i];
-    f->offered = s.offered;
-    f->publish_stopped = s.publish_stopped;
+    KV_ASSIGN_OR_RETURN(f->kv, kv_->Fork(*s.kv));  // shares every block
     f->hashes = s.hashes;
-    f->alive = true;
-    KV_RETURN_IF_ERROR(src_->Retain(f->table));  // fork: share every block
     forks->push_back(std::move(f));
   }
   return Status::Ok();
@@ -315,7 +216,7 @@ bool Sim::Fits(const engine::ScheduledRequest& q) const {
   const uint64_t len = p.req->prompt.size() + p.resume_outputs;
   const uint64_t alone = WorstCaseBlocks(len, remaining) +
                          uint64_t{p.width - 1} * (WorstCaseBlocks(len, remaining) - len / bs_);
-  return alone <= src_->num_blocks();
+  return alone <= num_blocks_;
 }
 
 Status Sim::Admit(engine::ScheduledRequest& q, std::vector<std::unique_ptr<engine::ScheduledRequest>>* forks) {
@@ -323,39 +224,34 @@ Status Sim::Admit(engine::ScheduledRequest& q, std::vector<std::unique_ptr<engin
   const Request& r = *s.req;
   const uint32_t target = TargetOutputs(r);
   std::vector<TokenId> prompt = Context(s);
-  const uint32_t remaining = target - s.resume_outputs;
-  const uint64_t len = prompt.size();
-  PrefixMatch match = AcquirePrefix(r, prompt);
-  const uint32_t hit_blocks = static_cast<uint32_t>(match.blocks.size());
-  const std::vector<uint32_t> share = Shares(s, len, remaining, hit_blocks);
-  uint32_t total = 0;
-  for (uint32_t x : share) total += x;
-  Status reserve = src_->Reserve(total);
-  if (!reserve.ok()) {
-    std::vector<uint32_t> back(match.blocks.rbegin(), match.blocks.rend());
-    KV_RETURN_IF_ERROR(src_->Release(back));
-    return reserve;  // PoolExhausted: it waits
-  }
+  engine::KvAdmitOptions a;
+  a.reservation = ReservationOf(o_.admission);
+  a.samples = s.width;
+  a.max_new_tokens = target - s.resume_outputs;
+  a.draft_tokens = o_.draft_tokens;
+  a.salt = r.salt;
+  engine::KvAdmission found;
+  Result<std::unique_ptr<engine::KvSequence>> admitted = kv_->Admit(prompt, a, &found);
+  // Tier loads count whether or not the reservation is met (what was loaded
+  // stays cached in the pool).
+  for (size_t t = 1; t < found.served.size(); ++t) rep_.tier_hit_tokens += found.served[t];
+  if (!admitted.ok()) return admitted.status();  // PoolExhausted: it waits
+  std::unique_ptr<engine::KvSequence> kv = std::move(*admitted);
   if (!s.counted_queue) {
     queue_steps_sum_ += std::max(0.0, now_ - r.arrival);
     ++queue_count_;
   }
   // Sample s.sample from here on (the others are its forks).
+  const uint32_t computed = static_cast<uint32_t>(prompt.size() - kv->cached_tokens());
   s.tokens = std::move(prompt);
   s.generated = s.resume_outputs;
   s.target = target;
-  s.table = match.blocks;
-  s.length = static_cast<uint32_t>(match.num_tokens);
-  s.reserved = share[0];
-  s.offered = 0;
-  s.publish_stopped = false;
+  s.kv = std::move(kv);
   s.hashes.clear();
-  s.alive = true;
-  const uint32_t computed = static_cast<uint32_t>(len - match.num_tokens);
   Status st = AppendRows(s, computed);  // draws the prefill's blocks from the reservation
   rep_.prefill_tokens += st.ok() ? computed : 0;
   if (st.ok()) st = Publish(s);
-  if (st.ok()) st = ForkSamples(s, share, forks);
+  if (st.ok()) st = ForkSamples(s, forks);
   s.width = 1;
   if (!st.ok()) {  // past the reservation nothing may fail: the run stops
     if (kv_error_.ok()) kv_error_ = st;
@@ -387,7 +283,7 @@ Status Sim::DecodeStep(Seq& s, bool* preempted_self) {
     while (accepted < drafts && accept(rng_)) ++accepted;
     rep_.draft_tokens += drafts;
     rep_.draft_accepted += accepted;
-    KV_RETURN_IF_ERROR(TruncateRows(s, s.length - (drafts - accepted)));
+    KV_RETURN_IF_ERROR(s.kv->Truncate(s.kv->num_tokens() - (drafts - accepted)));
   }
   for (uint32_t j = 0; j < 1 + accepted; ++j) {
     s.tokens.push_back(OutputToken(*s.req, s.sample, s.generated++));
@@ -397,22 +293,18 @@ Status Sim::DecodeStep(Seq& s, bool* preempted_self) {
 }
 
 Status Sim::Check() const {
-  KV_RETURN_IF_ERROR(src_->CheckInvariants());
-  const PoolStats ps = src_->stats();
+  KV_RETURN_IF_ERROR(kv_->CheckInvariants());
   uint64_t reserved = 0;
   for (const auto& r : scheduler_.running()) {
     const Seq& s = AsSeq(*r);
-    reserved += s.reserved;
-    if (s.table.size() != CeilDiv(s.length, bs_)) return Status::Internal("sim: table size");
-    if (s.length != s.tokens.size()) return Status::Internal("sim: drafts left behind");
+    if (!s.kv) continue;  // finished this step
+    reserved += s.kv->reserved_blocks();
+    KV_RETURN_IF_ERROR(s.kv->CheckBlocks());
+    if (s.kv->num_tokens() != s.tokens.size()) return Status::Internal("sim: drafts left behind");
   }
-  if (reserved != ps.reserved_blocks) {
-    return Status::Internal(fmt::format("sim: {} reserved by sequences, pool says {}", reserved,
-                                        ps.reserved_blocks));
-  }
-  if (cache_ != nullptr) {
-    const std::string bad = cache_->CheckInvariants();
-    if (!bad.empty()) return Status::Internal("prefix cache: " + bad);
+  const uint64_t pool_reserved = kv_->GroupMetrics()[0].blocks_reserved;
+  if (reserved != pool_reserved) {
+    return Status::Internal(fmt::format("sim: {} reserved by sequences, pool says {}", reserved, pool_reserved));
   }
   return Status::Ok();
 }
@@ -421,11 +313,11 @@ Status Sim::DecodeAll(uint64_t* finished) {
   // Every running sequence, in admission order.
   for (const engine::BatchSlot& slot : scheduler_.Plan()) {
     Seq& s = AsSeq(*slot.request);
-    if (!s.alive) continue;  // preempted earlier in this step
+    if (!s.kv) continue;  // preempted earlier in this step
     bool self = false;
     KV_RETURN_IF_ERROR(DecodeStep(s, &self));
     if (!self && s.generated >= s.target) {
-      KV_RETURN_IF_ERROR(ReleaseSeq(s));
+      s.kv.reset();  // its published blocks stay cached
       s.done = true;
       ++rep_.sequences;
       // A request is done when its last sample is.
@@ -440,15 +332,14 @@ void Sim::Finish(uint64_t finished, uint64_t concurrent_sum, double util_sum,
   rep_.requests = finished;
   rep_.mean_concurrent = rep_.steps ? double(concurrent_sum) / double(rep_.steps) : 0;
   rep_.pool_utilization = rep_.steps ? util_sum / double(rep_.steps) : 0;
-  rep_.evicted_blocks = src_->stats().evictions;
-  if (cache_ != nullptr) {
-    rep_.prefix = cache_->stats();
+  kv_->FlushTiers();
+  const engine::KvMetrics m = kv_->Metrics();
+  rep_.evicted_blocks = m.groups[0].evictions;
+  if (kv_->prefix_caching()) {
+    rep_.prefix = m.prefix;
     rep_.prefix_hit_rate = rep_.prefix.hit_rate();
   }
-  if (offload_ != nullptr) {
-    offload_->Flush();
-    rep_.offload = offload_->stats();
-  }
+  rep_.offload = kv_->tier_stats();
   rep_.mean_queue_steps = queue_count_ ? queue_steps_sum_ / double(queue_count_) : 0;
   rep_.wall_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   rep_.sim_tokens_per_second =
@@ -498,9 +389,9 @@ Result<SimulateReport> Sim::Run(std::span<const Request> requests) {
       rep_.peak_concurrent = std::max(rep_.peak_concurrent, live);
     }
     KV_RETURN_IF_ERROR(DecodeAll(&finished));
-    const PoolStats ps = src_->stats();
     if (live > 0) {
-      const double util = double(ps.used_blocks) / double(ps.num_blocks);
+      const engine::KvGroupMetrics g = kv_->GroupMetrics()[0];
+      const double util = double(g.blocks_used) / double(g.blocks_total);
       util_sum += util;
       rep_.peak_pool_utilization = std::max(rep_.peak_pool_utilization, util);
     }
@@ -514,28 +405,24 @@ Result<SimulateReport> Sim::Run(std::span<const Request> requests) {
   }
   if (o_.progress) o_.progress(1.0);
   Finish(finished, concurrent_sum, util_sum, t0);
+  // Every block is back: free, or cached for the prefix cache.
+  const engine::KvGroupMetrics g = kv_->GroupMetrics()[0];
+  if (g.blocks_used != 0 || g.blocks_reserved != 0 || g.blocks_free + g.blocks_cached != g.blocks_total) {
+    return Status::Internal(fmt::format("simulate: the pool ends with {} blocks in use, {} reserved, {} free, {} cached of {}",
+                                        g.blocks_used, g.blocks_reserved, g.blocks_free, g.blocks_cached, g.blocks_total));
+  }
   return rep_;
 }
 
 }  // namespace
 
-Result<SimulateReport> SimulateOn(BlockSource* source, const SimulateOptions& options,
+Result<SimulateReport> SimulateOn(engine::KvManager* kv, uint32_t block_size, const SimulateOptions& options,
                                   std::span<const Request> requests) {
-  std::unique_ptr<PrefixCache> cache;
-  if (options.prefix_caching) {
-    KV_ASSIGN_OR_RETURN(cache, PrefixCache::Create(source->NewPrefixBackend()));
-  }
-  return SimulateWith(source, cache.get(), nullptr, options, requests);
-}
-
-Result<SimulateReport> SimulateWith(BlockSource* source, PrefixCache* cache, OffloadCache* offload,
-                                    const SimulateOptions& options,
-                                    std::span<const Request> requests) {
   if (!(options.draft_accept >= 0 && options.draft_accept <= 1)) {
     return Status::InvalidArgument("simulate: draft_accept must be in [0, 1]");
   }
   if (options.max_running == 0) return Status::InvalidArgument("simulate: max_running must be > 0");
-  Sim sim(source, cache, offload, options);
+  Sim sim(kv, block_size, options);
   return sim.Run(requests);
 }
 

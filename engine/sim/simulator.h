@@ -1,13 +1,15 @@
-// Serving simulation: replays a workload through a real BlockPool and
-// PrefixCache, without model math, to show how many requests a memory budget
-// holds under each K/V format and how much prefix reuse saves.
+// Serving simulation: replays a workload through the engine's Scheduler and
+// KV manager (a real BlockPool and PrefixCache), without model math, to show
+// how many requests a memory budget holds under each K/V format and how much
+// prefix reuse saves.
 //
 // Time advances in decode steps. Each step:
 //   1. admission (FCFS): a waiting request whose arrival has come looks up
 //      its prompt in the prefix cache (all but the last prompt token: that one
 //      is always computed, engines need its logits), then reserves blocks
-//      (admission control: AdmissionPolicy) and allocates its prefill; if the
-//      reservation fails it waits, and so does everyone behind it;
+//      (admission control: AdmissionPolicy, the KV manager's KvReservation)
+//      and allocates its prefill; if the reservation fails it waits, and so
+//      does everyone behind it;
 //   2. decode: every running sequence appends one token, or with speculation
 //      1 + draft_tokens rows of which a geometric number of drafts is
 //      accepted (probability draft_accept each) and the rest truncated away;
@@ -20,8 +22,9 @@
 // Parallel samples fork the prompt's blocks after prefill (shared by
 // refcount; the partial block is copied on first write).
 //
-// Rows are not written: memory is accounted in whole pool blocks of the real
-// byte size of the format pair, which is what capacity depends on.
+// Rows are not written (the KV manager is made without rows): memory is
+// accounted in whole pool blocks of the real byte size of the format pair,
+// which is what capacity depends on.
 //
 // Thread safety: Simulate is reentrant; it owns everything it creates.
 #pragma once

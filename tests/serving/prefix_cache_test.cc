@@ -10,7 +10,7 @@
 
 #include "kvcache/geometry.h"
 #include "kvcache/pool.h"
-#include "engine/sim/block_source.h"
+#include "testing/block_source.h"
 #include "kvcache/serving/prefix_cache.h"
 #include "serving/prefix/forwarding_backend.h"
 #include "testing/model_block_source.h"

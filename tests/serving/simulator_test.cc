@@ -1,13 +1,13 @@
-// The serving simulation: invariants after every step under random workloads,
-// no leaks at the end, and the effects each option should have.
+// The serving simulation on the KV manager: invariants after every step
+// under random workloads, no leaks at the end, and the effects each option
+// should have.
 #include <gtest/gtest.h>
 
 #include <fmt/format.h>
 
-#include "kvcache/pool.h"
+#include "engine/kv_manager.h"
 #include "engine/sim/simulator.h"
 #include "engine/sim/simulator_internal.h"
-#include "testing/model_block_source.h"
 
 namespace kvcache {
 namespace {
@@ -29,27 +29,25 @@ std::vector<Request> Workload(WorkloadKind kind, uint32_t n, uint64_t seed) {
   return GenerateWorkload(w);
 }
 
-SimulateReport RunOnModel(const Config& c, const std::vector<Request>& requests,
-                          serving::BlockSource** out_source = nullptr, bool real_pool = false) {
-  static std::unique_ptr<serving::BlockSource> source;
-  if (real_pool) {
-    BlockPoolOptions po;
-    po.num_blocks = c.num_blocks;
-    source = serving::NewPoolBlockSource(
-        BlockPool::Create(Geometry::Create({2, 2, 16, 16}).value(), {Format::kF32, Format::kF32}, po)
-            .value());
-  } else {
-    source = serving::NewModelBlockSource(c.num_blocks, 16);
-  }
+// Runs on a KV manager of c.num_blocks blocks of 16 tokens (2 layers, 2 kv
+// heads of 16, f32); `pool`, if given, gets its pool figures at the end.
+SimulateReport RunSim(const Config& c, const std::vector<Request>& requests,
+                   engine::KvGroupMetrics* pool = nullptr) {
   SimulateOptions o;
+  o.geometry = {2, 2, 16, 16};
+  o.formats = {Format::kF32, Format::kF32};
   o.admission = c.admission;
   o.draft_tokens = c.draft_tokens;
   o.draft_accept = 0.6;
   o.prefix_caching = c.prefix_caching;
   o.check_invariants = true;
-  Result<SimulateReport> r = serving::SimulateOn(source.get(), o, requests);
+  Result<std::unique_ptr<engine::KvManager>> kv = serving::NewSimulationKvManager(o, c.num_blocks);
+  EXPECT_TRUE(kv.ok()) << kv.status().ToString();
+  if (!kv.ok()) return {};
+  Result<SimulateReport> r = serving::SimulateOn(kv->get(), 16, o, requests);
   EXPECT_TRUE(r.ok()) << r.status().ToString();
-  if (out_source) *out_source = source.get();
+  if (pool) *pool = (*kv)->Metrics().groups[0];
+  EXPECT_TRUE((*kv)->CheckInvariants().ok());
   return r.ok() ? *r : SimulateReport{};
 }
 
@@ -64,13 +62,12 @@ TEST(Simulator, InvariantsHoldAndNothingLeaks) {
       {WorkloadKind::kParallelSampling, AdmissionPolicy::kReserveWorstCase, 4, true, 250},
   };
   for (const Config& c : configs) {
-   for (bool real_pool : {false, true}) {
-    SCOPED_TRACE(fmt::format("{} {} drafts={} prefix={} blocks={} real_pool={}", WorkloadKindName(c.kind),
+    SCOPED_TRACE(fmt::format("{} {} drafts={} prefix={} blocks={}", WorkloadKindName(c.kind),
                              AdmissionPolicyName(c.admission), c.draft_tokens, c.prefix_caching,
-                             c.num_blocks, real_pool));
+                             c.num_blocks));
     const std::vector<Request> requests = Workload(c.kind, 30, 7);
-    serving::BlockSource* src = nullptr;
-    const SimulateReport r = RunOnModel(c, requests, &src, real_pool);
+    engine::KvGroupMetrics pool;
+    const SimulateReport r = RunSim(c, requests, &pool);
     if (HasFailure()) return;
     EXPECT_EQ(r.requests + r.rejected, requests.size());
     uint64_t samples = 0, outputs = 0;
@@ -82,11 +79,10 @@ TEST(Simulator, InvariantsHoldAndNothingLeaks) {
       EXPECT_EQ(r.sequences, samples);
       EXPECT_EQ(r.generated_tokens, outputs);
     }
-    const PoolStats ps = src->stats();
-    EXPECT_EQ(ps.used_blocks, 0u);
-    EXPECT_EQ(ps.reserved_blocks, 0u);
-    EXPECT_EQ(ps.free_blocks + ps.cached_blocks, c.num_blocks);
-    EXPECT_TRUE(src->CheckInvariants().ok());
+    EXPECT_EQ(pool.blocks_used, 0u);
+    EXPECT_EQ(pool.blocks_reserved, 0u);
+    EXPECT_EQ(pool.blocks_free + pool.blocks_cached, c.num_blocks);
+    EXPECT_EQ(pool.blocks_total, c.num_blocks);
     EXPECT_GT(r.peak_concurrent, 0u);
     EXPECT_LE(r.peak_pool_utilization, 1.0);
     if (c.admission == AdmissionPolicy::kReserveWorstCase) {
@@ -99,31 +95,29 @@ TEST(Simulator, InvariantsHoldAndNothingLeaks) {
     if (!c.prefix_caching) {
       EXPECT_EQ(r.prefix.lookups, 0u);
     }
-   }
   }
 }
 
-// The reference model and the real pool make the same choices (free blocks
-// most recently freed first, LRU eviction), so whole runs agree exactly.
-TEST(Simulator, RealPoolMatchesTheModel) {
+// A whole run's choices, pinned: the figures the simulator gave on the
+// reference model of the pool's accounting and on the real pool alike
+// (free blocks most recently freed first, LRU eviction) before the KV
+// manager took its blocks over, and gives on the manager.
+TEST(Simulator, RunMatchesTheBlockModel) {
   const Config c{WorkloadKind::kChat, AdmissionPolicy::kReservePrompt, 2, true, 150};
   const std::vector<Request> requests = Workload(c.kind, 40, 11);
-  const SimulateReport model = RunOnModel(c, requests, nullptr, false);
-  const SimulateReport pool = RunOnModel(c, requests, nullptr, true);
-  EXPECT_GT(model.preemptions, 0u);
-  EXPECT_GT(model.evicted_blocks, 0u);
-  EXPECT_EQ(model.preemptions, pool.preemptions);
-  EXPECT_EQ(model.evicted_blocks, pool.evicted_blocks);
-  EXPECT_EQ(model.tokens_appended, pool.tokens_appended);
-  EXPECT_EQ(model.prefix.hit_tokens, pool.prefix.hit_tokens);
-  EXPECT_EQ(model.peak_concurrent, pool.peak_concurrent);
-  EXPECT_EQ(model.steps, pool.steps);
+  const SimulateReport r = RunSim(c, requests);
+  EXPECT_EQ(r.preemptions, 27u);
+  EXPECT_EQ(r.evicted_blocks, 1892u);
+  EXPECT_EQ(r.tokens_appended, 37588u);
+  EXPECT_EQ(r.prefix.hit_tokens, 528736u);
+  EXPECT_EQ(r.peak_concurrent, 9u);
+  EXPECT_EQ(r.steps, 2024u);
 }
 
 TEST(Simulator, TightPoolPreemptsAndEvicts) {
   const std::vector<Request> requests = Workload(WorkloadKind::kChat, 60, 3);
   const SimulateReport r =
-      RunOnModel({WorkloadKind::kChat, AdmissionPolicy::kReservePrompt, 0, true, 120}, requests);
+      RunSim({WorkloadKind::kChat, AdmissionPolicy::kReservePrompt, 0, true, 120}, requests);
   EXPECT_GT(r.preemptions, 0u);
   EXPECT_GT(r.evicted_blocks, 0u);
   EXPECT_EQ(r.requests + r.rejected, 60u);
@@ -133,9 +127,9 @@ TEST(Simulator, TightPoolPreemptsAndEvicts) {
 TEST(Simulator, PrefixCachingSavesPrefill) {
   const std::vector<Request> requests = Workload(WorkloadKind::kSharedPrefix, 60, 5);
   const SimulateReport on =
-      RunOnModel({WorkloadKind::kSharedPrefix, AdmissionPolicy::kReservePrompt, 0, true, 400}, requests);
+      RunSim({WorkloadKind::kSharedPrefix, AdmissionPolicy::kReservePrompt, 0, true, 400}, requests);
   const SimulateReport off =
-      RunOnModel({WorkloadKind::kSharedPrefix, AdmissionPolicy::kReservePrompt, 0, false, 400}, requests);
+      RunSim({WorkloadKind::kSharedPrefix, AdmissionPolicy::kReservePrompt, 0, false, 400}, requests);
   EXPECT_GT(on.prefix_hit_rate, 0.5);
   EXPECT_EQ(off.prefix_hit_rate, 0.0);
   EXPECT_LT(on.prefill_tokens * 2, off.prefill_tokens);
@@ -150,7 +144,7 @@ TEST(Simulator, RejectsWhatCanNeverFit) {
   requests[1].max_new_tokens = 10;
   requests[1].arrival = 1;
   const SimulateReport r =
-      RunOnModel({WorkloadKind::kChat, AdmissionPolicy::kReservePrompt, 0, true, 16}, requests);
+      RunSim({WorkloadKind::kChat, AdmissionPolicy::kReservePrompt, 0, true, 16}, requests);
   EXPECT_EQ(r.requests, 1u);
   EXPECT_EQ(r.rejected, 1u);
 }

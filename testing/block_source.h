@@ -1,7 +1,7 @@
-// BlockSource: the block-pool operations the serving simulator uses, so that
-// it can run on the real BlockPool (PoolBlockSource) or on a deliberately
-// simple reference model of the pool's block accounting that tests compare
-// against (testing/model_block_source.h). Both follow the contracts in kvcache/pool.h.
+// BlockSource: the block-pool operations the prefix-cache tests use, so that
+// they can run on the real BlockPool (PoolBlockSource) or on a deliberately
+// simple reference model of the pool's block accounting
+// (testing/model_block_source.h). Both follow the contracts in kvcache/pool.h.
 //
 // Thread safety: as the implementation (the pool is thread-safe; the model
 // is not and is used from one thread).

@@ -1,5 +1,5 @@
 // PoolBlockSource: BlockSource over the real BlockPool (see block_source.h).
-#include "engine/sim/block_source.h"
+#include "testing/block_source.h"
 
 namespace kvcache::serving {
 namespace {

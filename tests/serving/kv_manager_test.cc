@@ -1,0 +1,305 @@
+// The KV manager (engine/kv_manager.h) without a model: sequences without
+// rows (the serving simulator's), reservations, forks and drafts, and the
+// scheduler's prefix hold on it -- a request waits for a leader that will
+// publish the prefix it needs, then adopts it; a leader that stands still
+// (preempted, then starved) holds nobody for ever. After every test the
+// pool is back at its baseline: nothing used or reserved.
+#include "engine/kv_manager.h"
+
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "engine/scheduler.h"
+
+namespace kvcache::engine {
+namespace {
+
+constexpr uint32_t kB = 4;  // tokens per block
+
+std::unique_ptr<KvManager> NewManager(uint32_t blocks, bool rows = false) {
+  model::AttentionShape shape;
+  shape.n_layers = 1;
+  shape.n_heads = 1;
+  shape.n_kv_heads = 1;
+  shape.head_dim = 16;
+  shape.max_seq_len = blocks * kB;
+  KvManagerOptions o;
+  o.formats = {Format::kF32, Format::kF32};
+  o.block_size = kB;
+  o.pool_blocks = blocks;
+  o.rows = rows;
+  Result<std::unique_ptr<KvManager>> m = KvManager::Create(shape, nullptr, o);
+  EXPECT_TRUE(m.ok()) << m.status().ToString();
+  return m.ok() ? std::move(*m) : nullptr;
+}
+
+KvGroupMetrics Pool(const KvManager& m) { return m.Metrics().groups[0]; }
+
+// Nothing in use or reserved: every block free or cached.
+void ExpectBaseline(const KvManager& m) {
+  const KvGroupMetrics g = Pool(m);
+  EXPECT_EQ(g.blocks_used, 0u);
+  EXPECT_EQ(g.blocks_reserved, 0u);
+  EXPECT_EQ(g.blocks_free + g.blocks_cached, g.blocks_total);
+  EXPECT_TRUE(m.CheckInvariants().ok());
+}
+
+std::vector<TokenId> Tokens(std::initializer_list<std::pair<TokenId, uint32_t>> runs) {
+  std::vector<TokenId> t;
+  for (auto [value, n] : runs) t.insert(t.end(), n, value);
+  return t;
+}
+
+TEST(KvManager, ChainHashesExtendBlockByBlock) {
+  const std::vector<TokenId> t = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10};
+  std::vector<BlockHash> h;
+  ExtendChainHashes(t, kB, "tenant", 1, &h);
+  ExtendChainHashes(t, kB, "tenant", 2, &h);
+  ExtendChainHashes(t, kB, "tenant", 1, &h);  // already that long
+  EXPECT_EQ(h, HashFullBlocks(t, kB, "tenant"));
+}
+
+TEST(KvManager, ForksShareThePromptCopyOnWrite) {
+  std::unique_ptr<KvManager> m = NewManager(16);
+  ASSERT_NE(m, nullptr);
+  {
+    const std::vector<TokenId> prompt = Tokens({{7, 6}});  // one full block and a partial one
+    KvAdmitOptions a;
+    a.reservation = KvReservation::kPrompt;
+    a.samples = 3;
+    std::unique_ptr<KvSequence> seq = m->Admit(prompt, a).value();
+    EXPECT_FALSE(seq->has_rows());
+    EXPECT_EQ(seq->reserved_blocks(), 2u + 2u);  // the prompt's blocks, one per extra sample
+    ASSERT_TRUE(seq->Extend(6).ok());              // the prefill draws its two
+    EXPECT_EQ(seq->reserved_blocks(), 2u);
+    std::unique_ptr<KvSequence> f1 = m->Fork(*seq).value();
+    std::unique_ptr<KvSequence> f2 = m->Fork(*seq).value();
+    EXPECT_EQ(seq->reserved_blocks(), 0u);
+    EXPECT_EQ(f1->reserved_blocks(), 1u);
+    EXPECT_EQ(f2->num_tokens(), 6u);
+    EXPECT_EQ(Pool(*m).blocks_used, 2u);
+    // Each sample's next row copies the shared partial block first; the
+    // last one to write finds it its own.
+    ASSERT_TRUE(seq->Extend(1).ok());  // from the free blocks
+    ASSERT_TRUE(f1->Extend(1).ok());   // from its share
+    ASSERT_TRUE(f2->Extend(1).ok());   // no copy: its share stays reserved
+    EXPECT_EQ(Pool(*m).blocks_used, 4u);
+    EXPECT_EQ(f1->reserved_blocks(), 0u);
+    EXPECT_EQ(f2->reserved_blocks(), 1u);
+    EXPECT_EQ(Pool(*m).blocks_reserved, 1u);
+    for (const KvSequence* s : {seq.get(), f1.get(), f2.get()}) EXPECT_TRUE(s->CheckBlocks().ok());
+    // Without rows nothing is stored or attended.
+    const std::vector<float> row(16);
+    std::vector<float> out(16);
+    EXPECT_EQ(f2->Store(0, row, row).code(), StatusCode::kFailedPrecondition);
+    EXPECT_EQ(f2->Attend(0, row, out).code(), StatusCode::kFailedPrecondition);
+    EXPECT_TRUE(m->CheckInvariants().ok());
+  }
+  ExpectBaseline(*m);
+}
+
+TEST(KvManager, WorstCaseDraftsGiveTheirBlocksBackToTheReservation) {
+  std::unique_ptr<KvManager> m = NewManager(16);
+  ASSERT_NE(m, nullptr);
+  {
+    KvAdmitOptions a;
+    a.reservation = KvReservation::kWorstCase;
+    a.max_new_tokens = 6;
+    a.draft_tokens = 3;
+    std::unique_ptr<KvSequence> seq = m->Admit(Tokens({{1, 5}}), a).value();
+    EXPECT_EQ(seq->reserved_blocks(), 4u);  // (5 + 6 + 3) rows
+    ASSERT_TRUE(seq->Extend(5).ok());
+    ASSERT_TRUE(seq->Extend(1 + 3).ok());  // a decode and its drafts: 9 rows, 3 blocks
+    EXPECT_EQ(seq->reserved_blocks(), 1u);
+    ASSERT_TRUE(seq->Truncate(6).ok());  // two drafts rejected: the third block goes back
+    EXPECT_EQ(seq->num_tokens(), 6u);
+    EXPECT_EQ(seq->reserved_blocks(), 2u);
+    EXPECT_EQ(Pool(*m).blocks_used, 2u);
+    EXPECT_EQ(Pool(*m).blocks_reserved, 2u);
+    EXPECT_EQ(seq->Truncate(7).code(), StatusCode::kOutOfRange);
+  }
+  ExpectBaseline(*m);
+}
+
+TEST(KvManager, ARefusedReservationHoldsNothingAndCountsItsLookup) {
+  std::unique_ptr<KvManager> m = NewManager(6);
+  ASSERT_NE(m, nullptr);
+  const std::vector<TokenId> a = Tokens({{3, 9}});
+  {
+    std::unique_ptr<KvSequence> seq = m->Admit(a, KvAdmitOptions{}).value();
+    ASSERT_TRUE(seq->Extend(9).ok());
+    std::vector<BlockHash> hashes;
+    EXPECT_EQ(m->Publish(*seq, a, &hashes).value(), 2u);
+    EXPECT_EQ(hashes.size(), 2u);
+  }
+  EXPECT_EQ(Pool(*m).blocks_cached, 2u);  // published: cached when freed
+  // The first 8 tokens are cached, the rest would need 5 more blocks of
+  // the 4 left once the two are adopted.
+  std::vector<TokenId> b = a;
+  b.resize(28, 4);
+  KvAdmitOptions prompt;
+  prompt.reservation = KvReservation::kPrompt;
+  KvAdmission found;
+  Result<std::unique_ptr<KvSequence>> refused = m->Admit(b, prompt, &found);
+  EXPECT_EQ(refused.status().code(), StatusCode::kPoolExhausted);
+  ASSERT_FALSE(found.served.empty());
+  EXPECT_EQ(found.served[0], 8u);
+  EXPECT_EQ(Pool(*m).blocks_cached, 2u);  // given back, still cached
+  EXPECT_EQ(m->Metrics().prefix_lookups, 2u);
+  // Shorter, it fits and adopts them.
+  b.resize(20);
+  std::unique_ptr<KvSequence> seq = m->Admit(b, prompt).value();
+  EXPECT_EQ(seq->cached_tokens(), 8u);
+  EXPECT_EQ(seq->reserved_blocks(), 3u);
+  seq.reset();
+  ExpectBaseline(*m);
+}
+
+TEST(KvManager, ForksOfSequencesWithRowsArePagedCopies) {
+  std::unique_ptr<KvManager> m = NewManager(16, /*rows=*/true);
+  ASSERT_NE(m, nullptr);
+  {
+    const std::vector<int32_t> prompt(5, 2);
+    std::unique_ptr<KvSequence> seq = m->Admit(prompt).value();
+    EXPECT_TRUE(seq->has_rows());
+    ASSERT_TRUE(seq->Extend(5).ok());
+    const std::vector<float> rows(5 * 16, 0.5f);
+    ASSERT_TRUE(seq->Store(0, rows, rows).ok());
+    std::unique_ptr<KvSequence> fork = m->Fork(*seq).value();
+    EXPECT_TRUE(fork->has_rows());
+    EXPECT_EQ(fork->num_tokens(), 5u);
+    // Only the engine's reservation takes rows.
+    KvAdmitOptions a;
+    a.reservation = KvReservation::kWorstCase;
+    EXPECT_EQ(m->Admit(Tokens({{2, 5}}), a).status().code(), StatusCode::kInvalidArgument);
+  }
+  ExpectBaseline(*m);
+}
+
+// --- the scheduler's prefix hold on the KV manager -----------------------------
+
+struct Req final : ScheduledRequest {
+  Req(uint64_t id_, std::vector<int32_t> t) : tokens(std::move(t)) { id = id_; }
+  size_t context_size() const override { return tokens.size(); }
+  std::vector<int32_t> tokens;
+  std::vector<BlockHash> hashes;  // the prompt's chain (HashPrompt), extended by Publish
+  std::unique_ptr<KvSequence> kv;
+};
+
+Req& R(ScheduledRequest& r) { return static_cast<Req&>(r); }
+const Req& R(const ScheduledRequest& r) { return static_cast<const Req&>(r); }
+
+// The engine's use of the manager, without a model.
+class ManagerKv final : public SchedulerKv {
+ public:
+  explicit ManagerKv(KvManager* m) : m_(m) {}
+  bool Fits(const ScheduledRequest&) const override { return true; }
+  bool CanAdmit(const ScheduledRequest& r) const override { return m_->CanAdmit(R(r).tokens); }
+  Status Admit(ScheduledRequest& r, std::vector<std::unique_ptr<ScheduledRequest>>*) override {
+    KV_ASSIGN_OR_RETURN(R(r).kv, m_->Admit(R(r).tokens));
+    return Status::Ok();
+  }
+  uint64_t Computed(const ScheduledRequest& r) const override { return R(r).kv->num_tokens(); }
+  bool WillPublishFor(const ScheduledRequest& leader, const ScheduledRequest& r) const override {
+    return m_->WillPublishFor(*R(leader).kv, R(leader).hashes, R(r).tokens, R(r).hashes);
+  }
+  void Release(ScheduledRequest& r) override { R(r).kv.reset(); }
+
+ private:
+  KvManager* m_;
+};
+
+struct Serving {
+  Serving(uint32_t blocks, const SchedulerOptions& o) : manager(NewManager(blocks)), kv(manager.get()), scheduler(o, &kv, &mu) {}
+  Req* Submit(uint64_t id, std::vector<int32_t> tokens) {
+    auto r = std::make_unique<Req>(id, std::move(tokens));
+    r->hashes = manager->HashPrompt(r->tokens);
+    Req* p = r.get();
+    std::lock_guard<std::mutex> lock(mu);
+    scheduler.EnqueueLocked(std::move(r));
+    return p;
+  }
+  // One step: the planned rows computed, then published.
+  void Step() {
+    for (const BatchSlot& slot : scheduler.Plan()) {
+      Req& r = R(*slot.request);
+      ASSERT_TRUE(r.kv->Extend(slot.count).ok());
+      ASSERT_TRUE(manager->Publish(*r.kv, r.tokens, &r.hashes).ok());
+    }
+  }
+  void ReleaseAll() {
+    for (auto& r : scheduler.running()) R(*r).kv.reset();
+  }
+  std::unique_ptr<KvManager> manager;
+  ManagerKv kv;
+  std::mutex mu;
+  Scheduler scheduler;  // destroyed first: its requests hold the manager's sequences
+};
+
+// A shared prefix of three blocks; the leader's prompt goes on for a
+// fourth block, the waiter's for half a block.
+std::vector<int32_t> Prompt(int32_t tail, size_t tail_len) {
+  std::vector<int32_t> t;
+  for (int32_t i = 1; i <= 12; ++i) t.push_back(i);
+  t.insert(t.end(), tail_len, tail);
+  return t;
+}
+
+TEST(KvManagerScheduler, AWaiterHeldForItsLeadersPrefixAdoptsIt) {
+  Serving s(32, {.max_batch_tokens = kB, .max_running = 8});
+  Req* leader = s.Submit(1, Prompt(100, 4));
+  Req* waiter = s.Submit(2, Prompt(200, 2));
+  AdmitResult a = s.scheduler.Admit();
+  EXPECT_EQ(a.held, 1u);
+  EXPECT_EQ(a.newly_held, 1u);
+  ASSERT_NE(leader->kv, nullptr);
+  // The leader's prefill runs a block a step and publishes each: the waiter
+  // is held until the third, the last it can adopt, is published.
+  for (int step = 0; step < 3; ++step) {
+    s.Step();
+    a = s.scheduler.Admit();
+    if (step < 2) {
+      EXPECT_EQ(a.held, 1u) << step;
+      EXPECT_EQ(a.newly_held, 0u);
+      EXPECT_EQ(waiter->kv, nullptr) << step;
+    }
+  }
+  ASSERT_NE(waiter->kv, nullptr);
+  EXPECT_EQ(waiter->kv->cached_tokens(), 12u);
+  s.ReleaseAll();
+  ExpectBaseline(*s.manager);
+}
+
+TEST(KvManagerScheduler, APreemptedLeaderThatStandsStillHoldsNobodyForEver) {
+  Serving s(32, {.max_batch_tokens = kB, .max_running = 8, .max_stalled_holds = 2});
+  Req* leader = s.Submit(1, Prompt(100, 4));
+  Req* waiter = s.Submit(2, Prompt(200, 2));
+  s.scheduler.Admit();
+  s.Step();  // the leader publishes its first block
+  ASSERT_EQ(s.scheduler.PreemptYoungest(), leader);
+  EXPECT_EQ(leader->kv, nullptr);
+  // Back first in the queue, it comes back adopting the block it published,
+  // and the waiter is held for it again.
+  AdmitResult a = s.scheduler.Admit();
+  ASSERT_NE(leader->kv, nullptr);
+  EXPECT_EQ(leader->kv->cached_tokens(), kB);
+  EXPECT_EQ(a.held, 1u);
+  // Now it stands still (no step runs): the waiter is held at most
+  // max_stalled_holds more admissions, then admitted with what was published.
+  int admissions = 0;
+  while (waiter->kv == nullptr && admissions < 10) {
+    s.scheduler.Admit();
+    ++admissions;
+  }
+  ASSERT_NE(waiter->kv, nullptr);
+  EXPECT_LE(admissions, 2);
+  EXPECT_EQ(waiter->kv->cached_tokens(), kB);
+  s.ReleaseAll();
+  ExpectBaseline(*s.manager);
+}
+
+}  // namespace
+}  // namespace kvcache::engine
