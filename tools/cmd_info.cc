@@ -18,7 +18,12 @@
 
 #include "kvcache/format.h"
 #include "kvcache/geometry.h"
+#include "kvcache/pool.h"
 #include "kvcache/simd.h"
+#include "model/decoder/decoder.h"
+#include "model/decoder/gguf_model.h"
+#include "model/kv/hybrid_kv.h"
+#include "model/kv/kv_factory.h"
 #include "tools/command.h"
 #include "tools/kv_flags.h"
 
@@ -30,9 +35,95 @@ struct InfoOptions {
   uint32_t layers = 32, kv_heads = 8, head_dim = 128;
   uint64_t n_values = 4096;
   std::string pairs = "bf16:turbo4,turbo8:turbo4,bf16:q4_0,q8_0:q4_0";
+  // A model's memory per sequence (--model): its layer groups at --context
+  // positions in --kv-format, paged in blocks of --block-size.
+  std::string model_path, kv_format = "bf16";
+  uint32_t context = 0, block_size = 16, max_chunk = 512;
 };
 
+// One sequence of a model at o.context positions, per layer group: the
+// blocks the paged pool holds at most and their bytes, beside a cache that
+// keeps every position of every layer ("full-only").
+Result<nlohmann::json> ModelMemory(const InfoOptions& o) {
+  model::GgufLoadOptions load;
+  load.max_seq_len = o.context;
+  KV_ASSIGN_OR_RETURN(model::Model m, model::LoadGgufModel(o.model_path, load));
+  model::Decoder decoder(m);
+  const model::AttentionShape shape = decoder.attention_shape();
+  const uint32_t context = shape.max_seq_len;
+  KV_ASSIGN_OR_RETURN(model::KvBackendOptions kv,
+                      model::ParseKvBackendOptions(o.kv_format, "paged", "cache", o.block_size));
+  model::HybridKvOptions h;
+  h.formats = kv.formats;
+  h.bounded_formats = kv.local_formats;
+  h.block_size = o.block_size;
+  h.max_chunk_tokens = o.max_chunk;
+  KV_ASSIGN_OR_RETURN(auto hybrid, model::HybridKv::MakeModel(shape, h));
+  nlohmann::json j;
+  j["model"] = o.model_path;
+  j["family"] = model::ModelFamilyName(m.config().family);
+  j["context"] = context;
+  j["kv_format"] = o.kv_format;
+  j["block_size"] = o.block_size;
+  nlohmann::json groups = nlohmann::json::array();
+  uint64_t total = 0;
+  for (int g = 0; g < 2; ++g) {
+    if (hybrid->group_size(g) == 0) continue;
+    const uint64_t blocks = model::HybridKv::BlocksPerSequence(*hybrid, g, context);
+    const uint64_t bytes = blocks * BlockPool::BlockBytes(hybrid->group_geometry(g), hybrid->group_formats(g));
+    nlohmann::json gj;
+    gj["group"] = g == HybridModel::kFullGroup ? "global" : "local";
+    gj["layers"] = hybrid->group_size(g);
+    gj["formats"] = FormatPairName(hybrid->group_formats(g));
+    gj["blocks"] = blocks;
+    gj["bytes"] = bytes;
+    total += bytes;
+    groups.push_back(std::move(gj));
+  }
+  // The precision window's bf16 rows beside the full layers' (K and V).
+  const uint64_t window_rows = std::min<uint64_t>(kv.window.sinks + kv.window.recent, context);
+  const uint64_t window_bytes = window_rows * 2 * 2 * shape.kv_dim() * hybrid->group_size(HybridModel::kFullGroup);
+  j["groups"] = std::move(groups);
+  j["precision_window_bytes"] = window_bytes;
+  j["bytes_per_sequence"] = total + window_bytes;
+  // Every layer keeping every position in the full group's format.
+  KV_ASSIGN_OR_RETURN(Geometry all, Geometry::Create({shape.n_layers, shape.n_kv_heads, shape.head_dim, o.block_size}));
+  const uint64_t full_blocks = (uint64_t{context} + o.block_size - 1) / o.block_size;
+  j["full_only_bytes_per_sequence"] = full_blocks * BlockPool::BlockBytes(all, kv.formats) + window_bytes * shape.n_layers /
+                                      std::max(1u, hybrid->group_size(HybridModel::kFullGroup));
+  return j;
+}
+
+int RunModelMemory(const InfoOptions& o) {
+  auto mem = ModelMemory(o);
+  if (!mem.ok()) {
+    fmt::print(stderr, "kvcache info: {}\n", mem.status().ToString());
+    return 2;
+  }
+  const nlohmann::json& j = *mem;
+  if (o.json) {
+    fmt::print("{}\n", j.dump(2));
+    return 0;
+  }
+  fmt::print("{} ({}), {} positions, kv {}, blocks of {} tokens: one sequence holds at most\n",
+             o.model_path, j["family"].get<std::string>(), j["context"].get<uint32_t>(), o.kv_format, o.block_size);
+  for (const auto& g : j["groups"]) {
+    fmt::print("  {:<7} {:>2} layers {:<12} {:>7} blocks {:>14} bytes ({:.1f} MiB)\n", g["group"].get<std::string>(),
+               g["layers"].get<uint32_t>(), g["formats"].get<std::string>(), g["blocks"].get<uint64_t>(),
+               g["bytes"].get<uint64_t>(), g["bytes"].get<uint64_t>() / 1048576.0);
+  }
+  if (j["precision_window_bytes"].get<uint64_t>() != 0) {
+    fmt::print("  precision window rows (bf16): {} bytes\n", j["precision_window_bytes"].get<uint64_t>());
+  }
+  fmt::print("  total {} bytes ({:.1f} MiB); every layer keeping every position: {} bytes ({:.1f} MiB)\n",
+             j["bytes_per_sequence"].get<uint64_t>(), j["bytes_per_sequence"].get<uint64_t>() / 1048576.0,
+             j["full_only_bytes_per_sequence"].get<uint64_t>(),
+             j["full_only_bytes_per_sequence"].get<uint64_t>() / 1048576.0);
+  return 0;
+}
+
 int RunInfo(const InfoOptions& o) {
+  if (!o.model_path.empty()) return RunModelMemory(o);
   auto geometry = Geometry::Create({o.layers, o.kv_heads, o.head_dim, 16});
   if (!geometry.ok()) {
     fmt::print(stderr, "kvcache info: {}\n", geometry.status().ToString());
@@ -136,6 +227,16 @@ const bool kRegistered = RegisterOptionsCommand<InfoOptions>(
       AddGeometryFlags(app, o.layers, o.kv_heads, o.head_dim);
       app->add_option("--n-values", o.n_values, "Report bytes for this many values")->capture_default_str();
       app->add_option("--pairs", o.pairs, "Comma-separated K:V pairs to size per token")->capture_default_str();
+      app->add_option("--model", o.model_path,
+                      "GGUF model: print one sequence's bytes per layer group (global / sliding-window) at --context");
+      app->add_option("--context", o.context, "Positions per sequence (0 = the model's context)")->capture_default_str();
+      app->add_option("--kv-format", o.kv_format,
+                      "K:V format of every layer, or global=SPEC,local=SPEC (with --model)")
+          ->capture_default_str();
+      app->add_option("--block-size", o.block_size, "Paged block size in tokens (with --model)")->capture_default_str();
+      app->add_option("--max-chunk", o.max_chunk,
+                      "Largest prefill chunk a window layer must serve exactly (its lookback; with --model)")
+          ->capture_default_str();
     },
     RunInfo);
 

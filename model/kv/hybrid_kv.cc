@@ -86,23 +86,23 @@ Result<std::shared_ptr<const HybridModel>> HybridKv::MakeModel(const AttentionSh
 
 uint64_t HybridKv::BlocksPerSequence(const HybridModel& model, int group, uint64_t tokens) {
   const uint64_t B = model.geometry().block_size();
-  uint64_t rows = tokens;
   if (group == HybridModel::kBoundedGroup) {
-    // The most any bounded head stores (hybrid.h: S + W + L + G - 1), and
-    // heavy hitters their budget; one block more for a partial block at
-    // each end of the kept range.
+    // The most any bounded head stores (hybrid.h): its sinks, then at most
+    // W + L + G - 1 recent positions (heavy hitters: their budget), which
+    // start on a block boundary only when the sinks fill whole blocks.
     uint64_t most = 0;
     for (uint32_t l = 0; l < model.n_layers(); ++l) {
       if (model.group(l) != group) continue;
       for (const EvictionPolicy& p : model.head_policies(l)) {
-        most = std::max<uint64_t>(most, uint64_t{p.sink_tokens} + p.window_tokens + p.heavy_tokens +
-                                            model.options().window_lookback_tokens + model.window_slack(l));
+        const uint64_t recent = uint64_t{p.window_tokens} + p.heavy_tokens +
+                                model.options().window_lookback_tokens + model.window_slack(l) - 1;
+        const uint64_t sinks = p.sink_tokens;
+        most = std::max<uint64_t>(most, (sinks + B - 1) / B + (recent + B - 1) / B + (sinks % B != 0 ? 1 : 0));
       }
     }
-    rows = std::min(tokens, most);
-    return std::min((tokens + B - 1) / B, (rows + B - 1) / B + 2);
+    return std::min((tokens + B - 1) / B, most);
   }
-  return (rows + B - 1) / B;
+  return (tokens + B - 1) / B;
 }
 
 Result<std::unique_ptr<HybridKv>> HybridKv::Create(const AttentionShape& shape, const HybridKvOptions& options) {

@@ -321,3 +321,53 @@ TEST_F(Gemma3Decoder, PerGroupFormatsAndBadStrings) {
 
 }  // namespace
 }  // namespace kvcache::model
+
+namespace kvcache::model {
+namespace {
+
+// Gemma 3 270M's attention geometry (18 layers, 5 of 6 with a window of 512,
+// 1 kv head of 256): after appending 3000 positions in chunks of 64, each
+// group's pool holds what BlocksPerSequence (kvcache info --model) predicts,
+// within one block.
+TEST(SlidingWindow, PoolUseMatchesThePrediction) {
+  constexpr uint32_t kLayers = 18, kHd = 256, kN = 3000, kChunk = 64;
+  AttentionShape shape{kLayers, 4, 1, kHd, 32768, {}};
+  shape.windows.resize(kLayers);
+  for (uint32_t l = 0; l < kLayers; ++l) shape.windows[l] = (l + 1) % 6 != 0 ? 512 : 0;
+  HybridKvOptions o;
+  o.formats = {Format::kBF16, Format::kBF16};
+  o.bounded_formats = FormatPair{Format::kQ8_0, Format::kQ8_0};
+  o.layout = CacheLayout::kPaged;
+  o.max_chunk_tokens = kChunk;
+  auto model = HybridKv::MakeModel(shape, o);
+  ASSERT_TRUE(model.ok()) << model.status().ToString();
+  const uint32_t blocks[2] = {4096, 4096};
+  auto pools = (*model)->CreatePools(blocks);
+  ASSERT_TRUE(pools.ok()) << pools.status().ToString();
+  o.pools = *pools;
+  auto kv = HybridKv::Create(shape, o);
+  ASSERT_TRUE(kv.ok()) << kv.status().ToString();
+  std::mt19937_64 rng(5);
+  std::normal_distribution<float> nd;
+  std::vector<float> k(size_t{kChunk} * kHd), v(k.size()), q(size_t{kChunk} * 4 * kHd), out(q.size());
+  for (uint32_t t0 = 0; t0 < kN; t0 += kChunk) {
+    const uint32_t n = std::min(kChunk, kN - t0);
+    for (float& x : k) x = nd(rng);
+    for (float& x : v) x = nd(rng);
+    ASSERT_TRUE((*kv)->Extend(n).ok());
+    for (uint32_t l = 0; l < kLayers; ++l) {
+      ASSERT_TRUE((*kv)->Store(l, std::span<const float>(k).first(size_t{n} * kHd),
+                               std::span<const float>(v).first(size_t{n} * kHd)).ok());
+    }
+  }
+  for (int g = 0; g < 2; ++g) {
+    const uint64_t predicted = HybridKv::BlocksPerSequence(**model, g, kN);
+    const uint64_t used = (*pools)[g]->num_used_blocks();
+    EXPECT_LE(used, predicted) << "group " << g;
+    EXPECT_GE(used + 1, predicted) << "group " << g;
+  }
+  EXPECT_EQ((*pools)[HybridModel::kFullGroup]->num_used_blocks(), (kN + 15) / 16);
+}
+
+}  // namespace
+}  // namespace kvcache::model
