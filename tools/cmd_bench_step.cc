@@ -25,6 +25,7 @@
 
 #include "kvcache/cache.h"
 #include "kvcache/pool.h"
+#include "model/kv/hybrid_kv.h"
 #include "kvcache/simd.h"
 #include "model/decoder/decoder.h"
 #include "model/decoder/loaded_model.h"
@@ -65,11 +66,14 @@ Result<std::vector<uint32_t>> ParseCounts(const std::string& text) {
   return out;
 }
 
-// Prefills `tokens` into kv in chunks of 256 (the engine's default step budget).
+// Prefill chunks: the engine's default step budget.
+constexpr uint32_t kPrefillChunk = 256;
+
+// Prefills `tokens` into kv in chunks of kPrefillChunk.
 Status Prefill(model::Decoder& decoder, model::KvBackend& kv, std::span<const int32_t> tokens) {
   std::vector<float> logits(decoder.config().vocab_size);
-  for (size_t i = 0; i < tokens.size(); i += 256) {
-    const size_t n = std::min<size_t>(256, tokens.size() - i);
+  for (size_t i = 0; i < tokens.size(); i += kPrefillChunk) {
+    const size_t n = std::min<size_t>(kPrefillChunk, tokens.size() - i);
     KV_RETURN_IF_ERROR(decoder.Forward(tokens.subspan(i, n), kv, logits));
   }
   return Status::Ok();
@@ -80,18 +84,45 @@ Result<nlohmann::json> RunOne(model::Decoder& decoder, const FormatPair& formats
   const model::ModelConfig& c = decoder.config();
   model::AttentionShape shape = decoder.attention_shape();
   shape.max_seq_len = std::min(shape.max_seq_len, o.context + 1);
-  KV_ASSIGN_OR_RETURN(Geometry geometry,
-                      Geometry::Create({shape.n_layers, shape.n_kv_heads, shape.head_dim, o.block_size}));
-  const uint32_t per_seq = (o.context + 1 + o.block_size - 1) / o.block_size + 1;
-  BlockPoolOptions p;
-  p.num_blocks = (streams + 1) * per_seq;
-  KV_ASSIGN_OR_RETURN(std::shared_ptr<BlockPool> pool, BlockPool::Create(geometry, formats, p));
-  model::CacheKvOptions co;
-  co.formats = formats;
-  co.layout = CacheLayout::kPaged;
-  co.block_size = o.block_size;
-  co.pool = pool;
-  co.attention_pool = decoder.thread_pool();
+  // The sequences' K/V: one pool per layer group (a sliding-window model's
+  // window layers in their own, holding only their windows), sized for
+  // every stream plus the shared root.
+  std::unique_ptr<model::KvBackend> root;
+  double kv_bytes_per_token = 0;
+  if (shape.has_windows()) {
+    model::HybridKvOptions h;
+    h.formats = formats;
+    h.layout = CacheLayout::kPaged;
+    h.block_size = o.block_size;
+    h.attention_pool = decoder.thread_pool();
+    h.max_chunk_tokens = kPrefillChunk;
+    KV_ASSIGN_OR_RETURN(auto hybrid, model::HybridKv::MakeModel(shape, h));
+    uint32_t blocks[2] = {0, 0};
+    for (int g = 0; g < 2; ++g) {
+      if (hybrid->group_size(g) == 0) continue;
+      const uint64_t per_seq = model::HybridKv::BlocksPerSequence(*hybrid, g, o.context + 1) + 1;
+      blocks[g] = static_cast<uint32_t>((streams + 1) * per_seq);
+      kv_bytes_per_token += static_cast<double>(per_seq - 1) *
+                            BlockPool::BlockBytes(hybrid->group_geometry(g), hybrid->group_formats(g)) / (o.context + 1);
+    }
+    KV_ASSIGN_OR_RETURN(h.pools, hybrid->CreatePools(blocks));
+    KV_ASSIGN_OR_RETURN(root, model::HybridKv::Create(shape, h));
+  } else {
+    KV_ASSIGN_OR_RETURN(Geometry geometry,
+                        Geometry::Create({shape.n_layers, shape.n_kv_heads, shape.head_dim, o.block_size}));
+    const uint32_t per_seq = (o.context + 1 + o.block_size - 1) / o.block_size + 1;
+    BlockPoolOptions p;
+    p.num_blocks = (streams + 1) * per_seq;
+    KV_ASSIGN_OR_RETURN(std::shared_ptr<BlockPool> pool, BlockPool::Create(geometry, formats, p));
+    model::CacheKvOptions co;
+    co.formats = formats;
+    co.layout = CacheLayout::kPaged;
+    co.block_size = o.block_size;
+    co.pool = pool;
+    co.attention_pool = decoder.thread_pool();
+    KV_ASSIGN_OR_RETURN(root, model::CacheKv::Create(shape, co));
+    kv_bytes_per_token = static_cast<double>(pool->block_bytes()) / o.block_size;
+  }
   std::mt19937 rng(1);
   std::uniform_int_distribution<int32_t> token(0, static_cast<int32_t>(c.vocab_size) - 1);
   auto draw = [&](uint32_t n) {
@@ -99,7 +130,6 @@ Result<nlohmann::json> RunOne(model::Decoder& decoder, const FormatPair& formats
     for (int32_t& v : t) v = token(rng);
     return t;
   };
-  KV_ASSIGN_OR_RETURN(std::unique_ptr<model::CacheKv> root, model::CacheKv::Create(shape, co));
   const std::vector<int32_t> prefix = draw(o.shared);
   KV_RETURN_IF_ERROR(Prefill(decoder, *root, prefix));
   std::vector<std::unique_ptr<model::KvBackend>> seqs;
@@ -138,7 +168,7 @@ Result<nlohmann::json> RunOne(model::Decoder& decoder, const FormatPair& formats
   r["products_share"] = profile.products_s / profile.total_s;
   r["attention_share"] = profile.attention_s / profile.total_s;
   r["other_share"] = 1.0 - (profile.products_s + profile.attention_s) / profile.total_s;
-  r["kv_bytes_per_token"] = pool->block_bytes() / o.block_size;
+  r["kv_bytes_per_token"] = kv_bytes_per_token;
   return r;
 }
 
