@@ -47,6 +47,22 @@ Matrix MakeMatrix(GgmlType t, uint32_t rows, uint32_t cols) {
   return m;
 }
 
+// Times MatMul of m (its inputs set from `inputs`: 0 f32, 1 int8, 2 bf16)
+// by n normal inputs; counts the weight bytes read per product.
+void RunProducts(benchmark::State& state, Matrix& m, int64_t inputs, uint32_t n, kvcache::ThreadPool* pool) {
+  const MatMulInputs kinds[] = {MatMulInputs::kF32, MatMulInputs::kInt8, MatMulInputs::kBf16};
+  m.w.inputs = kinds[inputs];
+  std::vector<float> x(static_cast<size_t>(n) * m.w.cols), out(static_cast<size_t>(n) * m.w.rows);
+  std::mt19937_64 rng(2);
+  std::normal_distribution<float> nd;
+  for (float& v : x) v = nd(rng);
+  for (auto _ : state) {
+    kvcache::model::MatMul(m.w, x.data(), n, out.data(), pool);
+    benchmark::DoNotOptimize(out.data());
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * static_cast<int64_t>(m.bytes.size()));
+}
+
 // args: type (0 Q4_1, 1 Q8_0), inputs (0 f32, 1 int8, 2 bf16), tokens, threads, size (0:
 // cache-resident, [1536][576] and [4096][576]; 1: streamed from memory,
 // [46080][576] Q4_1 = 16.6 MB, about a third of SmolLM2's layers, and the
@@ -59,18 +75,8 @@ void BM_MatMul(benchmark::State& state) {
       threads > 1 ? std::make_unique<kvcache::ThreadPool>(threads) : nullptr;
   Matrix m = t == GgmlType::kQ4_1 ? MakeMatrix(t, big ? 46080 : 1536, 576)
                                   : MakeMatrix(t, big ? 49152 : 4096, 576);
-  const MatMulInputs kinds[] = {MatMulInputs::kF32, MatMulInputs::kInt8, MatMulInputs::kBf16};
-  m.w.inputs = kinds[state.range(1)];
   const uint32_t n = static_cast<uint32_t>(state.range(2));
-  std::vector<float> x(static_cast<size_t>(n) * m.w.cols), out(static_cast<size_t>(n) * m.w.rows);
-  std::mt19937_64 rng(2);
-  std::normal_distribution<float> nd;
-  for (float& v : x) v = nd(rng);
-  for (auto _ : state) {
-    kvcache::model::MatMul(m.w, x.data(), n, out.data(), pool.get());
-    benchmark::DoNotOptimize(out.data());
-  }
-  state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * static_cast<int64_t>(m.bytes.size()));
+  RunProducts(state, m, state.range(1), n, pool.get());
   state.SetLabel(std::string(t == GgmlType::kQ4_1 ? "q4_1" : "q8_0") + " " + std::string(kvcache::model::MatMulInputsName(m.w.inputs)) +
                  " n=" + std::to_string(n) + " threads=" + std::to_string(threads) + (big ? " streamed" : ""));
 }
@@ -104,19 +110,9 @@ void BM_MatMulGemma(benchmark::State& state) {
     hwy::SetSupportedTargetsForTest(HWY_AVX2);
   }
   Matrix m = MakeMatrix(sh.type, sh.rows, sh.cols);
-  const MatMulInputs kinds[] = {MatMulInputs::kF32, MatMulInputs::kInt8, MatMulInputs::kBf16};
-  m.w.inputs = kinds[state.range(1)];
   const uint32_t n = static_cast<uint32_t>(state.range(2));
-  std::vector<float> x(static_cast<size_t>(n) * m.w.cols), out(static_cast<size_t>(n) * m.w.rows);
-  std::mt19937_64 rng(2);
-  std::normal_distribution<float> nd;
-  for (float& v : x) v = nd(rng);
-  for (auto _ : state) {
-    kvcache::model::MatMul(m.w, x.data(), n, out.data(), nullptr);
-    benchmark::DoNotOptimize(out.data());
-  }
+  RunProducts(state, m, state.range(1), n, nullptr);
   if (avx2) hwy::SetSupportedTargetsForTest(0);
-  state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * static_cast<int64_t>(m.bytes.size()));
   state.counters["rows/s"] =
       benchmark::Counter(static_cast<double>(sh.rows) * n, benchmark::Counter::kIsIterationInvariantRate);
   state.SetLabel(std::string(sh.name) + " " + std::string(kvcache::model::MatMulInputsName(m.w.inputs)) +

@@ -55,21 +55,23 @@ GgmlTypeSize GgmlTypeSizeOf(GgmlType type) {
   return {0, 0};
 }
 
+namespace {
+// The types DequantizeRow decodes, in the order messages list them.
+constexpr GgmlType kDequantizable[] = {GgmlType::kF32,  GgmlType::kF16,  GgmlType::kQ4_1, GgmlType::kQ5_0,
+                                       GgmlType::kQ8_0, GgmlType::kQ4_K, GgmlType::kQ6_K};
+}  // namespace
+
 bool CanDequantize(GgmlType type) {
-  switch (type) {
-    case GgmlType::kF32:
-    case GgmlType::kF16:
-    case GgmlType::kQ4_1:
-    case GgmlType::kQ5_0:
-    case GgmlType::kQ8_0:
-    case GgmlType::kQ4_K:
-    case GgmlType::kQ6_K:
-      return true;
-    default:
-      return false;
+  for (GgmlType t : kDequantizable) {
+    if (t == type) return true;
   }
+  return false;
 }
 
-std::string DequantizableTypeNames() { return "F32, F16, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K"; }
+std::string DequantizableTypeNames() {
+  std::string names;
+  for (GgmlType t : kDequantizable) names += (names.empty() ? "" : ", ") + GgmlTypeName(t);
+  return names;
+}
 
 }  // namespace kvcache::model

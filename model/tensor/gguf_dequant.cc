@@ -187,36 +187,42 @@ void DecodeQ80(const uint8_t* src, size_t n, float* dst) {
   }
 }
 
-void DecodeQ50(const uint8_t* src, size_t n, float* dst) {
+using DI = hn::Rebind<int32_t, DF>;
+using VI = hn::Vec<DI>;
+
+// The bytes p[0, N) as int32 lanes.
+HWY_INLINE VI BytesAt(const uint8_t* p) { return hn::PromoteTo(DI(), hn::LoadU(hn::Rebind<uint8_t, DF>(), p)); }
+
+// dst[0, N) = float(codes) * scale.
+HWY_INLINE void StoreTimes(VI codes, float scale, float* dst) {
   const DF df;
-  const hn::Rebind<int32_t, DF> di;
-  const hn::Rebind<uint8_t, DF> du8;
-  const size_t N = hn::Lanes(df);
+  hn::StoreU(hn::Mul(hn::ConvertTo(df, codes), hn::Set(df, scale)), df, dst);
+}
+
+void DecodeQ50(const uint8_t* src, size_t n, float* dst) {
+  const DI di;
+  const size_t N = hn::Lanes(di);
   const auto one = hn::Set(di, 1), nib = hn::Set(di, 0xF), bias = hn::Set(di, 16);
   for (size_t b = 0; b < n / 32; ++b, src += ggml_blocks::kQ50Bytes, dst += 32) {
-    const auto d = hn::Set(df, HalfT(src));
+    const float d = HalfT(src);
     // qh as a signed lane: shifted right by at most 31 and masked to its
     // low bit, the sign extension never shows.
     const auto qh = hn::Set(di, static_cast<int32_t>(ggml_blocks::LoadU32Le(src + 2)));
     for (size_t j = 0; j < 16; j += N) {
-      const auto q = hn::PromoteTo(di, hn::LoadU(du8, src + 6 + j));
-      const auto idx = hn::Iota(di, static_cast<int32_t>(j));
-      const auto hlo = hn::ShiftLeft<4>(hn::And(hn::Shr(qh, idx), one));
-      const auto hhi = hn::ShiftLeft<4>(hn::And(hn::Shr(qh, hn::Add(idx, bias)), one));
-      const auto lo = hn::Sub(hn::Or(hn::And(q, nib), hlo), bias);
-      const auto hi = hn::Sub(hn::Or(hn::ShiftRight<4>(q), hhi), bias);
-      hn::StoreU(hn::Mul(hn::ConvertTo(df, lo), d), df, dst + j);
-      hn::StoreU(hn::Mul(hn::ConvertTo(df, hi), d), df, dst + 16 + j);
+      const VI q = BytesAt(src + 6 + j);
+      const VI idx = hn::Iota(di, static_cast<int32_t>(j));
+      const VI hlo = hn::ShiftLeft<4>(hn::And(hn::Shr(qh, idx), one));
+      const VI hhi = hn::ShiftLeft<4>(hn::And(hn::Shr(qh, hn::Add(idx, bias)), one));
+      StoreTimes(hn::Sub(hn::Or(hn::And(q, nib), hlo), bias), d, dst + j);
+      StoreTimes(hn::Sub(hn::Or(hn::ShiftRight<4>(q), hhi), bias), d, dst + 16 + j);
     }
   }
 }
 
 void DecodeQ4K(const uint8_t* src, size_t n, float* dst) {
   const DF df;
-  const hn::Rebind<int32_t, DF> di;
-  const hn::Rebind<uint8_t, DF> du8;
   const size_t N = hn::Lanes(df);
-  const auto nib = hn::Set(di, 0xF);
+  const auto nib = hn::Set(DI(), 0xF);
   for (size_t b = 0; b < n / 256; ++b, src += ggml_blocks::kQ4KBytes, dst += 256) {
     const float d = HalfT(src), dmin = HalfT(src + 2);
     for (uint32_t j = 0; j < 8; ++j) {
@@ -226,8 +232,8 @@ void DecodeQ4K(const uint8_t* src, size_t n, float* dst) {
       const auto m1 = hn::Set(df, dmin * static_cast<float>(m));
       const uint8_t* q = src + ggml_blocks::kQ4KQs + 32 * (j / 2);
       for (size_t l = 0; l < 32; l += N) {
-        const auto v = hn::PromoteTo(di, hn::LoadU(du8, q + l));
-        const auto code = j % 2 == 0 ? hn::And(v, nib) : hn::ShiftRight<4>(v);
+        const VI v = BytesAt(q + l);
+        const VI code = j % 2 == 0 ? hn::And(v, nib) : hn::ShiftRight<4>(v);
         hn::StoreU(hn::Sub(hn::Mul(hn::ConvertTo(df, code), d1), m1), df, dst + 32 * j + l);
       }
     }
@@ -235,10 +241,8 @@ void DecodeQ4K(const uint8_t* src, size_t n, float* dst) {
 }
 
 void DecodeQ6K(const uint8_t* src, size_t n, float* dst) {
-  const DF df;
-  const hn::Rebind<int32_t, DF> di;
-  const hn::Rebind<uint8_t, DF> du8;
-  const size_t N = hn::Lanes(df);
+  const DI di;
+  const size_t N = hn::Lanes(di);
   const auto nib = hn::Set(di, 0xF), two = hn::Set(di, 3), bias = hn::Set(di, 32);
   for (size_t b = 0; b < n / 256; ++b, src += ggml_blocks::kQ6KBytes, dst += 256) {
     const float d = HalfT(src + ggml_blocks::kQ6KD);
@@ -249,21 +253,14 @@ void DecodeQ6K(const uint8_t* src, size_t n, float* dst) {
       float* y = dst + 128 * h;
       // N divides 16: a vector's lanes share one scale.
       for (size_t l = 0; l < 32; l += N) {
-        const auto a = hn::PromoteTo(di, hn::LoadU(du8, ql + l));
-        const auto c = hn::PromoteTo(di, hn::LoadU(du8, ql + l + 32));
-        const auto hb = hn::PromoteTo(di, hn::LoadU(du8, qh + l));
-        const auto q0 = hn::Or(hn::And(a, nib), hn::ShiftLeft<4>(hn::And(hb, two)));
-        const auto q1 = hn::Or(hn::And(c, nib), hn::ShiftLeft<4>(hn::And(hn::ShiftRight<2>(hb), two)));
-        const auto q2 = hn::Or(hn::ShiftRight<4>(a), hn::ShiftLeft<4>(hn::And(hn::ShiftRight<4>(hb), two)));
-        const auto q3 = hn::Or(hn::ShiftRight<4>(c), hn::ShiftLeft<4>(hn::ShiftRight<6>(hb)));
-        const int8_t* s = sc + 8 * h + l / 16;
-        hn::StoreU(hn::Mul(hn::Set(df, d * static_cast<float>(s[0])), hn::ConvertTo(df, hn::Sub(q0, bias))), df, y + l);
-        hn::StoreU(hn::Mul(hn::Set(df, d * static_cast<float>(s[2])), hn::ConvertTo(df, hn::Sub(q1, bias))), df,
-                   y + 32 + l);
-        hn::StoreU(hn::Mul(hn::Set(df, d * static_cast<float>(s[4])), hn::ConvertTo(df, hn::Sub(q2, bias))), df,
-                   y + 64 + l);
-        hn::StoreU(hn::Mul(hn::Set(df, d * static_cast<float>(s[6])), hn::ConvertTo(df, hn::Sub(q3, bias))), df,
-                   y + 96 + l);
+        const VI a = BytesAt(ql + l), c = BytesAt(ql + l + 32), hb = BytesAt(qh + l);
+        const VI q[4] = {hn::Or(hn::And(a, nib), hn::ShiftLeft<4>(hn::And(hb, two))),
+                         hn::Or(hn::And(c, nib), hn::ShiftLeft<4>(hn::And(hn::ShiftRight<2>(hb), two))),
+                         hn::Or(hn::ShiftRight<4>(a), hn::ShiftLeft<4>(hn::And(hn::ShiftRight<4>(hb), two))),
+                         hn::Or(hn::ShiftRight<4>(c), hn::ShiftLeft<4>(hn::ShiftRight<6>(hb)))};
+        for (int k = 0; k < 4; ++k) {
+          StoreTimes(hn::Sub(q[k], bias), d * static_cast<float>(sc[8 * h + 2 * k + l / 16]), y + 32 * k + l);
+        }
       }
     }
   }
@@ -392,31 +389,19 @@ void MatMulRowsT(const WeightMatrix& w, uint32_t r0, uint32_t r1, const float* x
 }
 
 void DequantizeRowT(GgmlType type, const uint8_t* src, size_t n, float* dst) {
+  using Decoder = void (*)(const uint8_t*, size_t, float*);
+  Decoder decode = nullptr;
   switch (type) {
-    case GgmlType::kF32:
-      std::memcpy(dst, src, n * 4);
-      break;
-    case GgmlType::kF16:
-      DecodeF16(src, n, dst);
-      break;
-    case GgmlType::kQ4_1:
-      DecodeQ41(src, n, dst);
-      break;
-    case GgmlType::kQ8_0:
-      DecodeQ80(src, n, dst);
-      break;
-    case GgmlType::kQ5_0:
-      DecodeQ50(src, n, dst);
-      break;
-    case GgmlType::kQ4_K:
-      DecodeQ4K(src, n, dst);
-      break;
-    case GgmlType::kQ6_K:
-      DecodeQ6K(src, n, dst);
-      break;
-    default:
-      break;
+    case GgmlType::kF32: std::memcpy(dst, src, n * 4); return;
+    case GgmlType::kF16: decode = DecodeF16; break;
+    case GgmlType::kQ4_1: decode = DecodeQ41; break;
+    case GgmlType::kQ8_0: decode = DecodeQ80; break;
+    case GgmlType::kQ5_0: decode = DecodeQ50; break;
+    case GgmlType::kQ4_K: decode = DecodeQ4K; break;
+    case GgmlType::kQ6_K: decode = DecodeQ6K; break;
+    default: return;
   }
+  decode(src, n, dst);
 }
 
 }  // namespace HWY_NAMESPACE

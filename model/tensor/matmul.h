@@ -1,6 +1,7 @@
 // Products of the model's weight matrices with activations: the matrix-
 // vector product of decoding and the chunked matrix products of prefill,
-// over weights kept in their file's type (F32, F16, Q4_1, Q8_0).
+// over weights kept in their file's type: F32, F16, Q4_1, Q5_0, Q8_0, Q4_K
+// and Q6_K (the types DequantizeRow decodes, ggml_type.h CanDequantize).
 //
 // A WeightMatrix is a non-owning view: `rows` rows of `cols` values, each
 // row `row_bytes` bytes of whole blocks of `type`. MatMul computes
@@ -13,13 +14,15 @@
 // passes and to any thread count.
 //
 // MatMulInputs::kInt8 (a matrix's `inputs`, chosen at load) is the fast path
-// for Q4_1 and Q8_0 matrices: the inputs are rounded to int8 per 32 values
-// (scale amax/127) and multiplied in integer lanes, as llama.cpp does; an
+// for Q4_1, Q5_0, Q8_0, Q4_K and Q6_K matrices (UsesInt8): the inputs are
+// rounded to int8 per 32 values (scale amax/127) and multiplied in integer
+// lanes, as llama.cpp does (the K types' 32- and 16-value sub-block scales
+// multiply the integer lanes); an
 // approximation of the exact f32 product whose cost on a model is measured
 // with `kvcache perplexity --matmul int8` against the f32 path. It keeps every
 // property above: a (t, r) result depends on x[t] and row r only, and every
 // target, thread count and row split gives the same bits
-// (model/tensor/matmul_int8.h). Other types ignore it.
+// (model/tensor/matmul_int8.h). Other types (F32, F16) ignore it.
 //
 // MatMulInputs::kBf16 is the fast path for products over many tokens (a
 // decode step of many sequences, a prefill chunk): weights and inputs

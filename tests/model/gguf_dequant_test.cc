@@ -10,14 +10,15 @@
 #pragma GCC optimize("fp-contract=off")
 
 #include <gtest/gtest.h>
-#include <hwy/targets.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <memory>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kvcache/float16.h"
@@ -26,6 +27,7 @@
 #include "model/tensor/ggml_type.h"
 #include "model/tensor/gguf_dequant.h"
 #include "model/tensor/matmul.h"
+#include "matmul_checks.h"
 
 namespace kvcache::model {
 namespace {
@@ -165,16 +167,8 @@ TEST(GgufDequantQuants, ScalarReadsTheLayout) {
   }
 }
 
-// Restores runtime dispatch when a test ends, even through a failed ASSERT.
-struct DefaultTargets {
-  ~DefaultTargets() { hwy::SetSupportedTargetsForTest(0); }
-};
-
 TEST(GgufDequantQuants, EverySimdTargetMatchesScalar) {
-  DefaultTargets restore;
-  for (int64_t target : hwy::SupportedAndGeneratedTargets()) {
-    hwy::SetSupportedTargetsForTest(target);
-    SCOPED_TRACE(hwy::TargetName(target));
+  ForEachSimdTarget([] {
     for (GgmlType t : kNewTypes) {
       const uint32_t bv = GgmlTypeSizeOf(t).block_values;
       std::vector<std::vector<uint8_t>> inputs = {PatternBlocks(t)};
@@ -188,7 +182,7 @@ TEST(GgufDequantQuants, EverySimdTargetMatchesScalar) {
         ASSERT_EQ(0, std::memcmp(want.data(), got.data(), n * 4));
       }
     }
-  }
+  });
 }
 
 TEST(GgufDequantQuants, ErrorsNameTheType) {
@@ -218,19 +212,35 @@ TEST(GgufDequantQuants, ErrorsNameTheType) {
 // finite values of a weight's magnitude, the same bits on both paths.
 std::string GemmaPath() { return ModelCacheDir() + "/gemma-3-270m-q4_k_m.gguf"; }
 
-TEST(GgufDequantQuants, GemmaRowsAreSane) {
-  const std::string path = GemmaPath();
-  if (!std::filesystem::exists(path)) GTEST_SKIP() << path << " is absent (scripts/fetch_model.sh gemma3)";
-  auto f = GgufFile::Open(path);
-  ASSERT_TRUE(f.ok()) << f.status().ToString();
+// The first tensor of each of `types` in the file, in file order.
+std::vector<const GgufTensor*> FirstOfEachType(const GgufFile& f, const std::vector<GgmlType>& types) {
+  std::vector<const GgufTensor*> out;
   std::vector<GgmlType> seen;
-  for (const GgufTensor& t : (*f)->tensors()) {
-    if (t.type != GgmlType::kQ5_0 && t.type != GgmlType::kQ4_K && t.type != GgmlType::kQ6_K &&
-        t.type != GgmlType::kQ8_0) {
-      continue;
-    }
+  for (const GgufTensor& t : f.tensors()) {
+    if (std::find(types.begin(), types.end(), t.type) == types.end()) continue;
     if (std::find(seen.begin(), seen.end(), t.type) != seen.end()) continue;
     seen.push_back(t.type);
+    out.push_back(&t);
+  }
+  return out;
+}
+
+// The file, or null where it is absent (the test then skips); a file that
+// is there but does not open fails the test.
+std::unique_ptr<GgufFile> OpenGemma() {
+  if (!std::filesystem::exists(GemmaPath())) return nullptr;
+  auto f = GgufFile::Open(GemmaPath());
+  EXPECT_TRUE(f.ok()) << f.status().ToString();
+  return f.ok() ? std::move(f).value() : nullptr;
+}
+
+TEST(GgufDequantQuants, GemmaRowsAreSane) {
+  const std::unique_ptr<GgufFile> f = OpenGemma();
+  if (f == nullptr) GTEST_SKIP() << GemmaPath() << " is absent (scripts/fetch_model.sh gemma3)";
+  const std::vector<const GgufTensor*> tensors =
+      FirstOfEachType(*f, {GgmlType::kQ5_0, GgmlType::kQ4_K, GgmlType::kQ6_K, GgmlType::kQ8_0});
+  for (const GgufTensor* tp : tensors) {
+    const GgufTensor& t = *tp;
     SCOPED_TRACE(t.name + " " + GgmlTypeName(t.type) + " " + t.DimsString());
     const size_t cols = t.cols();
     std::vector<float> simd(cols), scalar(cols);
@@ -252,7 +262,7 @@ TEST(GgufDequantQuants, GemmaRowsAreSane) {
     EXPECT_LT(rms, 1.0);
     EXPECT_LT(amax, 64.0f);
   }
-  EXPECT_EQ(seen.size(), 4u) << "the file holds Q5_0, Q4_K, Q6_K and Q8_0 tensors";
+  EXPECT_EQ(tensors.size(), 4u) << "the file holds Q5_0, Q4_K, Q6_K and Q8_0 tensors";
 }
 
 // The real matrices through the three products: 64 rows of the first
@@ -261,15 +271,11 @@ TEST(GgufDequantQuants, GemmaRowsAreSane) {
 // exact f32 one, as on random codes (matmul_int8_test.cc,
 // matmul_bf16_test.cc).
 TEST(GgufDequantQuants, GemmaProductsAgree) {
-  const std::string path = GemmaPath();
-  if (!std::filesystem::exists(path)) GTEST_SKIP() << path << " is absent (scripts/fetch_model.sh gemma3)";
-  auto f = GgufFile::Open(path);
-  ASSERT_TRUE(f.ok()) << f.status().ToString();
-  std::vector<GgmlType> seen;
-  for (const GgufTensor& t : (*f)->tensors()) {
-    if (t.type != GgmlType::kQ5_0 && t.type != GgmlType::kQ4_K && t.type != GgmlType::kQ6_K) continue;
-    if (std::find(seen.begin(), seen.end(), t.type) != seen.end()) continue;
-    seen.push_back(t.type);
+  const std::unique_ptr<GgufFile> f = OpenGemma();
+  if (f == nullptr) GTEST_SKIP() << GemmaPath() << " is absent (scripts/fetch_model.sh gemma3)";
+  const std::vector<const GgufTensor*> tensors = FirstOfEachType(*f, {kNewTypes[0], kNewTypes[1], kNewTypes[2]});
+  for (const GgufTensor* tp : tensors) {
+    const GgufTensor& t = *tp;
     SCOPED_TRACE(t.name + " " + GgmlTypeName(t.type));
     const uint32_t rows = 64, cols = static_cast<uint32_t>(t.cols()), n = 4;
     WeightMatrix w{t.type, t.bytes.data(), rows, cols, t.row_bytes()};
@@ -293,7 +299,7 @@ TEST(GgufDequantQuants, GemmaProductsAgree) {
       EXPECT_GT(norm, 0.0);
     }
   }
-  EXPECT_EQ(seen.size(), 3u);
+  EXPECT_EQ(tensors.size(), 3u);
 }
 
 }  // namespace

@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "kvcache/thread_pool.h"
 #include "model/tensor/matmul.h"
+#include "matmul_checks.h"
 #include "random_weights.h"
 
 namespace kvcache::model {
@@ -56,17 +56,7 @@ TEST(MatMulF32, ThreadsAndBatchChangeNoBit) {
     const std::vector<float> x = RandomInputs(static_cast<size_t>(n) * cols, 32);
     std::vector<float> want(static_cast<size_t>(n) * rows);
     MatMul(w, x.data(), n, want.data(), nullptr);
-    for (uint32_t threads : {2u, 3u}) {
-      ThreadPool pool(threads);
-      std::vector<float> got(want.size());
-      MatMul(w, x.data(), n, got.data(), &pool);
-      ASSERT_EQ(0, std::memcmp(want.data(), got.data(), want.size() * 4)) << threads << " threads";
-    }
-    for (uint32_t i = 0; i < n; ++i) {
-      std::vector<float> one(rows);
-      MatMul(w, x.data() + static_cast<size_t>(i) * cols, 1, one.data(), nullptr);
-      ASSERT_EQ(0, std::memcmp(one.data(), want.data() + static_cast<size_t>(i) * rows, rows * 4)) << "token " << i;
-    }
+    ExpectSameBitsPooledAndAlone(w, x, n, want);
   }
 }
 

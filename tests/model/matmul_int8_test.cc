@@ -17,6 +17,7 @@
 #include "kvcache/float16.h"
 #include "kvcache/thread_pool.h"
 #include "model/tensor/matmul.h"
+#include "matmul_checks.h"
 #include "random_weights.h"
 
 namespace kvcache::model {
@@ -51,16 +52,8 @@ TEST(MatMulInt8, QuantizeInputsRoundsPerBlockOf32) {
   for (int j = 32; j < 64; ++j) EXPECT_EQ(q.q[j], 0);
 }
 
-// Restores runtime dispatch when a test ends, even through a failed ASSERT.
-struct DefaultTargets {
-  ~DefaultTargets() { hwy::SetSupportedTargetsForTest(0); }
-};
-
 TEST(MatMulInt8, EverySimdTargetMatchesScalar) {
-  DefaultTargets restore;
-  for (int64_t target : hwy::SupportedAndGeneratedTargets()) {
-    hwy::SetSupportedTargetsForTest(target);
-    SCOPED_TRACE(hwy::TargetName(target));
+  ForEachSimdTarget([] {
     for (GgmlType t : kInt8Types) {
       const bool k = GgmlTypeSizeOf(t).block_values == 256;
       for (uint32_t cols : k ? std::vector<uint32_t>{256u, 512u, 2048u} : std::vector<uint32_t>{32u, 64u, 576u}) {
@@ -81,7 +74,7 @@ TEST(MatMulInt8, EverySimdTargetMatchesScalar) {
         }
       }
     }
-  }
+  });
 }
 
 // Extreme blocks: every code byte the same value (0x00, 0x7F, 0x80, 0xFF:
@@ -90,17 +83,15 @@ TEST(MatMulInt8, EverySimdTargetMatchesScalar) {
 // scale (codes +-127): the byte products' pair sums are largest here, and
 // must stay exact on every target.
 TEST(MatMulInt8, ExtremeCodesMatchScalarOnEveryTarget) {
-  DefaultTargets restore;
   const uint32_t rows = 5, cols = 512, n = 3;
   std::vector<float> x(static_cast<size_t>(n) * cols);
   for (size_t i = 0; i < x.size(); ++i) x[i] = (i % 3 == 0) ? -1.0f : 1.0f;
   QuantizedInputs q;
   QuantizeInputs(x.data(), n, cols, &q);
-  for (int64_t target : hwy::SupportedAndGeneratedTargets()) {
-    hwy::SetSupportedTargetsForTest(target);
+  ForEachSimdTarget([&] {
     for (GgmlType t : kInt8Types) {
       for (uint8_t fill : {uint8_t{0x00}, uint8_t{0x7F}, uint8_t{0x80}, uint8_t{0xFF}}) {
-        SCOPED_TRACE(std::string(hwy::TargetName(target)) + " " + GgmlTypeName(t) + " fill " + std::to_string(fill));
+        SCOPED_TRACE(GgmlTypeName(t) + " fill " + std::to_string(fill));
         std::vector<uint8_t> bytes(QuantRowBytes(t, cols) * rows, fill);
         const GgmlTypeSize s = GgmlTypeSizeOf(t);
         const uint16_t one = FloatToF16(1.0f);
@@ -116,7 +107,7 @@ TEST(MatMulInt8, ExtremeCodesMatchScalarOnEveryTarget) {
         ASSERT_EQ(0, std::memcmp(want.data(), got.data(), want.size() * 4));
       }
     }
-  }
+  });
 }
 
 // Through MatMul: any thread count and any batch gives each token the bits
@@ -132,18 +123,7 @@ TEST(MatMulInt8, ThreadsAndBatchChangeNothing) {
     QuantizeInputs(x.data(), n, cols, &q);
     std::vector<float> want(static_cast<size_t>(n) * rows);
     MatMulInt8Scalar(w, q, want.data());
-    for (uint32_t threads : {1u, 2u, 3u}) {
-      ThreadPool pool(threads);
-      std::vector<float> got(want.size());
-      MatMul(w, x.data(), n, got.data(), &pool);
-      ASSERT_EQ(0, std::memcmp(want.data(), got.data(), want.size() * 4)) << threads << " threads";
-      for (uint32_t i = 0; i < n; ++i) {
-        std::vector<float> one(rows);
-        MatMul(w, x.data() + static_cast<size_t>(i) * cols, 1, one.data(), &pool);
-        ASSERT_EQ(0, std::memcmp(one.data(), want.data() + static_cast<size_t>(i) * rows, rows * 4))
-            << "token " << i << " alone";
-      }
-    }
+    ExpectSameBitsPooledAndAlone(w, x, n, want);
   }
 }
 
