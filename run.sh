@@ -36,6 +36,12 @@ fetch_model() {
   "$ROOT/scripts/fetch_model.sh" >/dev/null ||
     echo "run.sh: SmolLM2 could not be fetched; the model_smollm tests and the demo will fail" >&2
 }
+# Gemma 3 270M's GGUF (the tests' sliding-window model), fetched once beside it.
+fetch_gemma() {
+  step "fetching Gemma 3 270M (once, about 238 MB, into ${KVCACHE_MODEL_DIR:-~/.cache/kvcache/models})"
+  "$ROOT/scripts/fetch_model.sh" gemma3 >/dev/null ||
+    echo "run.sh: Gemma 3 could not be fetched; the model_gemma tests will fail" >&2
+}
 
 # Reads ninja's "[done/total] ..." lines: prints the header $1 at the first
 # step that compiles or links (a build with nothing to do stays quiet: the
@@ -89,6 +95,7 @@ case "$cmd" in
   test)
     setup
     fetch_model
+    fetch_gemma
     build release
     step "running the tests (ctest, $JOBS at a time; 3 to 10 minutes)"
     ctest --test-dir build/release -j "$JOBS" --output-on-failure "$@"
@@ -116,8 +123,8 @@ case "$cmd" in
     case "$preset" in
       asan)  # address + undefined behaviour: the whole suite
         build asan
-        # (model_smollm: the SmolLM2 tests, minutes under a sanitizer)
-        ctest --test-dir build/asan -j "$JOBS" --output-on-failure -LE '^(slow|model_smollm)$' "$@"
+        # (model_smollm, model_gemma: the real models' tests, minutes under a sanitizer)
+        ctest --test-dir build/asan -j "$JOBS" --output-on-failure -LE '^(slow|model_smollm|model_gemma)$' "$@"
         ;;
       tsan)  # threads: the layers whose tests run concurrent work
         build tsan kvcache_core_tests kvcache_pool_tests kvcache_cache_tests \

@@ -69,13 +69,14 @@ Result<nlohmann::json> ModelMemory(const InfoOptions& o) {
   uint64_t total = 0;
   for (int g = 0; g < 2; ++g) {
     if (hybrid->group_size(g) == 0) continue;
-    const uint64_t blocks = model::HybridKv::BlocksPerSequence(*hybrid, g, context);
+    const uint64_t blocks = model::HybridKv::BlocksAt(*hybrid, g, context);
     const uint64_t bytes = blocks * BlockPool::BlockBytes(hybrid->group_geometry(g), hybrid->group_formats(g));
     nlohmann::json gj;
     gj["group"] = g == HybridModel::kFullGroup ? "global" : "local";
     gj["layers"] = hybrid->group_size(g);
     gj["formats"] = FormatPairName(hybrid->group_formats(g));
     gj["blocks"] = blocks;
+    gj["most_blocks"] = model::HybridKv::BlocksPerSequence(*hybrid, g, context);
     gj["bytes"] = bytes;
     total += bytes;
     groups.push_back(std::move(gj));
@@ -105,12 +106,13 @@ int RunModelMemory(const InfoOptions& o) {
     fmt::print("{}\n", j.dump(2));
     return 0;
   }
-  fmt::print("{} ({}), {} positions, kv {}, blocks of {} tokens: one sequence holds at most\n",
+  fmt::print("{} ({}), {} positions, kv {}, blocks of {} tokens: one sequence holds\n",
              o.model_path, j["family"].get<std::string>(), j["context"].get<uint32_t>(), o.kv_format, o.block_size);
   for (const auto& g : j["groups"]) {
-    fmt::print("  {:<7} {:>2} layers {:<12} {:>7} blocks {:>14} bytes ({:.1f} MiB)\n", g["group"].get<std::string>(),
-               g["layers"].get<uint32_t>(), g["formats"].get<std::string>(), g["blocks"].get<uint64_t>(),
-               g["bytes"].get<uint64_t>(), g["bytes"].get<uint64_t>() / 1048576.0);
+    fmt::print("  {:<7} {:>2} layers {:<12} {:>7} blocks {:>14} bytes ({:.1f} MiB; at most {} blocks on the way)\n",
+               g["group"].get<std::string>(), g["layers"].get<uint32_t>(), g["formats"].get<std::string>(),
+               g["blocks"].get<uint64_t>(), g["bytes"].get<uint64_t>(), g["bytes"].get<uint64_t>() / 1048576.0,
+               g["most_blocks"].get<uint64_t>());
   }
   if (j["precision_window_bytes"].get<uint64_t>() != 0) {
     fmt::print("  precision window rows (bf16): {} bytes\n", j["precision_window_bytes"].get<uint64_t>());

@@ -13,5 +13,6 @@ std::string ModelCacheDir() {
 }
 
 std::string SmolLm2Path() { return ModelCacheDir() + "/" + kSmolLm2FileName; }
+std::string Gemma3Path() { return ModelCacheDir() + "/" + kGemma3FileName; }
 
 }  // namespace kvcache::model

@@ -80,29 +80,47 @@ Result<std::shared_ptr<const HybridModel>> HybridKv::MakeModel(const AttentionSh
   }
   HybridModelOptions ho;
   ho.window_lookback_tokens = options.max_chunk_tokens - 1;
+  ho.window_slack_tokens = options.window_slack_tokens;
   if (options.bounded_formats) ho.bounded_formats = *options.bounded_formats;
   return HybridModel::Create(geometry, options.formats, std::move(layers), ho);
 }
 
+uint64_t HybridKv::BlocksAt(const HybridModel& model, int group, uint64_t tokens) {
+  const uint64_t B = model.geometry().block_size();
+  const uint64_t all = (tokens + B - 1) / B;
+  if (group != HybridModel::kBoundedGroup) return all;
+  // A window head (sink S, window W, lookback L, slack G) keeps positions
+  // p < S and p >= lo(n) = S + G * floor((n - S - W - L) / G) once n > S + W + L
+  // (hybrid.h); a heavy-hitter head its budget plus the lookback and slack.
+  uint64_t most = 0;
+  for (uint32_t l = 0; l < model.n_layers(); ++l) {
+    if (model.group(l) != group) continue;
+    const uint64_t L = model.options().window_lookback_tokens, G = model.window_slack(l);
+    for (const EvictionPolicy& p : model.head_policies(l)) {
+      const uint64_t S = p.sink_tokens, W = uint64_t{p.window_tokens} + p.heavy_tokens;
+      uint64_t blocks = all;
+      if (tokens > S + W + L) {
+        const uint64_t lo = S + G * ((tokens - S - W - L) / G);
+        blocks = (S + B - 1) / B + (tokens + B - 1) / B - lo / B;
+      }
+      most = std::max(most, blocks);
+    }
+  }
+  return std::min(all, most);
+}
+
 uint64_t HybridKv::BlocksPerSequence(const HybridModel& model, int group, uint64_t tokens) {
   const uint64_t B = model.geometry().block_size();
-  if (group == HybridModel::kBoundedGroup) {
-    // The most any bounded head stores (hybrid.h): its sinks, then at most
-    // W + L + G - 1 recent positions (heavy hitters: their budget), which
-    // start on a block boundary only when the sinks fill whole blocks.
-    uint64_t most = 0;
-    for (uint32_t l = 0; l < model.n_layers(); ++l) {
-      if (model.group(l) != group) continue;
-      for (const EvictionPolicy& p : model.head_policies(l)) {
-        const uint64_t recent = uint64_t{p.window_tokens} + p.heavy_tokens +
-                                model.options().window_lookback_tokens + model.window_slack(l) - 1;
-        const uint64_t sinks = p.sink_tokens;
-        most = std::max<uint64_t>(most, (sinks + B - 1) / B + (recent + B - 1) / B + (sinks % B != 0 ? 1 : 0));
-      }
-    }
-    return std::min((tokens + B - 1) / B, most);
+  if (group != HybridModel::kBoundedGroup) return (tokens + B - 1) / B;
+  // The most over every length up to `tokens`: BlocksAt peaks just before
+  // each drop of G rows, and every G-long stretch has one such length.
+  uint64_t most = 0;
+  uint64_t G = 1;
+  for (uint32_t l = 0; l < model.n_layers(); ++l) {
+    if (model.group(l) == group) G = std::max<uint64_t>(G, model.window_slack(l));
   }
-  return (tokens + B - 1) / B;
+  for (uint64_t n = tokens; n > 0 && tokens - n < 2 * G + B; --n) most = std::max(most, BlocksAt(model, group, n));
+  return most;
 }
 
 Result<std::unique_ptr<HybridKv>> HybridKv::Create(const AttentionShape& shape, const HybridKvOptions& options) {

@@ -73,6 +73,14 @@ struct HybridKvOptions {
   EvictionSpec eviction;   // on the full layers
   // Largest pass (chunk) served with exact windows.
   uint32_t max_chunk_tokens = 512;
+  // Window slack: a window head drops its oldest rows this many at a time
+  // (HybridModelOptions). The default, attention's 512-row summation
+  // segment (attention.h), keeps a window head's first stored position a
+  // multiple of 512, so every query sums its window in the same segments
+  // whatever the chunking: chunked prefill stays bit-identical to token by
+  // token. A smaller slack (a multiple of block_size) saves memory
+  // (up to 511 rows per window layer) and gives up that exactness.
+  uint32_t window_slack_tokens = 512;
 };
 
 class HybridKv final : public SequenceKv<HybridSequence> {
@@ -85,9 +93,12 @@ class HybridKv final : public SequenceKv<HybridSequence> {
   // The HybridModel a shape and options give (its groups, pools' geometry).
   static Result<std::shared_ptr<const HybridModel>> MakeModel(const AttentionShape& shape,
                                                               const HybridKvOptions& options);
-  // Blocks one sequence of `tokens` positions holds at most in group g's
-  // pool (the full group: every position; the bounded group: sinks, window,
-  // slack and lookback), for sizing pools.
+  // Blocks one sequence holds in group g's pool once it has `tokens`
+  // positions (the full group: every position; the bounded group: its
+  // sinks and the window's rows that compaction kept; heavy hitters
+  // approximately), and the most it holds at any length up to `tokens`
+  // (for sizing pools).
+  static uint64_t BlocksAt(const HybridModel& model, int group, uint64_t tokens);
   static uint64_t BlocksPerSequence(const HybridModel& model, int group, uint64_t tokens);
 
   Status Store(uint32_t layer, std::span<const float> k, std::span<const float> v) override;

@@ -45,6 +45,7 @@ Result<std::unique_ptr<KvBackend>> CreateKvBackend(const AttentionShape& shape,
     h.window = options.window;
     h.eviction = options.eviction;
     h.max_chunk_tokens = options.max_chunk_tokens;
+    h.window_slack_tokens = options.window_slack_tokens;
     KV_ASSIGN_OR_RETURN(auto kv, HybridKv::Create(shape, h));
     return std::unique_ptr<KvBackend>(std::move(kv));
   }

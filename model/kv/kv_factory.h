@@ -37,6 +37,8 @@ struct KvBackendOptions {
   // kCache with sliding-window layers or eviction: the largest pass
   // (prefill chunk) attended with exact windows (HybridKvOptions).
   uint32_t max_chunk_tokens = 512;
+  // kCache with sliding-window layers: HybridKvOptions::window_slack_tokens.
+  uint32_t window_slack_tokens = 512;
   // kCache: threads for attention (CacheKvOptions::attention_pool).
   ThreadPool* attention_pool = nullptr;
   // kCache: the precision window (CacheKvOptions::window); not with eviction.

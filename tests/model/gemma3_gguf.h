@@ -2,7 +2,7 @@
 // tests of the gemma3 loader, architecture and sliding-window layers
 // without the real file: 6 layers (layers 0-4 sliding, 5 global, as Gemma
 // 3's pattern of 6 gives), 4 query heads on 1 kv head of 32 (head_dim
-// stated, not dim / n_heads), a window of 8 positions.
+// stated, not dim / n_heads), a window of 8 positions, a context of 1536.
 #pragma once
 
 #include <cstdint>
@@ -16,7 +16,7 @@ namespace kvcache::model::testing {
 
 struct TinyGemma3 {
   uint32_t dim = 64, hidden = 96, layers = 6, heads = 4, kv_heads = 1, head_dim = 32, vocab = 97;
-  uint32_t context = 96, window = 8;
+  uint32_t context = 1536, window = 8;
   std::string architecture = "gemma3";
 };
 

@@ -72,16 +72,16 @@ TEST(Gemma3, RefusesBadInputNamingIt) {
   ASSERT_FALSE(m.ok());
   EXPECT_NE(m.status().message().find("mamba"), std::string::npos) << m.status().ToString();
   TinyGemma3 wide;
-  wide.window = 200;  // larger than the context of 96
+  wide.window = 2000;  // larger than the context of 1536
   m = LoadTiny(wide);
   ASSERT_FALSE(m.ok());
   EXPECT_NE(m.status().message().find("window"), std::string::npos) << m.status().ToString();
   GgufLoadOptions longer;
-  longer.max_seq_len = 97;
+  longer.max_seq_len = 1537;
   m = LoadTiny({}, longer);
   ASSERT_FALSE(m.ok());
-  EXPECT_NE(m.status().message().find("97"), std::string::npos) << m.status().ToString();
-  EXPECT_NE(m.status().message().find("96"), std::string::npos) << m.status().ToString();
+  EXPECT_NE(m.status().message().find("1537"), std::string::npos) << m.status().ToString();
+  EXPECT_NE(m.status().message().find("1536"), std::string::npos) << m.status().ToString();
   // A backend made without the model's windows is refused by the decoder.
   auto ok = LoadTiny();
   ASSERT_TRUE(ok.ok());
@@ -214,6 +214,7 @@ TEST(SlidingWindow, PagedWindowGroupHoldsOnlyItsWindow) {
   o.layout = CacheLayout::kPaged;
   o.block_size = kB;
   o.max_chunk_tokens = 1;
+  o.window_slack_tokens = kB;
   auto kv = HybridKv::Create(shape, o);
   ASSERT_TRUE(kv.ok()) << kv.status().ToString();
   std::vector<float> row(kHd, 0.5f), out(kHd);
@@ -289,6 +290,30 @@ TEST_F(Gemma3Decoder, CachedDecodingChunksPagedAndBatchesAreExact) {
   }
 }
 
+// Past the window slack (512 rows) the window heads drop their oldest rows
+// while the text goes on: chunked prefill, token by token and both layouts
+// still give the same bits, because the first stored position stays a
+// multiple of attention's 512-row segments.
+TEST_F(Gemma3Decoder, ChunkingStaysExactWhileWindowsDropRows) {
+  Decoder d(*model_);
+  const auto tokens = Tokens(1300, d.config().vocab_size);
+  KvBackendOptions contiguous;
+  contiguous.max_chunk_tokens = 16;
+  const std::vector<float> one = testing::KvLogits(d, contiguous, tokens, 1);
+  ASSERT_FALSE(one.empty());
+  EXPECT_EQ(testing::KvLogits(d, contiguous, tokens, 16), one);
+  KvBackendOptions paged = contiguous;
+  paged.layout = CacheLayout::kPaged;
+  paged.block_size = 16;
+  EXPECT_EQ(testing::KvLogits(d, paged, tokens, 5), one);
+  // A slack of one block saves memory; its chunks then sum their windows in
+  // other segments (not exact), but stay within float rounding.
+  KvBackendOptions small = paged;
+  small.window_slack_tokens = 16;
+  const std::vector<float> tight = testing::KvLogits(d, small, tokens, 5);
+  EXPECT_LT(MaxDiff(tight, one), 1e-4f);
+}
+
 TEST_F(Gemma3Decoder, PerGroupFormatsAndBadStrings) {
   Decoder d(*model_);
   auto o = ParseKvBackendOptions("global=q8_0+s2+r4,local=bf16", "paged", "cache", 4);
@@ -328,9 +353,10 @@ namespace {
 // Gemma 3 270M's attention geometry (18 layers, 5 of 6 with a window of 512,
 // 1 kv head of 256): after appending 3000 positions in chunks of 64, each
 // group's pool holds what BlocksPerSequence (kvcache info --model) predicts,
-// within one block.
+// within one block, and BlocksAt says exactly what it holds at that length.
 TEST(SlidingWindow, PoolUseMatchesThePrediction) {
-  constexpr uint32_t kLayers = 18, kHd = 256, kN = 3000, kChunk = 64;
+  // 2622 = W + L + G - 1 + 3G: the window group at its largest.
+  constexpr uint32_t kLayers = 18, kHd = 256, kN = 2622, kChunk = 64;
   AttentionShape shape{kLayers, 4, 1, kHd, 32768, {}};
   shape.windows.resize(kLayers);
   for (uint32_t l = 0; l < kLayers; ++l) shape.windows[l] = (l + 1) % 6 != 0 ? 512 : 0;
@@ -365,7 +391,9 @@ TEST(SlidingWindow, PoolUseMatchesThePrediction) {
     const uint64_t used = (*pools)[g]->num_used_blocks();
     EXPECT_LE(used, predicted) << "group " << g;
     EXPECT_GE(used + 1, predicted) << "group " << g;
+    EXPECT_EQ(used, HybridKv::BlocksAt(**model, g, kN)) << "group " << g;
   }
+  EXPECT_EQ(HybridKv::BlocksPerSequence(**model, HybridModel::kBoundedGroup, kN), (512 + 63 + 511 + 15) / 16);
   EXPECT_EQ((*pools)[HybridModel::kFullGroup]->num_used_blocks(), (kN + 15) / 16);
 }
 
