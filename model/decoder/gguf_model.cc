@@ -142,7 +142,7 @@ Result<Model> GgufModelLoader::Load(std::shared_ptr<const GgufFile> file, const 
     KV_ASSIGN_OR_RETURN(const GgufTensor* t, g.FindTensor(name, {cols, rows}));
     if (!CanDequantize(t->type)) {
       return Status::Unimplemented("GGUF " + g.path() + ": tensor '" + name + "' has type " +
-                                   GgmlTypeName(t->type) + ", which this reader does not decode");
+                                   GgmlTypeName(t->type) + ", which this reader does not decode (" + DequantizableTypeNames() + ")");
     }
     // A 2-D tensor [cols, rows] in GGUF order: `rows` rows of whole blocks.
     WeightMatrix w{t->type, t->bytes.data(), static_cast<uint32_t>(t->rows()),

@@ -521,7 +521,7 @@ Result<std::vector<float>> GgufFile::ReadF32(std::string_view name,
   KV_ASSIGN_OR_RETURN(const GgufTensor* t, FindTensor(name, dims));
   if (!CanDequantize(t->type)) {
     return Status::Unimplemented("GGUF " + path_ + ": tensor '" + t->name + "' has type " +
-                                 GgmlTypeName(t->type) + ", which this reader does not decode (F32, F16, Q4_1, Q8_0)");
+                                 GgmlTypeName(t->type) + ", which this reader does not decode (" + DequantizableTypeNames() + ")");
   }
   std::vector<float> out(t->num_values());
   KV_RETURN_IF_ERROR(DequantizeRow(t->type, t->bytes.data(), out.size(), out.data()));
