@@ -2,7 +2,8 @@
 // layout, as a fraction of the machine's streaming read bandwidth measured
 // in the same run with the same thread count.
 //
-// One sequence: 32 q heads, 8 kv heads, head_dim 128, --context tokens.
+// One sequence: 32 q heads, 8 kv heads, head_dim 128 (--q-heads, --kv-heads,
+// --head-dim: another geometry, e.g. Gemma 3 270M's 4 / 1 / 256), --context tokens.
 // Batched: --batch-seqs sequences of --batch-context tokens, one call.
 // Each timed step is preceded by a cache flush (a 64 MiB read) so that K/V
 // come from memory, as they do in a real model with many layers.
@@ -83,6 +84,9 @@ struct BenchOptions {
   bool passes = false;                 // per-pass profile (cmd_bench_attention_passes.cc)
   std::vector<uint32_t> pass_threads;  // --passes thread counts; empty: --threads
   uint32_t cache_context = 1024;       // --passes in-cache case
+  // The attention geometry (default: kQHeads / kKvHeads / kHeadDim, Llama-3-8B;
+  // Gemma 3 270M: --q-heads 4 --kv-heads 1 --head-dim 256).
+  uint32_t q_heads = kQHeads, kv_heads = kKvHeads, head_dim = kHeadDim;
 };
 
 constexpr uint32_t kWarmContext = 1024;
@@ -124,6 +128,13 @@ int RunBench(const BenchOptions& o) {
                "> 0\n");
     return 2;
   }
+  if (o.kv_heads == 0 || o.head_dim == 0 || o.q_heads == 0 || o.q_heads % o.kv_heads != 0) {
+    fmt::print(stderr,
+               "kvcache bench attention: --q-heads, --kv-heads and --head-dim must be > 0, and "
+               "--q-heads a multiple of --kv-heads\n");
+    return 2;
+  }
+  const uint32_t q_heads = o.q_heads, head_dim = o.head_dim;
   const std::string start_target = SimdTarget();
   std::vector<std::string> targets = o.simd_targets;
   if (targets.empty()) targets.push_back(start_target);
@@ -147,6 +158,9 @@ int RunBench(const BenchOptions& o) {
     po.cache_context = o.cache_context;
     po.repeats = o.repeats;
     po.small_pages = o.small_pages;
+    po.q_heads = o.q_heads;
+    po.kv_heads = o.kv_heads;
+    po.head_dim = o.head_dim;
     const bool zero_thread = std::find(po.threads.begin(), po.threads.end(), 0u) != po.threads.end();
     if (o.cache_context == 0 || zero_thread || o.key_paths != std::vector<std::string>{"int"}) {
       fmt::print(stderr,
@@ -215,7 +229,7 @@ int RunBench(const BenchOptions& o) {
   if (!o.json) {
     fmt::print("SIMD targets {}, {} threads, {} q heads / {} kv heads / head_dim {}\n",
                fmt::join(targets, ","),
-               o.threads, kQHeads, kKvHeads, kHeadDim);
+               o.threads, o.q_heads, o.kv_heads, o.head_dim);
     fmt::print("{:<20} {:<10} {:>6} {:>5} {:>3} {:>10} {:>9} {:>8} {:>8} {:>6} {:>10} {:>8} {:>8} {:>10} {:>10} {:>6}\n",
                "k:v", "layout/bs", "ctx", "seqs", "thr", "step_us", "kv_MiB", "eff_GB/s", "read_GB/s",
                "frac", "cpu_us", "cpuGB/s", "cpu_frac", "pat_cpu_us", "cmp_cpu_us", "pat_fr");
@@ -228,7 +242,7 @@ int RunBench(const BenchOptions& o) {
     so.seed = 7;
     auto kv = SyntheticKv::Create(so);
     if (!kv.ok()) return 0.0;
-    std::vector<float> q(kQHeads * kHeadDim), out(q.size());
+    std::vector<float> q(size_t{q_heads} * head_dim), out(q.size());
     FillBenchQuery(&q, 97);
     AttentionOutput outs;
     outs.out = out;
@@ -256,12 +270,14 @@ int RunBench(const BenchOptions& o) {
     std::vector<double> steps, cpu_steps, bw, cpu_bw, pat, pat_cpu;
   };
   AttentionOptions ao;
-  ao.n_q_heads = kQHeads;
+  ao.n_q_heads = q_heads;
   ao.pool = &pool;
   std::vector<Case> cases;
   for (FormatPair fp : pairs) {
     for (uint32_t bs : layouts) {
       SyntheticKvOptions so = BenchKvOptions(fp, bs, o.small_pages);
+      so.n_kv_heads = o.kv_heads;
+      so.head_dim = head_dim;
       std::vector<double> per_row(variants.size());
       for (size_t ti = 0; ti < variants.size(); ++ti) {
         (void)UseSimdTarget(variants[ti].target);
@@ -285,7 +301,7 @@ int RunBench(const BenchOptions& o) {
           c.views.push_back((*kv)->view());
           c.kvs->push_back(std::move(*kv));
         }
-        c.q.resize(size_t{c.sequences} * kQHeads * kHeadDim);
+        c.q.resize(size_t{c.sequences} * q_heads * head_dim);
         c.out.resize(c.q.size());
         FillBenchQuery(&c.q, batched ? 89 : 97);
         cases.push_back(std::move(c));
@@ -350,6 +366,9 @@ int RunBench(const BenchOptions& o) {
     j["key_path"] = c.key_path;
     j["case"] = c.name;
     j["context_tokens"] = c.context;
+    j["q_heads"] = o.q_heads;
+    j["kv_heads"] = o.kv_heads;
+    j["head_dim"] = o.head_dim;
     j["sequences"] = c.sequences;
     j["step_us"] = step * 1e6;
     j["kv_bytes"] = bytes;
@@ -379,6 +398,10 @@ const bool kRegistered = RegisterOptionsCommand<BenchOptions>(
           ->capture_default_str();
       app->add_option("--threads", o.threads, "Threads (kernel and bandwidth probe)")
           ->capture_default_str();
+      app->add_option("--q-heads", o.q_heads, "Query heads (a multiple of --kv-heads)")
+          ->capture_default_str();
+      app->add_option("--kv-heads", o.kv_heads, "KV heads")->capture_default_str();
+      app->add_option("--head-dim", o.head_dim, "Values per head")->capture_default_str();
       app->add_option("--formats", o.formats, "Comma-separated K:V format pairs")
           ->capture_default_str();
       app->add_option("--layout", o.layout, "contiguous, paged or both")->capture_default_str();

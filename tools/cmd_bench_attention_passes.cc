@@ -98,6 +98,8 @@ int RunAttentionPasses(const PassesOptions& o) {
     for (uint32_t bs : o.layouts) {
       for (bool in_cache : {false, true}) {
         SyntheticKvOptions so = BenchKvOptions(fp, bs, o.small_pages);
+        so.n_kv_heads = o.kv_heads;
+        so.head_dim = o.head_dim;
         so.num_tokens = in_cache ? o.cache_context : o.context;
         so.seed = in_cache ? 7 : 1;
         auto kv = SyntheticKv::Create(so);
@@ -117,7 +119,7 @@ int RunAttentionPasses(const PassesOptions& o) {
             c.target = t;
             c.pool = pi;
             c.kv = shared;
-            c.q.resize(size_t{kQHeads} * kHeadDim);
+            c.q.resize(size_t{o.q_heads} * o.head_dim);
             c.out.resize(c.q.size());
             FillBenchQuery(&c.q, 97);
             cases.push_back(std::move(c));
@@ -139,7 +141,7 @@ int RunAttentionPasses(const PassesOptions& o) {
     for (Case& c : cases) {
       (void)UseSimdTarget(c.target);  // validated by the caller
       AttentionOptions ao;
-      ao.n_q_heads = kQHeads;
+      ao.n_q_heads = o.q_heads;
       ao.pool = pools[c.pool].get();
       const uint32_t threads = pools[c.pool]->num_threads();
       AttentionOutput outs;
@@ -204,7 +206,7 @@ int RunAttentionPasses(const PassesOptions& o) {
         "bench attention --passes: {} q heads / {} kv heads / head_dim {}, TSC {:.4f} GHz, core "
         "~{:.2f} GHz (dependent adds); cycles = TSC ticks per stored row, summed over threads; "
         "ns = thread CPU ns per row; medians of {} rounds\n",
-        kQHeads, kKvHeads, kHeadDim, tsc_hz / 1e9, core_ghz, o.repeats);
+        o.q_heads, o.kv_heads, o.head_dim, tsc_hz / 1e9, core_ghz, o.repeats);
     fmt::print("{:<16} {:<10} {:>3} {:<6} {:<6} {:>6} | {:>7} {:>7} {:>7} {:>7} {:>7} | {:>6} "
                "{:>6} {:>6} | {:>7} {:>7} {:>7} {:>7} | {:>9} {:>9}\n",
                "k:v", "layout/bs", "thr", "target", "where", "ctx", "K", "exp", "V", "other",
@@ -224,6 +226,9 @@ int RunAttentionPasses(const PassesOptions& o) {
     j["simd_target"] = c.target;
     j["where"] = c.in_cache ? "cache" : "memory";
     j["context_tokens"] = c.context;
+    j["q_heads"] = o.q_heads;
+    j["kv_heads"] = o.kv_heads;
+    j["head_dim"] = o.head_dim;
     j["rows"] = rows;
     j["tsc_ghz"] = tsc_hz / 1e9;
     j["core_ghz"] = core_ghz;

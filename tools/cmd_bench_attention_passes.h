@@ -23,6 +23,7 @@ struct PassesOptions {
   uint32_t cache_context = 1024;       // the in-cache case (no flush)
   uint32_t repeats = 5;
   bool small_pages = false;
+  uint32_t q_heads = 32, kv_heads = 8, head_dim = 128;  // the geometry
 };
 
 // Builds every case, times them in interleaved rounds and prints one row per

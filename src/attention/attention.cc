@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <limits>
 #include <vector>
@@ -234,16 +235,22 @@ void AddSequence(Plan& plan, const LayerKvView& view, uint32_t n_queries, const 
 }
 
 // Copies every query into prepared_q (column scales, rotation, zero padding)
-// and repoints QueryVec::q at the copies.
+// and repoints QueryVec::q at the copies. The copies start on 64-byte
+// boundaries (padded_dim is a multiple of 16 floats): the float K pass loads
+// every query block once per stored row, and a 512-bit load that straddles
+// two cache lines costs two loads.
 void PrepareQueries(Plan& plan) {
   const uint32_t d = plan.head_dim, pd = plan.padded_dim;
-  plan.prepared_q.assign(plan.queries.size() * pd, 0.0f);
+  constexpr size_t kAlignFloats = 64 / sizeof(float);
+  plan.prepared_q.assign(plan.queries.size() * pd + kAlignFloats, 0.0f);
+  const size_t misalign = reinterpret_cast<uintptr_t>(plan.prepared_q.data()) % 64 / sizeof(float);
+  float* const base = plan.prepared_q.data() + (kAlignFloats - misalign) % kAlignFloats;
   for (const HeadJob& job : plan.jobs) {
     const KvSideView& k = job.view->k;
     const RowTransform* kt = k.transforms ? &k.transforms[job.head] : nullptr;
     for (uint32_t i = 0; i < job.nq; ++i) {
       QueryVec& qv = plan.queries[job.first_query + i];
-      float* dst = plan.prepared_q.data() + static_cast<size_t>(job.first_query + i) * pd;
+      float* dst = base + static_cast<size_t>(job.first_query + i) * pd;
       std::memcpy(dst, qv.q, d * sizeof(float));
       if (kt != nullptr && !kt->col_scale.empty()) {
         for (uint32_t j = 0; j < d; ++j) dst[j] *= kt->col_scale[j];

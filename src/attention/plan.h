@@ -55,7 +55,7 @@ struct Plan {
   ThreadPool* pool = nullptr;
   std::vector<HeadJob> jobs;
   std::vector<QueryVec> queries;
-  std::vector<float> prepared_q;  // [queries.size()][padded_dim]
+  std::vector<float> prepared_q;  // [queries.size()][padded_dim] from a 64-byte boundary
 };
 
 // Kernel value order. turbo4 and bf16 rows are consumed as "even values,
