@@ -68,24 +68,15 @@ Result<SpmTokenizer> SpmTokenizer::Create(SpmVocab vocab) {
                               std::to_string(vocab.token_types.size()) + " entries for " +
                               std::to_string(n) + " tokens");
   }
-  for (int32_t id : {vocab.bos_id, vocab.eos_id}) {
-    if (id < -1 || id >= static_cast<int64_t>(n)) {
-      return Status::Corruption("SentencePiece special token id " + std::to_string(id) +
-                                " is outside the vocabulary of " + std::to_string(n));
-    }
-  }
   SpmTokenizer t;
+  KV_RETURN_IF_ERROR(t.TakeSpecials(vocab, "SentencePiece"));
   t.pieces_ = std::move(vocab.tokens);
   t.scores_ = vocab.scores.empty() ? std::vector<float>(n, 0.0f) : std::move(vocab.scores);
   t.types_ = vocab.token_types.empty() ? std::vector<int32_t>(n, kTokenTypeNormal)
                                        : std::move(vocab.token_types);
   KV_RETURN_IF_ERROR(t.IndexPieces());
   t.IndexSpecials();
-  t.bos_id_ = vocab.bos_id;
-  t.eos_id_ = vocab.eos_id;
-  t.add_bos_ = vocab.add_bos;
   t.add_space_prefix_ = vocab.add_space_prefix;
-  t.chat_template_ = std::move(vocab.chat_template);
   return t;
 }
 
@@ -318,19 +309,9 @@ Status SpmTokenizer::EncodeRun(std::string_view run, bool space_prefix, size_t o
 }
 
 Result<std::vector<int32_t>> SpmTokenizer::Encode(std::string_view text,
-                                                  const SpmEncodeOptions& options) const {
-  if (text.size() > kMaxTextBytes) {
-    return Status::InvalidArgument("SentencePiece text of " + std::to_string(text.size()) +
-                                   " bytes is longer than the limit of " +
-                                   std::to_string(kMaxTextBytes));
-  }
-  if ((options.bos && bos_id_ < 0) || (options.eos && eos_id_ < 0)) {
-    return Status::InvalidArgument(std::string("SentencePiece vocabulary has no ") +
-                                   (options.bos && bos_id_ < 0 ? "BOS" : "EOS") + " token");
-  }
-  std::vector<int32_t> ids;
-  ids.reserve(text.size() / 3 + 2);
-  if (options.bos) ids.push_back(bos_id_);
+                                                  const TextEncodeOptions& options) const {
+  KV_ASSIGN_OR_RETURN(std::vector<int32_t> ids,
+                      BeginIds("SentencePiece", text.size(), kMaxTextBytes, options));
   Scratch scratch;
   size_t begin = 0;
   bool after_special = true;  // the text's start counts as one
@@ -352,10 +333,7 @@ Result<std::vector<int32_t>> SpmTokenizer::Encode(std::string_view text,
 }
 
 Result<std::string> SpmTokenizer::DecodeToken(int32_t id) const {
-  if (id < 0 || static_cast<uint32_t>(id) >= vocab_size()) {
-    return Status::InvalidArgument("token id " + std::to_string(id) +
-                                   " is outside the vocabulary of " + std::to_string(vocab_size()));
-  }
+  KV_RETURN_IF_ERROR(CheckId(id, vocab_size()));
   const std::string& p = pieces_[id];
   if (types_[id] == kTokenTypeByte) return std::string(1, static_cast<char>(BytePieceValue(p)));
   if (types_[id] != kTokenTypeNormal) return p;
@@ -376,13 +354,9 @@ Result<std::string> SpmTokenizer::Decode(std::span<const int32_t> ids) const {
   std::string out;
   const size_t first = !ids.empty() && ids[0] == bos_id_ ? 1 : 0;
   for (size_t i = 0; i < ids.size(); ++i) {
-    auto piece = DecodeToken(ids[i]);
-    if (!piece.ok()) {
-      return Status::InvalidArgument("token id " + std::to_string(ids[i]) + " at position " +
-                                     std::to_string(i) + " is outside the vocabulary of " +
-                                     std::to_string(vocab_size()));
-    }
-    std::string_view s = *piece;
+    KV_RETURN_IF_ERROR(CheckId(ids[i], vocab_size(), i));
+    KV_ASSIGN_OR_RETURN(const std::string piece, DecodeToken(ids[i]));
+    std::string_view s = piece;
     if (add_space_prefix_ && i == first && types_[ids[i]] == kTokenTypeNormal &&
         s.starts_with(' ')) {
       s.remove_prefix(1);
