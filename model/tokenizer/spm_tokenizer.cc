@@ -87,7 +87,9 @@ Status SpmTokenizer::IndexPieces() {
   slots_.assign(slots, -1);
   for (size_t id = 0; id < n; ++id) {
     const std::string& p = pieces_[id];
-    if (p.empty()) return Status::Corruption("SentencePiece token " + std::to_string(id) + " is empty");
+    if (p.empty()) {
+      return Status::Corruption("SentencePiece token " + std::to_string(id) + " is empty");
+    }
     if (types_[id] == kTokenTypeByte && BytePieceValue(p) < 0) {
       return Status::Corruption("SentencePiece byte token " + std::to_string(id) +
                                 " is not of the form <0xNN>");
@@ -168,12 +170,9 @@ Result<int32_t> SpmTokenizer::SpecialId(std::string_view text) const {
 
 std::vector<std::pair<size_t, int32_t>> SpmTokenizer::CutSpecials(std::string_view text,
                                                                   bool parse_special) const {
-  // Every occurrence of every allowed special token, as (rank, offset);
-  // taken in that order, one is cut where none of its bytes is cut yet.
-  // Tokens come longest first, so an earlier cut that overlaps this one is
-  // at least as long and covers its first or its last byte: checking the
-  // two ends is enough.
-  std::vector<std::pair<int32_t, uint32_t>> found;
+  // Which allowed special tokens occur at all: one pass over the trie.
+  std::vector<bool> occurs(specials_.size(), false);
+  bool any = false;
   for (size_t pos = 0; pos < text.size(); ++pos) {
     int32_t node = 0;
     for (size_t k = pos; k < text.size(); ++k) {
@@ -189,20 +188,32 @@ std::vector<std::pair<size_t, int32_t>> SpmTokenizer::CutSpecials(std::string_vi
       node = next;
       const int32_t id = trie_[node].token;
       if (id >= 0 && (parse_special || types_[id] == kTokenTypeUserDefined)) {
-        found.emplace_back(special_rank_[id], static_cast<uint32_t>(pos));
+        occurs[special_rank_[id]] = true;
+        any = true;
       }
     }
   }
   std::vector<std::pair<size_t, int32_t>> cuts;
-  if (found.empty()) return cuts;
-  std::sort(found.begin(), found.end());
-  std::vector<bool> taken(text.size(), false);
-  for (auto [rank, pos] : found) {
+  if (!any) return cuts;
+  // Those tokens in cutting order, each out of every uncut span of the
+  // text at each find() hit from its left (memory: the spans and the cuts).
+  std::vector<std::pair<size_t, size_t>> spans = {{0, text.size()}}, next;
+  for (size_t rank = 0; rank < specials_.size(); ++rank) {
+    if (!occurs[rank]) continue;
     const int32_t id = specials_[rank];
-    const size_t len = pieces_[id].size();
-    if (taken[pos] || taken[pos + len - 1]) continue;
-    std::fill(taken.begin() + pos, taken.begin() + pos + len, true);
-    cuts.emplace_back(pos, id);
+    const std::string& piece = pieces_[id];
+    next.clear();
+    for (auto [begin, end] : spans) {
+      const std::string_view span = text.substr(0, end);
+      size_t from = begin;
+      for (size_t hit; (hit = span.find(piece, from)) != std::string_view::npos;
+           from = hit + piece.size()) {
+        if (hit > from) next.emplace_back(from, hit);
+        cuts.emplace_back(hit, id);
+      }
+      if (from < end) next.emplace_back(from, end);
+    }
+    spans.swap(next);
   }
   std::sort(cuts.begin(), cuts.end());
   return cuts;

@@ -11,7 +11,8 @@
 //  1. Special tokens are cut out of the text first: user-defined tokens
 //     always, control and unknown tokens with parse_special. Longest token
 //     first (equal lengths: lower id first), each at every leftmost
-//     non-overlapping occurrence in the text not yet cut.
+//     non-overlapping occurrence in the text not yet cut (a byte trie
+//     finds which occur; each of those scans the uncut spans).
 //  2. Each run of plain text between them, with a space in front when
 //     add_space_prefix and it starts the text or follows a special token,
 //     has its spaces replaced by "▁" and is split into characters by the
