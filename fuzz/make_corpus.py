@@ -400,13 +400,13 @@ def make_spm():
         "byte_lookalike": b"<0x41><0x0A>",
         "long_word": b"ab" * 300,
     }
-    for name, text in texts.items():
-        put(t, f"plain_{name}.txt", bytes([0]) + text)
-        put(t, f"prefix_{name}.txt", bytes([1]) + text)
-    for name in ("english", "specials", "special_lookalikes", "whitespace", "invalid_utf8", "utf8"):
-        put(t, f"special_{name}.txt", bytes([2]) + texts[name])
-        put(t, f"special_ends_prefix_{name}.txt", bytes([5]) + texts[name])
-        put(t, f"bos_{name}.txt", bytes([6]) + texts[name])
+    some = ("english", "specials", "special_lookalikes", "whitespace", "invalid_utf8", "utf8")
+    # (file name prefix, byte 0, the texts)
+    modes = [("plain", 0, texts), ("prefix", 1, texts), ("special", 2, some),
+             ("special_ends_prefix", 5, some), ("bos", 6, some)]
+    for label, mode, names in modes:
+        for name in names:
+            put(t, f"{label}_{name}.txt", bytes([mode]) + texts[name])
     put(t, "empty.txt", b"")
 
 

@@ -4,11 +4,10 @@
 // The vocabulary is built once in the harness, through SpmTokenizer::Create:
 // "<unk>" (unknown), "<s>" / "</s>" / "<start_of_turn>" / "<end_of_turn>"
 // (control), "\n\n" / "<b>" / "\n" (user-defined), the 256 byte tokens
-// <0xNN>, every character of a fixed text (English, code, French, German,
-// Greek, Chinese, emoji; spaces as U+2581) and its 400 most frequent
-// substrings of two to eight characters, scored by frequency in groups of
-// three equal scores (so that ties happen). Two tokenizers: without and
-// with add_space_prefix.
+// <0xNN>, every character of a fixed text (fuzz/tokenizer_training_text.h;
+// spaces as U+2581) and its 400 most frequent substrings of two to eight
+// characters, scored by frequency in groups of three equal scores (so that
+// ties happen). Two tokenizers: without and with add_space_prefix.
 //
 // Input: byte 0 picks the mode (bit 0: add_space_prefix; bits 1..2: plain /
 // parse_special / parse_special with BOS+EOS / plain with BOS); the rest is
@@ -36,6 +35,8 @@
 #include <vector>
 
 #include "fuzz/fuzz_target.h"
+#include "fuzz/spm_reference.h"
+#include "fuzz/tokenizer_training_text.h"
 #include "model/tokenizer/spm_tokenizer.h"
 #include "model/tokenizer/unicode_classes.h"
 
@@ -43,51 +44,9 @@ namespace {
 using namespace kvcache;
 using namespace kvcache::model;
 
-constexpr const char* kTrainingText =
-    "Once upon a time, there was a little girl named Lily. She liked to play outside in the "
-    "sunshine with her friends. One day, they found a big red ball under the tree and they "
-    "played with it all afternoon. The quick brown fox jumps over the lazy dog; the dog did "
-    "not mind. It's what they're doing, and we'll see what I'd done: don't stop, won't stop.\n"
-    "int main(int argc, char** argv) {\n  for (int i = 0; i < argc; ++i) printf(\"%s\\n\", "
-    "argv[i]);\n  return 0;\n}\n"
-    "def encode(text: str) -> list[int]:\n    return [ord(c) for c in text if c != ' ']\n"
-    "Le caf\xC3\xA9 est tr\xC3\xA8s bon, l'\xC3\xA9t\xC3\xA9 \xC3\xA0 Paris. "
-    "Gr\xC3\xBC\xC3\x9F"
-    "e aus M\xC3\xBCnchen, sch\xC3\xB6n und gro\xC3\x9F. "
-    "\xCE\x9A\xCE\xB1\xCE\xBB\xCE\xB7\xCE\xBC\xCE\xAD\xCF\x81\xCE\xB1 \xCE\xBA\xCF\x8C\xCF\x83"
-    "\xCE\xBC\xCE\xB5. "
-    "\xE4\xB8\xAD\xE6\x96\x87\xE6\x96\x87\xE6\x9C\xAC\xE4\xB8\xAD\xE6\x96\x87 "
-    "\xE6\x97\xA5\xE6\x9C\xAC\xE8\xAA\x9E \xF0\x9F\x98\x80\xF0\x9F\x98\x80 "
-    "\xF0\x9F\x91\x8D\xF0\x9F\x98\x80\n\n\t\ttabs\t and   spaces   \r\n";
-
-constexpr std::string_view kSpaceMark = "\xE2\x96\x81";
+using kvcache::fuzz::kSpaceMark;
+using kvcache::fuzz::kTokenizerTrainingText;
 constexpr int kLearnt = 400;
-
-// Spaces as U+2581.
-std::string Escape(std::string_view text) {
-  std::string out;
-  for (char c : text) {
-    if (c == ' ') {
-      out += kSpaceMark;
-    } else {
-      out.push_back(c);
-    }
-  }
-  return out;
-}
-
-// Characters by the lead byte alone, cut at the end (llama.cpp's split).
-std::vector<std::string> Split(std::string_view s) {
-  std::vector<std::string> out;
-  for (size_t i = 0; i < s.size();) {
-    const uint8_t b = static_cast<uint8_t>(s[i]);
-    const size_t len = std::min<size_t>(b >= 0xF0 ? 4 : b >= 0xE0 ? 3 : b >= 0xC0 ? 2 : 1,
-                                        s.size() - i);
-    out.emplace_back(s.substr(i, len));
-    i += len;
-  }
-  return out;
-}
 
 struct Fixture {
   SpmVocab vocab;
@@ -114,7 +73,8 @@ struct Fixture {
       std::snprintf(hex, sizeof hex, "<0x%02X>", b);
       Add(hex, 0, kTokenTypeByte);
     }
-    const std::vector<std::string> chars = Split(Escape(kTrainingText));
+    const std::vector<std::string> chars =
+        fuzz::SplitByLeadByte(fuzz::EscapeSpaces(kTokenizerTrainingText, false));
     std::map<std::string, int> count;
     for (size_t i = 0; i < chars.size(); ++i) {
       Add(chars[i], -1000, kTokenTypeNormal);
@@ -151,40 +111,6 @@ struct Fixture {
     }
   }
 
-  // One run of plain text the slow, obvious way.
-  void ReferenceRun(std::string_view run, bool prefix, std::vector<int32_t>* out) const {
-    std::vector<std::string> sym = Split((prefix ? std::string(kSpaceMark) : "") + Escape(run));
-    for (;;) {
-      int best = -1;
-      float best_score = 0;
-      for (size_t i = 0; i + 1 < sym.size(); ++i) {
-        auto it = id_of.find(sym[i] + sym[i + 1]);
-        if (it == id_of.end()) continue;
-        const float s = vocab.scores[it->second];
-        if (best < 0 || s > best_score) {
-          best = static_cast<int>(i);
-          best_score = s;
-        }
-      }
-      if (best < 0) break;
-      sym[best] += sym[best + 1];
-      sym.erase(sym.begin() + best + 1);
-    }
-    for (const auto& s : sym) {
-      auto it = id_of.find(s);
-      if (it != id_of.end()) {
-        out->push_back(it->second);
-      } else {
-        for (unsigned char c : s) out->push_back(id_of.at(Hex(c)));
-      }
-    }
-  }
-  static std::string Hex(unsigned char c) {
-    char hex[8];
-    std::snprintf(hex, sizeof hex, "<0x%02X>", c);
-    return hex;
-  }
-
   // The whole text: special tokens split out of text fragments one token
   // at a time (each at every find() hit, left to right), then the runs.
   std::vector<int32_t> Reference(std::string_view text, bool prefix, bool parse_special) const {
@@ -217,7 +143,9 @@ struct Fixture {
         out.push_back(std::get<int32_t>(f));
         after_special = true;
       } else {
-        ReferenceRun(std::get<std::string>(f), prefix && after_special, &out);
+        const std::vector<int32_t> ids = fuzz::ReferenceSpmRun(
+            {&id_of, &vocab.scores}, std::get<std::string>(f), prefix && after_special);
+        out.insert(out.end(), ids.begin(), ids.end());
         after_special = false;
       }
     }
@@ -239,17 +167,13 @@ bool ValidUtf8(std::string_view s) {
   return true;
 }
 
-}  // namespace
-
-KVCACHE_FUZZ_TARGET(spm) {
+// One input: the tokenizer with or without the space prefix, the mode (see
+// the top), the text.
+void FuzzOne(bool prefix, int mode, std::string_view text) {
   const Fixture& f = F();
-  if (size < 1) return 0;
-  const bool prefix = data[0] & 1;
-  const int mode = (data[0] >> 1) & 3;
-  const std::string_view text(reinterpret_cast<const char*>(data + 1), size - 1);
   const SpmTokenizer& t = f.tok[prefix];
   FUZZ_CHECK(t.add_space_prefix() == prefix);
-  SpmEncodeOptions o;
+  TextEncodeOptions o;
   o.parse_special = mode == 1 || mode == 2;
   o.bos = mode >= 2;
   o.eos = mode == 2;
@@ -283,5 +207,13 @@ KVCACHE_FUZZ_TARGET(spm) {
   FUZZ_CHECK(t.Decode(bad).status().code() == StatusCode::kInvalidArgument);
   bad.back() = -1;
   FUZZ_CHECK(t.Decode(bad).status().code() == StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+
+KVCACHE_FUZZ_TARGET(spm) {
+  if (size < 1) return 0;
+  FuzzOne(data[0] & 1, (data[0] >> 1) & 3,
+          std::string_view(reinterpret_cast<const char*>(data + 1), size - 1));
   return 0;
 }

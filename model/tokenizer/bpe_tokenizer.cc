@@ -174,19 +174,10 @@ Result<BpeTokenizer> BpeTokenizer::Create(BpeVocab vocab) {
     return Status::Unimplemented("BPE pre-tokenizer '" + vocab.pre +
                                  "' is not supported (supported: gpt2, smollm)");
   }
-  for (int32_t id : {vocab.bos_id, vocab.eos_id}) {
-    if (id < -1 || id >= static_cast<int64_t>(n)) {
-      return Status::Corruption("BPE special token id " + std::to_string(id) +
-                                " is outside the vocabulary of " + std::to_string(n));
-    }
-  }
+  KV_RETURN_IF_ERROR(t.TakeSpecials(vocab, "BPE"));
   KV_RETURN_IF_ERROR(t.AddTokens(vocab));
   KV_RETURN_IF_ERROR(t.AddMerges(vocab.merges));
   t.IndexSpecials();
-  t.bos_id_ = vocab.bos_id;
-  t.eos_id_ = vocab.eos_id;
-  t.add_bos_ = vocab.add_bos;
-  t.chat_template_ = std::move(vocab.chat_template);
   return t;
 }
 
@@ -370,19 +361,8 @@ Status BpeTokenizer::EncodePlain(std::string_view text, size_t offset, Scratch* 
 
 Result<std::vector<int32_t>> BpeTokenizer::Encode(std::string_view text,
                                                   const BpeEncodeOptions& options) const {
-  if (text.size() > kMaxTextBytes) {
-    return Status::InvalidArgument("BPE text of " + std::to_string(text.size()) +
-                                   " bytes is longer than the limit of " +
-                                   std::to_string(kMaxTextBytes));
-  }
-  if ((options.bos && bos_id_ < 0) || (options.eos && eos_id_ < 0)) {
-    return Status::InvalidArgument(std::string("BPE vocabulary has no ") +
-                                   (options.bos && bos_id_ < 0 ? "BOS" : "EOS") + " token");
-  }
-  std::vector<int32_t> ids;
-  ids.reserve(text.size() / 3 + 2);
+  KV_ASSIGN_OR_RETURN(std::vector<int32_t> ids, BeginIds("BPE", text.size(), kMaxTextBytes, options));
   Scratch scratch;
-  if (options.bos) ids.push_back(bos_id_);
   size_t plain_begin = 0;
   if (options.parse_special) {
     for (size_t pos = 0; pos < text.size();) {
@@ -410,21 +390,14 @@ Result<std::vector<int32_t>> BpeTokenizer::Encode(std::string_view text,
 }
 
 Result<std::string> BpeTokenizer::DecodeToken(int32_t id) const {
-  if (id < 0 || static_cast<uint32_t>(id) >= vocab_size()) {
-    return Status::InvalidArgument("token id " + std::to_string(id) +
-                                   " is outside the vocabulary of " + std::to_string(vocab_size()));
-  }
+  KV_RETURN_IF_ERROR(CheckId(id, vocab_size()));
   return token_bytes_[id];
 }
 
 Result<std::string> BpeTokenizer::Decode(std::span<const int32_t> ids) const {
   std::string out;
   for (size_t i = 0; i < ids.size(); ++i) {
-    if (ids[i] < 0 || static_cast<uint32_t>(ids[i]) >= vocab_size()) {
-      return Status::InvalidArgument("token id " + std::to_string(ids[i]) + " at position " +
-                                     std::to_string(i) + " is outside the vocabulary of " +
-                                     std::to_string(vocab_size()));
-    }
+    KV_RETURN_IF_ERROR(CheckId(ids[i], vocab_size(), i));
     out += token_bytes_[ids[i]];
   }
   return out;

@@ -41,37 +41,25 @@
 #include <vector>
 
 #include "kvcache/status.h"
+#include "model/tokenizer/vocab_base.h"
 
 namespace kvcache::model {
 
 class GgufFile;
 
-// GGUF tokenizer.ggml.token_type codes.
-inline constexpr int32_t kTokenTypeNormal = 1;
-inline constexpr int32_t kTokenTypeControl = 3;
-inline constexpr int32_t kTokenTypeUserDefined = 4;
-
 enum class PreTokenizer { kGpt2, kSmollm };
 
-// Everything a byte-level BPE tokenizer is built from (the GGUF keys).
-struct BpeVocab {
-  std::vector<std::string> tokens;   // [vocab] tokenizer.ggml.tokens
-  std::vector<int32_t> token_types;  // [vocab] tokenizer.ggml.token_type; empty: all normal
-  std::vector<std::string> merges;   // [merges] tokenizer.ggml.merges, by rank
-  std::string pre = "gpt2";          // tokenizer.ggml.pre
-  int32_t bos_id = -1;               // -1: none
-  int32_t eos_id = -1;               // -1: none
-  bool add_bos = false;              // tokenizer.ggml.add_bos_token
-  std::string chat_template;         // tokenizer.chat_template ("" when absent)
+// Everything a byte-level BPE tokenizer is built from (the GGUF keys):
+// VocabBase's, and
+struct BpeVocab : VocabBase {
+  std::vector<std::string> merges;  // [merges] tokenizer.ggml.merges, by rank
+  std::string pre = "gpt2";         // tokenizer.ggml.pre
 };
 
-struct BpeEncodeOptions {
-  bool bos = false;            // prepend BOS (InvalidArgument when there is none)
-  bool eos = false;            // append EOS (likewise)
-  bool parse_special = false;  // control/user-defined token texts in `text` become those tokens
-};
+using BpeEncodeOptions = TextEncodeOptions;
 
-class BpeTokenizer {
+// (bos_id, eos_id, add_bos, chat_template: VocabSpecials')
+class BpeTokenizer : public VocabSpecials {
  public:
   // Validates and indexes `vocab`. Corruption (naming the id or merge index)
   // for an ordinary token outside the byte alphabet, a token_types list of
@@ -87,11 +75,7 @@ class BpeTokenizer {
   static Result<BpeTokenizer> FromGguf(const GgufFile& file);
 
   uint32_t vocab_size() const { return static_cast<uint32_t>(token_bytes_.size()); }
-  int32_t bos_id() const { return bos_id_; }
-  int32_t eos_id() const { return eos_id_; }
-  bool add_bos() const { return add_bos_; }
   PreTokenizer pre_tokenizer() const { return pre_; }
-  const std::string& chat_template() const { return chat_template_; }
   // True for control and user-defined tokens (false outside the vocabulary).
   bool is_special(int32_t id) const {
     return id >= 0 && static_cast<uint32_t>(id) < vocab_size() && special_[id];
@@ -161,10 +145,6 @@ class BpeTokenizer {
   // Special tokens by their first byte, longest first (for leftmost-longest matching).
   std::array<std::vector<int32_t>, 256> specials_by_byte_;
   PreTokenizer pre_ = PreTokenizer::kGpt2;
-  int32_t bos_id_ = -1;
-  int32_t eos_id_ = -1;
-  bool add_bos_ = false;
-  std::string chat_template_;
 };
 
 }  // namespace kvcache::model

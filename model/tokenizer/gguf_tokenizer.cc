@@ -12,24 +12,18 @@ Status InFile(const GgufFile& file, const Status& s) {
   return Status(s.code(), "GGUF tokenizer in " + file.path() + ": " + s.message());
 }
 
-// The keys both kinds read: token_type, bos/eos_token_id (checked against
-// n_tokens), add_bos_token and chat_template, each left as it is when absent.
-struct CommonKeys {
-  std::vector<int32_t>* token_types;
-  int32_t* bos_id;
-  int32_t* eos_id;
-  bool* add_bos;
-  std::string* chat_template;
-};
-
-Status ReadCommonKeys(const GgufFile& file, size_t n_tokens, const CommonKeys& out) {
+// The keys both kinds read beside the tokens: token_type, bos/eos_token_id
+// (checked against the tokens), add_bos_token and chat_template, each left
+// as it is when absent.
+Status ReadCommonKeys(const GgufFile& file, VocabBase* out) {
   if (file.Find("tokenizer.ggml.token_type") != nullptr) {
     auto types = file.GetI32Array("tokenizer.ggml.token_type");
     if (!types.ok()) return InFile(file, types.status());
-    *out.token_types = std::move(types).value();
+    out->token_types = std::move(types).value();
   }
-  for (auto [key, dst] : {std::pair{"tokenizer.ggml.bos_token_id", out.bos_id},
-                          std::pair{"tokenizer.ggml.eos_token_id", out.eos_id}}) {
+  const size_t n_tokens = out->tokens.size();
+  for (auto [key, dst] : {std::pair{"tokenizer.ggml.bos_token_id", &out->bos_id},
+                          std::pair{"tokenizer.ggml.eos_token_id", &out->eos_id}}) {
     if (file.Find(key) == nullptr) continue;
     auto id = file.GetU32(key);
     if (!id.ok()) return InFile(file, id.status());
@@ -43,14 +37,30 @@ Status ReadCommonKeys(const GgufFile& file, size_t n_tokens, const CommonKeys& o
   if (file.Find("tokenizer.ggml.add_bos_token") != nullptr) {
     auto add = file.GetBool("tokenizer.ggml.add_bos_token");
     if (!add.ok()) return InFile(file, add.status());
-    *out.add_bos = *add;
+    out->add_bos = *add;
   }
   if (file.Find("tokenizer.chat_template") != nullptr) {
     auto tmpl = file.GetString("tokenizer.chat_template");
     if (!tmpl.ok()) return InFile(file, tmpl.status());
-    *out.chat_template = std::move(tmpl).value();
+    out->chat_template = std::move(tmpl).value();
   }
   return Status::Ok();
+}
+
+// A list of strings under `key` into *out.
+Status ReadStrings(const GgufFile& file, std::string_view key, std::vector<std::string>* out) {
+  auto v = file.GetStringArray(key);
+  if (!v.ok()) return InFile(file, v.status());
+  *out = std::move(v).value();
+  return Status::Ok();
+}
+
+// Tokenizer::Create(v), its error naming the file.
+template <typename Tokenizer, typename Vocab>
+Result<Tokenizer> CreateInFile(const GgufFile& file, Vocab v) {
+  auto t = Tokenizer::Create(std::move(v));
+  if (!t.ok()) return InFile(file, t.status());
+  return t;
 }
 
 // tokenizer.ggml.model, which must be `want` (Unimplemented otherwise).
@@ -71,28 +81,21 @@ Status CheckModel(const GgufFile& file, std::string_view want, std::string_view 
 Result<BpeTokenizer> BpeTokenizer::FromGguf(const GgufFile& file) {
   KV_RETURN_IF_ERROR(CheckModel(file, "gpt2", "byte-level BPE"));
   BpeVocab v;
-  auto tokens = file.GetStringArray("tokenizer.ggml.tokens");
-  if (!tokens.ok()) return InFile(file, tokens.status());
-  v.tokens = std::move(tokens).value();
-  auto merges = file.GetStringArray("tokenizer.ggml.merges");
-  if (!merges.ok()) return InFile(file, merges.status());
-  v.merges = std::move(merges).value();
+  KV_RETURN_IF_ERROR(ReadStrings(file, "tokenizer.ggml.tokens", &v.tokens));
+  KV_RETURN_IF_ERROR(ReadStrings(file, "tokenizer.ggml.merges", &v.merges));
   auto pre = file.GetString("tokenizer.ggml.pre");
   if (!pre.ok()) return InFile(file, pre.status());
   v.pre = std::move(pre).value();
-  KV_RETURN_IF_ERROR(ReadCommonKeys(
-      file, v.tokens.size(), {&v.token_types, &v.bos_id, &v.eos_id, &v.add_bos, &v.chat_template}));
-  auto t = Create(std::move(v));
-  if (!t.ok()) return InFile(file, t.status());
-  return t;
+  KV_RETURN_IF_ERROR(ReadCommonKeys(file, &v));
+  return CreateInFile<BpeTokenizer>(file, std::move(v));
 }
 
-Result<SpmTokenizer> SpmTokenizer::FromGguf(const GgufFile& file) {
+namespace {
+
+Result<SpmTokenizer> SpmFromGguf(const GgufFile& file) {
   KV_RETURN_IF_ERROR(CheckModel(file, "llama", "SentencePiece"));
   SpmVocab v;
-  auto tokens = file.GetStringArray("tokenizer.ggml.tokens");
-  if (!tokens.ok()) return InFile(file, tokens.status());
-  v.tokens = std::move(tokens).value();
+  KV_RETURN_IF_ERROR(ReadStrings(file, "tokenizer.ggml.tokens", &v.tokens));
   if (file.Find("tokenizer.ggml.scores") != nullptr) {
     auto scores = file.GetF32Array("tokenizer.ggml.scores");
     if (!scores.ok()) return InFile(file, scores.status());
@@ -105,17 +108,16 @@ Result<SpmTokenizer> SpmTokenizer::FromGguf(const GgufFile& file) {
   }
   v.add_bos = true;
   v.add_space_prefix = true;
-  KV_RETURN_IF_ERROR(ReadCommonKeys(
-      file, v.tokens.size(), {&v.token_types, &v.bos_id, &v.eos_id, &v.add_bos, &v.chat_template}));
+  KV_RETURN_IF_ERROR(ReadCommonKeys(file, &v));
   if (file.Find("tokenizer.ggml.add_space_prefix") != nullptr) {
     auto add = file.GetBool("tokenizer.ggml.add_space_prefix");
     if (!add.ok()) return InFile(file, add.status());
     v.add_space_prefix = *add;
   }
-  auto t = Create(std::move(v));
-  if (!t.ok()) return InFile(file, t.status());
-  return t;
+  return CreateInFile<SpmTokenizer>(file, std::move(v));
 }
+
+}  // namespace
 
 Result<GgufTokenizer> GgufTokenizer::FromGguf(const GgufFile& file) {
   auto model = file.GetString("tokenizer.ggml.model");
@@ -125,7 +127,7 @@ Result<GgufTokenizer> GgufTokenizer::FromGguf(const GgufFile& file) {
     return GgufTokenizer(std::move(t));
   }
   if (*model == "llama") {
-    KV_ASSIGN_OR_RETURN(SpmTokenizer t, SpmTokenizer::FromGguf(file));
+    KV_ASSIGN_OR_RETURN(SpmTokenizer t, SpmFromGguf(file));
     return GgufTokenizer(std::move(t));
   }
   return Status::Unimplemented("GGUF tokenizer in " + file.path() + ": tokenizer.ggml.model is '" +

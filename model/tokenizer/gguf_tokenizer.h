@@ -25,9 +25,13 @@ class GgufTokenizer {
  public:
   explicit GgufTokenizer(BpeTokenizer bpe) : tok_(std::move(bpe)) {}
   explicit GgufTokenizer(SpmTokenizer spm) : tok_(std::move(spm)) {}
-  // BpeTokenizer::FromGguf or SpmTokenizer::FromGguf by
-  // tokenizer.ggml.model (NotFound when absent, Unimplemented naming any
-  // other value); their errors as they are.
+  // By tokenizer.ggml.model (NotFound when absent, Unimplemented naming any
+  // other value): "gpt2" is BpeTokenizer::FromGguf, its errors as they are;
+  // "llama" a SentencePiece vocabulary from the keys tokens (required,
+  // NotFound naming it), scores, token_type, bos/eos_token_id (llama.cpp's
+  // defaults 1 and 2 when absent), add_bos_token (default true),
+  // add_space_prefix (default true) and chat_template. Errors name the key
+  // and the file.
   static Result<GgufTokenizer> FromGguf(const GgufFile& file);
 
   // The kind inside: one of these is non-null.

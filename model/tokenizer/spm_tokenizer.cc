@@ -68,24 +68,15 @@ Result<SpmTokenizer> SpmTokenizer::Create(SpmVocab vocab) {
                               std::to_string(vocab.token_types.size()) + " entries for " +
                               std::to_string(n) + " tokens");
   }
-  for (int32_t id : {vocab.bos_id, vocab.eos_id}) {
-    if (id < -1 || id >= static_cast<int64_t>(n)) {
-      return Status::Corruption("SentencePiece special token id " + std::to_string(id) +
-                                " is outside the vocabulary of " + std::to_string(n));
-    }
-  }
   SpmTokenizer t;
+  KV_RETURN_IF_ERROR(t.TakeSpecials(vocab, "SentencePiece"));
   t.pieces_ = std::move(vocab.tokens);
   t.scores_ = vocab.scores.empty() ? std::vector<float>(n, 0.0f) : std::move(vocab.scores);
   t.types_ = vocab.token_types.empty() ? std::vector<int32_t>(n, kTokenTypeNormal)
                                        : std::move(vocab.token_types);
   KV_RETURN_IF_ERROR(t.IndexPieces());
   t.IndexSpecials();
-  t.bos_id_ = vocab.bos_id;
-  t.eos_id_ = vocab.eos_id;
-  t.add_bos_ = vocab.add_bos;
   t.add_space_prefix_ = vocab.add_space_prefix;
-  t.chat_template_ = std::move(vocab.chat_template);
   return t;
 }
 
@@ -96,7 +87,9 @@ Status SpmTokenizer::IndexPieces() {
   slots_.assign(slots, -1);
   for (size_t id = 0; id < n; ++id) {
     const std::string& p = pieces_[id];
-    if (p.empty()) return Status::Corruption("SentencePiece token " + std::to_string(id) + " is empty");
+    if (p.empty()) {
+      return Status::Corruption("SentencePiece token " + std::to_string(id) + " is empty");
+    }
     if (types_[id] == kTokenTypeByte && BytePieceValue(p) < 0) {
       return Status::Corruption("SentencePiece byte token " + std::to_string(id) +
                                 " is not of the form <0xNN>");
@@ -177,12 +170,9 @@ Result<int32_t> SpmTokenizer::SpecialId(std::string_view text) const {
 
 std::vector<std::pair<size_t, int32_t>> SpmTokenizer::CutSpecials(std::string_view text,
                                                                   bool parse_special) const {
-  // Every occurrence of every allowed special token, as (rank, offset);
-  // taken in that order, one is cut where none of its bytes is cut yet.
-  // Tokens come longest first, so an earlier cut that overlaps this one is
-  // at least as long and covers its first or its last byte: checking the
-  // two ends is enough.
-  std::vector<std::pair<int32_t, uint32_t>> found;
+  // Which allowed special tokens occur at all: one pass over the trie.
+  std::vector<bool> occurs(specials_.size(), false);
+  bool any = false;
   for (size_t pos = 0; pos < text.size(); ++pos) {
     int32_t node = 0;
     for (size_t k = pos; k < text.size(); ++k) {
@@ -198,20 +188,32 @@ std::vector<std::pair<size_t, int32_t>> SpmTokenizer::CutSpecials(std::string_vi
       node = next;
       const int32_t id = trie_[node].token;
       if (id >= 0 && (parse_special || types_[id] == kTokenTypeUserDefined)) {
-        found.emplace_back(special_rank_[id], static_cast<uint32_t>(pos));
+        occurs[special_rank_[id]] = true;
+        any = true;
       }
     }
   }
   std::vector<std::pair<size_t, int32_t>> cuts;
-  if (found.empty()) return cuts;
-  std::sort(found.begin(), found.end());
-  std::vector<bool> taken(text.size(), false);
-  for (auto [rank, pos] : found) {
+  if (!any) return cuts;
+  // Those tokens in cutting order, each out of every uncut span of the
+  // text at each find() hit from its left (memory: the spans and the cuts).
+  std::vector<std::pair<size_t, size_t>> spans = {{0, text.size()}}, next;
+  for (size_t rank = 0; rank < specials_.size(); ++rank) {
+    if (!occurs[rank]) continue;
     const int32_t id = specials_[rank];
-    const size_t len = pieces_[id].size();
-    if (taken[pos] || taken[pos + len - 1]) continue;
-    std::fill(taken.begin() + pos, taken.begin() + pos + len, true);
-    cuts.emplace_back(pos, id);
+    const std::string& piece = pieces_[id];
+    next.clear();
+    for (auto [begin, end] : spans) {
+      const std::string_view span = text.substr(0, end);
+      size_t from = begin;
+      for (size_t hit; (hit = span.find(piece, from)) != std::string_view::npos;
+           from = hit + piece.size()) {
+        if (hit > from) next.emplace_back(from, hit);
+        cuts.emplace_back(hit, id);
+      }
+      if (from < end) next.emplace_back(from, end);
+    }
+    spans.swap(next);
   }
   std::sort(cuts.begin(), cuts.end());
   return cuts;
@@ -318,19 +320,9 @@ Status SpmTokenizer::EncodeRun(std::string_view run, bool space_prefix, size_t o
 }
 
 Result<std::vector<int32_t>> SpmTokenizer::Encode(std::string_view text,
-                                                  const SpmEncodeOptions& options) const {
-  if (text.size() > kMaxTextBytes) {
-    return Status::InvalidArgument("SentencePiece text of " + std::to_string(text.size()) +
-                                   " bytes is longer than the limit of " +
-                                   std::to_string(kMaxTextBytes));
-  }
-  if ((options.bos && bos_id_ < 0) || (options.eos && eos_id_ < 0)) {
-    return Status::InvalidArgument(std::string("SentencePiece vocabulary has no ") +
-                                   (options.bos && bos_id_ < 0 ? "BOS" : "EOS") + " token");
-  }
-  std::vector<int32_t> ids;
-  ids.reserve(text.size() / 3 + 2);
-  if (options.bos) ids.push_back(bos_id_);
+                                                  const TextEncodeOptions& options) const {
+  KV_ASSIGN_OR_RETURN(std::vector<int32_t> ids,
+                      BeginIds("SentencePiece", text.size(), kMaxTextBytes, options));
   Scratch scratch;
   size_t begin = 0;
   bool after_special = true;  // the text's start counts as one
@@ -352,10 +344,7 @@ Result<std::vector<int32_t>> SpmTokenizer::Encode(std::string_view text,
 }
 
 Result<std::string> SpmTokenizer::DecodeToken(int32_t id) const {
-  if (id < 0 || static_cast<uint32_t>(id) >= vocab_size()) {
-    return Status::InvalidArgument("token id " + std::to_string(id) +
-                                   " is outside the vocabulary of " + std::to_string(vocab_size()));
-  }
+  KV_RETURN_IF_ERROR(CheckId(id, vocab_size()));
   const std::string& p = pieces_[id];
   if (types_[id] == kTokenTypeByte) return std::string(1, static_cast<char>(BytePieceValue(p)));
   if (types_[id] != kTokenTypeNormal) return p;
@@ -376,13 +365,9 @@ Result<std::string> SpmTokenizer::Decode(std::span<const int32_t> ids) const {
   std::string out;
   const size_t first = !ids.empty() && ids[0] == bos_id_ ? 1 : 0;
   for (size_t i = 0; i < ids.size(); ++i) {
-    auto piece = DecodeToken(ids[i]);
-    if (!piece.ok()) {
-      return Status::InvalidArgument("token id " + std::to_string(ids[i]) + " at position " +
-                                     std::to_string(i) + " is outside the vocabulary of " +
-                                     std::to_string(vocab_size()));
-    }
-    std::string_view s = *piece;
+    KV_RETURN_IF_ERROR(CheckId(ids[i], vocab_size(), i));
+    KV_ASSIGN_OR_RETURN(const std::string piece, DecodeToken(ids[i]));
+    std::string_view s = piece;
     if (add_space_prefix_ && i == first && types_[ids[i]] == kTokenTypeNormal &&
         s.starts_with(' ')) {
       s.remove_prefix(1);

@@ -11,7 +11,8 @@
 //  1. Special tokens are cut out of the text first: user-defined tokens
 //     always, control and unknown tokens with parse_special. Longest token
 //     first (equal lengths: lower id first), each at every leftmost
-//     non-overlapping occurrence in the text not yet cut.
+//     non-overlapping occurrence in the text not yet cut (a byte trie
+//     finds which occur; each of those scans the uncut spans).
 //  2. Each run of plain text between them, with a space in front when
 //     add_space_prefix and it starts the text or follows a special token,
 //     has its spaces replaced by "▁" and is split into characters by the
@@ -47,54 +48,29 @@
 #include <vector>
 
 #include "kvcache/status.h"
-#include "model/tokenizer/bpe_tokenizer.h"
+#include "model/tokenizer/vocab_base.h"
 
 namespace kvcache::model {
 
-class GgufFile;
-
-// GGUF tokenizer.ggml.token_type codes the SentencePiece tokenizer uses
-// beside kTokenTypeNormal / kTokenTypeControl / kTokenTypeUserDefined.
-inline constexpr int32_t kTokenTypeUnknown = 2;
-inline constexpr int32_t kTokenTypeUnused = 5;
-inline constexpr int32_t kTokenTypeByte = 6;
-
-// Everything a SentencePiece tokenizer is built from (the GGUF keys).
-struct SpmVocab {
-  std::vector<std::string> tokens;   // [vocab] tokenizer.ggml.tokens
-  std::vector<float> scores;         // [vocab] tokenizer.ggml.scores; empty: all 0
-  std::vector<int32_t> token_types;  // [vocab] tokenizer.ggml.token_type; empty: all normal
-  int32_t bos_id = -1;               // -1: none
-  int32_t eos_id = -1;               // -1: none
-  bool add_bos = false;              // tokenizer.ggml.add_bos_token
-  bool add_space_prefix = false;     // tokenizer.ggml.add_space_prefix
-  std::string chat_template;         // tokenizer.chat_template ("" when absent)
+// Everything a SentencePiece tokenizer is built from (the GGUF keys):
+// VocabBase's, and
+struct SpmVocab : VocabBase {
+  std::vector<float> scores;      // [vocab] tokenizer.ggml.scores; empty: all 0
+  bool add_space_prefix = false;  // tokenizer.ggml.add_space_prefix
 };
 
-// The same options as the byte-level BPE's: bos, eos, parse_special.
-using SpmEncodeOptions = BpeEncodeOptions;
-
-class SpmTokenizer {
+// (bos_id, eos_id, add_bos, chat_template: VocabSpecials'; from a GGUF
+// file: GgufTokenizer::FromGguf)
+class SpmTokenizer : public VocabSpecials {
  public:
   // Validates and indexes `vocab`. Corruption (naming the id) for an empty
   // or repeated piece, a byte token that is not "<0xNN>", scores or
   // token_types of the wrong length, or a BOS/EOS id outside the
   // vocabulary; InvalidArgument for an empty vocabulary.
   static Result<SpmTokenizer> Create(SpmVocab vocab);
-  // Create from a GGUF file's tokenizer.* metadata: tokenizer.ggml.model
-  // must be "llama" (Unimplemented otherwise); tokens required (NotFound
-  // naming the key); scores, token_type, bos/eos_token_id (llama.cpp's
-  // defaults 1 and 2 when absent), add_bos_token (default true),
-  // add_space_prefix (default true) and chat_template optional. Errors
-  // name the key and the file.
-  static Result<SpmTokenizer> FromGguf(const GgufFile& file);
 
   uint32_t vocab_size() const { return static_cast<uint32_t>(pieces_.size()); }
-  int32_t bos_id() const { return bos_id_; }
-  int32_t eos_id() const { return eos_id_; }
-  bool add_bos() const { return add_bos_; }
   bool add_space_prefix() const { return add_space_prefix_; }
-  const std::string& chat_template() const { return chat_template_; }
   // REQUIRES 0 <= id < vocab_size().
   const std::string& piece(int32_t id) const { return pieces_[id]; }
   float score(int32_t id) const { return scores_[id]; }
@@ -111,7 +87,7 @@ class SpmTokenizer {
   // asked for, or a byte without a token (naming it and its offset).
   static constexpr size_t kMaxTextBytes = size_t{1} << 29;
   Result<std::vector<int32_t>> Encode(std::string_view text,
-                                      const SpmEncodeOptions& options = {}) const;
+                                      const TextEncodeOptions& options = {}) const;
   // The bytes of token `id` (no prefix-space handling); InvalidArgument
   // outside the vocabulary.
   Result<std::string> DecodeToken(int32_t id) const;
@@ -148,11 +124,7 @@ class SpmTokenizer {
   std::vector<TrieNode> trie_;
   std::vector<int32_t> special_rank_;  // [vocab] cutting order (0 first); -1 not special
   std::vector<int32_t> specials_;      // the special tokens in cutting order
-  int32_t bos_id_ = -1;
-  int32_t eos_id_ = -1;
-  bool add_bos_ = false;
   bool add_space_prefix_ = false;
-  std::string chat_template_;
 };
 
 }  // namespace kvcache::model

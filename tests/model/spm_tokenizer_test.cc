@@ -8,14 +8,14 @@
 
 #include <gtest/gtest.h>
 
-#include <unistd.h>
-
 #include <cstdio>
 #include <map>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "fuzz/spm_reference.h"
 #include "model/gguf_writer.h"
 #include "model/io/gguf.h"
 #include "model/tokenizer/gguf_tokenizer.h"
@@ -59,51 +59,9 @@ struct TinySpm {
   }
 };
 
-// Highest score first, leftmost on ties, over whole strings; symbols that
-// are no piece as their bytes' tokens.
-std::vector<int32_t> NaiveSpm(const TinySpm& v, std::string text) {
-  std::string escaped;
-  for (char c : text) {
-    if (c == ' ') {
-      escaped += kSpace;
-    } else {
-      escaped.push_back(c);
-    }
-  }
-  std::vector<std::string> sym;
-  for (size_t i = 0; i < escaped.size();) {
-    const uint8_t b = static_cast<uint8_t>(escaped[i]);
-    size_t len = b >= 0xF0 ? 4 : b >= 0xE0 ? 3 : b >= 0xC0 ? 2 : 1;
-    len = std::min(len, escaped.size() - i);
-    sym.push_back(escaped.substr(i, len));
-    i += len;
-  }
-  while (true) {
-    int best = -1;
-    float best_score = 0;
-    for (size_t i = 0; i + 1 < sym.size(); ++i) {
-      auto it = v.id_of.find(sym[i] + sym[i + 1]);
-      if (it == v.id_of.end()) continue;
-      const float s = v.vocab.scores[it->second];
-      if (best < 0 || s > best_score) {
-        best = static_cast<int>(i);
-        best_score = s;
-      }
-    }
-    if (best < 0) break;
-    sym[best] += sym[best + 1];
-    sym.erase(sym.begin() + best + 1);
-  }
-  std::vector<int32_t> ids;
-  for (const auto& s : sym) {
-    auto it = v.id_of.find(s);
-    if (it != v.id_of.end()) {
-      ids.push_back(it->second);
-    } else {
-      for (unsigned char c : s) ids.push_back(v.Byte(c));
-    }
-  }
-  return ids;
+// The reference encoding (fuzz/spm_reference.h) of a text without special tokens.
+std::vector<int32_t> NaiveSpm(const TinySpm& v, std::string_view text) {
+  return fuzz::ReferenceSpmRun({&v.id_of, &v.vocab.scores}, text, /*space_prefix=*/false);
 }
 
 TEST(SpmTokenizer, MergesHighestScoreFirstLeftmostOnTies) {
@@ -348,15 +306,8 @@ Result<GgufTokenizer> LoadTiny(const std::string& model) {
   w.KvF32Array("tokenizer.ggml.scores", {0, 0, 0, -1, -2, -0.5f, -3});
   w.KvI32Array("tokenizer.ggml.token_type", {2, 3, 3, 1, 1, 1, 1});
   w.KvBool("tokenizer.ggml.add_space_prefix", false);
-  // One file per call and process (CTest runs this binary's tests in parallel processes).
-  const std::string path = ::testing::TempDir() + "spm_gguf_test_" + model + "_" +
-                           std::to_string(getpid()) + ".gguf";
-  if (!testing::WriteFile(path, w.Build())) return Status::IoError("cannot write " + path);
-  auto file = GgufFile::Open(path);
-  std::remove(path.c_str());  // the mapping stays valid until `file` goes
-  if (!file.ok()) return file.status();
-  EXPECT_EQ(SpmTokenizer::FromGguf(**file).ok(), model == "llama");
-  return GgufTokenizer::FromGguf(**file);
+  KV_ASSIGN_OR_RETURN(std::unique_ptr<GgufFile> file, GgufFile::FromBytes(w.Build(), "tiny.gguf"));
+  return GgufTokenizer::FromGguf(*file);
 }
 
 TEST(GgufTokenizer, PicksTheKindByModel) {
