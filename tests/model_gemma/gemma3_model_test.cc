@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "loaded_models.h"
 #include "model/decoder/decoder.h"
 #include "model/decoder/loaded_model.h"
 #include "model/generate/perplexity.h"
@@ -31,33 +32,11 @@ constexpr uint32_t kSeqLen = 2304;
 // references computed another way (bf16 products would amplify their
 // rounding differences).
 const LoadedModel* Gemma3(MatMulInputs inputs) {
-  struct Loaded {
-    std::unique_ptr<LoadedModel> model;
-    std::string error;
-  };
-  auto load = [](MatMulInputs in) {
-    Loaded l;
-    GgufLoadOptions o;
-    o.max_seq_len = kSeqLen;
-    o.matmul_inputs = in;
-    auto m = LoadedModel::Load(Gemma3Path(), "", o);
-    if (m.ok()) {
-      l.model = std::move(m).value();
-    } else {
-      l.error = m.status().ToString();
-    }
-    return l;
-  };
-  static Loaded bf16 = load(MatMulInputs::kBf16);
-  static Loaded f32 = load(MatMulInputs::kF32);
-  const Loaded& l = inputs == MatMulInputs::kBf16 ? bf16 : f32;
-  EXPECT_NE(l.model, nullptr) << "Gemma 3 is not available (" << l.error
-                              << "); fetch it with scripts/fetch_model.sh gemma3";
-  return l.model.get();
+  return testing::LoadOnce(Gemma3Path(), kSeqLen, inputs, "fetch it with scripts/fetch_model.sh gemma3");
 }
 
-// Text of the project's own license texts' kind: the Apache-2.0 text as
-// Debian ships it, repeated to length (the tests need tokens, not meaning).
+// n tokens of Debian's Apache-2.0 license text, repeated to length (the
+// tests need tokens, not meaning).
 std::vector<int32_t> Text(const LoadedModel& m, size_t n) {
   std::ifstream in("/usr/share/common-licenses/Apache-2.0");
   std::stringstream ss;

@@ -37,6 +37,7 @@ inline const GgufFile* SmolLm2Gguf() {
 #include <sstream>
 #include <vector>
 
+#include "loaded_models.h"
 #include "model/decoder/loaded_model.h"
 
 namespace kvcache::model::testing {
@@ -49,40 +50,8 @@ inline constexpr uint32_t kSmolTestSeqLen = 640;
 // products); fails the
 // calling test with the reason when it cannot be loaded.
 inline const LoadedModel* SmolLm2(MatMulInputs inputs = MatMulInputs::kF32) {
-  struct Loaded {
-    std::unique_ptr<LoadedModel> model;
-    std::string error;
-  };
-  auto load = [](MatMulInputs in) {
-    Loaded l;
-    GgufLoadOptions o;
-    o.max_seq_len = kSmolTestSeqLen;
-    o.matmul_inputs = in;
-    auto m = LoadedModel::Load(SmolLm2Path(), "", o);
-    if (m.ok()) {
-      l.model = std::move(m).value();
-    } else {
-      l.error = m.status().ToString();
-    }
-    return l;
-  };
-  // Each mode is loaded on first use only.
-  auto get = [&]() -> const Loaded& {
-    if (inputs == MatMulInputs::kInt8) {
-      static Loaded int8 = load(MatMulInputs::kInt8);
-      return int8;
-    }
-    if (inputs == MatMulInputs::kBf16) {
-      static Loaded bf16 = load(MatMulInputs::kBf16);
-      return bf16;
-    }
-    static Loaded exact = load(MatMulInputs::kF32);
-    return exact;
-  };
-  const Loaded& l = get();
-  EXPECT_NE(l.model, nullptr) << "SmolLM2 is not available (" << l.error
-                              << "); fetch it with scripts/fetch_model.sh (KVCACHE_MODEL_DIR overrides the folder)";
-  return l.model.get();
+  return LoadOnce(SmolLm2Path(), kSmolTestSeqLen, inputs,
+                  "fetch it with scripts/fetch_model.sh (KVCACHE_MODEL_DIR overrides the folder)");
 }
 
 inline std::vector<int32_t> Gpl3Tokens(const LoadedModel& m, size_t n) {
