@@ -137,6 +137,14 @@ KvManager::~KvManager() = default;
 Result<std::unique_ptr<KvManager>> KvManager::Create(const model::AttentionShape& shape,
                                                      ThreadPool* attention_pool,
                                                      const KvManagerOptions& options) {
+  for (uint32_t l = 0; l < shape.n_layers; ++l) {
+    if (shape.window(l) != 0) {
+      return Status::Unimplemented(
+          "engine: layer " + std::to_string(l) + " attends to a sliding window of " + std::to_string(shape.window(l)) +
+          " positions; the KV manager keeps one full-attention group per sequence, so the engine (serve, generate "
+          "--tiers) does not run such models yet (generate and perplexity without --tiers do)");
+    }
+  }
   std::unique_ptr<KvManager> m(new KvManager(shape, attention_pool, options));
   KV_RETURN_IF_ERROR(m->Init());
   return m;

@@ -201,7 +201,8 @@ class KvSequence final : public model::KvBackend {
 
 class KvManager {
  public:
-  // InvalidArgument for options that do not fit the model (a format its
+  // Unimplemented for a shape with sliding-window layers (one group per
+  // sequence today). InvalidArgument for options that do not fit the model (a format its
   // head_dim cannot take, a pool smaller than one max_seq_len sequence, a
   // bad tier spec, tiers without the prefix cache or model_id).
   // `attention_pool` (may be null) must outlive the manager.

@@ -301,5 +301,25 @@ TEST(KvManagerScheduler, APreemptedLeaderThatStandsStillHoldsNobodyForEver) {
   ExpectBaseline(*s.manager);
 }
 
+// A model with sliding-window layers is refused by name: the manager keeps
+// one full-attention group per sequence.
+TEST(KvManager, RefusesSlidingWindowLayers) {
+  model::AttentionShape shape;
+  shape.n_layers = 2;
+  shape.n_heads = 1;
+  shape.n_kv_heads = 1;
+  shape.head_dim = 16;
+  shape.max_seq_len = 64;
+  shape.windows = {8, 0};
+  KvManagerOptions o;
+  o.formats = {Format::kF32, Format::kF32};
+  o.block_size = kB;
+  o.pool_blocks = 64;
+  Result<std::unique_ptr<KvManager>> m = KvManager::Create(shape, nullptr, o);
+  ASSERT_FALSE(m.ok());
+  EXPECT_EQ(m.status().code(), StatusCode::kUnimplemented);
+  EXPECT_NE(m.status().message().find("layer 0"), std::string::npos) << m.status().ToString();
+}
+
 }  // namespace
 }  // namespace kvcache::engine
