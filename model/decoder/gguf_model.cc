@@ -40,13 +40,6 @@ Result<ModelConfig> ReadConfig(const GgufFile& g, const GgufLoadOptions& options
     KV_ASSIGN_OR_RETURN(c.n_kv_heads, g.GetU32(a + "attention.head_count_kv"));
   }
   KV_ASSIGN_OR_RETURN(c.max_seq_len, g.GetU32(a + "context_length"));
-  if (options.max_seq_len != 0) {
-    if (options.max_seq_len > c.max_seq_len) {
-      return Status::InvalidArgument("GGUF " + g.path() + ": a context of " + Num(options.max_seq_len) +
-                                     " positions is longer than the model's " + Num(c.max_seq_len));
-    }
-    c.max_seq_len = options.max_seq_len;
-  }
   if (c.family == ModelFamily::kGemma3) c.rms_eps = 1e-6f;
   if (g.Find(a + "rope.freq_base")) {
     KV_ASSIGN_OR_RETURN(c.rope_theta, g.GetF32(a + "rope.freq_base"));
@@ -73,6 +66,11 @@ Result<ModelConfig> ReadConfig(const GgufFile& g, const GgufLoadOptions& options
     // llama.cpp's gemma3: every 6th layer global, the others a sliding
     // window with RoPE base 10,000 (neither is in the file).
     KV_ASSIGN_OR_RETURN(c.sliding_window, g.GetU32(a + "attention.sliding_window"));
+    if (c.sliding_window == 0 || c.sliding_window > c.max_seq_len) {
+      return Status::Corruption("GGUF " + g.path() + ": " + a + "attention.sliding_window " +
+                                Num(c.sliding_window) + " does not fit the context of " + Num(c.max_seq_len) +
+                                " positions");
+    }
     c.sliding_window_pattern = 6;
     c.rope_theta_local = 10000.0f;
     if (g.Find(a + "rope.scaling.type")) {
@@ -87,6 +85,13 @@ Result<ModelConfig> ReadConfig(const GgufFile& g, const GgufLoadOptions& options
         return Status::Unimplemented("GGUF " + g.path() + ": rope scaling '" + type + "' is not supported");
       }
     }
+  }
+  if (options.max_seq_len != 0) {
+    if (options.max_seq_len > c.max_seq_len) {
+      return Status::InvalidArgument("GGUF " + g.path() + ": a context of " + Num(options.max_seq_len) +
+                                     " positions is longer than the model's " + Num(c.max_seq_len));
+    }
+    c.max_seq_len = options.max_seq_len;
   }
   KV_ASSIGN_OR_RETURN(const GgufTensor* embd, g.FindTensor("token_embd.weight"));
   if (embd->dims.size() != 2) {

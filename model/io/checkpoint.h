@@ -81,7 +81,9 @@ struct ModelConfig {
   size_t NumWeights() const;
   // OK iff the sizes are positive, dim % n_heads == 0 (unless head_dim is
   // stated), n_heads % n_kv_heads == 0, head_dim is even (RoPE rotates pairs),
-  // a sliding window fits the context and nothing is absurdly large.
+  // a sliding window has a pattern and nothing is absurdly large (the GGUF
+  // loader checks the window against the file's context, before a shorter
+  // max_seq_len is applied).
   Status Validate() const;
   // "dim=64 hidden=172 layers=5 heads=8 kv_heads=4 vocab=512 seq=512"; other
   // families lead with their name and add head_dim and window when set.
