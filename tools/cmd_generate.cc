@@ -314,11 +314,15 @@ int RunGenerate(const GenerateCliOptions& o) {
   const double cpu_ms = cpu_tokens ? 1000 * (cpu_now(CLOCK_PROCESS_CPUTIME_ID) - cpu0) / cpu_tokens : 0;
   const double thread_cpu_ms =
       cpu_tokens ? 1000 * (cpu_now(CLOCK_THREAD_CPUTIME_ID) - thread_cpu0) / cpu_tokens : 0;
+  // The spelling given when it says more than a pair (a window, per-group formats).
+  const std::string kv_name = o.kv_format.find_first_of("+=") != std::string::npos
+                                  ? o.kv_format
+                                  : std::string(FormatPairName(kv_options.formats));
   if (!o.json) {
     fmt::print("\n");
     fmt::print(stderr, "[{} prompt tokens in {:.2f} s, {} tokens, {:.1f} tok/s ({:.1f} ms/token), kv {} {}, {} threads",
                prompt.size(), r->prefill_seconds, r->tokens.size(), tps, tps > 0 ? 1000.0 / tps : 0.0,
-               FormatPairName(kv_options.formats), tier_run ? "paged" : o.layout, decoder_threads(o));
+               kv_name, tier_run ? "paged" : o.layout, decoder_threads(o));
     if (o.draft > 0) {
       fmt::print(stderr, ", {} draft of {}: {}/{} accepted ({:.1f}%), {} verify passes",
                  o.draft_kind, o.draft,
@@ -345,8 +349,7 @@ int RunGenerate(const GenerateCliOptions& o) {
   j["model"] = o.model_path;
   // JSON strings must be UTF-8: decoded text may end inside a character.
   j["prompt"] = model::SanitizeUtf8(o.prompt);
-  j["kv_format"] = o.kv_format.find('+') != std::string::npos ? o.kv_format
-                                                              : FormatPairName(kv_options.formats);
+  j["kv_format"] = kv_name;
   j["layout"] = tier_run ? "paged" : o.layout;  // --tiers runs paged
   j["backend"] = o.backend;
   j["temperature"] = o.temperature;
