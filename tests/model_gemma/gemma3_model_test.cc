@@ -15,6 +15,9 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
+#include "cli_runner.h"
 #include "loaded_models.h"
 #include "model/decoder/decoder.h"
 #include "model/decoder/loaded_model.h"
@@ -171,6 +174,23 @@ TEST(Gemma3Model, PerplexityMatchesLlamaCpp) {
   // llama.cpp: 8.0889 (f16 cache, int8-rounded inputs); exact f32 here.
   EXPECT_NEAR((*r)[0].perplexity, 8.0889, 0.1);
   EXPECT_EQ((*r)[0].num_predictions, 511u);
+}
+
+}  // namespace
+}  // namespace kvcache::model
+
+namespace kvcache::model {
+namespace {
+
+// kvcache passkey: the base model finds a key stated once in the middle of
+// 1,024 tokens of filler (both trials, f32 cache, bf16 products).
+TEST(Gemma3Model, PasskeyIsRetrievedFromTheMiddleOfTheContext) {
+  const kvcache::testing::CliRun run = kvcache::testing::RunCli("passkey --model " + Gemma3Path() +
+                                              " --context 1024 --depths 0.5 --trials 2 --matmul bf16 --json");
+  ASSERT_EQ(run.exit_code, 0) << run.out;
+  const auto j = nlohmann::json::parse(run.out);
+  ASSERT_EQ(j["results"].size(), 1u);
+  EXPECT_EQ(j["results"][0]["found"].get<int>(), 2) << run.out;
 }
 
 }  // namespace

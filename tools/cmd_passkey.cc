@@ -1,0 +1,193 @@
+// `kvcache passkey`: long-context retrieval. A 5-digit pass key is stated
+// once inside filler text at a given depth of a context of N tokens, and
+// asked for at the end; the model answers greedily. Per depth, the fraction
+// of trials whose answer holds the key.
+//
+// The prompt is built from token ids: BOS, filler sentences up to the
+// depth, the key's sentence, filler to the end, the question ("What is the
+// pass key? The pass key is"). Every piece is tokenized alone and the ids
+// concatenated, so a trial differs from the others only in the key's
+// tokens: the filler before the key is prefilled once per depth and each
+// trial forks it (KvBackend::Fork). Keys are drawn from --seed.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <sstream>
+
+#include "model/decoder/decoder.h"
+#include "model/decoder/loaded_model.h"
+#include "model/kv/kv_factory.h"
+#include "tools/command.h"
+#include "tools/kv_flags.h"
+
+namespace kvcache::tools {
+namespace {
+
+struct PasskeyOptions {
+  std::string model_path, tokenizer_path;
+  uint32_t context = 4096;
+  std::string depths = "0.25,0.5,0.75";
+  uint32_t trials = 20;
+  uint32_t threads = 2;
+  uint32_t chunk = 256;
+  uint32_t seed = 1;
+  std::string matmul = "f32";
+  std::string kv_format = "f32", layout = "paged", backend = "cache", eviction;
+  uint32_t block_size = 16;
+  bool json = false;
+};
+
+constexpr const char* kFiller = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. ";
+constexpr uint32_t kAnswerTokens = 8;
+
+Result<std::vector<double>> ParseDepths(const std::string& list) {
+  std::vector<double> out;
+  std::stringstream ss(list);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    char* end = nullptr;
+    const double d = std::strtod(item.c_str(), &end);
+    if (item.empty() || *end != '\0' || !(d >= 0.0 && d <= 1.0)) {
+      return Status::InvalidArgument("--depths: '" + item + "' is not a fraction in [0, 1]");
+    }
+    out.push_back(d);
+  }
+  if (out.empty()) return Status::InvalidArgument("--depths: none given");
+  return out;
+}
+
+// The ids of `text` without BOS.
+Result<std::vector<int32_t>> Ids(const model::LoadedModel& lm, const std::string& text, int32_t bos) {
+  KV_ASSIGN_OR_RETURN(std::vector<int32_t> ids, lm.Encode(text));
+  if (!ids.empty() && ids[0] == bos) ids.erase(ids.begin());
+  return ids;
+}
+
+// Feeds tokens into kv in chunks; `logits` ends as the last token's.
+Status Feed(model::Decoder& d, model::KvBackend& kv, std::span<const int32_t> tokens, uint32_t chunk,
+            std::vector<float>& logits) {
+  for (size_t i = 0; i < tokens.size(); i += chunk) {
+    const size_t n = std::min<size_t>(chunk, tokens.size() - i);
+    KV_RETURN_IF_ERROR(d.Forward(tokens.subspan(i, n), kv, logits));
+  }
+  return Status::Ok();
+}
+
+int32_t Argmax(std::span<const float> v) {
+  return static_cast<int32_t>(std::max_element(v.begin(), v.end()) - v.begin());
+}
+
+Result<nlohmann::json> RunPasskey(const PasskeyOptions& o) {
+  if (o.trials == 0 || o.chunk == 0) return Status::InvalidArgument("passkey: --trials and --chunk must be >= 1");
+  KV_ASSIGN_OR_RETURN(std::vector<double> depths, ParseDepths(o.depths));
+  model::GgufLoadOptions load;
+  load.max_seq_len = o.context + kAnswerTokens;
+  KV_ASSIGN_OR_RETURN(load.matmul_inputs, model::ParseMatMulInputs(o.matmul));
+  KV_ASSIGN_OR_RETURN(std::unique_ptr<model::LoadedModel> lm,
+                      model::LoadedModel::Load(o.model_path, o.tokenizer_path, load));
+  model::Decoder decoder(lm->model(), std::max(1u, o.threads));
+  KV_ASSIGN_OR_RETURN(model::KvBackendOptions kv, model::ParseKvBackendOptions(o.kv_format, o.layout, o.backend,
+                                                                               o.block_size));
+  KV_ASSIGN_OR_RETURN(kv.eviction, model::ParseEvictionSpec(o.eviction));
+  kv.max_chunk_tokens = o.chunk;
+  kv.attention_pool = decoder.thread_pool();
+  KV_ASSIGN_OR_RETURN(std::vector<int32_t> with_bos, lm->Encode(""));
+  const int32_t bos = with_bos.empty() ? -1 : with_bos[0];
+  KV_ASSIGN_OR_RETURN(std::vector<int32_t> filler, Ids(*lm, kFiller, bos));
+  KV_ASSIGN_OR_RETURN(std::vector<int32_t> question, Ids(*lm, "What is the pass key? The pass key is", bos));
+  if (filler.empty()) return Status::InvalidArgument("passkey: the filler encodes to nothing");
+  std::mt19937 rng(o.seed);
+  std::uniform_int_distribution<int> digits(10000, 99999);
+  nlohmann::json out;
+  out["model"] = o.model_path;
+  out["context"] = o.context;
+  out["kv_format"] = o.kv_format;
+  out["eviction"] = o.eviction.empty() ? "none" : o.eviction;
+  out["trials"] = o.trials;
+  out["results"] = nlohmann::json::array();
+  const uint32_t vocab = decoder.config().vocab_size;
+  std::vector<float> logits(vocab);
+  for (double depth : depths) {
+    // Key sentence ids vary in length by a token or two; the budget counts the longest.
+    const size_t needle_budget = 24;
+    const size_t fixed = with_bos.size() + question.size() + needle_budget;
+    if (fixed + filler.size() > o.context) return Status::InvalidArgument("passkey: --context is too short");
+    const size_t filler_total = o.context - fixed;
+    const size_t before = static_cast<size_t>(depth * static_cast<double>(filler_total));
+    std::vector<int32_t> prefix(with_bos.begin(), with_bos.end());
+    for (size_t i = 0; i < before; ++i) prefix.push_back(filler[i % filler.size()]);
+    KV_ASSIGN_OR_RETURN(auto root, model::CreateKvBackend(decoder.attention_shape(), kv));
+    KV_RETURN_IF_ERROR(Feed(decoder, *root, prefix, o.chunk, logits));
+    uint32_t found = 0;
+    nlohmann::json answers = nlohmann::json::array();
+    for (uint32_t t = 0; t < o.trials; ++t) {
+      const std::string key = std::to_string(digits(rng));
+      KV_ASSIGN_OR_RETURN(std::vector<int32_t> needle,
+                          Ids(*lm, "The pass key is " + key + ". Remember it. " + key + " is the pass key. ", bos));
+      std::vector<int32_t> rest = needle;
+      for (size_t i = before; i < filler_total + needle_budget - needle.size(); ++i) {
+        rest.push_back(filler[i % filler.size()]);
+      }
+      rest.insert(rest.end(), question.begin(), question.end());
+      KV_ASSIGN_OR_RETURN(auto seq, root->Fork());
+      KV_RETURN_IF_ERROR(Feed(decoder, *seq, rest, o.chunk, logits));
+      std::vector<int32_t> answer;
+      for (uint32_t i = 0; i < kAnswerTokens; ++i) {
+        answer.push_back(Argmax(logits));
+        if (i + 1 < kAnswerTokens) {
+          KV_RETURN_IF_ERROR(decoder.Forward(std::span<const int32_t>(&answer.back(), 1), *seq, logits));
+        }
+      }
+      KV_ASSIGN_OR_RETURN(std::string text, lm->Decode(answer));
+      const bool ok = text.find(key) != std::string::npos;
+      found += ok;
+      answers.push_back({{"key", key}, {"answer", text}, {"found", ok}});
+    }
+    nlohmann::json r;
+    r["depth"] = depth;
+    r["found"] = found;
+    r["accuracy"] = static_cast<double>(found) / o.trials;
+    r["answers"] = std::move(answers);
+    out["results"].push_back(std::move(r));
+  }
+  return out;
+}
+
+const bool kRegistered = RegisterOptionsCommand<PasskeyOptions>(
+    "passkey", "Long-context retrieval: a pass key stated once at a depth of the context, asked for at the end",
+    [](CLI::App* app, PasskeyOptions& o) {
+      app->add_option("--model", o.model_path, "GGUF file, or llama2.c v1 checkpoint")->required();
+      app->add_option("--tokenizer", o.tokenizer_path, "llama2.c tokenizer.bin (not for GGUF)");
+      app->add_option("--context", o.context, "Tokens of the prompt")->capture_default_str();
+      app->add_option("--depths", o.depths, "Where the key sits, fractions of the filler")->capture_default_str();
+      app->add_option("--trials", o.trials, "Keys per depth")->capture_default_str();
+      app->add_option("--threads", o.threads, "Decoder threads")->capture_default_str();
+      app->add_option("--chunk", o.chunk, "Prefill chunk in tokens")->capture_default_str();
+      app->add_option("--seed", o.seed, "Seed of the keys")->capture_default_str();
+      app->add_option("--matmul", o.matmul, kMatMulHelp)->capture_default_str();
+      app->add_option("--eviction", o.eviction, "streaming:SINKS,WINDOW | h2o:BUDGET,RECENT (bounded cache)");
+      AddKvBackendFlags(app, o.kv_format, o.layout, o.block_size, o.backend);
+      app->add_flag("--json", o.json, "Print JSON (with every answer)");
+    },
+    [](const PasskeyOptions& o) {
+      auto r = RunPasskey(o);
+      if (!r.ok()) {
+        fmt::print(stderr, "kvcache passkey: {}\n", r.status().ToString());
+        return 2;
+      }
+      if (o.json) {
+        fmt::print("{}\n", r->dump(2));
+        return 0;
+      }
+      for (const auto& d : (*r)["results"]) {
+        fmt::print("context {} kv {} eviction {}: depth {:.2f}: {}/{} keys retrieved\n", o.context, o.kv_format,
+                   (*r)["eviction"].get<std::string>(), d["depth"].get<double>(), d["found"].get<uint32_t>(),
+                   o.trials);
+      }
+      return 0;
+    });
+
+}  // namespace
+}  // namespace kvcache::tools
