@@ -9,6 +9,22 @@
 
 namespace kvcache::model {
 
+namespace {
+
+// The options CacheKv and HybridKv share, from the backend's.
+template <class Options>
+Options CacheOptions(const KvBackendOptions& o) {
+  Options c;
+  c.formats = o.formats;
+  c.layout = o.layout;
+  c.block_size = o.block_size;
+  c.attention_pool = o.attention_pool;
+  c.window = o.window;
+  return c;
+}
+
+}  // namespace
+
 Result<std::unique_ptr<KvBackend>> CreateKvBackend(const AttentionShape& shape,
                                                    const KvBackendOptions& options) {
   // The format pair meets head_dim once, where each backend builds its
@@ -36,26 +52,15 @@ Result<std::unique_ptr<KvBackend>> CreateKvBackend(const AttentionShape& shape,
     return Status::InvalidArgument("eviction runs on the contiguous layout only");
   }
   if (options.eviction.enabled() || shape.has_windows()) {
-    HybridKvOptions h;
-    h.formats = options.formats;
+    HybridKvOptions h = CacheOptions<HybridKvOptions>(options);
     h.bounded_formats = options.local_formats;
-    h.layout = options.layout;
-    h.block_size = options.block_size;
-    h.attention_pool = options.attention_pool;
-    h.window = options.window;
     h.eviction = options.eviction;
     h.max_chunk_tokens = options.max_chunk_tokens;
     h.window_slack_tokens = options.window_slack_tokens;
     KV_ASSIGN_OR_RETURN(auto kv, HybridKv::Create(shape, h));
     return std::unique_ptr<KvBackend>(std::move(kv));
   }
-  CacheKvOptions c;
-  c.formats = options.formats;
-  c.layout = options.layout;
-  c.block_size = options.block_size;
-  c.attention_pool = options.attention_pool;
-  c.window = options.window;
-  KV_ASSIGN_OR_RETURN(auto kv, CacheKv::Create(shape, c));
+  KV_ASSIGN_OR_RETURN(auto kv, CacheKv::Create(shape, CacheOptions<CacheKvOptions>(options)));
   return std::unique_ptr<KvBackend>(std::move(kv));
 }
 

@@ -19,19 +19,29 @@ namespace {
 
 constexpr uint32_t kB = 4;  // tokens per block
 
-std::unique_ptr<KvManager> NewManager(uint32_t blocks, bool rows = false) {
+// One kv head of 16 per layer, f32, blocks of kB tokens.
+model::AttentionShape Shape(uint32_t layers, uint32_t max_seq_len) {
   model::AttentionShape shape;
-  shape.n_layers = 1;
+  shape.n_layers = layers;
   shape.n_heads = 1;
   shape.n_kv_heads = 1;
   shape.head_dim = 16;
-  shape.max_seq_len = blocks * kB;
+  shape.max_seq_len = max_seq_len;
+  return shape;
+}
+
+KvManagerOptions Options(uint32_t blocks) {
   KvManagerOptions o;
   o.formats = {Format::kF32, Format::kF32};
   o.block_size = kB;
   o.pool_blocks = blocks;
+  return o;
+}
+
+std::unique_ptr<KvManager> NewManager(uint32_t blocks, bool rows = false) {
+  KvManagerOptions o = Options(blocks);
   o.rows = rows;
-  Result<std::unique_ptr<KvManager>> m = KvManager::Create(shape, nullptr, o);
+  Result<std::unique_ptr<KvManager>> m = KvManager::Create(Shape(1, blocks * kB), nullptr, o);
   EXPECT_TRUE(m.ok()) << m.status().ToString();
   return m.ok() ? std::move(*m) : nullptr;
 }
@@ -304,18 +314,9 @@ TEST(KvManagerScheduler, APreemptedLeaderThatStandsStillHoldsNobodyForEver) {
 // A model with sliding-window layers is refused by name: the manager keeps
 // one full-attention group per sequence.
 TEST(KvManager, RefusesSlidingWindowLayers) {
-  model::AttentionShape shape;
-  shape.n_layers = 2;
-  shape.n_heads = 1;
-  shape.n_kv_heads = 1;
-  shape.head_dim = 16;
-  shape.max_seq_len = 64;
+  model::AttentionShape shape = Shape(2, 64);
   shape.windows = {8, 0};
-  KvManagerOptions o;
-  o.formats = {Format::kF32, Format::kF32};
-  o.block_size = kB;
-  o.pool_blocks = 64;
-  Result<std::unique_ptr<KvManager>> m = KvManager::Create(shape, nullptr, o);
+  Result<std::unique_ptr<KvManager>> m = KvManager::Create(shape, nullptr, Options(64));
   ASSERT_FALSE(m.ok());
   EXPECT_EQ(m.status().code(), StatusCode::kUnimplemented);
   EXPECT_NE(m.status().message().find("layer 0"), std::string::npos) << m.status().ToString();
