@@ -25,6 +25,7 @@
 
 #include "kvcache/cache.h"
 #include "kvcache/pool.h"
+#include "model/generate/generate.h"
 #include "model/kv/hybrid_kv.h"
 #include "kvcache/simd.h"
 #include "model/decoder/decoder.h"
@@ -71,12 +72,7 @@ constexpr uint32_t kPrefillChunk = 256;
 
 // Prefills `tokens` into kv in chunks of kPrefillChunk.
 Status Prefill(model::Decoder& decoder, model::KvBackend& kv, std::span<const int32_t> tokens) {
-  std::vector<float> logits(decoder.config().vocab_size);
-  for (size_t i = 0; i < tokens.size(); i += kPrefillChunk) {
-    const size_t n = std::min<size_t>(kPrefillChunk, tokens.size() - i);
-    KV_RETURN_IF_ERROR(decoder.Forward(tokens.subspan(i, n), kv, logits));
-  }
-  return Status::Ok();
+  return model::PrefillInChunks(decoder, kv, tokens, kPrefillChunk);
 }
 
 Result<nlohmann::json> RunOne(model::Decoder& decoder, const FormatPair& formats, const std::string& name,

@@ -8,7 +8,8 @@
 // pass key? The pass key is"). Every piece is tokenized alone and the ids
 // concatenated, so a trial differs from the others only in the key's
 // tokens: the filler before the key is prefilled once per depth and each
-// trial forks it (KvBackend::Fork). Keys are drawn from --seed.
+// trial forks it (KvBackend::Fork); model::Generate answers. Keys are drawn
+// from --seed.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -18,6 +19,7 @@
 
 #include "model/decoder/decoder.h"
 #include "model/decoder/loaded_model.h"
+#include "model/generate/generate.h"
 #include "model/kv/kv_factory.h"
 #include "tools/command.h"
 #include "tools/kv_flags.h"
@@ -65,20 +67,6 @@ Result<std::vector<int32_t>> Ids(const model::LoadedModel& lm, const std::string
   return ids;
 }
 
-// Feeds tokens into kv in chunks; `logits` ends as the last token's.
-Status Feed(model::Decoder& d, model::KvBackend& kv, std::span<const int32_t> tokens, uint32_t chunk,
-            std::vector<float>& logits) {
-  for (size_t i = 0; i < tokens.size(); i += chunk) {
-    const size_t n = std::min<size_t>(chunk, tokens.size() - i);
-    KV_RETURN_IF_ERROR(d.Forward(tokens.subspan(i, n), kv, logits));
-  }
-  return Status::Ok();
-}
-
-int32_t Argmax(std::span<const float> v) {
-  return static_cast<int32_t>(std::max_element(v.begin(), v.end()) - v.begin());
-}
-
 Result<nlohmann::json> RunPasskey(const PasskeyOptions& o) {
   if (o.trials == 0 || o.chunk == 0) return Status::InvalidArgument("passkey: --trials and --chunk must be >= 1");
   KV_ASSIGN_OR_RETURN(std::vector<double> depths, ParseDepths(o.depths));
@@ -107,8 +95,6 @@ Result<nlohmann::json> RunPasskey(const PasskeyOptions& o) {
   out["eviction"] = o.eviction.empty() ? "none" : o.eviction;
   out["trials"] = o.trials;
   out["results"] = nlohmann::json::array();
-  const uint32_t vocab = decoder.config().vocab_size;
-  std::vector<float> logits(vocab);
   for (double depth : depths) {
     // Key sentence ids vary in length by a token or two; the budget counts the longest.
     const size_t needle_budget = 24;
@@ -119,7 +105,7 @@ Result<nlohmann::json> RunPasskey(const PasskeyOptions& o) {
     std::vector<int32_t> prefix(with_bos.begin(), with_bos.end());
     for (size_t i = 0; i < before; ++i) prefix.push_back(filler[i % filler.size()]);
     KV_ASSIGN_OR_RETURN(auto root, model::CreateKvBackend(decoder.attention_shape(), kv));
-    KV_RETURN_IF_ERROR(Feed(decoder, *root, prefix, o.chunk, logits));
+    KV_RETURN_IF_ERROR(model::PrefillInChunks(decoder, *root, prefix, o.chunk));
     uint32_t found = 0;
     nlohmann::json answers = nlohmann::json::array();
     for (uint32_t t = 0; t < o.trials; ++t) {
@@ -132,14 +118,17 @@ Result<nlohmann::json> RunPasskey(const PasskeyOptions& o) {
       }
       rest.insert(rest.end(), question.begin(), question.end());
       KV_ASSIGN_OR_RETURN(auto seq, root->Fork());
-      KV_RETURN_IF_ERROR(Feed(decoder, *seq, rest, o.chunk, logits));
-      std::vector<int32_t> answer;
-      for (uint32_t i = 0; i < kAnswerTokens; ++i) {
-        answer.push_back(Argmax(logits));
-        if (i + 1 < kAnswerTokens) {
-          KV_RETURN_IF_ERROR(decoder.Forward(std::span<const int32_t>(&answer.back(), 1), *seq, logits));
-        }
-      }
+      // All but the prompt's last token in chunks; Generate runs that one
+      // and answers greedily.
+      KV_RETURN_IF_ERROR(model::PrefillInChunks(
+          decoder, *seq, std::span<const int32_t>(rest).first(rest.size() - 1), o.chunk));
+      std::vector<int32_t> prompt = prefix;
+      prompt.insert(prompt.end(), rest.begin(), rest.end());
+      model::GenerateOptions g;
+      g.max_new_tokens = kAnswerTokens;
+      g.stop_at_eos = false;
+      KV_ASSIGN_OR_RETURN(model::GenerateResult answered, model::Generate(decoder, *seq, prompt, g));
+      const std::vector<int32_t>& answer = answered.tokens;
       KV_ASSIGN_OR_RETURN(std::string text, lm->Decode(answer));
       const bool ok = text.find(key) != std::string::npos;
       found += ok;

@@ -112,6 +112,21 @@ Result<std::vector<int32_t>> Draft(Decoder& decoder, KvBackend& kv,
 
 }  // namespace
 
+Status PrefillInChunks(Decoder& decoder, KvBackend& kv, std::span<const int32_t> tokens, uint32_t chunk,
+                       std::span<float> last_logits) {
+  if (chunk == 0) return Status::InvalidArgument("prefill: chunk is 0");
+  std::vector<float> scratch;
+  if (last_logits.empty()) {
+    scratch.resize(decoder.config().vocab_size);
+    last_logits = scratch;
+  }
+  for (size_t i = 0; i < tokens.size(); i += chunk) {
+    const size_t n = std::min<size_t>(chunk, tokens.size() - i);
+    KV_RETURN_IF_ERROR(decoder.Forward(tokens.subspan(i, n), kv, last_logits));
+  }
+  return Status::Ok();
+}
+
 Result<GenerateResult> Generate(Decoder& decoder, KvBackend& kv, std::span<const int32_t> prompt,
                                 const GenerateOptions& options) {
   const ModelConfig& c = decoder.config();

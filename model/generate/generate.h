@@ -94,6 +94,13 @@ struct GenerateResult {
 Result<GenerateResult> Generate(Decoder& decoder, KvBackend& kv, std::span<const int32_t> prompt,
                                 const GenerateOptions& options);
 
+// Runs `tokens` into kv in passes of at most `chunk` tokens (a prompt's
+// prefill when the whole of it does not go in one pass), discarding the
+// logits but the last token's, which go to last_logits if it is not empty
+// ([vocab]).
+Status PrefillInChunks(Decoder& decoder, KvBackend& kv, std::span<const int32_t> tokens, uint32_t chunk,
+                       std::span<float> last_logits = {});
+
 // The n-gram draft: up to max_tokens tokens that followed the latest earlier
 // occurrence of the longest suffix (ngram_max down to 1 tokens) of `context`.
 std::vector<int32_t> NgramDraft(std::span<const int32_t> context, uint32_t ngram_max,

@@ -111,16 +111,21 @@ uint64_t HybridKv::BlocksAt(const HybridModel& model, int group, uint64_t tokens
 
 uint64_t HybridKv::BlocksPerSequence(const HybridModel& model, int group, uint64_t tokens) {
   const uint64_t B = model.geometry().block_size();
-  if (group != HybridModel::kBoundedGroup) return (tokens + B - 1) / B;
-  // The most over every length up to `tokens`: BlocksAt peaks just before
-  // each drop of G rows, and every G-long stretch has one such length.
+  const uint64_t all = (tokens + B - 1) / B;
+  if (group != HybridModel::kBoundedGroup) return all;
+  // BlocksAt peaks just before a head drops G rows: its sinks, then
+  // W + L + G - 1 recent positions, which start on a block boundary only
+  // when the sinks fill whole blocks.
   uint64_t most = 0;
-  uint64_t G = 1;
   for (uint32_t l = 0; l < model.n_layers(); ++l) {
-    if (model.group(l) == group) G = std::max<uint64_t>(G, model.window_slack(l));
+    if (model.group(l) != group) continue;
+    const uint64_t L = model.options().window_lookback_tokens, G = model.window_slack(l);
+    for (const EvictionPolicy& p : model.head_policies(l)) {
+      const uint64_t S = p.sink_tokens, recent = uint64_t{p.window_tokens} + p.heavy_tokens + L + G - 1;
+      most = std::max(most, (S + B - 1) / B + (recent + B - 1) / B + (S % B != 0 ? 1 : 0));
+    }
   }
-  for (uint64_t n = tokens; n > 0 && tokens - n < 2 * G + B; --n) most = std::max(most, BlocksAt(model, group, n));
-  return most;
+  return std::min(all, most);
 }
 
 Result<std::unique_ptr<HybridKv>> HybridKv::Create(const AttentionShape& shape, const HybridKvOptions& options) {
