@@ -236,7 +236,7 @@ Status EngineImpl::Init() {
   if (o.threads == 0 || o.max_batch_tokens == 0 || o.max_running == 0 || o.max_waiting == 0) {
     return Status::InvalidArgument("engine: threads, max_batch_tokens, max_running and max_waiting must be > 0");
   }
-  const KvManagerOptions k{.formats = o.formats, .window = o.window, .block_size = o.block_size,
+  const KvManagerOptions k{.formats = o.formats, .local_formats = o.local_formats, .window = o.window, .block_size = o.block_size,
                            .pool_bytes = o.pool_bytes, .prefix_cache = o.prefix_cache, .tiers = o.tiers,
                            .model_id = o.model_id};
   KV_ASSIGN_OR_RETURN(kv_, KvManager::Create(decoder_.attention_shape(), decoder_.thread_pool(), k));

@@ -73,7 +73,10 @@
 namespace kvcache::engine {
 
 struct EngineOptions {
-  FormatPair formats;                // the K:V format of every sequence
+  FormatPair formats;                // the K:V format of every sequence (the full layers')
+  // The sliding-window layers' K:V format when it differs from `formats`
+  // (a model with sliding-window layers only; InvalidArgument otherwise).
+  std::optional<FormatPair> local_formats;
   // Sinks and recent positions of every sequence also kept as bf16 rows
   // (cache.h, PrecisionWindow; per-sequence memory outside the pool). The
   // sinks' rows travel with the published prefix (prefix cache and tiers,

@@ -145,6 +145,11 @@ Result<std::unique_ptr<KvManager>> KvManager::Create(const model::AttentionShape
           "--tiers) does not run such models yet (generate and perplexity without --tiers do)");
     }
   }
+  if (options.local_formats) {
+    return Status::InvalidArgument(
+        "engine: per-group formats (global=...,local=...) need a model with sliding-window layers; this one has "
+        "none: give one format");
+  }
   std::unique_ptr<KvManager> m(new KvManager(shape, attention_pool, options));
   KV_RETURN_IF_ERROR(m->Init());
   return m;

@@ -46,6 +46,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -66,7 +67,9 @@ namespace kvcache::engine {
 enum class KvGroupKind : uint8_t { kFullAttention, kSlidingWindow, kLinearState };
 
 struct KvManagerOptions {
-  FormatPair formats;        // the K:V format of every sequence
+  FormatPair formats;        // the K:V format of every sequence (the full layers')
+  // The sliding-window layers' K:V format when it differs (window models only).
+  std::optional<FormatPair> local_formats;
   PrecisionWindow window;    // bf16 sinks and recent rows (engine.h, EngineOptions::window)
   uint32_t block_size = 16;  // tokens per block
   uint64_t pool_bytes = 256ull << 20;  // all groups' pools together, bytes
