@@ -238,7 +238,7 @@ Status EngineImpl::Init() {
   }
   const KvManagerOptions k{.formats = o.formats, .local_formats = o.local_formats, .window = o.window, .block_size = o.block_size,
                            .pool_bytes = o.pool_bytes, .prefix_cache = o.prefix_cache, .tiers = o.tiers,
-                           .model_id = o.model_id};
+                           .model_id = o.model_id, .max_chunk_tokens = o.max_batch_tokens};
   KV_ASSIGN_OR_RETURN(kv_, KvManager::Create(decoder_.attention_shape(), decoder_.thread_pool(), k));
   return Status::Ok();
 }
@@ -299,6 +299,12 @@ EngineMetrics EngineImpl::Metrics() const {
     m.pool_blocks_free += g.blocks_free;
     m.pool_blocks_used += g.blocks_used;
     m.pool_blocks_cached += g.blocks_cached;
+    m.pool_groups.push_back({.kind = std::string(KvGroupKindName(g.kind)),
+                             .total = g.blocks_total,
+                             .free = g.blocks_free,
+                             .used = g.blocks_used,
+                             .cached = g.blocks_cached,
+                             .reserved = g.blocks_reserved});
   }
   {
     std::lock_guard<std::mutex> lock(shared_->mu);

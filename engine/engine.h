@@ -192,8 +192,17 @@ class RequestStream {
 };
 
 // A snapshot for /metrics.
+// One layer group's pool (a full-attention model has one group, "full"; a
+// model with sliding-window layers a second, "window").
+struct PoolGroupMetrics {
+  std::string kind;
+  uint64_t total = 0, free = 0, used = 0, cached = 0, reserved = 0;
+};
+
 struct EngineMetrics {
+  // Every group's pool together, and each group's.
   uint64_t pool_blocks_total = 0, pool_blocks_free = 0, pool_blocks_used = 0, pool_blocks_cached = 0;
+  std::vector<PoolGroupMetrics> pool_groups;
   uint64_t requests_running = 0, requests_waiting = 0;
   uint64_t requests_finished = 0, requests_cancelled = 0, preemptions = 0;
   uint64_t prompt_tokens = 0, cached_prompt_tokens = 0, generated_tokens = 0;

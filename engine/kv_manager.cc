@@ -36,6 +36,15 @@ std::span<const TokenId> AsTokenIds(std::span<const int32_t> tokens) {
 
 }  // namespace
 
+std::string_view KvGroupKindName(KvGroupKind kind) {
+  switch (kind) {
+    case KvGroupKind::kFullAttention: return "full";
+    case KvGroupKind::kSlidingWindow: return "window";
+    case KvGroupKind::kLinearState: return "linear";
+  }
+  return "?";
+}
+
 void ExtendChainHashes(std::span<const TokenId> tokens, uint32_t block_size, std::string_view salt,
                        size_t full, std::vector<BlockHash>* hashes) {
   while (hashes->size() < full) {
@@ -57,12 +66,18 @@ KvSequence::~KvSequence() {
   }
 }
 
+std::span<const uint32_t> KvSequence::block_table() const {
+  if (cache_) return cache_->cache().block_table();
+  if (hybrid_) return hybrid_->sequence().group_cache(HybridModel::kFullGroup)->block_table();
+  return table_;
+}
+
 Status KvSequence::NoRows() {
   return Status::FailedPrecondition("kv manager: a sequence without rows stores and attends nothing");
 }
 
 Result<std::unique_ptr<model::KvBackend>> KvSequence::Fork() {
-  if (!kv_) return NoRows();
+  if (kv_ == nullptr) return NoRows();
   return kv_->Fork();
 }
 
@@ -73,7 +88,7 @@ uint64_t KvSequence::reserved_blocks() const {
 }
 
 Status KvSequence::CheckBlocks() const {
-  if (kv_) return Status::Ok();
+  if (kv_ != nullptr) return Status::Ok();
   if (table_.size() != CeilDiv(length_, pool_->block_size())) {
     return Status::Internal("kv manager: " + std::to_string(table_.size()) + " blocks hold " +
                             std::to_string(length_) + " rows");
@@ -137,15 +152,7 @@ KvManager::~KvManager() = default;
 Result<std::unique_ptr<KvManager>> KvManager::Create(const model::AttentionShape& shape,
                                                      ThreadPool* attention_pool,
                                                      const KvManagerOptions& options) {
-  for (uint32_t l = 0; l < shape.n_layers; ++l) {
-    if (shape.window(l) != 0) {
-      return Status::Unimplemented(
-          "engine: layer " + std::to_string(l) + " attends to a sliding window of " + std::to_string(shape.window(l)) +
-          " positions; the KV manager keeps one full-attention group per sequence, so the engine (serve, generate "
-          "--tiers) does not run such models yet (generate and perplexity without --tiers do)");
-    }
-  }
-  if (options.local_formats) {
+  if (options.local_formats && !shape.has_windows()) {
     return Status::InvalidArgument(
         "engine: per-group formats (global=...,local=...) need a model with sliding-window layers; this one has "
         "none: give one format");
@@ -165,6 +172,7 @@ Status KvManager::Init() {
     return Status::InvalidArgument("engine: tiers need model_id (the model's fingerprint)");
   }
   const model::AttentionShape& s = shape_;
+  if (s.has_windows()) return InitHybrid();
   KV_ASSIGN_OR_RETURN(Geometry geometry,
                       Geometry::Create({s.n_layers, s.n_kv_heads, s.head_dim, o.block_size}));
   const uint32_t blocks =
@@ -172,6 +180,7 @@ Status KvManager::Init() {
   BlockPoolOptions p;
   p.num_blocks = std::max(blocks, 1u);
   KV_ASSIGN_OR_RETURN(pool_, BlockPool::Create(geometry, o.formats, p));
+  pools_ = {pool_};
   const uint32_t per_seq = (s.max_seq_len + o.block_size - 1) / o.block_size;
   if (blocks < per_seq) {
     return Status::InvalidArgument("engine: pool_bytes " + std::to_string(o.pool_bytes) + " hold " +
@@ -192,6 +201,59 @@ Status KvManager::Init() {
   return Status::Ok();
 }
 
+Status KvManager::InitHybrid() {
+  const KvManagerOptions& o = options_;
+  if (!o.rows) {
+    return Status::Unimplemented(
+        "kv manager: sequences without rows (the serving simulator) on a model with sliding-window layers");
+  }
+  if (!o.tiers.empty() || !o.tier_objects.empty()) {
+    return Status::Unimplemented(
+        "engine: offload tiers for a model with sliding-window layers (its window blocks are not offloaded yet): "
+        "serve it without --tiers");
+  }
+  model::HybridKvOptions& h = hybrid_options_;
+  h.formats = o.formats;
+  h.bounded_formats = o.local_formats;
+  h.layout = CacheLayout::kPaged;
+  h.block_size = o.block_size;
+  h.attention_pool = attention_pool_;
+  h.window = o.window;
+  h.max_chunk_tokens = o.max_chunk_tokens;
+  h.window_slack_tokens = o.window_slack_tokens;
+  KV_ASSIGN_OR_RETURN(hybrid_, model::HybridKv::MakeModel(shape_, h));
+  if (hybrid_->group_size(HybridModel::kFullGroup) == 0) {
+    return Status::Unimplemented("engine: a model whose every layer attends to a sliding window");
+  }
+  // The pools share pool_bytes so that each holds the same number of
+  // max_seq_len sequences.
+  const uint64_t L = shape_.max_seq_len;
+  uint64_t per_seq[2], block_bytes[2], blocks[2];
+  for (int g = 0; g < 2; ++g) {
+    per_seq[g] = GroupBlocks(g, L);
+    block_bytes[g] = BlockPool::BlockBytes(hybrid_->group_geometry(g), hybrid_->group_formats(g));
+  }
+  const double seq_bytes = double(per_seq[0]) * double(block_bytes[0]) + double(per_seq[1]) * double(block_bytes[1]);
+  for (int g = 0; g < 2; ++g) {
+    blocks[g] = o.pool_blocks > 0
+                    ? o.pool_blocks
+                    : static_cast<uint64_t>(double(o.pool_bytes) * double(per_seq[g]) / seq_bytes);
+    if (blocks[g] < per_seq[g] || blocks[g] > UINT32_MAX) {
+      return Status::InvalidArgument(
+          "engine: pool_bytes " + std::to_string(o.pool_bytes) + " give the " +
+          (g == 0 ? "full-attention" : "sliding-window") + " layers " + std::to_string(blocks[g]) + " blocks of " +
+          std::to_string(block_bytes[g]) + " bytes; one " + std::to_string(L) + "-token sequence needs " +
+          std::to_string(per_seq[g]));
+    }
+  }
+  const uint32_t counts[2] = {static_cast<uint32_t>(blocks[0]), static_cast<uint32_t>(blocks[1])};
+  KV_ASSIGN_OR_RETURN(h.pools, hybrid_->CreatePools(counts));
+  pools_ = h.pools;
+  pool_ = pools_[0];
+  kinds_ = {KvGroupKind::kFullAttention, KvGroupKind::kSlidingWindow};
+  return Status::Ok();
+}
+
 std::vector<BlockHash> KvManager::HashPrompt(std::span<const int32_t> prompt) const {
   if (!options_.prefix_cache) return {};
   return HashFullBlocks(AsTokenIds(prompt), options_.block_size, "");
@@ -201,13 +263,26 @@ uint64_t KvManager::AdmissionTokens(size_t tokens) const {
   return std::min<uint64_t>(tokens + options_.block_size, shape_.max_seq_len);
 }
 
+uint64_t KvManager::GroupBlocks(int group, uint64_t tokens) const {
+  if (hybrid_) return model::HybridKv::BlocksPerSequence(*hybrid_, group, tokens);
+  return CeilDiv(tokens, options_.block_size);
+}
+
 KvDemand KvManager::AdmissionDemand(size_t tokens) const {
-  const uint32_t B = options_.block_size;
-  return KvDemand{{(AdmissionTokens(tokens) + B - 1) / B}};
+  KvDemand d;
+  for (size_t g = 0; g < pools_.size(); ++g) d.blocks.push_back(GroupBlocks(static_cast<int>(g), AdmissionTokens(tokens)));
+  return d;
 }
 
 bool KvManager::CanAdmit(std::span<const int32_t> tokens) const {
-  const uint64_t blocks = AdmissionDemand(tokens.size()).blocks[0];
+  const KvDemand demand = AdmissionDemand(tokens.size());
+  if (hybrid_) {
+    for (size_t g = 0; g < pools_.size(); ++g) {
+      if (demand.blocks[g] > pools_[g]->stats().available_blocks) return false;
+    }
+    return true;
+  }
+  const uint64_t blocks = demand.blocks[0];
   uint64_t hit = 0, parked = 0;
   if (prefix_) {
     const PrefixMatch m = prefix_->Peek(AsTokenIds(tokens).first(tokens.size() - 1), "");
@@ -236,6 +311,8 @@ size_t KvManager::Adopt(model::CacheKv& kv, std::span<const int32_t> tokens, KvA
 
 Result<std::unique_ptr<KvSequence>> KvManager::Admit(std::span<const int32_t> tokens, KvAdmission* found) {
   if (!options_.rows) return Admit(AsTokenIds(tokens), KvAdmitOptions{}, found);
+  if (tokens.empty()) return Status::InvalidArgument("kv manager: an admission needs a token");
+  if (hybrid_) return AdmitHybrid(tokens, found);
   model::CacheKvOptions o;
   o.formats = options_.formats;
   o.window = options_.window;
@@ -247,9 +324,25 @@ Result<std::unique_ptr<KvSequence>> KvManager::Admit(std::span<const int32_t> to
   const size_t adopted = Adopt(*kv, tokens, found);
   KV_RETURN_IF_ERROR(kv->Reserve(static_cast<uint32_t>(AdmissionTokens(tokens.size()))));  // kv's blocks go back on failure
   auto seq = std::make_unique<KvSequence>();
-  seq->kv_ = std::move(kv);
+  seq->cache_ = std::move(kv);
+  seq->kv_ = seq->cache_.get();
   seq->cached_tokens_ = static_cast<uint32_t>(adopted);
   seq->published_ = adopted / options_.block_size;
+  return seq;
+}
+
+Result<std::unique_ptr<KvSequence>> KvManager::AdmitHybrid(std::span<const int32_t> tokens, KvAdmission* found) {
+  (void)found;
+  KV_ASSIGN_OR_RETURN(std::unique_ptr<model::HybridKv> kv, model::HybridKv::Create(shape_, hybrid_options_));
+  const uint64_t reserve = AdmissionTokens(tokens.size());
+  const uint32_t B = options_.block_size;
+  for (int g = 0; g < 2; ++g) {
+    const uint64_t rows = std::min<uint64_t>(reserve, GroupBlocks(g, reserve) * B);
+    KV_RETURN_IF_ERROR(kv->Reserve(g, static_cast<uint32_t>(rows)));  // kv's blocks go back on failure
+  }
+  auto seq = std::make_unique<KvSequence>();
+  seq->hybrid_ = std::move(kv);
+  seq->kv_ = seq->hybrid_.get();
   return seq;
 }
 
@@ -320,12 +413,21 @@ Result<std::unique_ptr<KvSequence>> KvManager::AdmitBlocks(std::span<const Token
 
 Result<std::unique_ptr<KvSequence>> KvManager::Fork(KvSequence& parent) {
   auto child = std::make_unique<KvSequence>();
-  if (parent.kv_) {
+  if (parent.kv_ != nullptr) {
     KV_ASSIGN_OR_RETURN(std::unique_ptr<model::KvBackend> copy, parent.kv_->Fork());
-    auto* kv = dynamic_cast<model::CacheKv*>(copy.get());
-    if (kv == nullptr) return Status::Internal("kv manager: a fork that is not a paged cache");
-    copy.release();
-    child->kv_.reset(kv);
+    if (parent.cache_) {
+      auto* kv = dynamic_cast<model::CacheKv*>(copy.get());
+      if (kv == nullptr) return Status::Internal("kv manager: a fork that is not a paged cache");
+      copy.release();
+      child->cache_.reset(kv);
+      child->kv_ = kv;
+    } else {
+      auto* kv = dynamic_cast<model::HybridKv*>(copy.get());
+      if (kv == nullptr) return Status::Internal("kv manager: a fork that is not a hybrid cache");
+      copy.release();
+      child->hybrid_.reset(kv);
+      child->kv_ = kv;
+    }
   } else {
     KV_RETURN_IF_ERROR(pool_->Retain(parent.table_));  // share every block
     child->pool_ = pool_;
@@ -369,7 +471,7 @@ Result<size_t> KvManager::Publish(KvSequence& seq, std::span<const TokenId> toke
   std::shared_ptr<const Calibration> calibration;
   PrefixCache::SetHashFn set_hash;
   std::shared_ptr<const WindowSinks> sinks;
-  if (model::CacheKv* kv = seq.kv_.get()) {
+  if (model::CacheKv* kv = seq.cache_.get()) {
     calibration = kv->cache().calibration();
     set_hash = [kv](size_t block, uint64_t hash) { return kv->SetBlockHash(static_cast<uint32_t>(block), hash); };
     // The window's sinks go with the block that completes them, when this
@@ -395,7 +497,7 @@ void KvManager::FlushTiers() {
 }
 
 Status KvManager::CheckInvariants() const {
-  KV_RETURN_IF_ERROR(pool_->CheckInvariants());
+  for (const auto& pool : pools_) KV_RETURN_IF_ERROR(pool->CheckInvariants());
   if (prefix_) {
     const std::string bad = prefix_->CheckInvariants();
     if (!bad.empty()) return Status::Internal("prefix cache: " + bad);
@@ -404,16 +506,20 @@ Status KvManager::CheckInvariants() const {
 }
 
 std::vector<KvGroupMetrics> KvManager::GroupMetrics() const {
-  const PoolStats ps = pool_->stats();
-  KvGroupMetrics g;
-  g.kind = kinds_[0];
-  g.blocks_total = ps.num_blocks;
-  g.blocks_free = ps.free_blocks;
-  g.blocks_used = ps.used_blocks;
-  g.blocks_cached = ps.cached_blocks;
-  g.blocks_reserved = ps.reserved_blocks;
-  g.evictions = ps.evictions;
-  return {g};
+  std::vector<KvGroupMetrics> out;
+  for (size_t i = 0; i < pools_.size(); ++i) {
+    const PoolStats ps = pools_[i]->stats();
+    KvGroupMetrics g;
+    g.kind = kinds_[i];
+    g.blocks_total = ps.num_blocks;
+    g.blocks_free = ps.free_blocks;
+    g.blocks_used = ps.used_blocks;
+    g.blocks_cached = ps.cached_blocks;
+    g.blocks_reserved = ps.reserved_blocks;
+    g.evictions = ps.evictions;
+    out.push_back(g);
+  }
+  return out;
 }
 
 KvMetrics KvManager::Metrics() const {

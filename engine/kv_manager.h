@@ -10,11 +10,14 @@
 // every position (full attention), the last W positions (a sliding window),
 // a fixed-size state (linear attention); see HybridModel in kvcache/hybrid.h.
 // Each group has its own pool, so the blocks one group frees serve only that
-// group, and a reservation is a block count per group (KvDemand). Today's
-// decoder has one group (full attention): every vector below indexed by
-// group has one entry, and a model with more groups adds entries (a window
-// group's demand stops growing at its window) without changing the
-// scheduler.
+// group, and a reservation is a block count per group (KvDemand). A
+// full-attention model has one group; a model with sliding-window layers
+// (AttentionShape::windows: Gemma 3) has two, its full layers and its window
+// layers (HybridModel's full and bounded groups), and each of its sequences
+// is a paged model::HybridKv over both pools. A window group's demand stops
+// growing at its window: it holds at most window + slack + one chunk of
+// positions (HybridKv::BlocksPerSequence), never the whole context, and the
+// blocks that slide out of the window go back to its pool.
 //
 // A request's life: HashPrompt (when it is submitted), CanAdmit / Admit
 // (adopting the longest cached prefix -- the prefix cache, then the tiers --
@@ -60,11 +63,14 @@
 #include "kvcache/status.h"
 #include "kvcache/thread_pool.h"
 #include "model/kv/cache_kv.h"
+#include "model/kv/hybrid_kv.h"
 
 namespace kvcache::engine {
 
 // How a group's layers keep their positions (the kinds of HybridModel).
 enum class KvGroupKind : uint8_t { kFullAttention, kSlidingWindow, kLinearState };
+// "full", "window", "linear".
+std::string_view KvGroupKindName(KvGroupKind kind);
 
 struct KvManagerOptions {
   FormatPair formats;        // the K:V format of every sequence (the full layers')
@@ -81,6 +87,11 @@ struct KvManagerOptions {
   std::vector<std::shared_ptr<Tier>> tier_objects = {};
   // False: sequences hold block tables without K/V rows (see the file comment).
   bool rows = true;
+  // Window models: the longest pass (prefill chunk) a sequence takes, and
+  // the window slack (HybridKvOptions: the default keeps chunked prefill
+  // bit-identical to token by token).
+  uint32_t max_chunk_tokens = 256;
+  uint32_t window_slack_tokens = 512;
 };
 
 // What an admission reserves, beside the cached prefix it adopts.
@@ -151,6 +162,7 @@ class KvSequence final : public model::KvBackend {
   ~KvSequence() override;
   // Positions computed (stored in every group).
   uint32_t num_tokens() const override { return kv_ ? kv_->num_tokens() : length_; }
+  uint32_t window(uint32_t layer) const override { return kv_ ? kv_->window(layer) : 0; }
   // Without rows: takes the blocks n more rows need (copying a shared
   // partial last block first), from the reservation first; PoolExhausted
   // changes nothing.
@@ -183,10 +195,15 @@ class KvSequence final : public model::KvBackend {
   friend class KvManager;
   Status ExtendBlocks(uint32_t n);
   Status TruncateBlocks(uint32_t num_tokens);
-  std::span<const uint32_t> block_table() const { return kv_ ? kv_->cache().block_table() : table_; }
+  // The full group's block table (what the prefix cache names).
+  std::span<const uint32_t> block_table() const;
   static Status NoRows();
 
-  std::unique_ptr<model::CacheKv> kv_;  // with rows
+  // With rows: kv_ is cache_ (a full-attention model) or hybrid_ (a model
+  // with sliding-window layers).
+  model::KvBackend* kv_ = nullptr;
+  std::unique_ptr<model::CacheKv> cache_;
+  std::unique_ptr<model::HybridKv> hybrid_;
   uint32_t cached_tokens_ = 0;
   size_t published_ = 0;          // blocks [0, published_) named in the prefix cache
   bool publish_stopped_ = false;  // stopped at a duplicate: no further
@@ -204,10 +221,11 @@ class KvSequence final : public model::KvBackend {
 
 class KvManager {
  public:
-  // Unimplemented for a shape with sliding-window layers (one group per
-  // sequence today). InvalidArgument for options that do not fit the model (a format its
+  // InvalidArgument for options that do not fit the model (a format its
   // head_dim cannot take, a pool smaller than one max_seq_len sequence, a
-  // bad tier spec, tiers without the prefix cache or model_id).
+  // bad tier spec, tiers without the prefix cache or model_id, per-group
+  // formats without window layers). A window model: Unimplemented without
+  // rows, with tiers, or without a full-attention layer.
   // `attention_pool` (may be null) must outlive the manager.
   static Result<std::unique_ptr<KvManager>> Create(const model::AttentionShape& shape,
                                                    ThreadPool* attention_pool,
@@ -283,7 +301,11 @@ class KvManager {
   // The positions an admission reserves: the context plus one block, capped
   // at max_seq_len (AdmissionDemand's blocks hold them).
   uint64_t AdmissionTokens(size_t tokens) const;
+  // Group g's blocks for a sequence of `tokens` positions.
+  uint64_t GroupBlocks(int group, uint64_t tokens) const;
+  Status InitHybrid();
   size_t Adopt(model::CacheKv& kv, std::span<const int32_t> tokens, KvAdmission* found);
+  Result<std::unique_ptr<KvSequence>> AdmitHybrid(std::span<const int32_t> tokens, KvAdmission* found);
   // Admission of a sequence without rows: the adopted prefix, then the
   // reservation `options` asks for.
   Result<std::unique_ptr<KvSequence>> AdmitBlocks(std::span<const TokenId> tokens,
@@ -292,8 +314,12 @@ class KvManager {
   const model::AttentionShape shape_;
   ThreadPool* const attention_pool_;
   const KvManagerOptions options_;
-  std::vector<KvGroupKind> kinds_;  // one group: full attention
-  std::shared_ptr<BlockPool> pool_;
+  std::vector<KvGroupKind> kinds_;  // [groups]
+  std::vector<std::shared_ptr<BlockPool>> pools_;  // [groups]
+  std::shared_ptr<BlockPool> pool_;  // pools_[0]: the full group's
+  // Window models: the layer groups and the options of every sequence.
+  std::shared_ptr<const HybridModel> hybrid_;
+  model::HybridKvOptions hybrid_options_;
   std::unique_ptr<PrefixCache> prefix_;
   std::unique_ptr<OffloadCache> offload_;  // over prefix_ (no tiers: names blocks only)
 };

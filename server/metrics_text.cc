@@ -49,6 +49,15 @@ std::string PrometheusText(const engine::EngineMetrics& m, const HttpCounters& h
   Sample(&out, "pool_blocks", m.pool_blocks_free, "{state=\"free\"}");
   Sample(&out, "pool_blocks", m.pool_blocks_used, "{state=\"used\"}");
   Sample(&out, "pool_blocks", m.pool_blocks_cached, "{state=\"cached\"}");
+  // Each layer group's own pool (a model with sliding-window layers has two).
+  Family(&out, "pool_group_blocks", "gauge", "Blocks of each layer group's KV pool by state");
+  for (const engine::PoolGroupMetrics& g : m.pool_groups) {
+    const std::pair<const char*, uint64_t> states[] = {
+        {"free", g.free}, {"used", g.used}, {"cached", g.cached}, {"reserved", g.reserved}, {"total", g.total}};
+    for (const auto& [state, value] : states) {
+      Sample(&out, "pool_group_blocks", value, fmt::format("{{group=\"{}\",state=\"{}\"}}", g.kind, state));
+    }
+  }
   const struct {
     const char* name;
     const char* type;

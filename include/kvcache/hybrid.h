@@ -305,6 +305,11 @@ class HybridSequence {
 
   // The group caches (nullptr for an empty group), for accounting and tests.
   const SequenceCache* group_cache(int group) const;
+  // Admission control, paged: SequenceCache::Reserve on group g's cache
+  // (max_rows: the most rows any of its heads will hold; a bounded group's
+  // compaction gives its blocks back into the reservation). InvalidArgument
+  // for an empty group, FailedPrecondition in the contiguous layout.
+  Status Reserve(int group, uint32_t max_rows);
   // K/V bytes of both groups plus linear states.
   size_t allocated_bytes() const;
   size_t used_bytes() const;

@@ -105,6 +105,8 @@ class HybridKv final : public SequenceKv<HybridSequence> {
   Status Attend(uint32_t layer, std::span<const float> q, std::span<float> out) override;
 
   const HybridSequence& sequence() const { return seq_; }
+  // Admission control, paged: HybridSequence::Reserve (group g's most rows).
+  Status Reserve(int group, uint32_t max_rows) { return seq_.Reserve(group, max_rows); }
 
  private:
   HybridKv(const AttentionShape& shape, const HybridKvOptions& options, HybridSequence seq)

@@ -698,6 +698,15 @@ const SequenceCache* HybridSequence::group_cache(int group) const {
   return group >= 0 && group < 2 ? groups_[group].get() : nullptr;
 }
 
+Status HybridSequence::Reserve(int group, uint32_t max_rows) {
+  KV_RETURN_IF_ERROR(CheckUsable());
+  if (group < 0 || group >= 2 || groups_[group] == nullptr) {
+    return Status::InvalidArgument(fmt::format("hybrid: Reserve of group {}, which holds no layer", group));
+  }
+  if (layout_ != CacheLayout::kPaged) return Status::FailedPrecondition("hybrid: Reserve needs the paged layout");
+  return groups_[group]->Reserve(max_rows);
+}
+
 size_t HybridSequence::allocated_bytes() const {
   size_t total = 0;
   for (const auto& g : groups_) total += g ? g->allocated_bytes() : 0;

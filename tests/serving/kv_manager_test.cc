@@ -10,6 +10,7 @@
 
 #include <memory>
 #include <mutex>
+#include <random>
 #include <vector>
 
 #include "engine/scheduler.h"
@@ -311,15 +312,109 @@ TEST(KvManagerScheduler, APreemptedLeaderThatStandsStillHoldsNobodyForEver) {
   ExpectBaseline(*s.manager);
 }
 
-// A model with sliding-window layers is refused by name: the manager keeps
-// one full-attention group per sequence.
-TEST(KvManager, RefusesSlidingWindowLayers) {
-  model::AttentionShape shape = Shape(2, 64);
-  shape.windows = {8, 0};
-  Result<std::unique_ptr<KvManager>> m = KvManager::Create(shape, nullptr, Options(64));
+// A model with sliding-window layers: two groups, each its own pool. A
+// sequence's window group holds at most its window's blocks however long it
+// grows (the blocks that slide out go back), its full group every position;
+// its attention equals a contiguous HybridKv's over the same K/V (f32:
+// exact); both pools are back at their baseline when it is destroyed.
+model::AttentionShape WindowShape() {
+  model::AttentionShape shape = Shape(4, 256);
+  shape.windows = {16, 16, 0, 16};
+  return shape;
+}
+
+KvManagerOptions WindowOptions(uint32_t blocks) {
+  KvManagerOptions o = Options(blocks);
+  o.rows = true;
+  o.prefix_cache = false;
+  o.max_chunk_tokens = 8;
+  o.window_slack_tokens = kB;
+  return o;
+}
+
+TEST(KvManager, SlidingWindowGroups) {
+  const model::AttentionShape shape = WindowShape();
+  Result<std::unique_ptr<KvManager>> made = KvManager::Create(shape, nullptr, WindowOptions(128));
+  ASSERT_TRUE(made.ok()) << made.status().ToString();
+  KvManager& m = **made;
+  ASSERT_EQ(m.groups().size(), 2u);
+  EXPECT_EQ(m.groups()[0], KvGroupKind::kFullAttention);
+  EXPECT_EQ(m.groups()[1], KvGroupKind::kSlidingWindow);
+  // The window group's demand stops at window + lookback + slack.
+  const KvDemand demand = m.AdmissionDemand(200);
+  ASSERT_EQ(demand.blocks.size(), 2u);
+  EXPECT_EQ(demand.blocks[0], (200u + kB) / kB);
+  EXPECT_EQ(demand.blocks[1], (16u + 7 + kB - 1 + kB - 1) / kB);
+
+  model::HybridKvOptions ho;
+  ho.formats = {Format::kF32, Format::kF32};
+  ho.block_size = kB;
+  ho.max_chunk_tokens = 8;
+  ho.window_slack_tokens = kB;
+  Result<std::unique_ptr<model::HybridKv>> ref = model::HybridKv::Create(shape, ho);
+  ASSERT_TRUE(ref.ok()) << ref.status().ToString();
+
+  const std::vector<TokenId> prompt(5, 7);
+  Result<std::unique_ptr<KvSequence>> seq = m.Admit(prompt, KvAdmitOptions{});
+  ASSERT_TRUE(seq.ok()) << seq.status().ToString();
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal;
+  const size_t kv_dim = shape.n_kv_heads * shape.head_dim;
+  uint32_t n = 0;
+  for (uint32_t chunk : {5u, 8u, 1u, 3u, 8u, 8u, 1u, 1u, 7u, 2u, 8u, 8u, 8u, 6u}) {
+    for (model::KvBackend* kv : {static_cast<model::KvBackend*>(seq->get()), static_cast<model::KvBackend*>(ref->get())}) {
+      ASSERT_TRUE(kv->Extend(chunk).ok());
+    }
+    for (uint32_t l = 0; l < shape.n_layers; ++l) {
+      std::vector<float> k(chunk * kv_dim), v(chunk * kv_dim), q(chunk * shape.n_heads * shape.head_dim);
+      for (float& x : k) x = normal(rng);
+      for (float& x : v) x = normal(rng);
+      for (float& x : q) x = normal(rng);
+      std::vector<float> out(q.size()), want(q.size());
+      ASSERT_TRUE((*seq)->Store(l, k, v).ok());
+      ASSERT_TRUE((*ref)->Store(l, k, v).ok());
+      ASSERT_TRUE((*seq)->Attend(l, q, out).ok());
+      ASSERT_TRUE((*ref)->Attend(l, q, want).ok());
+      ASSERT_EQ(out, want) << "layer " << l << " at " << n;
+    }
+    n += chunk;
+    const std::vector<KvGroupMetrics> g = m.GroupMetrics();
+    // Used blocks: what the sequence holds; the rest of its reservation is
+    // reserved, and the window group never holds more than its demand.
+    EXPECT_EQ(g[0].blocks_used, (n + kB - 1) / kB) << n;
+    EXPECT_LE(g[1].blocks_used + g[1].blocks_reserved, demand.blocks[1]) << n;
+    EXPECT_TRUE(m.CheckInvariants().ok());
+  }
+  EXPECT_GT(n, 64u);
+  seq->reset();
+  for (const KvGroupMetrics& g : m.GroupMetrics()) {
+    EXPECT_EQ(g.blocks_used, 0u);
+    EXPECT_EQ(g.blocks_reserved, 0u);
+    EXPECT_EQ(g.blocks_free, g.blocks_total);
+  }
+}
+
+// What the manager does not do for a window model is refused by name.
+TEST(KvManager, SlidingWindowRefusals) {
+  const model::AttentionShape shape = WindowShape();
+  KvManagerOptions no_rows = WindowOptions(128);
+  no_rows.rows = false;
+  Result<std::unique_ptr<KvManager>> m = KvManager::Create(shape, nullptr, no_rows);
   ASSERT_FALSE(m.ok());
   EXPECT_EQ(m.status().code(), StatusCode::kUnimplemented);
-  EXPECT_NE(m.status().message().find("layer 0"), std::string::npos) << m.status().ToString();
+  EXPECT_NE(m.status().message().find("without rows"), std::string::npos) << m.status().ToString();
+  // A pool too small for one sequence names the group.
+  KvManagerOptions small = WindowOptions(10);
+  m = KvManager::Create(shape, nullptr, small);
+  ASSERT_FALSE(m.ok());
+  EXPECT_NE(m.status().message().find("full-attention"), std::string::npos) << m.status().ToString();
+  // Per-group formats on a model without window layers.
+  KvManagerOptions local = Options(64);
+  local.local_formats = FormatPair{Format::kF32, Format::kF32};
+  m = KvManager::Create(Shape(2, 64), nullptr, local);
+  ASSERT_FALSE(m.ok());
+  EXPECT_EQ(m.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(m.status().message().find("sliding-window"), std::string::npos) << m.status().ToString();
 }
 
 }  // namespace

@@ -1,0 +1,110 @@
+// Gemma 3 270M through the serving engine: its sequences hold two groups
+// (the 3 global layers and the 15 sliding-window layers) in two pools.
+// Requests prefilled in the engine's chunks beside each other give the
+// tokens `kvcache generate` gives for each prompt alone (f32 K/V: exact),
+// the window pool holds no more than its window's blocks per sequence
+// while the prompts run past the window, and both pools are back at their
+// baseline when the requests end.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "engine/engine.h"
+#include "engine/engine_fixture.h"
+#include "loaded_models.h"
+#include "model/decoder/decoder.h"
+#include "model/generate/generate.h"
+#include "model/io/model_store.h"
+#include "model/kv/kv_factory.h"
+
+namespace kvcache::engine {
+namespace {
+
+constexpr uint32_t kSeqLen = 2048;
+constexpr uint32_t kChunk = 128;  // the engine's step budget: its largest prefill chunk
+
+const model::LoadedModel* Gemma3() {
+  return model::testing::LoadOnce(model::Gemma3Path(), kSeqLen, model::MatMulInputs::kBf16,
+                                  "fetch it with scripts/fetch_model.sh gemma3");
+}
+
+// The first n tokens of Debian's Apache-2.0 license text from word `skip` on.
+std::vector<int32_t> Text(const model::LoadedModel& m, size_t n, size_t skip) {
+  std::ifstream in("/usr/share/common-licenses/Apache-2.0");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  std::string text = ss.str();
+  if (text.empty()) text = "The quick brown fox jumps over the lazy dog. ";
+  std::string all;
+  while (all.size() < 8 * n + skip * 8) all += text;
+  auto ids = m.Encode(all.substr(skip * 6));
+  EXPECT_TRUE(ids.ok());
+  if (!ids.ok() || ids->size() < n) return {};
+  ids->resize(n);
+  return *ids;
+}
+
+// `kvcache generate` on the prompt alone: a contiguous f32 hybrid cache
+// taking the prompt in the engine's chunk size.
+std::vector<int32_t> Alone(const model::LoadedModel& m, const std::vector<int32_t>& prompt, uint32_t n) {
+  model::Decoder d(m.model(), 2);
+  model::KvBackendOptions o;
+  o.max_chunk_tokens = kChunk;
+  auto kv = model::CreateKvBackend(d.attention_shape(), o);
+  EXPECT_TRUE(kv.ok()) << kv.status().ToString();
+  if (!kv.ok()) return {};
+  const Status pre = model::PrefillInChunks(d, **kv, std::span<const int32_t>(prompt).first(prompt.size() - 1), kChunk);
+  EXPECT_TRUE(pre.ok()) << pre.ToString();
+  if (!pre.ok()) return {};
+  model::GenerateOptions g;
+  g.max_new_tokens = n;
+  g.stop_at_eos = false;
+  auto r = model::Generate(d, **kv, prompt, g);
+  EXPECT_TRUE(r.ok()) << r.status().ToString();
+  return r.ok() ? r->tokens : std::vector<int32_t>{};
+}
+
+TEST(Gemma3Engine, RequestsPastTheWindowMatchGenerateAndGiveTheirBlocksBack) {
+  const model::LoadedModel* m = Gemma3();
+  ASSERT_NE(m, nullptr);
+  EngineOptions o;
+  o.formats = {Format::kF32, Format::kF32};
+  o.pool_bytes = 96ull << 20;
+  o.max_batch_tokens = kChunk;
+  o.threads = 2;
+  o.prefix_cache = false;
+  auto made = Engine::Create(*m, o);
+  ASSERT_TRUE(made.ok()) << made.status().ToString();
+  Engine& e = **made;
+  const EngineMetrics idle = e.Metrics();
+  ASSERT_EQ(idle.pool_groups.size(), 2u);
+  EXPECT_EQ(idle.pool_groups[0].kind, "full");
+  EXPECT_EQ(idle.pool_groups[1].kind, "window");
+
+  const std::vector<std::vector<int32_t>> prompts = {Text(*m, 700, 0), Text(*m, 300, 50), Text(*m, 1100, 120)};
+  constexpr uint32_t kNew = 12;
+  std::vector<RequestParams> params;
+  for (const auto& p : prompts) {
+    ASSERT_FALSE(p.empty());
+    params.push_back(testing::Greedy(p, kNew, /*ignore_eos=*/true));
+  }
+  const std::vector<testing::Outcome> got = testing::RunAll(e, params);
+  ASSERT_EQ(got.size(), prompts.size());
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    EXPECT_EQ(got[i].tokens, Alone(*m, prompts[i], kNew)) << "request " << i;
+  }
+  // Back at the baseline: nothing used or reserved in either pool.
+  const EngineMetrics after = e.Metrics();
+  for (size_t g = 0; g < 2; ++g) {
+    EXPECT_EQ(after.pool_groups[g].used, 0u) << g;
+    EXPECT_EQ(after.pool_groups[g].free + after.pool_groups[g].cached, after.pool_groups[g].total) << g;
+  }
+  e.Shutdown(std::chrono::milliseconds(0));
+}
+
+}  // namespace
+}  // namespace kvcache::engine
