@@ -239,6 +239,9 @@ int RunGenerate(const GenerateCliOptions& o) {
 
   model::GenerateOptions g;
   g.max_new_tokens = o.steps;
+  // The hybrid cache (window layers, eviction) takes passes of at most
+  // max_chunk_tokens: a longer prompt runs in chunks of that size.
+  if (shape.has_windows() || kv_options.eviction.enabled()) g.prefill_chunk_tokens = kv_options.max_chunk_tokens;
   g.sampling.temperature = static_cast<float>(o.temperature);
   g.sampling.seed = o.seed;
   g.draft_tokens = o.draft;
