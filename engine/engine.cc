@@ -238,7 +238,8 @@ Status EngineImpl::Init() {
   }
   const KvManagerOptions k{.formats = o.formats, .local_formats = o.local_formats, .window = o.window, .block_size = o.block_size,
                            .pool_bytes = o.pool_bytes, .prefix_cache = o.prefix_cache, .tiers = o.tiers,
-                           .model_id = o.model_id, .max_chunk_tokens = o.max_batch_tokens};
+                           .model_id = o.model_id, .max_chunk_tokens = o.max_batch_tokens,
+                           .pool_balance_tokens = o.pool_balance_tokens};
   KV_ASSIGN_OR_RETURN(kv_, KvManager::Create(decoder_.attention_shape(), decoder_.thread_pool(), k));
   return Status::Ok();
 }

@@ -89,6 +89,10 @@ struct EngineOptions {
   PrecisionWindow window;
   uint32_t block_size = 16;          // paged blocks, tokens
   uint64_t pool_bytes = 256ull << 20;  // the block pool's size in bytes (K and V, all layers)
+  // A model with sliding-window layers: the sequence length at which its two
+  // pools (full and window layers) hold the same number of sequences
+  // (KvManagerOptions::pool_balance_tokens; 0: the context).
+  uint32_t pool_balance_tokens = 4096;
   uint32_t max_batch_tokens = 256;   // tokens per step (decodes + prefill chunks)
   uint32_t max_running = 64;         // requests in one step
   uint32_t max_waiting = 256;        // queued requests beyond which Submit says ResourceExhausted

@@ -226,18 +226,20 @@ Status KvManager::InitHybrid() {
     return Status::Unimplemented("engine: a model whose every layer attends to a sliding window");
   }
   // The pools share pool_bytes so that each holds the same number of
-  // max_seq_len sequences.
+  // sequences of pool_balance_tokens; each must hold one max_seq_len one.
   const uint64_t L = shape_.max_seq_len;
-  uint64_t per_seq[2], block_bytes[2], blocks[2];
+  const uint64_t balance = o.pool_balance_tokens == 0 ? L : std::min<uint64_t>(o.pool_balance_tokens, L);
+  uint64_t per_seq[2], balanced[2], block_bytes[2], blocks[2];
   for (int g = 0; g < 2; ++g) {
     per_seq[g] = GroupBlocks(g, L);
+    balanced[g] = GroupBlocks(g, balance);
     block_bytes[g] = BlockPool::BlockBytes(hybrid_->group_geometry(g), hybrid_->group_formats(g));
   }
-  const double seq_bytes = double(per_seq[0]) * double(block_bytes[0]) + double(per_seq[1]) * double(block_bytes[1]);
+  const double seq_bytes = double(balanced[0]) * double(block_bytes[0]) + double(balanced[1]) * double(block_bytes[1]);
   for (int g = 0; g < 2; ++g) {
     blocks[g] = o.pool_blocks > 0
                     ? o.pool_blocks
-                    : static_cast<uint64_t>(double(o.pool_bytes) * double(per_seq[g]) / seq_bytes);
+                    : static_cast<uint64_t>(double(o.pool_bytes) * double(balanced[g]) / seq_bytes);
     if (blocks[g] < per_seq[g] || blocks[g] > UINT32_MAX) {
       return Status::InvalidArgument(
           "engine: pool_bytes " + std::to_string(o.pool_bytes) + " give the " +

@@ -93,6 +93,12 @@ struct KvManagerOptions {
   // bit-identical to token by token).
   uint32_t max_chunk_tokens = 256;
   uint32_t window_slack_tokens = 512;
+  // Window models: pool_bytes is split so that both groups' pools hold the
+  // same number of sequences of this length (0: max_seq_len; capped at it).
+  // A sequence's window group stops growing at its window, so balancing at
+  // the whole context would leave the window pool room for only as many
+  // sequences as fit at full context, however short the real ones are.
+  uint32_t pool_balance_tokens = 4096;
 };
 
 // What an admission reserves, beside the cached prefix it adopts.

@@ -150,6 +150,10 @@ void AddOptions(CLI::App* app, ServeCliOptions* o) {
       ->capture_default_str();
   app->add_option("--pool-mib", o->pool_mib, "Block pool size, MiB")->capture_default_str();
   app->add_option("--block-size", o->engine.block_size, "Paged block size in tokens")->capture_default_str();
+  app->add_option("--pool-balance-tokens", o->engine.pool_balance_tokens,
+                  "Sliding-window models: the sequence length at which the full and window layers' pools hold "
+                  "the same number of sequences (0: the context)")
+      ->capture_default_str();
   app->add_option("--matmul", o->matmul,
                   kMatMulHelp)
       ->capture_default_str();

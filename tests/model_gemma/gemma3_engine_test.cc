@@ -106,5 +106,56 @@ TEST(Gemma3Engine, RequestsPastTheWindowMatchGenerateAndGiveTheirBlocksBack) {
   e.Shutdown(std::chrono::milliseconds(0));
 }
 
+// Prefix reuse through the window group. A conversation's second turn (the
+// first turn's prompt, its answer and a new user turn) adopts everything
+// up to the last full block before its last token; a second conversation
+// on the same system prompt adopts the system prompt's blocks though the
+// first conversation's window slid far past them (its window blocks there
+// were parked, not dropped). Each answer is the one generate gives for the
+// whole prompt computed alone, so reuse changes no token.
+TEST(Gemma3Engine, ConversationsReuseTheirPrefixesPastTheWindow) {
+  const model::LoadedModel* m = Gemma3();
+  ASSERT_NE(m, nullptr);
+  EngineOptions o;
+  o.formats = {Format::kF32, Format::kF32};
+  o.pool_bytes = 160ull << 20;
+  o.max_batch_tokens = kChunk;
+  o.threads = 2;
+  auto made = Engine::Create(*m, o);
+  ASSERT_TRUE(made.ok()) << made.status().ToString();
+  Engine& e = **made;
+  constexpr uint32_t kNew = 8;
+  const std::vector<int32_t> system = Text(*m, 560, 0);
+  std::vector<int32_t> first = system;
+  const std::vector<int32_t> user1 = Text(*m, 1100, 400);
+  first.insert(first.end(), user1.begin(), user1.end());
+  auto run = [&](const std::vector<int32_t>& prompt) {
+    const std::vector<testing::Outcome> got = testing::RunAll(e, {testing::Greedy(prompt, kNew, true)});
+    EXPECT_EQ(got.size(), 1u);
+    return got.empty() ? testing::Outcome{} : got[0];
+  };
+  const testing::Outcome a = run(first);
+  EXPECT_EQ(a.last.usage.cached_tokens, 0u);
+  // Turn 2 of the same conversation.
+  std::vector<int32_t> second = first;
+  second.insert(second.end(), a.tokens.begin(), a.tokens.end());
+  const std::vector<int32_t> user2 = Text(*m, 40, 900);
+  second.insert(second.end(), user2.begin(), user2.end());
+  const testing::Outcome b = run(second);
+  EXPECT_EQ(b.last.usage.cached_tokens, (first.size() + kNew - 1) / 16 * 16);
+  EXPECT_EQ(b.tokens, Alone(*m, second, kNew));
+  // Another conversation on the same system prompt.
+  std::vector<int32_t> other = system;
+  const std::vector<int32_t> user3 = Text(*m, 30, 1500);
+  other.insert(other.end(), user3.begin(), user3.end());
+  const testing::Outcome c = run(other);
+  EXPECT_EQ(c.last.usage.cached_tokens, system.size() / 16 * 16);
+  EXPECT_EQ(c.tokens, Alone(*m, other, kNew));
+  const EngineMetrics after = e.Metrics();
+  for (size_t g = 0; g < 2; ++g) EXPECT_EQ(after.pool_groups[g].used, 0u) << g;
+  EXPECT_GT(after.pool_groups[1].cached, 0u);
+  e.Shutdown(std::chrono::milliseconds(0));
+}
+
 }  // namespace
 }  // namespace kvcache::engine
