@@ -241,7 +241,7 @@ Result<nlohmann::json> RunCase(const model::AttentionShape& model_shape, const s
     seqs.push_back(std::move(seq));
   }
   const bool refused = manager->Admit(prompt).status().IsPoolExhausted();
-  std::vector<engine::KvGroupMetrics> admitted_metrics = manager->GroupMetrics();
+  const std::vector<engine::KvGroupMetrics> admitted_metrics = manager->GroupMetrics();
   // Admitted, computed from the pools' sizes: the fewest whole demands any
   // group's pool holds.
   uint64_t expected = UINT64_MAX;
@@ -333,6 +333,8 @@ Result<nlohmann::json> RunCase(const model::AttentionShape& model_shape, const s
   r["rss_growth_mib"] = (double(rss_after) - double(rss_before)) / kMiB;
   r["rss_growth_per_filled_mib"] = filled > 0 ? (double(rss_after) - double(rss_before)) / kMiB / filled : 0.0;
   r["fill_ok"] = failures.load() == 0 && blocks_match && invariants.ok();
+  // Every check: the admissions stopped where the pools' sizes say, and the fill held.
+  r["ok"] = r["fill_ok"].get<bool>() && seqs.size() == expected && refused;
   return r;
 }
 
@@ -359,18 +361,23 @@ Result<nlohmann::json> RunBench(const BenchCapacityOptions& o) {
     window_layers += w != 0 ? 1 : 0;
     window = std::max(window, w);
   }
-  nlohmann::json out;
-  out["model"] = o.model_path.empty() ? "synthetic" : o.model_path;
-  out["shape"] = {{"layers", shape.n_layers},       {"kv_heads", shape.n_kv_heads}, {"head_dim", shape.head_dim},
-                  {"window_layers", window_layers}, {"window", window}};
-  out["context"] = o.context;
-  out["budget_mib"] = o.budget_mib;
-  out["block_size"] = o.block_size;
-  out["max_chunk_tokens"] = o.max_chunk;
-  out["window_slack_tokens"] = o.window_slack;
-  out["threads"] = o.threads;
-  out["fill"] = o.fill;
-  out["simd_target"] = SimdTarget();
+  nlohmann::json out = {
+      {"model", o.model_path.empty() ? "synthetic" : o.model_path},
+      {"shape",
+       {{"layers", shape.n_layers},
+        {"kv_heads", shape.n_kv_heads},
+        {"head_dim", shape.head_dim},
+        {"window_layers", window_layers},
+        {"window", window}}},
+      {"context", o.context},
+      {"budget_mib", o.budget_mib},
+      {"block_size", o.block_size},
+      {"max_chunk_tokens", o.max_chunk},
+      {"window_slack_tokens", o.window_slack},
+      {"threads", o.threads},
+      {"fill", o.fill},
+      {"simd_target", SimdTarget()},
+  };
   out["results"] = nlohmann::json::array();
   for (const std::string& layout : layouts) {
     for (const std::string& spec : specs) {
@@ -396,11 +403,11 @@ void PrintText(const BenchCapacityOptions& o, const nlohmann::json& j) {
                  r["skipped"].get<std::string>());
       continue;
     }
-    fmt::print("{:<40} {:<6} {:>9.2f} {:>9.2f} {:>8} {:>7} {:>10.1f} {:>9.1f} {:>6}\n", r["kv_format"].get<std::string>(),
-               r["layout"].get<std::string>(), r["mib_per_sequence"].get<double>(),
+    fmt::print("{:<40} {:<6} {:>9.2f} {:>9.2f} {:>8} {:>7} {:>10.1f} {:>9.1f} {:>6}\n",
+               r["kv_format"].get<std::string>(), r["layout"].get<std::string>(), r["mib_per_sequence"].get<double>(),
                r["admission_mib_per_sequence"].get<double>(), r["admitted"].get<uint64_t>(),
                r["filled"].get<uint32_t>(), r["rss_growth_mib"].get<double>(), r["fill_seconds"].get<double>(),
-               r["fill_ok"].get<bool>() ? "yes" : "NO");
+               r["ok"].get<bool>() ? "yes" : "NO");
     for (const auto& g : r["groups"]) {
       fmt::print("    {:<7} {:>2} layers {:<18} {:>6.3f} bits  {:>6} blocks/seq at context ({:>6} admitted)  "
                  "used {} blocks ({:.1f} per filled sequence)\n",
@@ -413,15 +420,16 @@ void PrintText(const BenchCapacityOptions& o, const nlohmann::json& j) {
   }
 }
 
-// Prints the result; exit 1 when an append failed or the pools disagree
-// with the per-sequence counts (a held reservation must never fail).
+// Prints the result; exit 1 when a check failed: an append (a held
+// reservation must never fail), the pools against the per-sequence counts,
+// or the admissions against the pools' sizes.
 int RunCapacity(const BenchCapacityOptions& o) {
   const Result<nlohmann::json> result = RunBench(o);
   const int rc = PrintResult("bench capacity", result, o.json,
                              [&o](const nlohmann::json& j) { PrintText(o, j); });
   if (rc != 0) return rc;
   for (const auto& r : (*result)["results"]) {
-    if (!r.contains("skipped") && !r["fill_ok"].get<bool>()) return 1;
+    if (!r.contains("skipped") && !r["ok"].get<bool>()) return 1;
   }
   return 0;
 }
@@ -430,33 +438,29 @@ const bool kRegistered = RegisterOptionsCommand<BenchCapacityOptions>(
     "bench capacity",
     "How many context-long sequences a KV budget admits per format and layout, then filled for real",
     [](CLI::App* app, BenchCapacityOptions& o) {
+      // Every option but --model shows its default.
+      auto option = [app](const char* name, auto& value, const char* help) {
+        app->add_option(name, value, help)->capture_default_str();
+      };
       app->add_option("--model", o.model_path, "GGUF file or llama2.c checkpoint (its attention shape only)");
       AddGeometryFlags(app, o.layers, o.kv_heads, o.head_dim);
-      app->add_option("--window", o.window, "Without --model: the sliding window of the window layers (0: none)")
-          ->capture_default_str();
-      app->add_option("--global-every", o.global_every,
-                      "Without --model, with --window: every Nth layer attends to every position")
-          ->capture_default_str();
-      app->add_option("--context", o.context, "Positions per sequence")->capture_default_str();
-      app->add_option("--budget-mib", o.budget_mib, "The pools' bytes, all groups together, MiB")
-          ->capture_default_str();
-      app->add_option("--kv-formats", o.kv_formats,
-                      "K:V formats, ';'-separated; each a format (with +sN+rN) or global=SPEC,local=SPEC")
-          ->capture_default_str();
-      app->add_option("--layouts", o.layouts,
-                      "hybrid (the model's window layers in their own pool) and/or full (every layer whole)")
-          ->capture_default_str();
+      option("--window", o.window, "Without --model: the sliding window of the window layers (0: none)");
+      option("--global-every", o.global_every,
+             "Without --model, with --window: every Nth layer attends to every position");
+      option("--context", o.context, "Positions per sequence");
+      option("--budget-mib", o.budget_mib, "The pools' bytes, all groups together, MiB");
+      option("--kv-formats", o.kv_formats,
+             "K:V formats, ';'-separated; each a format (with +sN+rN) or global=SPEC,local=SPEC");
+      option("--layouts", o.layouts,
+             "hybrid (the model's window layers in their own pool) and/or full (every layer whole)");
       app->add_flag("--full-only", o.full_only, "Only the full layout (--layouts full)");
-      app->add_flag("--fill,!--no-fill", o.fill, "Fill every admitted sequence to the context")
-          ->capture_default_str();
-      app->add_option("--sequences-max", o.sequences_max, "Fill at most this many sequences (0: all)")
-          ->capture_default_str();
-      app->add_option("--threads", o.threads, "Threads filling sequences")->capture_default_str();
-      app->add_option("--block-size", o.block_size, "Paged block size in tokens")->capture_default_str();
-      app->add_option("--max-chunk", o.max_chunk, "Tokens per pass (the manager's max_chunk_tokens)")
-          ->capture_default_str();
-      app->add_option("--window-slack", o.window_slack, "The manager's window_slack_tokens")->capture_default_str();
-      app->add_option("--seed", o.seed, "Seed of the K/V values")->capture_default_str();
+      app->add_flag("--fill,!--no-fill", o.fill, "Fill every admitted sequence to the context")->capture_default_str();
+      option("--sequences-max", o.sequences_max, "Fill at most this many sequences (0: all)");
+      option("--threads", o.threads, "Threads filling sequences");
+      option("--block-size", o.block_size, "Paged block size in tokens");
+      option("--max-chunk", o.max_chunk, "Tokens per pass (the manager's max_chunk_tokens)");
+      option("--window-slack", o.window_slack, "The manager's window_slack_tokens");
+      option("--seed", o.seed, "Seed of the K/V values");
       app->add_flag("--json", o.json, "Print JSON");
     },
     RunCapacity);

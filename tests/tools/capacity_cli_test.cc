@@ -2,6 +2,7 @@
 // budget admits, computed here from the block sizes, the fill, and the JSON.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -48,6 +49,7 @@ TEST(CliBenchCapacity, FullAttentionModelAdmitsBudgetOverSequenceBlocks) {
     EXPECT_EQ(r["filled"], r["admitted"]);
     EXPECT_EQ(r["append_failures"], 0);
     EXPECT_TRUE(r["fill_ok"].get<bool>()) << r.dump();
+    EXPECT_TRUE(r["ok"].get<bool>());
     ASSERT_EQ(r["groups"].size(), 1u);
     const nlohmann::json& g = r["groups"][0];
     EXPECT_EQ(g["admission_blocks_per_sequence"], 16);
