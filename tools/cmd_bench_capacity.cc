@@ -454,7 +454,7 @@ const bool kRegistered = RegisterOptionsCommand<BenchCapacityOptions>(
       option("--layouts", o.layouts,
              "hybrid (the model's window layers in their own pool) and/or full (every layer whole)");
       app->add_flag("--full-only", o.full_only, "Only the full layout (--layouts full)");
-      app->add_flag("--fill,!--no-fill", o.fill, "Fill every admitted sequence to the context")->capture_default_str();
+      app->add_flag("--fill,!--no-fill", o.fill, "Fill every admitted sequence to the context (the default)");
       option("--sequences-max", o.sequences_max, "Fill at most this many sequences (0: all)");
       option("--threads", o.threads, "Threads filling sequences");
       option("--block-size", o.block_size, "Paged block size in tokens");
