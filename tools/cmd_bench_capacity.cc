@@ -227,6 +227,7 @@ Result<nlohmann::json> RunCase(const model::AttentionShape& model_shape, const s
   k.rows = true;
   k.max_chunk_tokens = o.max_chunk;
   k.window_slack_tokens = o.window_slack;
+  k.pool_balance_tokens = 0;  // the pools balanced for context-long sequences: what is counted here
   KV_ASSIGN_OR_RETURN(std::vector<GroupInfo> groups, GroupsOf(shape, k));
 
   const uint64_t rss_before = ResidentBytes();
