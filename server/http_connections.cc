@@ -16,8 +16,8 @@ namespace kvcache::server {
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
-size_t HeaderEnd(std::string_view bytes) {
-  const size_t at = bytes.find("\r\n\r\n");
+size_t HeaderEnd(std::string_view bytes, size_t scanned) {
+  const size_t at = bytes.find("\r\n\r\n", scanned >= 3 ? scanned - 3 : 0);
   return at == std::string_view::npos ? std::string_view::npos : at + 4;
 }
 
@@ -91,6 +91,7 @@ size_t ConnectionPool::waiting_for_header() const {
 bool ConnectionPool::ReadSome(Waiting& w, bool* drop) {
   *drop = false;
   bool got = false;
+  const size_t scanned = w.c.pending.size();
   for (;;) {
     char buf[4096];
     const ssize_t n = ::recv(w.c.fd, buf, sizeof(buf), MSG_DONTWAIT);
@@ -108,33 +109,49 @@ bool ConnectionPool::ReadSome(Waiting& w, bool* drop) {
     return true;
   }
   if (got) w.deadline.Received(Clock::now());
-  return HeaderEnd(w.c.pending) != std::string_view::npos || w.c.pending.size() >= limits_.max_header_bytes;
+  return HeaderEnd(w.c.pending, scanned) != std::string_view::npos ||
+         w.c.pending.size() >= limits_.max_header_bytes;
+}
+
+void ConnectionPool::Expire(Waiting& w) {
+  // A partial header gets the timeout answer; a connection that sent
+  // nothing (or nothing more since its last response) is just closed.
+  if (!w.c.pending.empty() && !limits_.timeout_response.empty()) {
+    [[maybe_unused]] ssize_t n = ::send(w.c.fd, limits_.timeout_response.data(), limits_.timeout_response.size(),
+                                        MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (limits_.on_timeout_response) limits_.on_timeout_response();
+  }
+  Close(w.c);
 }
 
 void ConnectionPool::PollLoop() {
   std::vector<Waiting> waiting;
   std::vector<pollfd> fds;
   for (;;) {
+    std::vector<Connection> arrived;
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (stopping_) break;
-      const auto now = Clock::now();
-      for (Connection& c : inbox_) {
-        HeaderDeadline d(now, c.kept_alive, limits_.header_timeout, limits_.idle_timeout);
-        waiting.push_back(Waiting{std::move(c), d});
-      }
-      inbox_.clear();
-      waiting_count_ = waiting.size();
+      arrived.swap(inbox_);
+      waiting_count_ = waiting.size() + arrived.size();
     }
-    // A kept-alive connection may hold its next header already.
-    for (size_t i = 0; i < waiting.size();) {
-      if (HeaderEnd(waiting[i].c.pending) != std::string_view::npos) {
-        Dispatch(std::move(waiting[i].c));
-        waiting[i] = std::move(waiting.back());
-        waiting.pop_back();
-      } else {
-        ++i;
+    const auto start = Clock::now();
+    for (Connection& c : arrived) {
+      // A kept-alive connection may hold its next header already.
+      if (HeaderEnd(c.pending) != std::string_view::npos) {
+        Dispatch(std::move(c));
+        continue;
       }
+      const HeaderDeadline deadline(start, c.kept_alive, limits_.header_timeout, limits_.idle_timeout);
+      waiting.push_back(Waiting{std::move(c), deadline});
+    }
+    // Over the bound: the longest waiting go first.
+    if (waiting.size() > limits_.max_header_waits) {
+      const size_t over = waiting.size() - limits_.max_header_waits;
+      std::partial_sort(waiting.begin(), waiting.begin() + over, waiting.end(),
+                        [](const Waiting& a, const Waiting& b) { return a.deadline.deadline() < b.deadline.deadline(); });
+      for (size_t i = 0; i < over; ++i) Expire(waiting[i]);
+      waiting.erase(waiting.begin(), waiting.begin() + over);
     }
     fds.assign(1, pollfd{wake_[0], POLLIN, 0});
     auto next = Clock::now() + milliseconds(1000);
@@ -144,7 +161,7 @@ void ConnectionPool::PollLoop() {
     }
     const auto wait = std::chrono::duration_cast<milliseconds>(next - Clock::now()).count();
     const int ready = ::poll(fds.data(), fds.size(), static_cast<int>(std::clamp<int64_t>(wait + 1, 0, 1000)));
-    if (ready < 0 && errno != EINTR) break;
+    if (ready < 0 && errno != EINTR) std::this_thread::sleep_for(milliseconds(10));  // ENOMEM: try again
     if (fds[0].revents != 0) {
       char drain[256];
       while (::read(wake_[0], drain, sizeof(drain)) > 0) {
@@ -157,16 +174,10 @@ void ConnectionPool::PollLoop() {
       bool done = false, drop = false;
       if (ready > 0 && fds[i + 1].revents != 0) done = ReadSome(w, &drop);
       if (!done && w.deadline.Expired(now)) {
-        // A partial header gets the timeout answer; a connection that sent
-        // nothing (or nothing more since its last response) is just closed.
-        if (!w.c.pending.empty() && !limits_.timeout_response.empty()) {
-          [[maybe_unused]] ssize_t n = ::send(w.c.fd, limits_.timeout_response.data(),
-                                              limits_.timeout_response.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
-        }
-        done = drop = true;
-      }
-      if (!done) continue;
-      if (drop) {
+        Expire(w);
+      } else if (!done) {
+        continue;
+      } else if (drop) {
         Close(w.c);
       } else {
         Dispatch(std::move(w.c));
@@ -187,6 +198,10 @@ void ConnectionPool::PollLoop() {
 void ConnectionPool::Dispatch(Connection c) {
   {
     std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_) {  // the pool threads may have ended: nobody would close it
+      Close(c);
+      return;
+    }
     // A connection an idle thread will take does not wait.
     const bool fits = jobs_.size() < idle_ + limits_.max_waiting;
     (fits ? jobs_ : rejects_).push_back(std::move(c));

@@ -44,8 +44,9 @@ struct Connection {
 };
 
 // Where a request's header ends in `bytes` (the offset past its blank line),
-// or npos while it has not arrived.
-size_t HeaderEnd(std::string_view bytes);
+// or npos while it has not arrived; `scanned`: a prefix already known to
+// hold no end (bytes read before the last ones).
+size_t HeaderEnd(std::string_view bytes, size_t scanned = 0);
 
 // The deadline of one waiting connection: the whole header within
 // `header_timeout` of the moment the wait began, or for a kept-alive
@@ -75,8 +76,14 @@ struct ConnectionLimits {
   // A header that grows past this without ending is handed on as it is (the
   // request reader answers what it answers to it).
   size_t max_header_bytes = 64 * 1024;
+  // Connections waiting for a header at most; beyond, the one that has
+  // waited longest is closed (so old half-open connections cannot use up
+  // the process's descriptors and lock new clients out).
+  size_t max_header_waits = 4096;
   // Written to a connection whose partial header timed out, before closing it.
   std::string timeout_response;
+  // Called (on the poll thread) each time timeout_response is written.
+  std::function<void()> on_timeout_response;
 };
 
 class ConnectionPool {
@@ -110,6 +117,9 @@ class ConnectionPool {
 
   void Park(Connection c);
   void PollLoop();
+  // Closes w's connection at its deadline (the timeout response first when
+  // it sent part of a header).
+  void Expire(Waiting& w);
   // Reads what arrived on w's socket; true when w is done waiting (header
   // complete, too large, or the peer closed after sending something), and
   // sets *drop when it should be closed instead.

@@ -166,13 +166,14 @@ class PooledServer final : public httplib::Server {
   // Where accepted sockets go (set while Run listens).
   ConnectionPool* pool = nullptr;
 
-  ConnectionLimits Limits(const ServerOptions& o) const {
+  ConnectionLimits Limits(const ServerOptions& o, std::function<void()> on_timeout) const {
     ConnectionLimits l;
     l.threads = std::max<uint32_t>(1, o.http_threads);
     l.max_waiting = o.http_queue;
     l.header_timeout = milliseconds(std::max<int64_t>(1, o.header_timeout_ms));
     l.idle_timeout = std::chrono::seconds(keep_alive_timeout_sec_);
     l.timeout_response = TimeoutResponse();
+    l.on_timeout_response = std::move(on_timeout);
     return l;
   }
 
@@ -215,9 +216,11 @@ class PooledServer final : public httplib::Server {
 // hands it to the pool, so it runs at once; shutting down shuts the pool.
 class PoolQueue final : public httplib::TaskQueue {
  public:
-  PoolQueue(PooledServer& server, const ServerOptions& options)
+  // on_timeout: each 408 the poll thread writes (the metrics count it).
+  PoolQueue(PooledServer& server, const ServerOptions& options, std::function<void()> on_timeout)
       : server_(server),
-        pool_(server.Limits(options), [&server](Connection& c, bool rejected) { return server.Serve(c, rejected); }) {
+        pool_(server.Limits(options, std::move(on_timeout)),
+              [&server](Connection& c, bool rejected) { return server.Serve(c, rejected); }) {
     server_.pool = &pool_;
   }
   ~PoolQueue() override { shutdown(); }
@@ -492,7 +495,12 @@ void OpenAiServer::Impl::HandleCompletion(const httplib::Request& req, httplib::
 }
 
 void OpenAiServer::Impl::Configure() {
-  http.new_task_queue = [this] { return new PoolQueue(http, options); };
+  http.new_task_queue = [this] {
+    return new PoolQueue(http, options, [this] {
+      std::lock_guard<std::mutex> lock(counters_mu);
+      ++counters.responses_by_status[408];
+    });
+  };
   http.set_payload_max_length(options.max_body_bytes);
   if (options.keep_alive_seconds > 0) {
     http.set_keep_alive_max_count(100);

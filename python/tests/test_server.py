@@ -116,6 +116,7 @@ def test_half_requests_delay_nobody(smol, n):
     # n connections that send half a request header and wait hold no HTTP
     # thread: /health and a 1-token completion are answered at once, and the
     # half-open connections are closed at the header deadline with a 408.
+    timeouts = smol.metrics().get('kvcache_http_requests_total{code="408"}', 0)
     socks = []
     try:
         opened = time.monotonic()
@@ -142,6 +143,7 @@ def test_half_requests_delay_nobody(smol, n):
         for s in socks:
             s.close()
     assert sf.raw_request(smol.port, "GET", "/health")[0] == 200
+    assert smol.metrics()['kvcache_http_requests_total{code="408"}'] == timeouts + n
 
 
 def test_chat_whole_and_streamed_agree(client):

@@ -171,6 +171,34 @@ TEST(HttpConnections, DeadlineClosesPartialAndSilentConnections) {
   EXPECT_EQ(WaitForWaiting(pool, 0), 0u);
 }
 
+TEST(HttpConnections, BeyondTheBoundTheLongestWaitingAreClosed) {
+  Recorder rec;
+  ConnectionLimits limits;
+  limits.max_header_waits = 3;
+  int timeouts = 0;
+  limits.timeout_response = "408!";
+  limits.on_timeout_response = [&] { ++timeouts; };
+  ConnectionPool pool(limits, rec.Fn());
+  std::vector<Pair> pairs(5);
+  for (Pair& p : pairs) {
+    p.Send("GET");
+    pool.Add(p.server, 1);
+    std::this_thread::sleep_for(milliseconds(20));  // seen by the poll thread in this order
+  }
+  bool closed = false;
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_EQ(pairs[i].ReadUntilClosed(milliseconds(2000), &closed), "408!") << i;
+    EXPECT_TRUE(closed) << i;
+  }
+  for (size_t i = 2; i < 5; ++i) {
+    pairs[i].ReadUntilClosed(milliseconds(50), &closed);
+    EXPECT_FALSE(closed) << i;
+  }
+  EXPECT_EQ(WaitForWaiting(pool, 3), 3u);
+  pool.Shutdown();
+  EXPECT_EQ(timeouts, 2);
+}
+
 TEST(HttpConnections, TrickleDoesNotExtendTheDeadline) {
   Recorder rec;
   ConnectionLimits limits;
