@@ -129,8 +129,9 @@ def test_half_requests_delay_nobody(smol, n):
         assert status == 200 and json.loads(body) == {"status": "ok"}
         assert time.monotonic() - t0 < 1.0
         t0 = time.monotonic()
-        status, _, body = sf.raw_request(smol.port, "POST", "/v1/completions",
-                                         json.dumps({"prompt": "Once", "max_tokens": 1}).encode(), timeout=5)
+        with post_completion(smol.port, {"prompt": "Once", "max_tokens": 1}, b"Connection: close\r\n") as s:
+            s.settimeout(5)
+            status, _, body = read_response(s)  # chunked when it took over 150 ms
         assert status == 200 and json.loads(body)["usage"]["completion_tokens"] == 1
         assert time.monotonic() - t0 < 1.0
         deadline = opened + HEADER_TIMEOUT_S + 1.0  # the last one opened a little later; a poll tick
