@@ -188,7 +188,8 @@ class PooledServer final : public httplib::Server {
     const bool ok = process_request(stream, /*close_connection=*/c.requests_left <= 1, closed, {});
     c.pending = std::move(stream).Unread();
     --c.requests_left;
-    return ok && !closed && svr_sock_ != INVALID_SOCKET;
+    // A rejected connection is closed, as its 503 says (Connection: close).
+    return ok && !closed && !rejected && svr_sock_ != INVALID_SOCKET;
   }
 
  private:
