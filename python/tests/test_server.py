@@ -28,15 +28,8 @@ import server_fixture as sf  # noqa: E402
 openai = pytest.importorskip("openai")
 
 STEPS = 12
-# A short header deadline (the default is 10 s): the slow-client test waits it out.
-HEADER_TIMEOUT_S = 1.0
-SERVE_ARGS = ["--context", "1024", "--pool-mib", "96", "--threads", "2", "--max-body-bytes", "65536",
-              "--header-timeout-ms", str(int(HEADER_TIMEOUT_S * 1000))]
-SMOLLM_ARGS = ["--kv-format", "f32", *SERVE_ARGS]
-GEMMA_ARGS = SERVE_ARGS
-# What `kvcache serve` says while the engine refuses sliding-window models
-# (engine/kv_manager.cc): the Gemma runs skip with it as their reason.
-GEMMA_REFUSALS = ["does not run such models yet"]
+SMOLLM_ARGS = ["--kv-format", "f32", "--context", "1024", "--pool-mib", "96", "--threads", "2",
+               "--max-body-bytes", "65536"]
 PROMPTS = [
     "Once upon a time", "The capital of France is", "In a small village by the sea",
     "The quick brown fox", "Water boils at", "My favourite book is", "The first rule of",
@@ -44,6 +37,14 @@ PROMPTS = [
     "The best way to learn is", "On Monday morning", "The sun rises in the",
     "Dogs and cats are", "Scientists discovered that", "Every good story needs",
 ]
+
+# A short header deadline (the default is 10 s): the slow-client test waits it out.
+HEADER_TIMEOUT_S = 1.0
+SMOLLM_ARGS += ["--header-timeout-ms", str(int(HEADER_TIMEOUT_S * 1000))]
+GEMMA_ARGS = SMOLLM_ARGS
+# What `kvcache serve` says while the engine refuses sliding-window models
+# (engine/kv_manager.cc): the Gemma runs skip with it as their reason.
+GEMMA_REFUSALS = ["does not run such models yet"]
 
 
 @pytest.fixture(scope="module")
