@@ -4,12 +4,18 @@
 #include "server/http_server.h"
 
 #include <httplib.h>
+#include <netdb.h>
+#include <poll.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <condition_variable>
-#include <deque>
+#include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <limits>
 #include <mutex>
@@ -17,6 +23,7 @@
 #include <utility>
 #include <vector>
 
+#include "server/http_connections.h"
 #include "server/metrics_text.h"
 #include "server/openai_json.h"
 
@@ -59,71 +66,174 @@ bool SameSecret(std::string_view presented, std::string_view key) {
   return diff == 0;
 }
 
-// True on the threads that answer connections beyond the queue's bound: the
-// pre-routing handler gives each of their requests 503 queue_full.
+// True while a request is served on a rejecting thread (beyond the queue's
+// bound): the pre-routing handler answers it 503 queue_full.
 thread_local bool t_over_capacity = false;
 
-// httplib's task queue for accepted connections: `threads` serve them, at
-// most `max_waiting` wait for a free one; a connection beyond that is handed
-// to one of a few rejecting threads, which answer its requests with 503 and
-// close it. (httplib's ThreadPool queues without bound: a burst of
-// connections would wait, unanswered, behind long completions.) Every
-// connection's task runs, so every socket is closed by httplib.
-class ConnectionQueue final : public httplib::TaskQueue {
+// One request's reading and writing on a connection's socket, starting
+// with the bytes the poll thread read ahead (Connection::pending). As
+// httplib's own socket stream: reads wait up to the read timeout, a write
+// first waits up to the write timeout for room and fails once the peer has
+// closed (so a content provider finds a vanished client); small reads go
+// through a buffer, whose unread rest goes back to the connection.
+class ConnectionStream final : public httplib::Stream {
  public:
-  ConnectionQueue(size_t threads, size_t max_waiting) : max_waiting_(max_waiting) {
-    for (size_t i = 0; i < threads; ++i) workers_.emplace_back([this] { Work(jobs_, false); });
-    for (size_t i = 0; i < kRejecters; ++i) workers_.emplace_back([this] { Work(rejects_, true); });
-  }
-  ~ConnectionQueue() override { shutdown(); }
+  ConnectionStream(int fd, std::string pending, milliseconds read_timeout, milliseconds write_timeout)
+      : fd_(fd), buf_(std::move(pending)), read_timeout_(read_timeout), write_timeout_(write_timeout) {}
 
-  void enqueue(std::function<void()> fn) override {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      // A connection an idle worker will take does not wait.
-      const bool fits = jobs_.size() < idle_ + max_waiting_;
-      (fits ? jobs_ : rejects_).push_back(std::move(fn));
-    }
-    cv_.notify_all();
+  bool is_readable() const override { return off_ < buf_.size() || Wait(POLLIN, read_timeout_); }
+  bool is_writable() const override { return Wait(POLLOUT, write_timeout_) && PeerOpen(); }
+
+  ssize_t read(char* ptr, size_t size) override {
+    if (off_ < buf_.size()) return Take(ptr, size);
+    if (!Wait(POLLIN, read_timeout_)) return -1;
+    if (size >= kReadChunk) return Recv(ptr, size);
+    buf_.resize(kReadChunk);
+    off_ = 0;
+    const ssize_t n = Recv(buf_.data(), kReadChunk);
+    buf_.resize(n > 0 ? static_cast<size_t>(n) : 0);
+    return n > 0 ? Take(ptr, size) : n;
   }
 
-  void shutdown() override {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (stopping_) return;
-      stopping_ = true;
+  ssize_t write(const char* ptr, size_t size) override {
+    if (!is_writable()) return -1;
+    for (;;) {
+      const ssize_t n = ::send(fd_, ptr, size, MSG_NOSIGNAL);
+      if (n >= 0 || errno != EINTR) return n;
     }
-    cv_.notify_all();
-    for (std::thread& t : workers_) t.join();
+  }
+
+  void get_remote_ip_and_port(std::string& ip, int& port) const override { Address(true, ip, port); }
+  void get_local_ip_and_port(std::string& ip, int& port) const override { Address(false, ip, port); }
+  socket_t socket() const override { return fd_; }
+
+  // The bytes read and not consumed: the start of the connection's next request.
+  std::string Unread() && { return buf_.substr(std::min(off_, buf_.size())); }
+
+ private:
+  static constexpr size_t kReadChunk = 4096;
+
+  ssize_t Take(char* ptr, size_t size) {
+    const size_t n = std::min(size, buf_.size() - off_);
+    std::memcpy(ptr, buf_.data() + off_, n);
+    off_ += n;
+    return static_cast<ssize_t>(n);
+  }
+  ssize_t Recv(char* ptr, size_t size) const {
+    for (;;) {
+      const ssize_t n = ::recv(fd_, ptr, size, 0);
+      if (n >= 0 || errno != EINTR) return n;
+    }
+  }
+  bool Wait(short events, milliseconds timeout) const {
+    pollfd p{fd_, events, 0};
+    for (;;) {
+      const int r = ::poll(&p, 1, static_cast<int>(timeout.count()));
+      if (r >= 0 || errno != EINTR) return r > 0;
+    }
+  }
+  // False once the peer has closed its side: readable with nothing to read.
+  bool PeerOpen() const {
+    pollfd p{fd_, POLLIN, 0};
+    if (::poll(&p, 1, 0) <= 0) return true;
+    char c;
+    return ::recv(fd_, &c, 1, MSG_PEEK | MSG_DONTWAIT) > 0;
+  }
+  void Address(bool remote, std::string& ip, int& port) const {
+    sockaddr_storage addr{};
+    socklen_t len = sizeof(addr);
+    auto* sa = reinterpret_cast<sockaddr*>(&addr);
+    if ((remote ? ::getpeername(fd_, sa, &len) : ::getsockname(fd_, sa, &len)) != 0) return;
+    char host[NI_MAXHOST], serv[NI_MAXSERV];
+    if (::getnameinfo(sa, len, host, sizeof(host), serv, sizeof(serv), NI_NUMERICHOST | NI_NUMERICSERV) != 0) {
+      return;
+    }
+    ip = host;
+    port = std::atoi(serv);
+  }
+
+  const int fd_;
+  std::string buf_;
+  size_t off_ = 0;
+  const milliseconds read_timeout_, write_timeout_;
+};
+
+// httplib's server with the connections in a ConnectionPool: httplib
+// accepts, the pool waits for each request's header, and a pool thread has
+// httplib read, route and answer the request (process_request).
+class PooledServer final : public httplib::Server {
+ public:
+  // Where accepted sockets go (set while Run listens).
+  ConnectionPool* pool = nullptr;
+
+  ConnectionLimits Limits(const ServerOptions& o, std::function<void()> on_timeout) const {
+    ConnectionLimits l;
+    l.threads = std::max<uint32_t>(1, o.http_threads);
+    l.max_waiting = o.http_queue;
+    l.header_timeout = milliseconds(std::max<int64_t>(1, o.header_timeout_ms));
+    l.idle_timeout = std::chrono::seconds(keep_alive_timeout_sec_);
+    l.timeout_response = TimeoutResponse();
+    l.on_timeout_response = std::move(on_timeout);
+    return l;
+  }
+
+  // One request on c (the pool's ServeFn).
+  bool Serve(Connection& c, bool rejected) {
+    t_over_capacity = rejected;
+    if (svr_sock_ == INVALID_SOCKET) return false;  // stopping
+    ConnectionStream stream(c.fd, std::move(c.pending),
+                            Timeout(read_timeout_sec_, read_timeout_usec_),
+                            Timeout(write_timeout_sec_, write_timeout_usec_));
+    bool closed = false;
+    const bool ok = process_request(stream, /*close_connection=*/c.requests_left <= 1, closed, {});
+    c.pending = std::move(stream).Unread();
+    --c.requests_left;
+    // A rejected connection is closed, as its 503 says (Connection: close).
+    return ok && !closed && !rejected && svr_sock_ != INVALID_SOCKET;
   }
 
  private:
-  static constexpr size_t kRejecters = 2;
+  static milliseconds Timeout(time_t sec, time_t usec) { return milliseconds(sec * 1000 + usec / 1000); }
 
-  void Work(std::deque<std::function<void()>>& queue, bool rejecter) {
-    t_over_capacity = rejecter;
-    for (;;) {
-      std::function<void()> fn;
-      {
-        std::unique_lock<std::mutex> lock(mu_);
-        if (!rejecter) ++idle_;
-        cv_.wait(lock, [&] { return !queue.empty() || stopping_; });
-        if (!rejecter) --idle_;
-        if (queue.empty()) return;  // stopping, and nothing left to close
-        fn = std::move(queue.front());
-        queue.pop_front();
-      }
-      fn();
-    }
+  static std::string TimeoutResponse() {
+    const std::string body = ErrorBody(ErrorForHttpStatus(408));
+    return "HTTP/1.1 408 Request Timeout\r\nConnection: close\r\nContent-Type: " + std::string(kJson) +
+           "\r\nContent-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
   }
 
-  const size_t max_waiting_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::function<void()>> jobs_, rejects_;
-  size_t idle_ = 0;  // workers waiting for a connection
-  bool stopping_ = false;
-  std::vector<std::thread> workers_;
+  // httplib calls this (through the task queue, on its accepting thread)
+  // for each accepted socket: the pool takes it.
+  bool process_and_close_socket(socket_t sock) override {
+    if (pool == nullptr) {
+      ::close(sock);
+      return false;
+    }
+    pool->Add(sock, static_cast<uint32_t>(std::min<size_t>(keep_alive_max_count_, UINT32_MAX)));
+    return true;
+  }
+};
+
+// httplib's task queue while Run listens: the accepted socket's task only
+// hands it to the pool, so it runs at once; shutting down shuts the pool.
+class PoolQueue final : public httplib::TaskQueue {
+ public:
+  // on_timeout: each 408 the poll thread writes (the metrics count it).
+  PoolQueue(PooledServer& server, const ServerOptions& options, std::function<void()> on_timeout)
+      : server_(server),
+        pool_(server.Limits(options, std::move(on_timeout)),
+              [&server](Connection& c, bool rejected) { return server.Serve(c, rejected); }) {
+    server_.pool = &pool_;
+  }
+  ~PoolQueue() override { shutdown(); }
+  void enqueue(std::function<void()> fn) override { fn(); }
+  void shutdown() override {
+    server_.pool = nullptr;
+    pool_.Shutdown();
+  }
+
+ private:
+  PooledServer& server_;
+  ConnectionPool pool_;
 };
 
 // A non-streamed request's state: the completion collected so far, and how
@@ -154,7 +264,7 @@ struct OpenAiServer::Impl {
 
   engine::Engine& engine;
   ServerOptions options;
-  httplib::Server http;
+  PooledServer http;
   int port = 0;
   // The socket httplib last created for listening (set_socket_options).
   socket_t listen_socket = INVALID_SOCKET;
@@ -386,8 +496,11 @@ void OpenAiServer::Impl::HandleCompletion(const httplib::Request& req, httplib::
 }
 
 void OpenAiServer::Impl::Configure() {
-  http.new_task_queue = [n = std::max<uint32_t>(1, options.http_threads), q = options.http_queue] {
-    return new ConnectionQueue(n, q);
+  http.new_task_queue = [this] {
+    return new PoolQueue(http, options, [this] {
+      std::lock_guard<std::mutex> lock(counters_mu);
+      ++counters.responses_by_status[408];
+    });
   };
   http.set_payload_max_length(options.max_body_bytes);
   if (options.keep_alive_seconds > 0) {

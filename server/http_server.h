@@ -19,9 +19,15 @@
 // engine's next step. A non-streamed completion that runs longer than a
 // moment is answered through a chunked body too, whose provider watches the
 // client's socket, so a client that goes away cancels it the same way.
-// Each connection is served by one thread of a pool of `http_threads`, and at
-// most `http_queue` more wait for one (503 queue_full beyond); a handler
-// blocks on its request's stream, never on the engine's step thread.
+// A connection waits for its request header on one poll thread, holding no
+// HTTP thread (server/http_connections.h): a client that sends half a
+// request, or nothing, delays nobody, and is closed when its header has not
+// arrived within header_timeout_ms (408 when it sent part of one). A
+// connection whose header arrived is served by one thread of a pool of
+// `http_threads`, and at most `http_queue` more wait for one (503
+// queue_full beyond); a handler blocks on its request's stream, never on
+// the engine's step thread. A kept-alive connection goes back to the poll
+// thread between its requests.
 //
 // Thread safety: Bind, then Run on one thread; Stop and Shutdown from any
 // thread (a signal-handling thread); Run returns once every in-flight
@@ -46,14 +52,20 @@ struct ServerOptions {
   size_t max_body_bytes = 1u << 20;   // larger bodies get 413
   std::string model_name = "kvcache"; // the id /v1/models and responses carry
   uint32_t http_threads = 32;         // concurrent connections served
-  // Connections that may wait for a free HTTP thread; beyond that a new
-  // connection's requests get 503 queue_full and it is closed.
+  // Connections with a complete request header that may wait for a free
+  // HTTP thread; beyond that such a request gets 503 queue_full and its
+  // connection is closed.
   uint32_t http_queue = 64;
+  // A request's header must arrive in full within this many milliseconds of
+  // its connection's accept (or of its first byte, on a kept-alive
+  // connection); a connection that misses it is closed (408 when it sent
+  // part of a header).
+  int64_t header_timeout_ms = 10000;
   // 0: one request per connection (every response says Connection: close).
   // N > 0: a connection may carry up to 100 requests and is closed after N
   // idle seconds; a client that reuses it as the server closes it loses that
-  // request (and each idle connection holds an HTTP thread), so keep N above
-  // the clients' own idle limit (httpx: 5 s) if at all.
+  // request, so keep N above the clients' own idle limit (httpx: 5 s) if at
+  // all. An idle connection holds no HTTP thread.
   int keep_alive_seconds = 0;
 };
 

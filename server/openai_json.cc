@@ -333,6 +333,9 @@ ApiError ErrorForHttpStatus(int status) {
       return ApiError{404, "no such route", "invalid_request_error", "", "not_found"};
     case 405:
       return ApiError{405, "method not allowed on this route", "invalid_request_error", "", "method_not_allowed"};
+    case 408:
+      return ApiError{408, "the request header did not arrive in time", "invalid_request_error", "",
+                      "request_timeout"};
     case 413:
       return ApiError{413, "the request body is larger than the server accepts", "invalid_request_error", "",
                       "payload_too_large"};

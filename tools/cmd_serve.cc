@@ -174,8 +174,12 @@ void AddOptions(CLI::App* app, ServeCliOptions* o) {
                   "Seconds an idle connection stays open for another request (0: one request per connection)")
       ->capture_default_str()
       ->check(CLI::Range(0, 3600));
-  app->add_option("--http-queue", o->http.http_queue, "Connections waiting for an HTTP thread before 503")
+  app->add_option("--http-queue", o->http.http_queue, "Connections with a whole request header waiting for an HTTP thread before 503")
       ->capture_default_str();
+  app->add_option("--header-timeout-ms", o->http.header_timeout_ms,
+                  "Milliseconds a request's header gets to arrive in full (then its connection is closed)")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{3600000}));
   app->add_option("--drain-seconds", o->drain_seconds, "On SIGTERM: time in-flight requests get to finish")
       ->capture_default_str();
 }

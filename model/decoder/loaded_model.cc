@@ -46,11 +46,20 @@ Result<std::vector<int32_t>> LoadedModel::EncodeChat(std::string_view user_messa
 }
 
 Result<std::vector<int32_t>> LoadedModel::EncodeChat(std::span<const ChatMessage> messages) const {
-  if (!bpe_) return Status::Unimplemented("chat needs a GGUF model with a chat template");
-  KV_ASSIGN_OR_RETURN(ChatTemplate t, ChatTemplate::FromJinja(bpe_->chat_template()));
+  KV_ASSIGN_OR_RETURN(ChatTemplate t, Template());
+  KV_RETURN_IF_ERROR(t.Check(messages));
   BpeEncodeOptions o;
   o.parse_special = true;
   return bpe_->Encode(t.Render(messages, /*add_generation_prompt=*/true), o);
+}
+
+Result<ChatTemplate> LoadedModel::Template() const {
+  if (!bpe_) return Status::Unimplemented("chat needs a GGUF model with a chat template");
+  // A Gemma file without a template (the base models) gets Gemma's format.
+  if (bpe_->chat_template().empty() && model_.config().family == ModelFamily::kGemma3) {
+    return ChatTemplate::Gemma();
+  }
+  return ChatTemplate::FromJinja(bpe_->chat_template());
 }
 
 Result<std::string> LoadedModel::Decode(std::span<const int32_t> ids) const {
@@ -68,6 +77,10 @@ std::vector<int32_t> LoadedModel::stop_tokens() const {
   std::vector<int32_t> out;
   if (bpe_->eos_id() >= 0) out.push_back(bpe_->eos_id());
   if (bpe_->bos_id() >= 0 && bpe_->bos_id() != bpe_->eos_id()) out.push_back(bpe_->bos_id());
+  // Gemma ends a turn with <end_of_turn>: a generation ends there too.
+  if (model_.config().family == ModelFamily::kGemma3) {
+    if (auto end_of_turn = bpe_->SpecialId("<end_of_turn>"); end_of_turn.ok()) out.push_back(*end_of_turn);
+  }
   return out;
 }
 

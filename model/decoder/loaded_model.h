@@ -38,19 +38,24 @@ class LoadedModel {
   // add_bos_token, special-token texts kept as text.
   Result<std::vector<int32_t>> Encode(std::string_view text) const;
   // One user turn in the model's chat template, with the generation prompt
-  // (GGUF with a ChatML template only: Unimplemented otherwise).
+  // (GGUF with a ChatML template, or a Gemma 3 file without a template,
+  // which gets Gemma's turn format: Unimplemented otherwise).
   Result<std::vector<int32_t>> EncodeChat(std::string_view user_message) const;
   // A whole conversation (system / user / assistant turns, in order) in the
-  // chat template, with the generation prompt; same conditions.
+  // chat template, with the generation prompt; same conditions, and
+  // InvalidArgument for turns the format cannot hold (ChatTemplate::Check).
   Result<std::vector<int32_t>> EncodeChat(std::span<const ChatMessage> messages) const;
   Result<std::string> Decode(std::span<const int32_t> ids) const;
   // The text token t adds after token prev (streaming output).
   Result<std::string> DecodePiece(int32_t prev, int32_t t) const;
-  // Tokens that end a generation (llama2.c: BOS, EOS; GGUF: its EOS and BOS).
+  // Tokens that end a generation (llama2.c: BOS, EOS; GGUF: its EOS and
+  // BOS, and for Gemma 3 also <end_of_turn>).
   std::vector<int32_t> stop_tokens() const;
 
  private:
   LoadedModel(Model model) : model_(std::move(model)) {}
+  // The chat format of this model (see EncodeChat).
+  Result<ChatTemplate> Template() const;
   Model model_;
   std::optional<Tokenizer> llama2c_;
   std::optional<GgufTokenizer> bpe_;

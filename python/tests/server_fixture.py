@@ -18,6 +18,7 @@ TESTDATA = pathlib.Path(os.environ.get("KVCACHE_TESTDATA_DIR",
 # Where scripts/fetch_model.sh puts it (model/io/model_store.h: KVCACHE_MODEL_DIR overrides the folder).
 SMOLLM = pathlib.Path(os.environ.get("KVCACHE_MODEL_DIR") or pathlib.Path.home() / ".cache/kvcache/models") \
     / "SmolLM2-135M-Instruct.Q4_1.gguf"
+GEMMA = SMOLLM.parent / "gemma-3-270m-q4_k_m.gguf"
 STORIES = ["--model", str(TESTDATA / "stories260K/stories260K_v1.bin"),
            "--tokenizer", str(TESTDATA / "stories260K/tokenizer.bin")]
 
@@ -33,6 +34,12 @@ def need_smollm():
         pytest.fail(f"{SMOLLM} missing: fetch it with scripts/fetch_model.sh")
 
 
+def need_gemma():
+    need_cli()
+    if not GEMMA.exists():
+        pytest.skip(f"{GEMMA} missing: fetch it with scripts/fetch_model.sh gemma3")
+
+
 class Server:
     """One `kvcache serve` process on 127.0.0.1 and a free port (--port 0)."""
 
@@ -46,7 +53,9 @@ class Server:
         m = re.search(r"listening on http://([\d.]+):(\d+)", line)
         if not m:
             self.proc.kill()
-            raise RuntimeError(f"kvcache serve did not start: {line!r} {self.stderr_lines}")
+            self.proc.wait()
+            self._stderr_thread.join(5)  # all of what it said before it ended
+            raise RuntimeError(f"kvcache serve did not start: {line!r} {''.join(self.stderr_lines)}")
         self.host, self.port = m.group(1), int(m.group(2))
         self.base_url = f"http://{self.host}:{self.port}"
 
@@ -102,6 +111,18 @@ class Server:
             if self.proc.poll() is None:
                 self.proc.kill()
                 self.proc.wait()
+
+
+def start_or_skip(args, refusals):
+    """A Server, or a skip naming the reason when it refuses to start with
+    a message that contains one of `refusals` (a known limitation)."""
+    try:
+        return Server(args)
+    except RuntimeError as e:
+        for r in refusals:
+            if r in str(e):
+                pytest.skip(f"kvcache serve refuses {args[args.index('--model') + 1]} ({r}): {e}")
+        raise
 
 
 def raw_exchange(port, data, timeout=15.0):

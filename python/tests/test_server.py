@@ -38,6 +38,14 @@ PROMPTS = [
     "Dogs and cats are", "Scientists discovered that", "Every good story needs",
 ]
 
+# A short header deadline (the default is 10 s): the slow-client test waits it out.
+HEADER_TIMEOUT_S = 1.0
+SMOLLM_ARGS += ["--header-timeout-ms", str(int(HEADER_TIMEOUT_S * 1000))]
+GEMMA_ARGS = SMOLLM_ARGS
+# What `kvcache serve` says while the engine refuses sliding-window models
+# (engine/kv_manager.cc): the Gemma runs skip with it as their reason.
+GEMMA_REFUSALS = ["does not run such models yet"]
+
 
 @pytest.fixture(scope="module")
 def smol():
@@ -50,6 +58,21 @@ def smol():
 @pytest.fixture(scope="module")
 def client(smol):
     return smol.client()
+
+
+@pytest.fixture(scope="module")
+def gemma():
+    sf.need_gemma()
+    server = sf.start_or_skip(["--model", str(sf.GEMMA), *GEMMA_ARGS], GEMMA_REFUSALS)
+    yield server
+    assert server.terminate() == 0, "".join(server.stderr_lines)
+
+
+@pytest.fixture(scope="module", params=["smollm2", "gemma3"])
+def served(request):
+    """The SmolLM2 server, then the Gemma 3 one: the tests of bad input and
+    vanished clients run against both."""
+    return request.getfixturevalue("smol" if request.param == "smollm2" else "gemma")
 
 
 def generate_cli(prompt, steps=STEPS, chat=False):
@@ -67,6 +90,62 @@ def test_models_and_health(smol, client):
     assert [m.id for m in models.data] == [sf.SMOLLM.stem]
     status, _, body = sf.raw_request(smol.port, "GET", "/health")
     assert status == 200 and json.loads(body) == {"status": "ok"}
+
+
+def _read_until_closed(s, deadline):
+    """What the server writes on `s` until it closes it; None if it is still
+    open at `deadline` (time.monotonic())."""
+    got = b""
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return None
+        s.settimeout(left)
+        try:
+            b = s.recv(4096)
+        except socket.timeout:
+            return None
+        except ConnectionResetError:
+            return got
+        if not b:
+            return got
+        got += b
+
+
+@pytest.mark.parametrize("n", [40, 200])
+def test_half_requests_delay_nobody(smol, n):
+    # n connections that send half a request header and wait hold no HTTP
+    # thread: /health and a 1-token completion are answered at once, and the
+    # half-open connections are closed at the header deadline with a 408.
+    timeouts = smol.metrics().get('kvcache_http_requests_total{code="408"}', 0)
+    socks = []
+    try:
+        opened = time.monotonic()
+        for _ in range(n):
+            s = socket.create_connection(("127.0.0.1", smol.port), timeout=10)
+            s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n")
+            socks.append(s)
+        t0 = time.monotonic()
+        status, _, body = sf.raw_request(smol.port, "GET", "/health", timeout=5)
+        assert status == 200 and json.loads(body) == {"status": "ok"}
+        assert time.monotonic() - t0 < 1.0
+        t0 = time.monotonic()
+        with post_completion(smol.port, {"prompt": "Once", "max_tokens": 1}, b"Connection: close\r\n") as s:
+            s.settimeout(5)
+            status, _, body = read_response(s)  # chunked when it took over 150 ms
+        assert status == 200 and json.loads(body)["usage"]["completion_tokens"] == 1
+        assert time.monotonic() - t0 < 1.0
+        deadline = opened + HEADER_TIMEOUT_S + 1.0  # the last one opened a little later; a poll tick
+        for s in socks:
+            got = _read_until_closed(s, deadline)
+            assert got is not None, "a half-open connection outlived the header deadline"
+            assert got.startswith(b"HTTP/1.1 408 "), got[:100]
+            assert json.loads(got.partition(b"\r\n\r\n")[2])["error"]["code"] == "request_timeout"
+    finally:
+        for s in socks:
+            s.close()
+    assert sf.raw_request(smol.port, "GET", "/health")[0] == 200
+    assert smol.metrics()['kvcache_http_requests_total{code="408"}'] == timeouts + n
 
 
 def test_chat_whole_and_streamed_agree(client):
@@ -173,21 +252,21 @@ def test_repeated_long_prompt_is_cached(client):
     assert second.choices[0].text == first.choices[0].text
 
 
-def test_disconnect_mid_stream_returns_blocks(smol):
-    base = smol.wait_idle()
+def test_disconnect_mid_stream_returns_blocks(served):
+    base = served.wait_idle()
     assert base['kvcache_pool_blocks{state="used"}'] == 0
     body = json.dumps({"prompt": "Once upon a time", "max_tokens": 400, "stream": True,
                        "ignore_eos": True}).encode()
-    s = socket.create_connection(("127.0.0.1", smol.port), timeout=30)
+    s = socket.create_connection(("127.0.0.1", served.port), timeout=30)
     s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
               b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
     got = b""
     while got.count(b"data: ") < 3:
         got += s.recv(4096)
-    during = smol.metrics()
+    during = served.metrics()
     assert during['kvcache_pool_blocks{state="used"}'] > 0
     s.close()
-    m = smol.wait_idle(timeout=15)
+    m = served.wait_idle(timeout=15)
     assert m["kvcache_requests_running"] == 0
     assert m['kvcache_pool_blocks{state="used"}'] == base['kvcache_pool_blocks{state="used"}']
     assert m["kvcache_requests_cancelled_total"] == base["kvcache_requests_cancelled_total"] + 1
@@ -254,20 +333,20 @@ def test_long_whole_completion_is_json_after_heartbeats(smol):
     assert body.lstrip(b" ").startswith(b"{")
 
 
-def test_disconnect_before_a_whole_answer_returns_blocks(smol):
-    base = smol.wait_idle()
+def test_disconnect_before_a_whole_answer_returns_blocks(served):
+    base = served.wait_idle()
     assert base['kvcache_pool_blocks{state="used"}'] == 0
-    s = post_completion(smol.port, {"prompt": "Once upon a time", "max_tokens": 600, "ignore_eos": True})
+    s = post_completion(served.port, {"prompt": "Once upon a time", "max_tokens": 600, "ignore_eos": True})
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
-        during = smol.metrics()
+        during = served.metrics()
         if during["kvcache_generated_tokens_total"] - base["kvcache_generated_tokens_total"] >= 10:
             break
         time.sleep(0.05)
     assert during['kvcache_pool_blocks{state="used"}'] > 0
     closed = time.monotonic()
     s.close()
-    m = smol.wait_idle(timeout=15)
+    m = served.wait_idle(timeout=15)
     took = time.monotonic() - closed
     assert m["kvcache_requests_running"] == 0
     assert m['kvcache_pool_blocks{state="used"}'] == base['kvcache_pool_blocks{state="used"}']
@@ -337,13 +416,13 @@ def malformed_cases():
     return cases
 
 
-def test_malformed_requests_never_crash(smol):
+def test_malformed_requests_never_crash(served):
     cases = malformed_cases()
     assert len(cases) > 200
 
     def check(case):
         name, data, allowed = case
-        status, headers, body = sf.raw_exchange(smol.port, data)
+        status, headers, body = sf.raw_exchange(served.port, data)
         assert status in allowed, f"{name}: {status} {body[:200]!r}"
         err = json.loads(body)["error"]
         assert isinstance(err["message"], str) and err["message"], name
@@ -354,8 +433,8 @@ def test_malformed_requests_never_crash(smol):
     # shorter than its Content-Length).
     with cf.ThreadPoolExecutor(8) as pool:
         list(pool.map(check, cases))
-    assert smol.alive()
-    status, _, _ = sf.raw_request(smol.port, "GET", "/health")
+    assert served.alive()
+    status, _, _ = sf.raw_request(served.port, "GET", "/health")
     assert status == 200
 
 
@@ -503,14 +582,21 @@ def test_connections_beyond_the_http_queue_get_503():
         assert server.terminate() == 0, "".join(server.stderr_lines)
 
 
-def test_sigterm_drains_and_exits_zero():
+@pytest.mark.parametrize("model", ["stories260k", "gemma3"])
+def test_sigterm_drains_and_exits_zero(model):
     sf.need_cli()
-    server = sf.Server([*sf.STORIES, "--drain-seconds", "20"])
+    if model == "gemma3":
+        sf.need_gemma()
+        server = sf.start_or_skip(["--model", str(sf.GEMMA), *GEMMA_ARGS, "--drain-seconds", "20"], GEMMA_REFUSALS)
+        max_tokens = 64  # a few seconds on 2 cores: running when the signal comes, done within the drain
+    else:
+        server = sf.Server([*sf.STORIES, "--drain-seconds", "20"])
+        max_tokens = 300
     c = server.client()
     result = {}
 
     def run():
-        chunks = c.completions.create(model="m", prompt="Once upon a time", max_tokens=300, stream=True,
+        chunks = c.completions.create(model="m", prompt="Once upon a time", max_tokens=max_tokens, stream=True,
                                       extra_body={"ignore_eos": True})
         text, finish = "", None
         for ch in chunks:

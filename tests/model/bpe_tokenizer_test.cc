@@ -412,5 +412,38 @@ TEST(ChatTemplate, RejectsOtherTemplates) {
   }
 }
 
+TEST(ChatTemplate, GemmaTurns) {
+  const ChatTemplate t = ChatTemplate::Gemma();
+  EXPECT_EQ(t.kind(), ChatTemplate::Kind::kGemma);
+  // The system message opens the first turn; "assistant" is "model";
+  // contents are trimmed (the system's is not).
+  const std::vector<ChatMessage> conversation = {
+      {"system", "Be brief."}, {"user", " Hi\n"}, {"assistant", "Hello!"}, {"user", "Name a colour."}};
+  EXPECT_TRUE(t.Check(conversation).ok());
+  EXPECT_EQ(t.Render(conversation, true),
+            "<bos><start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n"
+            "<start_of_turn>model\nHello!<end_of_turn>\n"
+            "<start_of_turn>user\nName a colour.<end_of_turn>\n"
+            "<start_of_turn>model\n");
+  const std::vector<ChatMessage> user = {{"user", "Hi"}};
+  EXPECT_EQ(t.Render(user, false), "<bos><start_of_turn>user\nHi<end_of_turn>\n");
+  EXPECT_EQ(t.Render({}, true), "<bos><start_of_turn>model\n");
+  // Turns must alternate user / assistant after the optional system message.
+  for (const std::vector<ChatMessage>& bad : std::vector<std::vector<ChatMessage>>{
+           {{"assistant", "A"}},
+           {{"user", "U"}, {"user", "U"}},
+           {{"system", "S"}, {"assistant", "A"}},
+           {{"user", "U"}, {"assistant", "A"}, {"assistant", "A"}},
+       }) {
+    EXPECT_EQ(t.Check(bad).code(), StatusCode::kInvalidArgument) << bad.size();
+  }
+  // ChatML holds any order.
+  auto chatml = ChatTemplate::FromJinja(kChatMlPlain);
+  ASSERT_TRUE(chatml.ok());
+  EXPECT_EQ(chatml->kind(), ChatTemplate::Kind::kChatMl);
+  const std::vector<ChatMessage> twice = {{"user", "U"}, {"user", "U"}};
+  EXPECT_TRUE(chatml->Check(twice).ok());
+}
+
 }  // namespace
 }  // namespace kvcache::model
