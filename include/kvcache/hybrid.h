@@ -45,12 +45,16 @@
 // stays cached there, as any released named block) instead of rows being
 // moved, once every layer of the group has the same length (after the last
 // layer of the group was appended in a pass; the layers before it keep
-// their older rows until then, which attention does not read: it applies
-// the exact window by position). A drop only releases blocks, so it needs
-// no copy-on-write block and cannot fail: window_compaction_pending() never
-// turns on for such a group. Rows, positions and attention outputs equal
-// the contiguous layout's (which moves rows) whenever every layer has the
-// same length. A fresh sequence starts from a cached prefix through
+// their older rows until then: HeadKeys, HeadPositions and View show them,
+// and Attend starts such a layer's rows at lo(n) as the contiguous layout
+// does, so that attention's fixed row segments, hence its sums, are the
+// same). A drop only releases blocks, so it needs no copy-on-write block
+// and cannot fail: window_compaction_pending() never turns on for such a
+// group. Rows, positions and calibration equal the contiguous layout's
+// (which moves rows) whenever every layer has the same length, and Attend's
+// outputs after every append (per-row probabilities, when asked for, are
+// over the stored rows, older ones included, and may then differ in the
+// last bits). A fresh sequence starts from a cached prefix through
 // AdoptPrefix (below). Every other bounded group (sinks, DuoAttention or
 // heavy-hitter heads, mixed windows, unaligned G) and the contiguous layout
 // compact by KeepRows as above.
