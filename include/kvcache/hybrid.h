@@ -55,7 +55,9 @@
 // outputs after every append (per-row probabilities, when asked for, are
 // over the stored rows, older ones included, and may then differ in the
 // last bits). A fresh sequence starts from a cached prefix through
-// AdoptPrefix (below). Every other bounded group (sinks, DuoAttention or
+// AdoptPrefix (below). EvictLayer on a layer of such a group leaves rows
+// that are no longer one run of positions: the group then compacts by
+// moving rows, as any other. Every other bounded group (sinks, DuoAttention or
 // heavy-hitter heads, mixed windows, unaligned G) and the contiguous layout
 // compact by KeepRows as above.
 //
@@ -390,9 +392,13 @@ class HybridSequence {
   }
   // Every layer of the bounded group has the same length.
   bool bounded_group_even() const;
+  // True iff every head of every layer of the bounded group holds the run
+  // of positions [*first, its layer's length) from one block-aligned first
+  // (what DropLeadingBlocks keeps; EvictLayer may have made it otherwise).
+  bool WindowRuns(uint32_t* first) const;
   // Drops the bounded group's blocks before WindowKeepFrom(n) once every
-  // layer of it has length n.
-  Status DropWindowBlocks();
+  // layer of it has length n (first: WindowRuns').
+  Status DropWindowBlocks(uint32_t first);
   Result<SequenceCache*> GroupForBlocks(int group) const;
   SequenceCache& cache_of(uint32_t layer) { return *groups_[model_->group(layer)]; }
   const SequenceCache& cache_of(uint32_t layer) const { return *groups_[model_->group(layer)]; }

@@ -284,6 +284,23 @@ TEST_P(HybridWindowBlocksSlack, DraftsTruncateForksMatchContiguous) {
   }
 }
 
+// EvictLayer on a window layer leaves rows that are no run of positions:
+// from then on the group moves rows, as the contiguous layout does.
+TEST_P(HybridWindowBlocksSlack, EvictLayerFallsBackToMovingRows) {
+  Pair p = MakePair(GetParam());
+  AppendBoth(p, 5, 0, 150);
+  const auto table = *PolicyTable::Uniform(kH, EvictionPolicy::Window(2, 40));
+  ASSERT_TRUE(p.paged.EvictLayer(2, table).ok());
+  ASSERT_TRUE(p.ref.EvictLayer(2, table).ok());
+  for (uint32_t n = 150; n < 300; n += 3) {
+    AppendBoth(p, 5, n, 3);
+    ASSERT_TRUE(Take(p.paged) == Take(p.ref)) << n;
+    for (uint32_t l = 0; l < kLayers; ++l) {
+      ASSERT_TRUE(SameBits(AttendBits(p.paged, l, 3), AttendBits(p.ref, l, 3))) << n;
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Slacks, HybridWindowBlocksSlack, ::testing::Values(16u, 32u));
 
 // A appends P tokens, names its blocks and is released; B adopts them and
