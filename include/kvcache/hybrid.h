@@ -37,10 +37,10 @@
 // layers only, all with sink_tokens 0 and one window W, and G is a multiple
 // of the block size (HybridModel::window_blocks_aligned()), lo(n) is a
 // multiple of the block size and every head of the group keeps the same
-// run [lo(n), n): block j of the group then holds positions [j * B, (j + 1)
-// * B) - j counted from position 0 - like a full layer's block j, and can
-// be named by the same hash chain (SetBlockHash, BlockFirstPosition). The
-// group is then compacted by SequenceCache::DropLeadingBlocks: the blocks
+// run [lo(n), n): each full block of the group holds one aligned block of
+// positions, [j * B, (j + 1) * B) with j = BlockFirstPosition / B, as block
+// j of a full layer does, and can be named by the same hash chain
+// (SetBlockHash). The group is then compacted by SequenceCache::DropLeadingBlocks: the blocks
 // that slid out of the window are released to their pool (a named block
 // stays cached there, as any released named block) instead of rows being
 // moved, once every layer of the group has the same length (after the last
@@ -57,9 +57,9 @@
 // last bits). A fresh sequence starts from a cached prefix through
 // AdoptPrefix (below). EvictLayer on a layer of such a group leaves rows
 // that are no longer one run of positions: the group then compacts by
-// moving rows, as any other. Every other bounded group (sinks, DuoAttention or
-// heavy-hitter heads, mixed windows, unaligned G) and the contiguous layout
-// compact by KeepRows as above.
+// moving rows, as any other. Every other bounded group (sinks, DuoAttention
+// or heavy-hitter heads, mixed windows, unaligned G) and the contiguous
+// layout compact by KeepRows as above.
 //
 // Precision window (cache.h, PrecisionWindow; ContiguousOptions::window,
 // PagedOptions::window at creation): held by the full group alone, so the
