@@ -37,23 +37,29 @@
 // layers only, all with sink_tokens 0 and one window W, and G is a multiple
 // of the block size (HybridModel::window_blocks_aligned()), lo(n) is a
 // multiple of the block size and every head of the group keeps the same
-// run [lo(n), n): block j of the group then holds positions [j * B, (j + 1)
-// * B) - j counted from position 0 - like a full layer's block j, and can
-// be named by the same hash chain (SetBlockHash, BlockFirstPosition). The
-// group is then compacted by SequenceCache::DropLeadingBlocks: the blocks
+// run [lo(n), n): each full block of the group holds one aligned block of
+// positions, [j * B, (j + 1) * B) with j = BlockFirstPosition / B, as block
+// j of a full layer does, and can be named by the same hash chain
+// (SetBlockHash). The group is then compacted by SequenceCache::DropLeadingBlocks: the blocks
 // that slid out of the window are released to their pool (a named block
 // stays cached there, as any released named block) instead of rows being
 // moved, once every layer of the group has the same length (after the last
 // layer of the group was appended in a pass; the layers before it keep
-// their older rows until then, which attention does not read: it applies
-// the exact window by position). A drop only releases blocks, so it needs
-// no copy-on-write block and cannot fail: window_compaction_pending() never
-// turns on for such a group. Rows, positions and attention outputs equal
-// the contiguous layout's (which moves rows) whenever every layer has the
-// same length. A fresh sequence starts from a cached prefix through
-// AdoptPrefix (below). Every other bounded group (sinks, DuoAttention or
-// heavy-hitter heads, mixed windows, unaligned G) and the contiguous layout
-// compact by KeepRows as above.
+// their older rows until then: HeadKeys, HeadPositions and View show them,
+// and Attend starts such a layer's rows at lo(n) as the contiguous layout
+// does, so that attention's fixed row segments, hence its sums, are the
+// same). A drop only releases blocks, so it needs no copy-on-write block
+// and cannot fail: window_compaction_pending() never turns on for such a
+// group. Rows, positions and calibration equal the contiguous layout's
+// (which moves rows) whenever every layer has the same length, and Attend's
+// outputs after every append (per-row probabilities, when asked for, are
+// over the stored rows, older ones included, and may then differ in the
+// last bits). A fresh sequence starts from a cached prefix through
+// AdoptPrefix (below). EvictLayer on a layer of such a group leaves rows
+// that are no longer one run of positions: the group then compacts by
+// moving rows, as any other. Every other bounded group (sinks, DuoAttention
+// or heavy-hitter heads, mixed windows, unaligned G) and the contiguous
+// layout compact by KeepRows as above.
 //
 // Precision window (cache.h, PrecisionWindow; ContiguousOptions::window,
 // PagedOptions::window at creation): held by the full group alone, so the
@@ -391,9 +397,13 @@ class HybridSequence {
   }
   // Every layer of the bounded group has the same length.
   bool bounded_group_even() const;
+  // True iff every head of every layer of the bounded group holds the run
+  // of positions [*first, its layer's length) from one block-aligned first
+  // (what DropLeadingBlocks keeps; EvictLayer may have made it otherwise).
+  bool WindowRuns(uint32_t* first) const;
   // Drops the bounded group's blocks before WindowKeepFrom(n) once every
-  // layer of it has length n.
-  Status DropWindowBlocks();
+  // layer of it has length n (first: WindowRuns').
+  Status DropWindowBlocks(uint32_t first);
   Result<SequenceCache*> GroupForBlocks(int group) const;
   SequenceCache& cache_of(uint32_t layer) { return *groups_[model_->group(layer)]; }
   const SequenceCache& cache_of(uint32_t layer) const { return *groups_[model_->group(layer)]; }

@@ -9,7 +9,7 @@
 // to the reservation they came from.
 //
 // Reservations. Appends draw from the reservation first; blocks freed by
-// Shrink go back into it (atomically, ReleaseAndReserve), topped up best
+// Shrink (or dropped from the front by DropLeadingBlocks) go back into it (atomically, ReleaseAndReserve), topped up best
 // effort for blocks that stay shared with a fork.
 //
 // Thread safety: one mutator at a time, as SequenceCache.

@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <numeric>
+#include <optional>
 
 #include "attention/plan.h"
 
@@ -387,12 +388,15 @@ Status HybridSequence::Append(std::span<const float> k, std::span<const float> v
 
 Status HybridSequence::EnforceWindows(uint32_t layer) {
   if (linear_[layer]) return Status::Ok();
-  if (drops_window_blocks() && model_->group(layer) == HybridModel::kBoundedGroup) {
+  uint32_t first = 0;
+  if (drops_window_blocks() && model_->group(layer) == HybridModel::kBoundedGroup &&
+      WindowRuns(&first)) {
     // Releases blocks only: nothing to wait for, never pending.
-    KV_RETURN_IF_ERROR(DropWindowBlocks());
+    KV_RETURN_IF_ERROR(DropWindowBlocks(first));
     window_pending_[layer] = 0;
     return Status::Ok();
   }
+  // Otherwise (and for a group whose rows EvictLayer compacted) rows move.
   // Pending until a pass over every window head succeeds (a failing
   // KeepRows leaves the heads before it compacted, the rest not yet).
   window_pending_[layer] = 1;
@@ -435,13 +439,30 @@ bool HybridSequence::bounded_group_even() const {
   return true;
 }
 
-Status HybridSequence::DropWindowBlocks() {
+bool HybridSequence::WindowRuns(uint32_t* first) const {
+  const SequenceCache& c = *groups_[HybridModel::kBoundedGroup];
+  std::optional<uint32_t> f;
+  for (uint32_t gl = 0; gl < c.n_layers(); ++gl) {
+    const uint32_t n = c.num_tokens(gl);
+    const Result<LayerKvView> view = c.View(gl);
+    if (!view.ok()) return false;
+    for (uint32_t h = 0; h < c.n_kv_heads(); ++h) {
+      // Positions rise and stay below n: a run to n iff the first is n - len.
+      const uint32_t len = view->rows(h), from = n - len;
+      if ((len > 0 && view->position(h, 0) != from) || (f && *f != from)) return false;
+      f = from;
+    }
+  }
+  *first = f.value_or(0);
+  return *first % c.block_size() == 0;
+}
+
+Status HybridSequence::DropWindowBlocks(uint32_t first) {
   if (!bounded_group_even()) return Status::Ok();  // the last layer of the pass drops
   SequenceCache& c = *groups_[HybridModel::kBoundedGroup];
-  // Every head holds the run [first, n) (window layers store every
-  // position); first and lo are multiples of the block size.
+  // Every head holds the run [first, n); first and lo are multiples of the
+  // block size.
   const uint32_t n = c.num_tokens(0);
-  const uint32_t first = n - c.head_len(0, 0);
   const uint32_t lo = model_->WindowKeepFrom(n);
   if (lo <= first) return Status::Ok();
   return c.DropLeadingBlocks((lo - first) / c.block_size());
@@ -549,7 +570,8 @@ Status HybridSequence::Truncate(uint32_t n) {
   }
   // Layers that were ahead of the group now have its length: drop what the
   // window no longer covers, as the contiguous layout already did.
-  if (drops_window_blocks()) return DropWindowBlocks();
+  uint32_t first = 0;
+  if (drops_window_blocks() && WindowRuns(&first)) return DropWindowBlocks(first);
   return Status::Ok();
 }
 
@@ -716,9 +738,10 @@ Status HybridSequence::Attend(uint32_t layer, uint32_t n_queries, std::span<cons
   // those are indexed by the layer's stored rows). Drafts compact nothing in
   // either layout.
   CutView cut;
+  uint32_t first = 0;
   if (drops_window_blocks() && model_->group(layer) == HybridModel::kBoundedGroup && !in_draft_ &&
-      output.probs.empty() && output.kv_probs.empty() && view.rows(0) > 0) {
-    const uint32_t first = view.position(0, 0), lo = model_->WindowKeepFrom(view.num_tokens);
+      output.probs.empty() && output.kv_probs.empty() && WindowRuns(&first)) {
+    const uint32_t lo = model_->WindowKeepFrom(view.num_tokens);
     if (lo > first) CutLeadingBlocks(view, (lo - first) / view.block_size, cut);
   }
   // Inside a draft, compaction stopped at the draft's start.
@@ -933,8 +956,9 @@ Status HybridSequence::CheckInvariants() const {
       if (ps[h].kind != EvictionKind::kWindow || in_draft_) continue;
       const uint32_t lo = WindowLow(*model_, l, ps[h], n);
       const uint32_t want = lo == 0 ? n : std::min(n, ps[h].sink_tokens) + (n - lo);
+      uint32_t first = 0;
       if (drops_window_blocks() && model_->group(l) == HybridModel::kBoundedGroup &&
-          !bounded_group_even()) {
+          !bounded_group_even() && WindowRuns(&first)) {
         // Window blocks wait for the last layer of the group: this head holds
         // one run of positions ending at n - 1 that covers its window.
         const std::vector<uint32_t> pos = HeadPositions(l, h);

@@ -51,6 +51,14 @@ std::shared_ptr<BlockPool> Pool(FormatPair f, uint32_t blocks = 32) {
   return *p;
 }
 
+// A paged cache on `pool` holding positions [0, n).
+SequenceCache Filled(const std::shared_ptr<BlockPool>& pool, uint32_t n) {
+  auto c = SequenceCache::CreatePaged(pool);
+  EXPECT_TRUE(c.ok());
+  EXPECT_TRUE(AppendRange(*c, 0, n).ok());
+  return std::move(*c);
+}
+
 // Everything the contract says must match, bit for bit.
 void ExpectSame(const SequenceCache& a, const SequenceCache& b) {
   ASSERT_EQ(a.num_tokens(), b.num_tokens());
@@ -136,9 +144,8 @@ TEST(DropLeadingBlocksTest, EqualsKeepRowsOfTheSameRows) {
 
 TEST(DropLeadingBlocksTest, NamedBlocksStayCachedSharedBlocksLoseOneReference) {
   auto pool = Pool({});
-  auto a = SequenceCache::CreatePaged(pool);
-  ASSERT_TRUE(a.ok());
-  ASSERT_TRUE(AppendRange(*a, 0, 16).ok());
+  SequenceCache filled = Filled(pool, 16);
+  SequenceCache* a = &filled;
   const std::vector<uint32_t> table(a->block_table().begin(), a->block_table().end());
   ASSERT_TRUE(a->SetBlockHash(0, 700).ok());
   auto child = a->Fork();
@@ -219,9 +226,8 @@ TEST(DropLeadingBlocksTest, RefusalsChangeNothing) {
   EXPECT_EQ(Before::Of(*windowed), wb);
 
   auto pool = Pool({});
-  auto c = SequenceCache::CreatePaged(pool);
-  ASSERT_TRUE(c.ok());
-  ASSERT_TRUE(AppendRange(*c, 0, 10).ok());
+  SequenceCache filled = Filled(pool, 10);
+  SequenceCache* c = &filled;
   Before b = Before::Of(*c);
   EXPECT_EQ(c->DropLeadingBlocks(3).code(), StatusCode::kFailedPrecondition);  // 10 rows < 12
   EXPECT_EQ(Before::Of(*c), b);
@@ -244,9 +250,8 @@ TEST(DropLeadingBlocksTest, RefusalsChangeNothing) {
 
 TEST(DropLeadingBlocksTest, BlocksAfterADropAreNamedByTheirPositions) {
   auto pool = Pool({});
-  auto c = SequenceCache::CreatePaged(pool);
-  ASSERT_TRUE(c.ok());
-  ASSERT_TRUE(AppendRange(*c, 0, 18).ok());
+  SequenceCache filled = Filled(pool, 18);
+  SequenceCache* c = &filled;
   EXPECT_EQ(*c->BlockFirstPosition(1), 4u);
   ASSERT_TRUE(c->DropLeadingBlocks(2).ok());
   EXPECT_EQ(*c->BlockFirstPosition(0), 8u);
@@ -258,11 +263,9 @@ TEST(DropLeadingBlocksTest, BlocksAfterADropAreNamedByTheirPositions) {
   EXPECT_EQ(c->SetBlockHash(2, 98).code(), StatusCode::kFailedPrecondition);
   // A KeepRows that drops a whole aligned block of every head names its
   // blocks the same way.
-  auto d = SequenceCache::CreatePaged(pool);
-  ASSERT_TRUE(d.ok());
-  ASSERT_TRUE(AppendRange(*d, 0, 12).ok());
-  ASSERT_TRUE(KeepFrom(*d, kBlock).ok());
-  EXPECT_EQ(*d->BlockFirstPosition(0), 4u);
+  SequenceCache d = Filled(pool, 12);
+  ASSERT_TRUE(KeepFrom(d, kBlock).ok());
+  EXPECT_EQ(*d.BlockFirstPosition(0), 4u);
   auto contiguous = SequenceCache::CreateContiguous(Geo(), {});
   ASSERT_TRUE(contiguous.ok());
   ASSERT_TRUE(AppendRange(*contiguous, 0, 8).ok());

@@ -121,6 +121,12 @@ Pair MakePair(uint32_t slack, uint32_t window = kW) {
   return {model, *pools, std::move(*paged), std::move(*ref)};
 }
 
+// Tokens [n, n + count) of `stream` into both sequences of the pair.
+void AppendBoth(Pair& p, uint64_t stream, uint32_t n, uint32_t count) {
+  ASSERT_TRUE(AppendAll(p.paged, stream, n, count).ok());
+  ASSERT_TRUE(AppendAll(p.ref, stream, n, count).ok());
+}
+
 TEST(HybridWindowBlocks, ModelSaysWhenBlocksApply) {
   EXPECT_TRUE(Model(16)->window_blocks_aligned());
   EXPECT_TRUE(Model(32)->window_blocks_aligned());
@@ -150,49 +156,43 @@ TEST(HybridWindowBlocks, ModelSaysWhenBlocksApply) {
   EXPECT_EQ(m->WindowKeepFrom(400), 320u);
 }
 
-TEST(HybridWindowBlocks, SingleTokensMatchContiguous) {
-  for (uint32_t slack : {16u, 32u}) {
-    SCOPED_TRACE(slack);
-    Pair p = MakePair(slack);
-    const SequenceCache& group = *p.paged.group_cache(HybridModel::kBoundedGroup);
-    for (uint32_t n = 0; n < 400; ++n) {
-      const std::vector<uint32_t> before(group.block_table().begin(), group.block_table().end());
-      ASSERT_TRUE(AppendAll(p.paged, 1, n, 1).ok());
-      ASSERT_TRUE(AppendAll(p.ref, 1, n, 1).ok());
-      // No row moved: the blocks that stayed are the same blocks.
-      const uint32_t dropped = (p.model->WindowKeepFrom(n + 1) - p.model->WindowKeepFrom(n)) / kBlock;
-      ASSERT_GT(group.block_table().size(), 0u);
-      if (!before.empty()) {
-        ASSERT_EQ(group.block_table()[0], before[dropped]);
-      }
-      ExpectSame(p.paged, p.ref, 1, "single");
-      ExpectWindowBlocks(p.paged, *p.pools[HybridModel::kBoundedGroup]);
-      if (HasFatalFailure()) return;
+class HybridWindowBlocksSlack : public ::testing::TestWithParam<uint32_t> {};
+
+TEST_P(HybridWindowBlocksSlack, SingleTokensMatchContiguous) {
+  Pair p = MakePair(GetParam());
+  const SequenceCache& group = *p.paged.group_cache(HybridModel::kBoundedGroup);
+  for (uint32_t n = 0; n < 400; ++n) {
+    const std::vector<uint32_t> before(group.block_table().begin(), group.block_table().end());
+    AppendBoth(p, 1, n, 1);
+    // No row moved: the blocks that stayed are the same blocks.
+    const uint32_t dropped = (p.model->WindowKeepFrom(n + 1) - p.model->WindowKeepFrom(n)) / kBlock;
+    ASSERT_GT(group.block_table().size(), 0u);
+    if (!before.empty()) {
+      ASSERT_EQ(group.block_table()[0], before[dropped]);
     }
+    ExpectSame(p.paged, p.ref, 1, "single");
+    ExpectWindowBlocks(p.paged, *p.pools[HybridModel::kBoundedGroup]);
+    if (HasFatalFailure()) return;
   }
 }
 
-TEST(HybridWindowBlocks, ChunksMatchContiguous) {
-  for (uint32_t slack : {16u, 32u}) {
-    SCOPED_TRACE(slack);
-    Pair p = MakePair(slack);
-    uint32_t n = 0;
-    for (uint32_t i = 0; n < 400; ++i) {
-      const uint32_t chunk = 1 + (i * 7) % (kL + 1);  // 1 .. L + 1
-      ASSERT_TRUE(AppendAll(p.paged, 2, n, chunk).ok());
-      ASSERT_TRUE(AppendAll(p.ref, 2, n, chunk).ok());
-      n += chunk;
-      ExpectSame(p.paged, p.ref, chunk, "chunk");
-      ExpectWindowBlocks(p.paged, *p.pools[HybridModel::kBoundedGroup]);
-      if (HasFatalFailure()) return;
-    }
+TEST_P(HybridWindowBlocksSlack, ChunksMatchContiguous) {
+  Pair p = MakePair(GetParam());
+  uint32_t n = 0;
+  for (uint32_t i = 0; n < 400; ++i) {
+    const uint32_t chunk = 1 + (i * 7) % (kL + 1);  // 1 .. L + 1
+    AppendBoth(p, 2, n, chunk);
+    n += chunk;
+    ExpectSame(p.paged, p.ref, chunk, "chunk");
+    ExpectWindowBlocks(p.paged, *p.pools[HybridModel::kBoundedGroup]);
+    if (HasFatalFailure()) return;
   }
 }
 
 // A forward pass appends one layer and attends it before the next layer:
 // the window layers before the group's last keep their older rows until
-// it is appended, which attention does not read.
-// Window 64 keeps every row in one of attention's 512-row segments; window
+// it is appended, which attention does not read (Attend starts where the
+// contiguous layout's rows start). Window 64 keeps every row in one of attention's 512-row segments; window
 // 512 does not, and the rows a layer ahead of its group still holds would
 // shift the segments if attention read them.
 class HybridWindowBlocksLayers : public ::testing::TestWithParam<uint32_t> {};
@@ -229,64 +229,79 @@ TEST_P(HybridWindowBlocksLayers, LayerByLayerAttentionMatchesContiguous) {
 
 INSTANTIATE_TEST_SUITE_P(Windows, HybridWindowBlocksLayers, ::testing::Values(64u, 512u));
 
-TEST(HybridWindowBlocks, DraftsTruncateForksMatchContiguous) {
-  for (uint32_t slack : {16u, 32u}) {
-    SCOPED_TRACE(slack);
-    Pair p = MakePair(slack);
-    uint32_t n = 0;
-    for (uint32_t i = 0; n < 360; ++i) {
-      const uint32_t step = 1 + i % 3;
-      ASSERT_TRUE(AppendAll(p.paged, 4, n, step).ok());
-      ASSERT_TRUE(AppendAll(p.ref, 4, n, step).ok());
-      n += step;
-      if (i % 4 == 1) {
-        // A draft of up to 8 tokens; commit some (the kept ones are the
-        // stream's next tokens), or abort.
-        const uint32_t drafted = 1 + i % 8, accepted = i % 8 == 5 ? 0 : (i * 3) % (drafted + 1);
-        for (HybridSequence* s : {&p.paged, &p.ref}) {
-          ASSERT_TRUE(s->BeginDraft().ok());
-          ASSERT_TRUE(AppendAll(*s, 4, n, drafted).ok());
-          ASSERT_TRUE(s->CheckInvariants().ok());
-        }
-        ExpectSame(p.paged, p.ref, 1, "in draft");
-        for (HybridSequence* s : {&p.paged, &p.ref}) {
-          ASSERT_TRUE((accepted == 0 && i % 8 == 5 ? s->Abort() : s->Commit(accepted)).ok());
-        }
-        n += accepted;
-        ExpectSame(p.paged, p.ref, 1, "after draft");
-        ExpectWindowBlocks(p.paged, *p.pools[HybridModel::kBoundedGroup]);
+TEST_P(HybridWindowBlocksSlack, DraftsTruncateForksMatchContiguous) {
+  Pair p = MakePair(GetParam());
+  uint32_t n = 0;
+  for (uint32_t i = 0; n < 360; ++i) {
+    const uint32_t step = 1 + i % 3;
+    AppendBoth(p, 4, n, step);
+    n += step;
+    if (i % 4 == 1) {
+      // A draft of up to 8 tokens; commit some (the kept ones are the
+      // stream's next tokens), or abort.
+      const uint32_t drafted = 1 + i % 8, accepted = i % 8 == 5 ? 0 : (i * 3) % (drafted + 1);
+      for (HybridSequence* s : {&p.paged, &p.ref}) {
+        ASSERT_TRUE(s->BeginDraft().ok());
+        ASSERT_TRUE(AppendAll(*s, 4, n, drafted).ok());
+        ASSERT_TRUE(s->CheckInvariants().ok());
       }
-      if (i % 9 == 4) {
-        // Truncation by a few tokens, where the window allows it (both
-        // layouts answer alike).
-        const uint32_t to = n - std::min<uint32_t>(n - 1, 1 + i % 5);
-        const Status a = p.paged.Truncate(to), b = p.ref.Truncate(to);
-        ASSERT_EQ(a.code(), b.code()) << a.ToString() << " / " << b.ToString();
-        if (a.ok()) n = to;
-        ExpectSame(p.paged, p.ref, 1, "truncate");
-        ExpectWindowBlocks(p.paged, *p.pools[HybridModel::kBoundedGroup]);
+      ExpectSame(p.paged, p.ref, 1, "in draft");
+      for (HybridSequence* s : {&p.paged, &p.ref}) {
+        ASSERT_TRUE((accepted == 0 && i % 8 == 5 ? s->Abort() : s->Commit(accepted)).ok());
       }
-      if (i % 13 == 6) {
-        // Forks go their own way; each matches the contiguous copy.
-        auto fp = p.paged.Fork();
-        auto fr = p.ref.Fork();
-        ASSERT_TRUE(fp.ok() && fr.ok());
-        uint32_t m = n;
-        for (uint32_t j = 0; j < 40; ++j) {
-          ASSERT_TRUE(AppendAll(*fp, 9, m, 1 + j % 2).ok());
-          ASSERT_TRUE(AppendAll(*fr, 9, m, 1 + j % 2).ok());
-          m += 1 + j % 2;
-          ExpectSame(*fp, *fr, 1, "fork");
-        }
-        ExpectSame(p.paged, p.ref, 1, "parent of a fork");
-        fp->Release();
-        ExpectWindowBlocks(p.paged, *p.pools[HybridModel::kBoundedGroup]);
+      n += accepted;
+      ExpectSame(p.paged, p.ref, 1, "after draft");
+      ExpectWindowBlocks(p.paged, *p.pools[HybridModel::kBoundedGroup]);
+    }
+    if (i % 9 == 4) {
+      // Truncation by a few tokens, where the window allows it (both
+      // layouts answer alike).
+      const uint32_t to = n - std::min<uint32_t>(n - 1, 1 + i % 5);
+      const Status a = p.paged.Truncate(to), b = p.ref.Truncate(to);
+      ASSERT_EQ(a.code(), b.code()) << a.ToString() << " / " << b.ToString();
+      if (a.ok()) n = to;
+      ExpectSame(p.paged, p.ref, 1, "truncate");
+      ExpectWindowBlocks(p.paged, *p.pools[HybridModel::kBoundedGroup]);
+    }
+    if (i % 13 == 6) {
+      // Forks go their own way; each matches the contiguous copy.
+      auto fp = p.paged.Fork();
+      auto fr = p.ref.Fork();
+      ASSERT_TRUE(fp.ok() && fr.ok());
+      uint32_t m = n;
+      for (uint32_t j = 0; j < 40; ++j) {
+        ASSERT_TRUE(AppendAll(*fp, 9, m, 1 + j % 2).ok());
+        ASSERT_TRUE(AppendAll(*fr, 9, m, 1 + j % 2).ok());
+        m += 1 + j % 2;
+        ExpectSame(*fp, *fr, 1, "fork");
       }
-      ExpectSame(p.paged, p.ref, step, "step");
-      if (HasFatalFailure()) return;
+      ExpectSame(p.paged, p.ref, 1, "parent of a fork");
+      fp->Release();
+      ExpectWindowBlocks(p.paged, *p.pools[HybridModel::kBoundedGroup]);
+    }
+    ExpectSame(p.paged, p.ref, step, "step");
+    if (HasFatalFailure()) return;
+  }
+}
+
+// EvictLayer on a window layer leaves rows that are no run of positions:
+// from then on the group moves rows, as the contiguous layout does.
+TEST_P(HybridWindowBlocksSlack, EvictLayerFallsBackToMovingRows) {
+  Pair p = MakePair(GetParam());
+  AppendBoth(p, 5, 0, 150);
+  const auto table = *PolicyTable::Uniform(kH, EvictionPolicy::Window(2, 40));
+  ASSERT_TRUE(p.paged.EvictLayer(2, table).ok());
+  ASSERT_TRUE(p.ref.EvictLayer(2, table).ok());
+  for (uint32_t n = 150; n < 300; n += 3) {
+    AppendBoth(p, 5, n, 3);
+    ASSERT_TRUE(Take(p.paged) == Take(p.ref)) << n;
+    for (uint32_t l = 0; l < kLayers; ++l) {
+      ASSERT_TRUE(SameBits(AttendBits(p.paged, l, 3), AttendBits(p.ref, l, 3))) << n;
     }
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Slacks, HybridWindowBlocksSlack, ::testing::Values(16u, 32u));
 
 // A appends P tokens, names its blocks and is released; B adopts them and
 // continues exactly as A' (A made again and never released).
