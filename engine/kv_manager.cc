@@ -257,11 +257,14 @@ Status KvManager::InitHybrid() {
   // compacting by whole blocks); the precision window's sinks do not travel
   // with a hybrid prefix, so a model with one computes every prompt.
   if (!o.prefix_cache || !hybrid_->window_blocks_aligned() || o.window.enabled()) return Status::Ok();
-  KV_ASSIGN_OR_RETURN(prefix_, PrefixCache::Create(pool_));
+  // The window index hears of every full block the prefix cache loses: the
+  // window block of that hash can no longer be part of a hit.
+  window_index_ = std::make_unique<WindowBlockIndex>(pools_[1]);
+  KV_ASSIGN_OR_RETURN(prefix_, PrefixCache::Create(WindowBlockIndex::WatchChain(PoolPrefixBackend(pool_),
+                                                                                window_index_.get())));
   OffloadOptions off;
   off.model = o.model_id;
   KV_ASSIGN_OR_RETURN(offload_, OffloadCache::Create(pool_, prefix_.get(), {}, off));
-  window_index_ = std::make_unique<WindowBlockIndex>(pools_[1]);
   return Status::Ok();
 }
 
@@ -607,6 +610,10 @@ void KvManager::FlushTiers() {
 
 Status KvManager::CheckInvariants() const {
   for (const auto& pool : pools_) KV_RETURN_IF_ERROR(pool->CheckInvariants());
+  if (window_index_) {
+    const std::string bad = window_index_->CheckInvariants();
+    if (!bad.empty()) return Status::Internal(bad);
+  }
   if (prefix_) {
     const std::string bad = prefix_->CheckInvariants();
     if (!bad.empty()) return Status::Internal("prefix cache: " + bad);
@@ -638,6 +645,7 @@ KvMetrics KvManager::Metrics() const {
     m.prefix = prefix_->stats();
     m.prefix_lookups = m.prefix.lookups;
   }
+  if (window_index_) m.window = window_index_->stats();
   if (offload_) {
     for (const TierStats& t : offload_->stats().tiers) {
       m.tier_hit_blocks += t.hit_blocks;

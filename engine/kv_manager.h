@@ -55,6 +55,7 @@
 #include <string_view>
 #include <vector>
 
+#include "engine/window_blocks.h"
 #include "kvcache/cache.h"
 #include "kvcache/format.h"
 #include "kvcache/pool.h"
@@ -64,7 +65,6 @@
 #include "kvcache/thread_pool.h"
 #include "model/kv/cache_kv.h"
 #include "model/kv/hybrid_kv.h"
-#include "engine/window_blocks.h"
 
 namespace kvcache::engine {
 
@@ -157,6 +157,7 @@ struct KvMetrics {
   uint64_t prefix_lookups = 0;  // counted lookups (one per admission)
   uint64_t tier_hit_blocks = 0, tier_miss_blocks = 0;
   PrefixCacheStats prefix;      // the prefix cache's counters (zero without it)
+  WindowIndexStats window;      // a window model's window-block index (zero without it)
 };
 
 // One request's K/V: the model's KvBackend over the manager's pools (what

@@ -3,6 +3,8 @@
 
 #include <algorithm>
 
+#include "kvcache/serving/forwarding_backend.h"
+
 namespace kvcache::engine {
 
 WindowBlockIndex::WindowBlockIndex(std::shared_ptr<BlockPool> pool) : pool_(std::move(pool)) {
@@ -17,6 +19,7 @@ void WindowBlockIndex::OnEvicted(std::span<const EvictedBlock> evicted) {
     auto it = by_block_.find(e.block);
     if (it == by_block_.end() || it->second.lo != e.hash) continue;
     by_hash_.erase(it->second);
+    by_lo_.erase(it->second.lo);
     by_block_.erase(it);
     ++stats_.evictions;
   }
@@ -36,6 +39,7 @@ Result<bool> WindowBlockIndex::Publish(const BlockHash& hash, uint32_t block,
   KV_RETURN_IF_ERROR(set_hash(hash.lo));
   by_hash_.emplace(hash, Entry{block, std::move(calibration)});
   by_block_.emplace(block, hash);
+  by_lo_.emplace(hash.lo, hash);
   ++stats_.published_blocks;
   return true;
 }
@@ -86,6 +90,59 @@ Result<WindowMatch> WindowBlockIndex::Acquire(std::span<const BlockHash> hashes)
   return m;
 }
 
+void WindowBlockIndex::ForgetChain(uint64_t hash_lo) {
+  uint32_t block = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto lo = by_lo_.find(hash_lo);
+    if (lo == by_lo_.end()) return;
+    auto it = by_hash_.find(lo->second);
+    block = it->second.block;
+    by_block_.erase(block);
+    by_hash_.erase(it);
+    by_lo_.erase(lo);
+    ++stats_.unreachable;
+  }
+  // A parked block goes to the free list; one in use keeps its name until
+  // the pool evicts it (the listener then finds no entry).
+  if (pool_->state(block) == BlockState::kCached) (void)pool_->ClearBlockHash(block);
+}
+
+namespace {
+
+// Passes every call on; reports each block the prefix cache loses.
+class ChainWatch final : public ForwardingPrefixBackend<std::unique_ptr<PrefixCacheBackend>> {
+ public:
+  ChainWatch(std::unique_ptr<PrefixCacheBackend> full, WindowBlockIndex* index)
+      : ForwardingPrefixBackend(std::move(full)), index_(index) {}
+  Status ClearBlockHash(uint32_t block) override {
+    const std::optional<uint64_t> hash = target_->block_hash(block);
+    KV_RETURN_IF_ERROR(target_->ClearBlockHash(block));
+    if (hash) index_->ForgetChain(*hash);
+    return Status::Ok();
+  }
+  void SetEvictionListener(EvictionListener listener) override {
+    if (!listener) {
+      target_->SetEvictionListener(nullptr);
+      return;
+    }
+    target_->SetEvictionListener([listener = std::move(listener), index = index_](std::span<const EvictedBlock> evicted) {
+      listener(evicted);
+      for (const EvictedBlock& e : evicted) index->ForgetChain(e.hash);
+    });
+  }
+
+ private:
+  WindowBlockIndex* index_;
+};
+
+}  // namespace
+
+std::unique_ptr<PrefixCacheBackend> WindowBlockIndex::WatchChain(std::unique_ptr<PrefixCacheBackend> full,
+                                                                 WindowBlockIndex* index) {
+  return std::make_unique<ChainWatch>(std::move(full), index);
+}
+
 size_t WindowBlockIndex::size() const {
   std::lock_guard<std::mutex> lock(mu_);
   return by_hash_.size();
@@ -98,7 +155,9 @@ WindowIndexStats WindowBlockIndex::stats() const {
 
 std::string WindowBlockIndex::CheckInvariants() const {
   std::lock_guard<std::mutex> lock(mu_);
-  if (by_hash_.size() != by_block_.size()) return "window index: the two maps differ in size";
+  if (by_hash_.size() != by_block_.size() || by_hash_.size() != by_lo_.size()) {
+    return "window index: the maps differ in size";
+  }
   for (const auto& [hash, e] : by_hash_) {
     const std::optional<uint64_t> h = pool_->block_hash(e.block);
     if (!h || *h != hash.lo) return "window index: block " + std::to_string(e.block) + " lost its hash";

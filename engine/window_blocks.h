@@ -21,6 +21,14 @@
 // eviction listener). A hash already named by another block is not named
 // again (the caller's copy stays private and is freed with it).
 //
+// What no hit can use goes first. A hit ending at P needs the full chain's
+// blocks before P, so once the prefix cache forgets a full block (the pool
+// evicted it, or it was dropped with an evicted ancestor) the window block
+// with the same hash can never be part of a hit again: the index forgets it
+// and, if it is parked, frees it at once (ForgetChain), before the pool has
+// to evict a window block some hit could still use. WatchChain wraps the
+// prefix cache's backend so that every such loss reaches ForgetChain.
+//
 // Calibration: formats that calibrate per sequence encode a block with its
 // publisher's transforms; an entry keeps them, and a run whose blocks do
 // not all share one calibration is not a hit (Covers is false).
@@ -55,6 +63,7 @@ struct WindowIndexStats {
   uint64_t published_blocks = 0;  // blocks named, ever
   uint64_t hit_blocks = 0;        // blocks handed out by Acquire, ever
   uint64_t evictions = 0;         // entries the pool reclaimed
+  uint64_t unreachable = 0;       // entries forgotten with their full chain block (ForgetChain)
 };
 
 class WindowBlockIndex {
@@ -79,6 +88,16 @@ class WindowBlockIndex {
   // NotFound (nothing held) when one is missing or the pool reclaimed it.
   Result<WindowMatch> Acquire(std::span<const BlockHash> hashes);
 
+  // The full chain block named `hash_lo` (the pool's 64 bits) is gone:
+  // forgets the window block of that hash, freeing it if parked (one in use
+  // keeps its name in the pool and is freed when evicted).
+  void ForgetChain(uint64_t hash_lo);
+  // A prefix-cache backend over `full` that passes every call on and tells
+  // `index` of each full block the prefix cache loses (evicted by the pool,
+  // or un-named by the cache). `index` must outlive it.
+  static std::unique_ptr<PrefixCacheBackend> WatchChain(std::unique_ptr<PrefixCacheBackend> full,
+                                                        WindowBlockIndex* index);
+
   size_t size() const;
   WindowIndexStats stats() const;
   // "" when every entry's block carries its hash in the pool, else the
@@ -96,6 +115,7 @@ class WindowBlockIndex {
   mutable std::mutex mu_;
   std::unordered_map<BlockHash, Entry, BlockHashHasher> by_hash_;
   std::unordered_map<uint32_t, BlockHash> by_block_;
+  std::unordered_map<uint64_t, BlockHash> by_lo_;  // the pool's 64-bit names
   WindowIndexStats stats_;
 };
 

@@ -10,7 +10,7 @@
 
 #include <fmt/format.h>
 
-#include "serving/prefix/forwarding_backend.h"
+#include "kvcache/serving/forwarding_backend.h"
 #include "testing/model_block_source.h"
 
 namespace kvcache::serving {

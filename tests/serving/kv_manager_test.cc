@@ -497,6 +497,54 @@ TEST(KvManager, SlidingWindowPrefixReuse) {
   EXPECT_TRUE(m.CheckInvariants().ok());
 }
 
+// When the full pool evicts a chain's blocks, the window blocks of the same
+// hashes can serve no hit: they are freed at once instead of waiting for
+// the window pool's own eviction.
+TEST(KvManager, WindowBlocksGoWithTheirFullChain) {
+  model::AttentionShape shape = WindowShape();
+  shape.max_seq_len = 128;
+  KvManagerOptions o = WindowOptions(40);
+  o.prefix_cache = true;
+  Result<std::unique_ptr<KvManager>> made = KvManager::Create(shape, nullptr, o);
+  ASSERT_TRUE(made.ok()) << made.status().ToString();
+  KvManager& m = **made;
+  auto run = [&](const std::vector<TokenId>& prompt) {
+    Result<std::unique_ptr<KvSequence>> seq = m.Admit(prompt, KvAdmitOptions{});
+    EXPECT_TRUE(seq.ok()) << seq.status().ToString();
+    if (!seq.ok()) return;
+    std::vector<BlockHash> hashes;
+    for (uint32_t at = (*seq)->cached_tokens(); at < prompt.size(); at += 8) {
+      RunTokens(**seq, shape, prompt, at, std::min<uint32_t>(at + 8, prompt.size()));
+      EXPECT_TRUE(m.Publish(**seq, prompt, &hashes).ok());
+    }
+  };
+  std::vector<TokenId> a(90), b(90);
+  for (uint32_t i = 0; i < 90; ++i) {
+    a[i] = 1 + i % 50;
+    b[i] = 51 + i % 40;
+  }
+  run(a);
+  const std::vector<KvGroupMetrics> after_a = m.GroupMetrics();
+  EXPECT_EQ(after_a[0].blocks_cached, 22u);  // 90 tokens: 22 full blocks named
+  EXPECT_GT(after_a[1].blocks_cached, 0u);
+  // b takes 23 full blocks of 40: the free ones, then a's chain from its
+  // tail. The window blocks of the evicted hashes are freed with them.
+  run(b);
+  const std::vector<KvGroupMetrics> after_b = m.GroupMetrics();
+  const uint64_t full_left = after_b[0].blocks_cached - 22;  // a's chain blocks still cached
+  EXPECT_LT(full_left, 22u);
+  // a's window blocks whose full block went were forgotten and freed.
+  const KvMetrics metrics = m.Metrics();
+  EXPECT_GT(metrics.window.unreachable, 0u);
+  EXPECT_LE(metrics.window.unreachable, 22u - full_left);
+  EXPECT_LE(after_b[1].blocks_cached, after_a[1].blocks_cached + full_left);
+  Result<std::unique_ptr<KvSequence>> again = m.Admit(a, KvAdmitOptions{});
+  ASSERT_TRUE(again.ok());
+  EXPECT_LE((*again)->cached_tokens(), full_left * kB);
+  again->reset();
+  EXPECT_TRUE(m.CheckInvariants().ok());
+}
+
 // What the manager does not do for a window model is refused by name.
 TEST(KvManager, SlidingWindowRefusals) {
   const model::AttentionShape shape = WindowShape();

@@ -12,7 +12,7 @@
 #include "kvcache/pool.h"
 #include "testing/block_source.h"
 #include "kvcache/serving/prefix_cache.h"
-#include "serving/prefix/forwarding_backend.h"
+#include "kvcache/serving/forwarding_backend.h"
 #include "testing/model_block_source.h"
 
 namespace kvcache {

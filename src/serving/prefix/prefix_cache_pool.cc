@@ -5,7 +5,7 @@
 
 #include "kvcache/cache.h"
 #include "kvcache/serving/prefix_cache.h"
-#include "serving/prefix/forwarding_backend.h"
+#include "kvcache/serving/forwarding_backend.h"
 
 namespace kvcache {
 
