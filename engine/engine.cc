@@ -176,6 +176,7 @@ class EngineImpl final : public Engine, private SchedulerKv {
 
   using Engine::Submit;
   Result<std::shared_ptr<RequestStream>> Submit(RequestParams params, SubmitFault* fault) override;
+  bool prefix_caching() const override { return kv_->prefix_caching(); }
   EngineMetrics Metrics() const override;
   const model::LoadedModel& model() const override { return model_; }
   const EngineOptions& options() const override { return options_; }

@@ -263,6 +263,10 @@ class Engine {
   virtual EngineMetrics Metrics() const = 0;
   virtual const model::LoadedModel& model() const = 0;
   virtual const EngineOptions& options() const = 0;
+  // Whether prompts are reused from the prefix cache: options().prefix_cache,
+  // except for a model with sliding-window layers whose windows cannot be
+  // named by block or whose full layers keep a precision window.
+  virtual bool prefix_caching() const = 0;
 
   // Stops admitting (Submit fails), lets running and waiting requests finish
   // until `deadline` from now, cancels what is left, stops the step thread.

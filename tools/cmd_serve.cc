@@ -125,6 +125,11 @@ int RunServe(ServeCliOptions o) {
   fmt::print("kvcache serve: listening on http://{}:{} (model {}, context {}, {})\n", o.http.host, http.port(),
              o.http.model_name, (*lm)->model().config().max_seq_len,
              ChoiceText(o.kv_format, o.kv_format_given, o.products));
+  if (!o.no_prefix_cache && !(*eng)->prefix_caching()) {
+    fmt::print(stderr,
+               "kvcache serve: prefix reuse is off: a model with sliding-window layers reuses prompts only without a "
+               "precision window (+sN+rN) on its global layers\n");
+  }
   std::fflush(stdout);
   std::atomic<bool> done{false};
   std::thread signals(SignalLoop, std::cref(done), std::ref(http),
