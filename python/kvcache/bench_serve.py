@@ -19,9 +19,25 @@ reports what a serving configuration delivers:
 Workloads (``--workload``): ``chat`` is a few long shared system prompts and a
 short distinct user turn per request (the prefix cache serves the system
 prompt after its first use, as the simulator's chat workload); ``fixed`` is
-distinct prompts of ``--prompt-words`` words each, so nothing is shared. Both
-ask for ``--max-tokens`` tokens with ``ignore_eos`` (fixed output lengths)
-unless ``--allow-eos``.
+distinct prompts of ``--prompt-words`` words each, so nothing is shared;
+``conversation`` is ``--conversations`` multi-turn conversations, each on one
+of ``--system-prompts`` shared system prompts (``--system-tokens`` long) with
+``--turns`` user turns of ``--user-tokens``: every turn sends the whole
+history (the system prompt, the earlier user turns and the model's actual
+answers to them) plus the next user turn, a conversation's next turn only
+after its previous answer, the conversations interleaved with at most
+``--concurrency`` turns in flight. It reports per turn index TTFT p50/p99 and
+the prompt tokens the server computed against the new ones (see
+summarize_turns). All ask for ``--max-tokens`` tokens with ``ignore_eos``
+(fixed output lengths) unless ``--allow-eos``.
+
+``--render gemma`` sends /v1/completions of the turns rendered in Gemma's
+format (render_gemma) instead of /v1/chat/completions, for a base model
+without a chat template. ``--server-kind llama`` (detected by default: /metrics
+with kvcache's counters, else llama-server's /props) measures llama-server:
+no /metrics deltas; the computed prompt tokens are its ``timings.prompt_n``
+(sent in the last chunk of a stream), kvcache's are prompt minus cached
+tokens from the usage.
 
 ``--base-url`` measures a running server; ``--spawn "ARGS"`` starts
 ``kvcache serve --port 0 ARGS`` itself for each run (a free port) and stops it
