@@ -251,7 +251,89 @@ Status KvManager::InitHybrid() {
   pools_ = h.pools;
   pool_ = pools_[0];
   kinds_ = {KvGroupKind::kFullAttention, KvGroupKind::kSlidingWindow};
+  // Prefix reuse needs window blocks named like full ones (sinkless windows
+  // compacting by whole blocks); the precision window's sinks do not travel
+  // with a hybrid prefix, so a model with one computes every prompt.
+  if (!o.prefix_cache || !hybrid_->window_blocks_aligned() || o.window.enabled()) return Status::Ok();
+  KV_ASSIGN_OR_RETURN(prefix_, PrefixCache::Create(pool_));
+  OffloadOptions off;
+  off.model = o.model_id;
+  KV_ASSIGN_OR_RETURN(offload_, OffloadCache::Create(pool_, prefix_.get(), {}, off));
+  window_index_ = std::make_unique<WindowBlockIndex>(pools_[1]);
   return Status::Ok();
+}
+
+KvManager::HybridHit KvManager::FindHybridHit(std::span<const int32_t> tokens) const {
+  HybridHit hit;
+  if (!prefix_ || tokens.size() < 2) return hit;
+  const uint32_t B = options_.block_size;
+  const std::span<const TokenId> ids = AsTokenIds(tokens).first(tokens.size() - 1);
+  const PrefixMatch full = prefix_->Peek(ids, "");
+  hit.hashes = HashFullBlocks(ids, B, "");
+  // The longest prefix whose window run is cached too (a shorter prefix
+  // needs an earlier run, which may still be there).
+  for (size_t k = full.blocks.size(); k > 0; --k) {
+    const size_t first = hybrid_->WindowKeepFrom(static_cast<uint32_t>(k * B)) / B;
+    if (window_index_->Covers(std::span<const BlockHash>(hit.hashes).subspan(first, k - first))) {
+      hit.blocks = k;
+      hit.window_first = first;
+      break;
+    }
+  }
+  return hit;
+}
+
+size_t KvManager::AdoptHybrid(model::HybridKv& kv, std::span<const int32_t> tokens, KvAdmission* found) {
+  const HybridHit hit = FindHybridHit(tokens);
+  if (found != nullptr) found->served.assign(1, 0);
+  if (!prefix_) return 0;
+  const uint32_t B = options_.block_size;
+  // One counted lookup, over the prefix both groups hold.
+  PrefixMatch full = prefix_->Acquire(AsTokenIds(tokens).first(hit.blocks * B), "");
+  auto give_back = [this](const std::vector<uint32_t>& blocks, int group) {
+    const std::vector<uint32_t> back(blocks.rbegin(), blocks.rend());
+    (void)pools_[group]->Release(back);  // references this admission took: cannot fail
+  };
+  if (hit.blocks == 0 || full.blocks.size() != hit.blocks) {
+    give_back(full.blocks, 0);
+    return 0;
+  }
+  Result<WindowMatch> window = window_index_->Acquire(
+      std::span<const BlockHash>(hit.hashes).subspan(hit.window_first, hit.blocks - hit.window_first));
+  if (!window.ok()) {
+    give_back(full.blocks, 0);
+    if (found != nullptr) found->adopt_error = window.status();
+    return 0;
+  }
+  const Status adopted = kv.AdoptPrefix(full.blocks, full.calibration, window->blocks, window->calibration);
+  if (!adopted.ok()) {
+    give_back(full.blocks, 0);
+    give_back(window->blocks, 1);
+    if (found != nullptr) found->adopt_error = adopted;
+    return 0;
+  }
+  if (found != nullptr) found->served[0] = hit.blocks * B;
+  return hit.blocks * B;
+}
+
+void KvManager::PublishWindow(KvSequence& seq, size_t full, std::span<const BlockHash> hashes) {
+  model::HybridKv& kv = *seq.hybrid_;
+  const uint32_t B = options_.block_size;
+  const std::span<const uint32_t> table = kv.block_table(HybridModel::kBoundedGroup);
+  const std::shared_ptr<const Calibration> calibration = kv.calibration(HybridModel::kBoundedGroup);
+  for (uint32_t b = 0; b < table.size(); ++b) {
+    Result<uint32_t> first = kv.BlockFirstPosition(HybridModel::kBoundedGroup, b);
+    if (!first.ok()) break;  // the partial last block
+    const size_t j = *first / B;
+    if (j < seq.window_published_) continue;
+    if (j >= full) break;
+    const uint32_t block = table[b];
+    auto named = window_index_->Publish(hashes[j], block, calibration, [&kv, b](uint64_t hash) {
+      return kv.SetBlockHash(HybridModel::kBoundedGroup, b, hash);
+    });
+    if (!named.ok()) break;  // the rest stays private
+    seq.window_published_ = j + 1;
+  }
 }
 
 std::vector<BlockHash> KvManager::HashPrompt(std::span<const int32_t> prompt) const {
@@ -277,8 +359,20 @@ KvDemand KvManager::AdmissionDemand(size_t tokens) const {
 bool KvManager::CanAdmit(std::span<const int32_t> tokens) const {
   const KvDemand demand = AdmissionDemand(tokens.size());
   if (hybrid_) {
+    // As below, per group: the hit's blocks need no new ones, but adopting
+    // a parked block takes it out of the available ones.
+    const HybridHit hit = FindHybridHit(tokens);
+    uint64_t held[2] = {0, 0}, parked[2] = {0, 0};
+    if (hit.blocks > 0) {
+      const PrefixMatch full = prefix_->Peek(AsTokenIds(tokens).first(hit.blocks * options_.block_size), "");
+      held[0] = full.blocks.size();
+      for (uint32_t b : full.blocks) parked[0] += pools_[0]->state(b) == BlockState::kCached ? 1 : 0;
+      held[1] = hit.blocks - hit.window_first;  // the window run's blocks; their parked share is not
+      parked[1] = held[1];                      // known without a lookup: counted as all parked
+    }
     for (size_t g = 0; g < pools_.size(); ++g) {
-      if (demand.blocks[g] > pools_[g]->stats().available_blocks) return false;
+      const uint64_t need = demand.blocks[g] - std::min(held[g], demand.blocks[g]);
+      if (need + parked[g] > pools_[g]->stats().available_blocks) return false;
     }
     return true;
   }
@@ -332,8 +426,8 @@ Result<std::unique_ptr<KvSequence>> KvManager::Admit(std::span<const int32_t> to
 }
 
 Result<std::unique_ptr<KvSequence>> KvManager::AdmitHybrid(std::span<const int32_t> tokens, KvAdmission* found) {
-  (void)found;
   KV_ASSIGN_OR_RETURN(std::unique_ptr<model::HybridKv> kv, model::HybridKv::Create(shape_, hybrid_options_));
+  const size_t adopted = AdoptHybrid(*kv, tokens, found);
   const uint64_t reserve = AdmissionTokens(tokens.size());
   const uint32_t B = options_.block_size;
   for (int g = 0; g < 2; ++g) {
@@ -343,6 +437,9 @@ Result<std::unique_ptr<KvSequence>> KvManager::AdmitHybrid(std::span<const int32
   auto seq = std::make_unique<KvSequence>();
   seq->hybrid_ = std::move(kv);
   seq->kv_ = seq->hybrid_.get();
+  seq->cached_tokens_ = static_cast<uint32_t>(adopted);
+  seq->published_ = adopted / B;
+  seq->window_published_ = adopted / B;
   return seq;
 }
 
@@ -462,16 +559,26 @@ Result<size_t> KvManager::Publish(KvSequence& seq, std::span<const int32_t> toke
 
 Result<size_t> KvManager::Publish(KvSequence& seq, std::span<const TokenId> tokens,
                                   std::vector<BlockHash>* hashes) {
-  if (!offload_ || seq.publish_stopped_) return seq.published_;
+  if (!offload_) return seq.published_;
   const uint32_t B = options_.block_size;
   const size_t full = std::min<size_t>(seq.num_tokens(), tokens.size()) / B;
+  if (seq.hybrid_ && full > seq.window_published_) {
+    ExtendChainHashes(tokens.first(full * B), B, seq.salt_, full, hashes);
+    PublishWindow(seq, full, *hashes);
+  }
+  if (seq.publish_stopped_) return seq.published_;
   if (full <= seq.published_) return seq.published_;
   const std::span<const TokenId> ids = tokens.first(full * B);
   ExtendChainHashes(ids, B, seq.salt_, full, hashes);
   std::shared_ptr<const Calibration> calibration;
   PrefixCache::SetHashFn set_hash;
   std::shared_ptr<const WindowSinks> sinks;
-  if (model::CacheKv* kv = seq.cache_.get()) {
+  if (model::HybridKv* kv = seq.hybrid_.get()) {
+    calibration = kv->calibration(HybridModel::kFullGroup);
+    set_hash = [kv](size_t block, uint64_t hash) {
+      return kv->SetBlockHash(HybridModel::kFullGroup, static_cast<uint32_t>(block), hash);
+    };
+  } else if (model::CacheKv* kv = seq.cache_.get()) {
     calibration = kv->cache().calibration();
     set_hash = [kv](size_t block, uint64_t hash) { return kv->SetBlockHash(static_cast<uint32_t>(block), hash); };
     // The window's sinks go with the block that completes them, when this

@@ -64,6 +64,7 @@
 #include "kvcache/thread_pool.h"
 #include "model/kv/cache_kv.h"
 #include "model/kv/hybrid_kv.h"
+#include "engine/window_blocks.h"
 
 namespace kvcache::engine {
 
@@ -206,6 +207,7 @@ class KvSequence final : public model::KvBackend {
   std::unique_ptr<model::HybridKv> hybrid_;
   uint32_t cached_tokens_ = 0;
   size_t published_ = 0;          // blocks [0, published_) named in the prefix cache
+  size_t window_published_ = 0;   // window blocks before chain index window_published_ named (or adopted)
   bool publish_stopped_ = false;  // stopped at a duplicate: no further
   std::string salt_;              // its prefix-cache namespace
   // Without rows: the blocks covering length_ rows (one pool reference
@@ -306,6 +308,19 @@ class KvManager {
   Status InitHybrid();
   size_t Adopt(model::CacheKv& kv, std::span<const int32_t> tokens, KvAdmission* found);
   Result<std::unique_ptr<KvSequence>> AdmitHybrid(std::span<const int32_t> tokens, KvAdmission* found);
+  // Window models: the longest prefix of tokens[0, size - 1) whose full
+  // blocks the prefix cache holds and whose window blocks (the run a
+  // sequence of that length keeps) the window index holds: its length in
+  // blocks, and the window run's first chain index.
+  struct HybridHit {
+    size_t blocks = 0, window_first = 0;
+    std::vector<BlockHash> hashes;  // the prompt's full blocks' chain hashes
+  };
+  HybridHit FindHybridHit(std::span<const int32_t> tokens) const;
+  // Adopts FindHybridHit's prefix into kv (both groups or neither).
+  size_t AdoptHybrid(model::HybridKv& kv, std::span<const int32_t> tokens, KvAdmission* found);
+  // Names seq's full window blocks before chain index `full` in the window index.
+  void PublishWindow(KvSequence& seq, size_t full, std::span<const BlockHash> hashes);
   // Admission of a sequence without rows: the adopted prefix, then the
   // reservation `options` asks for.
   Result<std::unique_ptr<KvSequence>> AdmitBlocks(std::span<const TokenId> tokens,
@@ -320,6 +335,7 @@ class KvManager {
   // Window models: the layer groups and the options of every sequence.
   std::shared_ptr<const HybridModel> hybrid_;
   model::HybridKvOptions hybrid_options_;
+  std::unique_ptr<WindowBlockIndex> window_index_;  // the window group's prefix cache
   std::unique_ptr<PrefixCache> prefix_;
   std::unique_ptr<OffloadCache> offload_;  // over prefix_ (no tiers: names blocks only)
 };

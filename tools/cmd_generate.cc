@@ -19,6 +19,12 @@
 // digest of the model fingerprint (model/io/model_fingerprint.h: XXH3-128 of
 // the model file) with --weights, the geometry, --block-size, --kv-format
 // and the pool's rotation: another model or format never hits.
+//
+// Defaults: a bf16 cache and the products `--matmul auto` picks on this CPU
+// (tools/kv_flags.h), as `serve` has them, so the two give the same tokens;
+// a header line on stderr says what was chosen and why (JSON: "matmul" the
+// products run, "choice" that line). `--kv-format f32 --matmul f32` is the
+// exact path.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -52,11 +58,12 @@ struct GenerateCliOptions {
   bool chat = false;
   uint32_t threads = 2;
   std::string weights = "quantized";
-  std::string matmul = "f32";
+  std::string matmul = kDefaultMatMul;
   uint32_t steps = 256;
   double temperature = 0.0;
   uint64_t seed = 42;
-  std::string kv_format = "f32";
+  std::string kv_format = kDefaultKvFormat;
+  bool kv_format_given = false;
   std::string layout = "contiguous";
   std::string backend = "cache";
   uint32_t block_size = 16;
@@ -101,8 +108,9 @@ std::vector<std::string> ServedNames(const engine::KvManager* manager) {
   return names;
 }
 
-Result<std::unique_ptr<TierRun>> OpenTiers(const GenerateCliOptions& o, const model::AttentionShape& shape,
-                                           const model::KvBackendOptions& kv, ThreadPool* attention_pool) {
+Result<std::unique_ptr<TierRun>> OpenTiers(const GenerateCliOptions& o, const MatMulPick& products,
+                                           const model::AttentionShape& shape, const model::KvBackendOptions& kv,
+                                           ThreadPool* attention_pool) {
   if (kv.kind != model::BackendKind::kCache) {
     return Status::InvalidArgument("--tiers needs --backend cache");
   }
@@ -111,8 +119,10 @@ Result<std::unique_ptr<TierRun>> OpenTiers(const GenerateCliOptions& o, const mo
   const Clock::time_point t0 = Clock::now();
   KV_ASSIGN_OR_RETURN(std::string fp, model::ModelFingerprint(o.model_path));
   // --weights f32 decodes the weights at load: the same products by
-  // contract, but keep the two apart rather than rely on it.
-  run->fingerprint = fp + ";weights=" + o.weights + (o.matmul == "f32" ? "" : ";matmul=" + o.matmul);
+  // contract, but keep the two apart rather than rely on it. The products
+  // by what runs, not the flag's spelling (`auto` differs by CPU).
+  run->fingerprint = fp + ";weights=" + o.weights +
+                     (products.inputs == model::MatMulInputs::kF32 ? "" : ";matmul=" + products.name());
   run->fingerprint_seconds = SecondsBetween(t0, Clock::now());
   engine::KvManagerOptions m;
   m.formats = kv.formats;
@@ -166,9 +176,10 @@ int RunGenerate(const GenerateCliOptions& o) {
   }
   model::GgufLoadOptions load;
   load.dequantize_at_load = o.weights == "f32";
-  auto inputs = model::ParseMatMulInputs(o.matmul);
-  if (!inputs.ok()) return Fail(inputs.status());
-  load.matmul_inputs = *inputs;
+  auto picked = PickMatMul(o.matmul);
+  if (!picked.ok()) return Fail(picked.status());
+  const MatMulPick& products = *picked;
+  load.matmul_inputs = products.inputs;
   auto files = model::LoadedModel::Load(o.model_path, o.tokenizer_path, load);
   if (!files.ok()) return Fail(files.status());
   const model::LoadedModel& lm = **files;
@@ -178,6 +189,12 @@ int RunGenerate(const GenerateCliOptions& o) {
   // A precision window keeps enough rows for a rejected draft to leave it as
   // plain decoding has it (cache.h, PrecisionWindow::slack).
   if (kv_options.window.recent > 0) kv_options.window.slack = std::max(kv_options.window.slack, o.draft);
+  // The spelling given when it says more than a pair (a window, per-group formats).
+  const std::string kv_name = o.kv_format.find_first_of("+=") != std::string::npos
+                                  ? o.kv_format
+                                  : std::string(FormatPairName(kv_options.formats));
+  const std::string choice = ChoiceText(kv_name, o.kv_format_given, products);
+  if (!o.json) fmt::print(stderr, "kvcache generate: {}\n", choice);
   auto prompt_ids = PromptIds(o, lm);
   if (!prompt_ids.ok()) return Fail(prompt_ids.status());
   const std::vector<int32_t>& prompt = *prompt_ids;
@@ -198,7 +215,7 @@ int RunGenerate(const GenerateCliOptions& o) {
     if (o.layout_given && kv_options.layout != CacheLayout::kPaged) {
       return Fail(Status::InvalidArgument("--tiers needs the paged layout (--layout paged, or no --layout)"));
     }
-    auto opened = OpenTiers(o, shape, kv_options, decoder.thread_pool());
+    auto opened = OpenTiers(o, products, shape, kv_options, decoder.thread_pool());
     if (!opened.ok()) return Fail(opened.status());
     tier_run = std::move(*opened);
     // The sequence, adopting the longest cached prefix of the prompt but its last token.
@@ -222,6 +239,9 @@ int RunGenerate(const GenerateCliOptions& o) {
 
   model::GenerateOptions g;
   g.max_new_tokens = o.steps;
+  // The hybrid cache (window layers, eviction) takes passes of at most
+  // max_chunk_tokens: a longer prompt runs in chunks of that size.
+  if (shape.has_windows() || kv_options.eviction.enabled()) g.prefill_chunk_tokens = kv_options.max_chunk_tokens;
   g.sampling.temperature = static_cast<float>(o.temperature);
   g.sampling.seed = o.seed;
   g.draft_tokens = o.draft;
@@ -314,10 +334,6 @@ int RunGenerate(const GenerateCliOptions& o) {
   const double cpu_ms = cpu_tokens ? 1000 * (cpu_now(CLOCK_PROCESS_CPUTIME_ID) - cpu0) / cpu_tokens : 0;
   const double thread_cpu_ms =
       cpu_tokens ? 1000 * (cpu_now(CLOCK_THREAD_CPUTIME_ID) - thread_cpu0) / cpu_tokens : 0;
-  // The spelling given when it says more than a pair (a window, per-group formats).
-  const std::string kv_name = o.kv_format.find_first_of("+=") != std::string::npos
-                                  ? o.kv_format
-                                  : std::string(FormatPairName(kv_options.formats));
   if (!o.json) {
     fmt::print("\n");
     fmt::print(stderr, "[{} prompt tokens in {:.2f} s, {} tokens, {:.1f} tok/s ({:.1f} ms/token), kv {} {}, {} threads",
@@ -365,7 +381,8 @@ int RunGenerate(const GenerateCliOptions& o) {
   j["decode_cpu_ms_per_token"] = cpu_ms;
   j["decode_thread_cpu_ms_per_token"] = thread_cpu_ms;
   j["weights"] = o.weights;
-  j["matmul"] = o.matmul;
+  j["matmul"] = products.name();
+  j["choice"] = choice;
   j["forward_passes"] = r->forward_passes;
   // Prompt tokens whose K/V came from a cache instead of the model, by
   // source ({"pool": 0} without --tiers), and what the prefill then ran.
@@ -420,6 +437,7 @@ const bool kRegistered = RegisterCommand(
           ->capture_default_str();
       app->callback([app, o] {
         o->layout_given = app->count("--layout") > 0;
+        o->kv_format_given = app->count("--kv-format") > 0;
         if (app->count("--prompt") + app->count("--prompt-file") + app->count("--prompt-ids") != 1) {
           throw CLI::ValidationError("one of --prompt, --prompt-file or --prompt-ids is required");
         }

@@ -8,7 +8,11 @@
 // n_values is not a multiple of head_dim), bytes_per_token_per_side (one side
 // of one token over all layers and kv heads) and bytes_per_token (K and V in
 // this format); otherwise error) and "pairs" (per K:V pair: k_format,
-// v_format, bytes_per_token, bits_per_value averaged over K and V; or error).
+// v_format, bytes_per_token, bits_per_value averaged over K and V; or error)
+// and "defaults" (what `serve` and `generate` run here without flags:
+// kv_format, matmul (the products `--matmul auto` picks on this CPU) and
+// matmul_why). With --model, the model's memory per sequence and the same
+// "defaults".
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -30,6 +34,18 @@
 namespace kvcache::tools {
 namespace {
 
+// What `serve` and `generate` run on this CPU without flags.
+nlohmann::json DefaultsJson() {
+  const Result<MatMulPick> pick = PickMatMul(kDefaultMatMul);  // "auto" always parses
+  return {{"kv_format", kDefaultKvFormat}, {"matmul", pick->name()}, {"matmul_why", pick->why}};
+}
+
+// "serve / generate defaults on this CPU: kv bf16, products bf16 (auto: ...)".
+void PrintDefaults() {
+  const Result<MatMulPick> pick = PickMatMul(kDefaultMatMul);
+  fmt::print("serve / generate defaults on this CPU: {}\n", ChoiceText(kDefaultKvFormat, true, *pick));
+}
+
 struct InfoOptions {
   bool json = false;
   uint32_t layers = 32, kv_heads = 8, head_dim = 128;
@@ -37,7 +53,7 @@ struct InfoOptions {
   std::string pairs = "bf16:turbo4,turbo8:turbo4,bf16:q4_0,q8_0:q4_0";
   // A model's memory per sequence (--model): its layer groups at --context
   // positions in --kv-format, paged in blocks of --block-size.
-  std::string model_path, kv_format = "bf16";
+  std::string model_path, kv_format = kDefaultKvFormat;
   uint32_t context = 0, block_size = 16, max_chunk = 512;
 };
 
@@ -65,6 +81,7 @@ Result<nlohmann::json> ModelMemory(const InfoOptions& o) {
   j["context"] = context;
   j["kv_format"] = o.kv_format;
   j["block_size"] = o.block_size;
+  j["defaults"] = DefaultsJson();
   nlohmann::json groups = nlohmann::json::array();
   uint64_t total = 0;
   for (int g = 0; g < 2; ++g) {
@@ -121,6 +138,7 @@ int RunModelMemory(const InfoOptions& o) {
              j["bytes_per_sequence"].get<uint64_t>(), j["bytes_per_sequence"].get<uint64_t>() / 1048576.0,
              j["full_only_bytes_per_sequence"].get<uint64_t>(),
              j["full_only_bytes_per_sequence"].get<uint64_t>() / 1048576.0);
+  PrintDefaults();
   return 0;
 }
 
@@ -135,6 +153,7 @@ int RunInfo(const InfoOptions& o) {
   out["simd_target"] = SimdTarget();
   out["simd_targets"] = SupportedSimdTargets();
   out["supported_simd_targets"] = out["simd_targets"];
+  out["defaults"] = DefaultsJson();
   out["geometry"] = {{"n_layers", o.layers}, {"n_kv_heads", o.kv_heads}, {"head_dim", o.head_dim}};
   nlohmann::json formats = nlohmann::json::array();
   for (Format f : kAllFormats) {
@@ -192,11 +211,12 @@ int RunInfo(const InfoOptions& o) {
     fmt::print("{}\n", out.dump(2));
     return 0;
   }
-  fmt::print("SIMD target: {} (this CPU runs: {})\ngeometry: {} layers, {} kv heads, head_dim {}\n\n",
+  fmt::print("SIMD target: {} (this CPU runs: {})\ngeometry: {} layers, {} kv heads, head_dim {}\n",
              out["simd_target"].get<std::string>(),
              fmt::join(out["simd_targets"].get<std::vector<std::string>>(), ", "), o.layers,
              o.kv_heads, o.head_dim);
-  fmt::print("{:<10} {:>10} {:>10} {:>22} {:>18}\n", "format", "bits/val", "row bytes", "bytes/token (K or V)",
+  PrintDefaults();
+  fmt::print("\n{:<10} {:>10} {:>10} {:>22} {:>18}\n", "format", "bits/val", "row bytes", "bytes/token (K or V)",
              "bytes/token (K+V)");
   for (const auto& j : out["formats"]) {
     if (j["supported"].get<bool>()) {

@@ -2,8 +2,14 @@
 // over one serving engine (engine/engine.h) on one model.
 //
 // Startup: load the model, create the engine, bind, print
-// "kvcache serve: listening on http://HOST:PORT" on stdout (the port is the
-// bound one, so --port 0 picks a free port a test can read), serve.
+// "kvcache serve: listening on http://HOST:PORT (model M, context N, kv F,
+// products P (why))" on stdout (the port is the bound one, so --port 0 picks
+// a free port a test can read), serve. The defaults are a bf16 cache and the
+// products `--matmul auto` picks on this CPU (tools/kv_flags.h); the line
+// says which were defaults and what decided the products.
+// --kv-format global=SPEC,local=SPEC gives a model's sliding-window layers
+// their own format (EngineOptions::local_formats; refused on a model
+// without such layers).
 // SIGTERM / SIGINT: new completions get 503, the engine finishes in-flight
 // requests for --drain-seconds (cancelling what is left), the responses
 // still being written end, the listener closes, exit 0
@@ -32,9 +38,11 @@ namespace {
 
 struct ServeCliOptions {
   std::string model_path, tokenizer_path;
-  std::string kv_format = "f32";
-  std::string matmul = "f32";
-  uint32_t pool_mib = 512;  // holds SmolLM2's whole 8192-token context in f32 (360 MiB)
+  std::string kv_format = kDefaultKvFormat;
+  bool kv_format_given = false;
+  std::string matmul = kDefaultMatMul;
+  MatMulPick products;  // matmul resolved
+  uint32_t pool_mib = 512;  // holds SmolLM2's whole 8192-token context twice in bf16 (180 MiB each)
   uint32_t context = 0;  // 0: the model's
   uint32_t drain_seconds = 10;
   bool no_prefix_cache = false;
@@ -54,13 +62,15 @@ Result<engine::EngineOptions> EngineOptionsFor(const ServeCliOptions& o) {
   KV_ASSIGN_OR_RETURN(model::KvBackendOptions kv,
                       model::ParseKvBackendOptions(o.kv_format, "paged", "cache", e.block_size));
   e.formats = kv.formats;
+  e.local_formats = kv.local_formats;
   e.window = kv.window;
   e.pool_bytes = uint64_t{o.pool_mib} << 20;
   e.prefix_cache = !o.no_prefix_cache;
   if (!e.tiers.empty()) {
     KV_ASSIGN_OR_RETURN(e.model_id, model::ModelFingerprint(o.model_path));
-    // int8-input products give other K/V than exact ones: keep them apart.
-    if (o.matmul != "f32") e.model_id += ";matmul=" + o.matmul;
+    // int8-input products give other K/V than exact ones: keep them apart
+    // (by the products run, not the flag's spelling: `auto` differs by CPU).
+    if (o.products.inputs != model::MatMulInputs::kF32) e.model_id += ";matmul=" + o.products.name();
   }
   return e;
 }
@@ -94,24 +104,27 @@ int RunServe(ServeCliOptions o) {
 
   model::GgufLoadOptions load;
   load.max_seq_len = o.context;
-  auto inputs = model::ParseMatMulInputs(o.matmul);
-  if (!inputs.ok()) return Fail(inputs.status());
-  load.matmul_inputs = *inputs;
+  auto products = PickMatMul(o.matmul);
+  if (!products.ok()) return Fail(products.status());
+  o.products = *products;
+  load.matmul_inputs = o.products.inputs;
   auto lm = model::LoadedModel::Load(o.model_path, o.tokenizer_path, load);
   if (!lm.ok()) return Fail(lm.status());
   auto options = EngineOptionsFor(o);
   if (!options.ok()) return Fail(options.status());
   auto eng = engine::Engine::Create(**lm, *options);
   if (!eng.ok()) {
-    // The usual cause: a pool too small for one full-context sequence.
+    // A pool too small for one full-context sequence: say which flags size it.
+    if (eng.status().message().find("pool") == std::string::npos) return Fail(eng.status());
     return Fail(Status(eng.status().code(),
                        eng.status().message() + " (see --pool-mib, --context, --kv-format, --block-size)"));
   }
   if (o.http.model_name.empty()) o.http.model_name = std::filesystem::path(o.model_path).stem().string();
   server::OpenAiServer http(**eng, o.http);
   if (Status s = http.Bind(); !s.ok()) return Fail(s);
-  fmt::print("kvcache serve: listening on http://{}:{} (model {}, context {}, kv {})\n", o.http.host,
-             http.port(), o.http.model_name, (*lm)->model().config().max_seq_len, o.kv_format);
+  fmt::print("kvcache serve: listening on http://{}:{} (model {}, context {}, {})\n", o.http.host, http.port(),
+             o.http.model_name, (*lm)->model().config().max_seq_len,
+             ChoiceText(o.kv_format, o.kv_format_given, o.products));
   std::fflush(stdout);
   std::atomic<bool> done{false};
   std::thread signals(SignalLoop, std::cref(done), std::ref(http),
@@ -132,7 +145,9 @@ void AddOptions(CLI::App* app, ServeCliOptions* o) {
   app->add_option("--host", o->http.host, "Address to bind")->capture_default_str();
   app->add_option("--port", o->http.port, "Port to bind (0: any free one)")->capture_default_str();
   app->add_option("--kv-format", o->kv_format,
-                      "K:V cache format (or one name for both), with a precision window: turbo4+s4+r120")->capture_default_str();
+                  "K:V cache format (or one name for both), with a precision window: turbo4+s4+r120; "
+                  "per layer group on a model with sliding-window layers: global=turbo4+s4+r120,local=q8_0")
+      ->capture_default_str();
   app->add_option("--pool-mib", o->pool_mib, "Block pool size, MiB")->capture_default_str();
   app->add_option("--block-size", o->engine.block_size, "Paged block size in tokens")->capture_default_str();
   app->add_option("--matmul", o->matmul,
@@ -167,6 +182,7 @@ const bool kRegistered = RegisterCommand(
       auto o = std::make_shared<ServeCliOptions>();
       o->http.model_name.clear();
       AddOptions(app, o.get());
+      app->callback([app, o] { o->kv_format_given = app->count("--kv-format") > 0; });
       return [o] { return RunServe(*o); };
     });
 

@@ -60,7 +60,7 @@
 // blocks go back exactly once (back to front, see pool.h for why).
 //
 // Implementation: src/cache/cache.cc (with cache_append.cc and
-// cache_keep_rows.cc); the two layouts are src/cache/contiguous_store.* and
+// cache_keep_rows.cc, which also holds DropLeadingBlocks); the two layouts are src/cache/contiguous_store.* and
 // src/cache/paged_store.*.
 //
 // Thread safety: a SequenceCache is mutated by one thread at a time
@@ -370,10 +370,19 @@ class SequenceCache {
   std::span<const uint32_t> context_lens() const;
   // Names logical block `logical_block` (which must be full in every head)
   // by its content hash in the pool (prefix reuse); the block is treated as
-  // shared from now on. FailedPrecondition if a head's rows in the block are
-  // not positions [b * block_size, (b + 1) * block_size) (rows compacted by
-  // KeepRows or by dead positions): the hash names those positions.
+  // shared from now on. The hash names the positions the block holds, which
+  // must be one aligned block of positions, the same in every layer and head
+  // (BlockFirstPosition): [b * block_size, (b + 1) * block_size) in a cache
+  // that never dropped rows, [first + b * block_size, ...) after
+  // DropLeadingBlocks or AdoptBlocksAt. FailedPrecondition otherwise (rows
+  // compacted by KeepRows or by dead positions).
   Status SetBlockHash(uint32_t logical_block, uint64_t hash);
+  // The position of the first row of logical block `logical_block`, when
+  // the block holds block_size consecutive positions starting at a multiple
+  // of block_size, the same in every layer and head. OutOfRange past the
+  // table, FailedPrecondition for a block not full in every head or holding
+  // other rows, or a contiguous cache.
+  Result<uint32_t> BlockFirstPosition(uint32_t logical_block) const;
   // Starts an empty paged cache with prefix blocks found in a prefix cache:
   // takes over one reference per block that the CALLER already holds (e.g.
   // from BlockPool::RetainCached) and sets every layer and head to
@@ -387,6 +396,19 @@ class SequenceCache {
   Status AdoptPrefix(std::span<const uint32_t> blocks,
                      std::shared_ptr<const Calibration> calibration,
                      std::shared_ptr<const WindowSinks> sinks = nullptr);
+  // AdoptPrefix of blocks that hold positions [first_position, first_position
+  // + blocks.size() * block_size) rather than [0, ...): e.g. the blocks of a
+  // sliding window that covered the last window before a prefix's end. Every
+  // layer and head gets blocks.size() * block_size rows at those positions
+  // and num_tokens() == first_position + blocks.size() * block_size, as if
+  // the positions before first_position had been appended and dropped by
+  // DropLeadingBlocks. AdoptBlocksAt(0, b, c) is AdoptPrefix(b, c).
+  // InvalidArgument if first_position is not a multiple of block_size or the
+  // end passes the cache's limit; FailedPrecondition for a precision window
+  // and first_position > 0; otherwise AdoptPrefix's contract (nothing
+  // changes on failure; the caller keeps its references then).
+  Status AdoptBlocksAt(uint32_t first_position, std::span<const uint32_t> blocks,
+                       std::shared_ptr<const Calibration> calibration);
   std::shared_ptr<const Calibration> calibration() const;
   // A copy of the window's sink rows, once every layer holds all of them
   // (the sequence appended positions [0, sinks) itself, or adopted them with
@@ -412,6 +434,19 @@ class SequenceCache {
   // InvalidArgument on a bad row list, PoolExhausted if a copy-on-write
   // block cannot be had; nothing changes then.
   Status KeepRows(uint32_t layer, uint32_t head, std::span<const uint32_t> rows);
+  // Drops the first n_blocks * block_size rows of every head of every layer
+  // by giving the table's first n_blocks entries back to the pool: no row
+  // moves. The metadata (rows, positions, importance, lengths, calibration)
+  // is then what KeepRows(l, h, rows [n_blocks * block_size, head_len)) of
+  // every layer and head makes; row r is afterwards in logical block r /
+  // block_size as always. A shared block only loses this sequence's
+  // reference; a block named by SetBlockHash stays cached in the pool.
+  // Released blocks go into the reservation first, as Truncate's do. Needs
+  // no block, so it cannot fail for lack of one. FailedPrecondition (nothing
+  // changes) for a contiguous cache, a precision window, or a head with fewer
+  // than n_blocks * block_size rows or whose rows in those blocks are not
+  // one run of consecutive positions.
+  Status DropLeadingBlocks(uint32_t n_blocks);
 
   // Internal consistency (and the pool's, for paged); Internal on failure.
   Status CheckInvariants() const;

@@ -33,6 +33,28 @@
 // outside drafts, and Attend() gives every head its own window in one call.
 // G defaults to the block size.
 //
+// Window blocks (paged layout). When the bounded group is made of kWindow
+// layers only, all with sink_tokens 0 and one window W, and G is a multiple
+// of the block size (HybridModel::window_blocks_aligned()), lo(n) is a
+// multiple of the block size and every head of the group keeps the same
+// run [lo(n), n): block j of the group then holds positions [j * B, (j + 1)
+// * B) - j counted from position 0 - like a full layer's block j, and can
+// be named by the same hash chain (SetBlockHash, BlockFirstPosition). The
+// group is then compacted by SequenceCache::DropLeadingBlocks: the blocks
+// that slid out of the window are released to their pool (a named block
+// stays cached there, as any released named block) instead of rows being
+// moved, once every layer of the group has the same length (after the last
+// layer of the group was appended in a pass; the layers before it keep
+// their older rows until then, which attention does not read: it applies
+// the exact window by position). A drop only releases blocks, so it needs
+// no copy-on-write block and cannot fail: window_compaction_pending() never
+// turns on for such a group. Rows, positions and attention outputs equal
+// the contiguous layout's (which moves rows) whenever every layer has the
+// same length. A fresh sequence starts from a cached prefix through
+// AdoptPrefix (below). Every other bounded group (sinks, DuoAttention or
+// heavy-hitter heads, mixed windows, unaligned G) and the contiguous layout
+// compact by KeepRows as above.
+//
 // Precision window (cache.h, PrecisionWindow; ContiguousOptions::window,
 // PagedOptions::window at creation): held by the full group alone, so the
 // full layers keep their sinks and recent positions as bf16 rows and attend
@@ -189,6 +211,16 @@ class HybridModel {
   Geometry group_geometry(int group) const;
   const HybridModelOptions& options() const { return options_; }
 
+  // True iff the bounded group compacts by whole blocks in the paged layout
+  // (file comment, "Window blocks"): it is non-empty and made of kWindow
+  // layers only, every one with sink_tokens 0 and the same window_tokens,
+  // and the window slack is a multiple of the block size.
+  bool window_blocks_aligned() const { return window_blocks_aligned_; }
+  // With window_blocks_aligned(): the first position the bounded group keeps
+  // at length n, lo(n) (0 while it keeps every position); a multiple of the
+  // block size. 0 for any other model.
+  uint32_t WindowKeepFrom(uint32_t n) const;
+
   // One pool per non-empty group, blocks_per_group[g] blocks each
   // (entries of empty groups are ignored; the result has nullptr there).
   Result<std::vector<std::shared_ptr<BlockPool>>> CreatePools(
@@ -196,6 +228,7 @@ class HybridModel {
 
  private:
   HybridModel(const Geometry& g) : geometry_(g) {}
+  uint32_t first_bounded_layer() const;  // 0 if the group is empty
   Geometry geometry_;
   FormatPair formats_;
   HybridModelOptions options_;
@@ -204,6 +237,7 @@ class HybridModel {
   std::vector<int> group_;
   std::vector<uint32_t> group_layer_;
   uint32_t group_size_[2] = {0, 0};
+  bool window_blocks_aligned_ = false;
 };
 
 // Inputs of n tokens for one layer. Shapes (n = k.size() / (n_kv_heads * head_dim)):
@@ -303,6 +337,32 @@ class HybridSequence {
   // FailedPrecondition. Idempotent.
   void Release();
 
+  // --- prefix reuse (paged, HybridModel::window_blocks_aligned()) ----------
+  // Starts an empty sequence from cached blocks of a prefix of P =
+  // full_blocks.size() * block_size positions: the full group adopts
+  // full_blocks (SequenceCache::AdoptPrefix, positions [0, P)), the bounded
+  // group adopts window_blocks as positions [WindowKeepFrom(P), P)
+  // (SequenceCache::AdoptBlocksAt), which must number (P -
+  // WindowKeepFrom(P)) / block_size. The sequence then equals one that
+  // appended those P positions itself. Takes over one reference per block
+  // that the caller holds (BlockPool::RetainCached), each with the
+  // calibration the group's blocks were encoded with (group_cache(g)->
+  // calibration() of the sequence that named them; null: none).
+  // FailedPrecondition unless the sequence is paged, empty, has no linear
+  // layer, has both groups and window_blocks_aligned(); InvalidArgument for
+  // a wrong block count, a calibration of the wrong size or a block not
+  // held. Nothing changes on failure, and the caller keeps its references.
+  Status AdoptPrefix(std::span<const uint32_t> full_blocks,
+                     std::shared_ptr<const Calibration> full_calibration,
+                     std::span<const uint32_t> window_blocks,
+                     std::shared_ptr<const Calibration> window_calibration);
+  // SequenceCache::SetBlockHash / BlockFirstPosition of group g's cache
+  // (what a prefix cache names: logical block j of the bounded group holds
+  // positions [BlockFirstPosition(g, j), + block_size)). InvalidArgument for
+  // an empty or unknown group; FailedPrecondition while a draft is open.
+  Status SetBlockHash(int group, uint32_t logical_block, uint64_t hash);
+  Result<uint32_t> BlockFirstPosition(int group, uint32_t logical_block) const;
+
   // The group caches (nullptr for an empty group), for accounting and tests.
   const SequenceCache* group_cache(int group) const;
   // Admission control, paged: SequenceCache::Reserve on group g's cache
@@ -325,6 +385,16 @@ class HybridSequence {
   Status EnforceWindows(uint32_t layer);
   Status CompactWindows(uint32_t layer);
   Status EnforceAllWindows();
+  // The bounded group compacts by DropLeadingBlocks (file comment).
+  bool drops_window_blocks() const {
+    return layout_ == CacheLayout::kPaged && model_->window_blocks_aligned();
+  }
+  // Every layer of the bounded group has the same length.
+  bool bounded_group_even() const;
+  // Drops the bounded group's blocks before WindowKeepFrom(n) once every
+  // layer of it has length n.
+  Status DropWindowBlocks();
+  Result<SequenceCache*> GroupForBlocks(int group) const;
   SequenceCache& cache_of(uint32_t layer) { return *groups_[model_->group(layer)]; }
   const SequenceCache& cache_of(uint32_t layer) const { return *groups_[model_->group(layer)]; }
 

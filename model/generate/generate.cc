@@ -148,7 +148,11 @@ Result<GenerateResult> Generate(Decoder& decoder, KvBackend& kv, std::span<const
 
   auto t0 = std::chrono::steady_clock::now();
   result.prompt_tokens = static_cast<uint32_t>(prompt.size() - cached);
-  KV_RETURN_IF_ERROR(decoder.Forward(prompt.subspan(cached), kv, logits));
+  if (options.prefill_chunk_tokens > 0) {
+    KV_RETURN_IF_ERROR(PrefillInChunks(decoder, kv, prompt.subspan(cached), options.prefill_chunk_tokens, logits));
+  } else {
+    KV_RETURN_IF_ERROR(decoder.Forward(prompt.subspan(cached), kv, logits));
+  }
   result.prefill_seconds = SecondsSince(t0);
 
   t0 = std::chrono::steady_clock::now();

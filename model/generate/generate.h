@@ -64,6 +64,9 @@ struct GenerateOptions {
   DraftKind draft_kind = DraftKind::kNgram;
   uint32_t ngram_max = 3;     // kNgram
   uint32_t draft_layers = 2;  // kEarlyExit: 1 .. n_layers - 1
+  // > 0: the uncached prompt runs in passes of at most this many tokens
+  // (a backend with a largest pass: HybridKv's max_chunk_tokens); 0: one pass.
+  uint32_t prefill_chunk_tokens = 0;
   bool stop_at_eos = true;  // stop at any of stop_tokens (not emitted)
   std::vector<int32_t> stop_tokens = {kBosToken, kEosToken};  // llama2.c's; GGUF: LoadedModel::stop_tokens
   // Called with each generated token as soon as it is accepted.

@@ -153,6 +153,21 @@ Result<std::unique_ptr<HybridKv>> HybridKv::Create(const AttentionShape& shape, 
   return std::unique_ptr<HybridKv>(new HybridKv(shape, options, std::move(seq)));
 }
 
+Status HybridKv::AdoptPrefix(std::span<const uint32_t> full_blocks,
+                             std::shared_ptr<const Calibration> full_calibration,
+                             std::span<const uint32_t> window_blocks,
+                             std::shared_ptr<const Calibration> window_calibration) {
+  const uint64_t rows = uint64_t{full_blocks.size()} * options_.block_size;
+  if (rows > shape_.max_seq_len) {
+    return Status::FailedPrecondition("hybrid kv: a prefix of " + std::to_string(rows) +
+                                      " positions exceeds max_seq_len " + std::to_string(shape_.max_seq_len));
+  }
+  KV_RETURN_IF_ERROR(seq_.AdoptPrefix(full_blocks, std::move(full_calibration), window_blocks,
+                                      std::move(window_calibration)));
+  ClosePass(seq_.num_tokens());
+  return Status::Ok();
+}
+
 Status HybridKv::BeforePass(uint32_t len, uint32_t n) {
   if (n > options_.max_chunk_tokens) {
     return Status::InvalidArgument("hybrid kv: a pass of " + std::to_string(n) + " tokens exceeds max_chunk_tokens " +

@@ -108,6 +108,26 @@ class HybridKv final : public SequenceKv<HybridSequence> {
   // Admission control, paged: HybridSequence::Reserve (group g's most rows).
   Status Reserve(int group, uint32_t max_rows) { return seq_.Reserve(group, max_rows); }
 
+  // Prefix reuse (paged, HybridModel::window_blocks_aligned()): starts an
+  // empty sequence from the full group's blocks of a prefix of P positions
+  // and the window group's blocks of [WindowKeepFrom(P), P)
+  // (HybridSequence::AdoptPrefix: takes over the caller's references; on
+  // failure nothing changes and the caller keeps them). The next pass runs
+  // from position P.
+  Status AdoptPrefix(std::span<const uint32_t> full_blocks, std::shared_ptr<const Calibration> full_calibration,
+                     std::span<const uint32_t> window_blocks,
+                     std::shared_ptr<const Calibration> window_calibration);
+  // What a prefix cache names: group g's block table, its logical blocks'
+  // first positions and hashes, and the calibration its rows are encoded with.
+  std::span<const uint32_t> block_table(int group) const { return seq_.group_cache(group)->block_table(); }
+  Result<uint32_t> BlockFirstPosition(int group, uint32_t logical_block) const {
+    return seq_.BlockFirstPosition(group, logical_block);
+  }
+  Status SetBlockHash(int group, uint32_t logical_block, uint64_t hash) {
+    return seq_.SetBlockHash(group, logical_block, hash);
+  }
+  std::shared_ptr<const Calibration> calibration(int group) const { return seq_.group_cache(group)->calibration(); }
+
  private:
   HybridKv(const AttentionShape& shape, const HybridKvOptions& options, HybridSequence seq)
       : SequenceKv("hybrid kv", shape, std::move(seq)), options_(options) {}

@@ -78,11 +78,20 @@ void MatMul(const WeightMatrix& w, const float* x, uint32_t n, float* out, Threa
   pool->ParallelFor(parts, [&](uint32_t part, uint32_t) { RunPart(job, part, parts); });
 }
 
+MatMulChoice AutoMatMulInputs() {
+  if (Bf16KernelAvailable(Bf16Kernel::kTiles)) return {MatMulInputs::kBf16, "AMX bf16 tiles"};
+  if (Bf16KernelAvailable(Bf16Kernel::kDot)) return {MatMulInputs::kBf16, "AVX512_BF16 dot products"};
+  if (Int8LanesAvailable()) return {MatMulInputs::kInt8, "no AMX or AVX512_BF16, integer lanes"};
+  return {MatMulInputs::kF32, "no bf16 or integer-lane kernel on this CPU"};
+}
+
 Result<MatMulInputs> ParseMatMulInputs(std::string_view name) {
   if (name == "f32") return MatMulInputs::kF32;
   if (name == "int8") return MatMulInputs::kInt8;
   if (name == "bf16") return MatMulInputs::kBf16;
-  return Status::InvalidArgument("unknown matmul inputs '" + std::string(name) + "' (want f32, int8 or bf16)");
+  if (name == "auto") return AutoMatMulInputs().inputs;
+  return Status::InvalidArgument("unknown matmul inputs '" + std::string(name) +
+                                 "' (want f32, int8, bf16 or auto)");
 }
 
 std::string_view MatMulInputsName(MatMulInputs inputs) {

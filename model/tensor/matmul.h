@@ -62,7 +62,18 @@ struct WeightMatrix {
   void DecodeRows(uint32_t r, uint32_t n, float* out) const;
 };
 
-// "f32" | "int8" | "bf16".
+// The products "auto" picks on this CPU, and the feature that decided:
+// bf16 where the bf16 product has a kernel of its own (AMX tiles, or
+// vdpbf16ps on AVX512_BF16), else int8 where the integer lanes run (x86
+// with SSE4 or better), else f32. `why` is a short phrase for a startup line
+// ("AVX512_BF16 dot products").
+struct MatMulChoice {
+  MatMulInputs inputs = MatMulInputs::kF32;
+  std::string_view why;
+};
+MatMulChoice AutoMatMulInputs();
+
+// "f32" | "int8" | "bf16" | "auto" (AutoMatMulInputs' choice).
 Result<MatMulInputs> ParseMatMulInputs(std::string_view name);
 std::string_view MatMulInputsName(MatMulInputs inputs);
 

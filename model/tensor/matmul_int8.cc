@@ -580,5 +580,15 @@ void MatMulRowsInt8(const WeightMatrix& w, uint32_t r0, uint32_t r1, const Quant
   HWY_DYNAMIC_DISPATCH(MatMulRowsInt8T)(w, r0, r1, x, out);
 }
 
+bool Int8LanesAvailable() {
+#if HWY_ARCH_X86
+  // The byte multiply-add kernels: SSE4 and every better x86 target (the
+  // lower bits), where one of them is compiled in.
+  return (hwy::SupportedTargets() & HWY_TARGETS & (HWY_SSE4 | (HWY_SSE4 - 1))) != 0;
+#else
+  return false;
+#endif
+}
+
 }  // namespace kvcache::model
 #endif  // HWY_ONCE

@@ -45,5 +45,8 @@ void MatMulInt8Scalar(const WeightMatrix& w, const QuantizedInputs& x, float* ou
 // MatMulInt8Scalar.
 void MatMulRowsInt8(const WeightMatrix& w, uint32_t r0, uint32_t r1, const QuantizedInputs& x,
                     float* out);
+// True iff MatMulRowsInt8 runs integer lanes here (an x86 CPU with SSE4 or
+// better); elsewhere it runs the reference, slower than the f32 product.
+bool Int8LanesAvailable();
 
 }  // namespace kvcache::model

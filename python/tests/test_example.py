@@ -43,7 +43,7 @@ def cli_json(*args):
 def test_numpy_llama_matches_cpp_decoder(formats):
     need(MODEL / "stories260K_v1.bin")
     need(CLI)
-    gen = cli_json("generate", "--prompt", PROMPT, "--steps", "24", "--kv-format", formats)
+    gen = cli_json("generate", "--prompt", PROMPT, "--steps", "24", "--kv-format", formats, "--matmul", "f32")
     ppl = cli_json("perplexity", "--prompt", PROMPT, "--kv-format", formats)
     prompt = gen["prompt_tokens"]
     assert ppl["num_predictions"] == len(prompt) - 1

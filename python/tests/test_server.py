@@ -28,7 +28,7 @@ import server_fixture as sf  # noqa: E402
 openai = pytest.importorskip("openai")
 
 STEPS = 12
-SMOLLM_ARGS = ["--kv-format", "f32", "--context", "1024", "--pool-mib", "96", "--threads", "2",
+SMOLLM_ARGS = ["--kv-format", "f32", "--matmul", "f32", "--context", "1024", "--pool-mib", "96", "--threads", "2",
                "--max-body-bytes", "65536"]
 PROMPTS = [
     "Once upon a time", "The capital of France is", "In a small village by the sea",
@@ -55,7 +55,7 @@ def client(smol):
 def generate_cli(prompt, steps=STEPS, chat=False):
     """`kvcache generate` greedy on the same model: the text it adds to the prompt."""
     cmd = [sf.CLI, "generate", "--model", str(sf.SMOLLM), "--prompt", prompt, "--steps", str(steps),
-           "--kv-format", "f32", "--threads", "1", "--json"]
+           "--kv-format", "f32", "--matmul", "f32", "--threads", "1", "--json"]
     if chat:
         cmd.append("--chat")
     out = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)

@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <optional>
 
 #include "cache/cache_state.h"
 #include "cache/contiguous_store.h"
@@ -51,6 +52,33 @@ void MaterializePositions(LayerMeta& lm) {
     lm.positions[h].resize(lm.head_len[h]);
     std::iota(lm.positions[h].begin(), lm.positions[h].end(), 0u);
   }
+}
+
+Result<uint32_t> AlignedBlockFirst(std::span<const LayerMeta> layers, uint32_t b,
+                                   uint32_t block_size) {
+  const uint64_t begin = uint64_t{b} * block_size, end = begin + block_size;
+  if (block_size == 0 || MinRows(layers) < end) {
+    return Status::FailedPrecondition(
+        fmt::format("cache: logical block {} is not full in every head", b));
+  }
+  // Positions strictly increase along a head's rows, so a block whose last
+  // row is block_size - 1 past its first holds consecutive positions.
+  std::optional<uint32_t> first;
+  for (uint32_t l = 0; l < layers.size(); ++l) {
+    const LayerMeta& lm = layers[l];
+    for (uint32_t h = 0; h < lm.head_len.size(); ++h) {
+      const uint32_t p0 = lm.has_positions() ? lm.positions[h][begin] : static_cast<uint32_t>(begin);
+      const uint32_t p1 = lm.has_positions() ? lm.positions[h][end - 1] : static_cast<uint32_t>(end - 1);
+      if (p1 - p0 != block_size - 1 || p0 % block_size != 0 || (first && *first != p0)) {
+        return Status::FailedPrecondition(fmt::format(
+            "cache: logical block {} of layer {} head {} holds positions {}..{}, not one aligned "
+            "block of positions shared by every head: it cannot be named by content",
+            b, l, h, p0, p1));
+      }
+      first = p0;
+    }
+  }
+  return first.value_or(static_cast<uint32_t>(begin));
 }
 
 // --- creation and lifetime -------------------------------------------------
@@ -326,6 +354,19 @@ Status SequenceCache::SetBlockHash(uint32_t logical_block, uint64_t hash) {
   return s_->store->SetBlockHash(logical_block, hash, s_->layers);
 }
 
+Result<uint32_t> SequenceCache::BlockFirstPosition(uint32_t logical_block) const {
+  const State& s = *s_;
+  if (s.released) return UsedAfterRelease();
+  if (s.store->layout() != CacheLayout::kPaged) {
+    return Status::FailedPrecondition("cache: block positions need the paged layout");
+  }
+  if (logical_block >= s.store->num_blocks()) {
+    return Status::OutOfRange(
+        fmt::format("cache: logical block {} of {}", logical_block, s.store->num_blocks()));
+  }
+  return AlignedBlockFirst(s.layers, logical_block, s.store->block_size());
+}
+
 std::shared_ptr<const Calibration> SequenceCache::calibration() const {
   const State& s = *s_;
   const uint32_t H = s.geometry.n_kv_heads();
@@ -379,14 +420,30 @@ std::shared_ptr<const WindowSinks> SequenceCache::window_sinks() const {
   return out;
 }
 
-Status SequenceCache::AdoptPrefix(std::span<const uint32_t> blocks,
-                                  std::shared_ptr<const Calibration> calibration,
-                                  std::shared_ptr<const WindowSinks> sinks) {
-  State& s = *s_;
+namespace {
+
+// AdoptPrefix and AdoptBlocksAt: the adopted rows are positions
+// [first, first + blocks.size() * block_size).
+Status AdoptRows(SequenceCache::State& s, uint32_t first, std::span<const uint32_t> blocks,
+                 const std::shared_ptr<const Calibration>& calibration,
+                 const std::shared_ptr<const WindowSinks>& sinks) {
   if (s.released) return UsedAfterRelease();
   if (s.store->layout() != CacheLayout::kPaged || !s.store->block_table().empty() ||
       s.num_tokens() != 0) {
     return Status::FailedPrecondition("cache: AdoptPrefix needs an empty paged cache");
+  }
+  const uint32_t bs = s.store->block_size();
+  if (first % bs != 0) {
+    return Status::InvalidArgument(
+        fmt::format("cache: adopted blocks start at position {}, not a multiple of {}", first, bs));
+  }
+  if (first > 0 && s.window) {
+    return Status::FailedPrecondition(
+        "cache: a precision window adopts blocks from position 0 only (AdoptPrefix)");
+  }
+  const uint64_t rows64 = uint64_t{blocks.size()} * bs;
+  if (first + rows64 > kMaxCacheTokens) {
+    return Status::InvalidArgument("cache: prefix too long");
   }
   const uint32_t H = s.geometry.n_kv_heads();
   if (calibration &&
@@ -394,19 +451,22 @@ Status SequenceCache::AdoptPrefix(std::span<const uint32_t> blocks,
     return Status::InvalidArgument("cache: calibration does not match the geometry");
   }
   if (sinks) KV_RETURN_IF_ERROR(sinks->CheckFits(s.geometry));
-  const uint64_t rows64 = uint64_t{blocks.size()} * s.store->block_size();
   // The sinks are the window's when they fit it and the adopted rows cover
   // them; any other window (or format) reads the adopted positions in the
   // format, as without them.
   const bool take_sinks = sinks && s.window && sinks->sinks == s.window_spec.sinks &&
                           sinks->formats == s.formats && rows64 >= sinks->sinks;
   KV_RETURN_IF_ERROR(s.store->AdoptBlocks(blocks));
-  const uint32_t rows = static_cast<uint32_t>(blocks.size()) * s.store->block_size();
+  const uint32_t rows = static_cast<uint32_t>(rows64);
   const size_t sink_layer_bytes = s.window ? s.window->sink_bytes_per_layer() : 0;
   for (uint32_t l = 0; l < s.geometry.n_layers(); ++l) {
     LayerMeta& lm = s.layers[l];
-    lm.num_tokens = rows;
+    lm.num_tokens = first + rows;
     lm.head_len.assign(H, rows);
+    if (first > 0) {  // as DropLeadingBlocks leaves them
+      lm.positions.assign(H, std::vector<uint32_t>(rows));
+      for (auto& p : lm.positions) std::iota(p.begin(), p.end(), first);
+    }
     if (s.window) {
       s.window->Reset(l, rows);  // the adopted rows are the blocks' alone,
       if (take_sinks) s.window->SetSinks(l, sinks->rows.data() + sink_layer_bytes * l);  // but the sinks'
@@ -420,6 +480,19 @@ Status SequenceCache::AdoptPrefix(std::span<const uint32_t> blocks,
   s.store->TrimReservation(s.layers);
   s.Touch();
   return Status::Ok();
+}
+
+}  // namespace
+
+Status SequenceCache::AdoptPrefix(std::span<const uint32_t> blocks,
+                                  std::shared_ptr<const Calibration> calibration,
+                                  std::shared_ptr<const WindowSinks> sinks) {
+  return AdoptRows(*s_, 0, blocks, calibration, sinks);
+}
+
+Status SequenceCache::AdoptBlocksAt(uint32_t first_position, std::span<const uint32_t> blocks,
+                                    std::shared_ptr<const Calibration> calibration) {
+  return AdoptRows(*s_, first_position, blocks, calibration, nullptr);
 }
 
 // --- per layer reads ---------------------------------------------------------------

@@ -1,5 +1,7 @@
 // SequenceCache::KeepRows (include/kvcache/cache.h): per-head compaction for
-// eviction, used by the hybrid layer (src/hybrid/).
+// eviction, used by the hybrid layer (src/hybrid/); and DropLeadingBlocks,
+// the same metadata change for leading whole blocks of every head, made by
+// dropping table entries instead of moving rows (sliding windows).
 //
 // Order of work: validate, make the rows that will be written writable
 // (RowStore::MakeWritable, copy-on-write: the only step that can fail), move
@@ -12,6 +14,7 @@
 #include <algorithm>
 #include <cassert>
 #include <cstring>
+#include <numeric>
 
 #include "cache/cache_state.h"
 #include "kvcache/cache.h"
@@ -90,6 +93,53 @@ Status SequenceCache::KeepRows(uint32_t layer, uint32_t head, std::span<const ui
   KeepHeadMeta(lm, head, rows);
   // Releasing blocks this sequence holds cannot fail.
   Status st = s.store->Shrink(s.layers);
+  assert(st.ok());
+  (void)st;
+  s.Touch();
+  return Status::Ok();
+}
+
+Status SequenceCache::DropLeadingBlocks(uint32_t n_blocks) {
+  State& s = *s_;
+  if (s.released) return UsedAfterRelease();
+  if (s.store->layout() != CacheLayout::kPaged) {
+    return Status::FailedPrecondition("cache: DropLeadingBlocks needs the paged layout");
+  }
+  if (s.window) {
+    return Status::FailedPrecondition(
+        "cache: DropLeadingBlocks drops rows a precision window needs (every head stores every "
+        "position)");
+  }
+  if (n_blocks == 0) return Status::Ok();
+  const uint64_t drop = uint64_t{n_blocks} * s.store->block_size();
+  for (uint32_t l = 0; l < s.layers.size(); ++l) {
+    const LayerMeta& lm = s.layers[l];
+    for (uint32_t h = 0; h < lm.head_len.size(); ++h) {
+      if (lm.head_len[h] < drop) {
+        return Status::FailedPrecondition(
+            fmt::format("cache: DropLeadingBlocks({}) but layer {} head {} holds {} rows",
+                        n_blocks, l, h, lm.head_len[h]));
+      }
+      // Strictly increasing positions: a run iff the ends are drop - 1 apart.
+      if (lm.has_positions() && lm.positions[h][drop - 1] - lm.positions[h][0] != drop - 1) {
+        return Status::FailedPrecondition(fmt::format(
+            "cache: DropLeadingBlocks({}): the rows of layer {} head {} in those blocks are not "
+            "one run of positions",
+            n_blocks, l, h));
+      }
+    }
+  }
+  // Exactly KeepRows' metadata for rows [drop, head_len) of every head.
+  std::vector<uint32_t> keep;
+  for (LayerMeta& lm : s.layers) {
+    for (uint32_t h = 0; h < lm.head_len.size(); ++h) {
+      keep.resize(lm.head_len[h] - drop);
+      std::iota(keep.begin(), keep.end(), static_cast<uint32_t>(drop));
+      KeepHeadMeta(lm, h, keep);
+    }
+  }
+  // Releasing blocks this sequence holds cannot fail.
+  Status st = s.store->DropLeadingBlocks(n_blocks, s.layers);
   assert(st.ok());
   (void)st;
   s.Touch();

@@ -164,6 +164,12 @@ class RowStore {
   virtual Status AdoptBlocks(std::span<const uint32_t> /*blocks*/) {
     return Status::FailedPrecondition("cache: AdoptPrefix needs an empty paged cache");
   }
+  // After the metadata dropped the first n_blocks * block_size rows of every
+  // head: gives the table's first n_blocks entries back (into the
+  // reservation first, as Shrink). Cannot fail for a paged store.
+  virtual Status DropLeadingBlocks(uint32_t /*n_blocks*/, std::span<const LayerMeta> /*layers*/) {
+    return Status::FailedPrecondition("cache: DropLeadingBlocks needs the paged layout");
+  }
 };
 
 struct SequenceCache::State {
@@ -212,5 +218,11 @@ Status UsedAfterRelease();
 Status CheckLayerHead(const SequenceCache::State& s, uint32_t layer, uint32_t head);
 // Gives every head of `lm` explicit positions (rows 0..head_len-1) if it has none.
 void MaterializePositions(LayerMeta& lm);
+// The first position of rows [b * block_size, (b + 1) * block_size) when
+// they are block_size consecutive positions from a multiple of block_size,
+// the same in every layer and head (what a content hash may name);
+// FailedPrecondition otherwise (a head shorter than that included).
+Result<uint32_t> AlignedBlockFirst(std::span<const LayerMeta> layers, uint32_t b,
+                                   uint32_t block_size);
 
 }  // namespace kvcache

@@ -134,8 +134,22 @@ Status PagedStore::Shrink(std::span<const LayerMeta> layers) {
   std::vector<uint32_t> dropped(table_.rbegin(), table_.rend() - keep);
   table_.resize(keep);
   maybe_shared_.resize(keep);
-  // Release the dropped blocks and top the reservation up to the current
-  // need: first with them (atomically), then best effort from the pool.
+  return GiveBack(dropped, layers);
+}
+
+Status PagedStore::DropLeadingBlocks(uint32_t n_blocks, std::span<const LayerMeta> layers) {
+  if (n_blocks > table_.size()) {
+    return Status::FailedPrecondition(
+        fmt::format("cache: drop of {} blocks, the table has {}", n_blocks, table_.size()));
+  }
+  // Back to front, as every release of this store (pool.h).
+  std::vector<uint32_t> dropped(table_.rend() - n_blocks, table_.rend());
+  table_.erase(table_.begin(), table_.begin() + n_blocks);
+  maybe_shared_.erase(maybe_shared_.begin(), maybe_shared_.begin() + n_blocks);
+  return GiveBack(dropped, layers);
+}
+
+Status PagedStore::GiveBack(std::span<const uint32_t> dropped, std::span<const LayerMeta> layers) {
   const uint32_t need = BlocksNeeded(reserve_target_, MinRows(layers), false);
   const uint32_t shortfall = need > reserved_ ? need - reserved_ : 0;
   if (!dropped.empty()) {
@@ -320,23 +334,11 @@ Status PagedStore::SetBlockHash(uint32_t logical_block, uint64_t hash,
     return Status::FailedPrecondition(
         fmt::format("cache: logical block {} is not full in every head", logical_block));
   }
-  // A content hash names positions [b * bs, (b + 1) * bs). A head whose rows
-  // were compacted (KeepRows, dead at some appends) holds later positions
+  // A content hash names one aligned block of positions. A head whose rows
+  // were compacted (KeepRows, dead at some appends) may hold other positions
   // in those slots: naming them would hand an adopter rows of the wrong
-  // positions. Positions are strictly increasing and position(r) >= r, so
-  // the block's last slot holding its own position proves every slot does.
-  const uint32_t last = (logical_block + 1) * bs_ - 1;
-  for (uint32_t l = 0; l < layers.size(); ++l) {
-    const LayerMeta& lm = layers[l];
-    for (uint32_t h = 0; h < lm.positions.size(); ++h) {
-      if (lm.positions[h][last] != last) {
-        return Status::FailedPrecondition(fmt::format(
-            "cache: logical block {} of layer {} head {} holds compacted rows (position {} in "
-            "slot {}): it cannot be named by content",
-            logical_block, l, h, lm.positions[h][last], last));
-      }
-    }
-  }
+  // positions.
+  KV_RETURN_IF_ERROR(AlignedBlockFirst(layers, logical_block, bs_).status());
   KV_RETURN_IF_ERROR(pool_->SetBlockHash(table_[logical_block], hash));
   maybe_shared_[logical_block] = 1;
   return Status::Ok();

@@ -57,6 +57,7 @@ class PagedStore final : public RowStore {
   Status SetBlockHash(uint32_t logical_block, uint64_t hash,
                       std::span<const LayerMeta> layers) override;
   Status AdoptBlocks(std::span<const uint32_t> blocks) override;
+  Status DropLeadingBlocks(uint32_t n_blocks, std::span<const LayerMeta> layers) override;
 
  private:
   // Blocks that appending until every head holds `target` rows could
@@ -64,6 +65,9 @@ class PagedStore final : public RowStore {
   // blocks written (every block from min_rows on counted as shared if
   // assume_all_shared).
   uint32_t BlocksNeeded(uint32_t target, uint32_t min_rows, bool assume_all_shared) const;
+  // Releases `dropped` (already out of the table) and tops the reservation
+  // up to the current need: first with them (atomically), then best effort.
+  Status GiveBack(std::span<const uint32_t> dropped, std::span<const LayerMeta> layers);
   // Allocates fresh.size() blocks all or nothing, drawing on the
   // reservation first; returns how many came from it.
   Result<uint32_t> AllocateDrawingReservation(std::span<uint32_t> fresh);

@@ -122,7 +122,31 @@ Result<std::shared_ptr<const HybridModel>> HybridModel::Create(const Geometry& g
     }
   }
   m->layers_ = std::move(layers);
+  // Window blocks: window layers without sinks sharing one window, and a
+  // slack of whole blocks, make lo(n) one block boundary for the group.
+  bool aligned = m->group_size_[kBoundedGroup] > 0 &&
+                 m->options_.window_slack_tokens % geometry.block_size() == 0;
+  for (uint32_t l = 0; l < L && aligned; ++l) {
+    if (m->group_[l] != kBoundedGroup) continue;
+    const LayerSpec& s = m->layers_[l];
+    aligned = s.kind == LayerKind::kWindow && s.sink_tokens == 0 &&
+              s.window_tokens == m->layers_[m->first_bounded_layer()].window_tokens;
+  }
+  m->window_blocks_aligned_ = aligned;
   return std::shared_ptr<const HybridModel>(std::move(m));
+}
+
+uint32_t HybridModel::first_bounded_layer() const {
+  for (uint32_t l = 0; l < n_layers(); ++l) {
+    if (group_[l] == kBoundedGroup) return l;
+  }
+  return 0;
+}
+
+uint32_t HybridModel::WindowKeepFrom(uint32_t n) const {
+  if (!window_blocks_aligned_) return 0;
+  const uint32_t l = first_bounded_layer();
+  return WindowLow(*this, l, policies_[l][0], n);
 }
 
 uint32_t HybridModel::window_slack(uint32_t layer) const {
@@ -363,6 +387,12 @@ Status HybridSequence::Append(std::span<const float> k, std::span<const float> v
 
 Status HybridSequence::EnforceWindows(uint32_t layer) {
   if (linear_[layer]) return Status::Ok();
+  if (drops_window_blocks() && model_->group(layer) == HybridModel::kBoundedGroup) {
+    // Releases blocks only: nothing to wait for, never pending.
+    KV_RETURN_IF_ERROR(DropWindowBlocks());
+    window_pending_[layer] = 0;
+    return Status::Ok();
+  }
   // Pending until a pass over every window head succeeds (a failing
   // KeepRows leaves the heads before it compacted, the rest not yet).
   window_pending_[layer] = 1;
@@ -395,6 +425,26 @@ Status HybridSequence::CompactWindows(uint32_t layer) {
     KV_RETURN_IF_ERROR(c.KeepRows(gl, h, keep));
   }
   return Status::Ok();
+}
+
+bool HybridSequence::bounded_group_even() const {
+  const SequenceCache& c = *groups_[HybridModel::kBoundedGroup];
+  for (uint32_t gl = 1; gl < c.n_layers(); ++gl) {
+    if (c.num_tokens(gl) != c.num_tokens(0)) return false;
+  }
+  return true;
+}
+
+Status HybridSequence::DropWindowBlocks() {
+  if (!bounded_group_even()) return Status::Ok();  // the last layer of the pass drops
+  SequenceCache& c = *groups_[HybridModel::kBoundedGroup];
+  // Every head holds the run [first, n) (window layers store every
+  // position); first and lo are multiples of the block size.
+  const uint32_t n = c.num_tokens(0);
+  const uint32_t first = n - c.head_len(0, 0);
+  const uint32_t lo = model_->WindowKeepFrom(n);
+  if (lo <= first) return Status::Ok();
+  return c.DropLeadingBlocks((lo - first) / c.block_size());
 }
 
 Status HybridSequence::EnforceAllWindows() {
@@ -497,6 +547,9 @@ Status HybridSequence::Truncate(uint32_t n) {
   for (auto& g : groups_) {
     if (g) KV_RETURN_IF_ERROR(g->Truncate(std::min(n, g->num_tokens())));
   }
+  // Layers that were ahead of the group now have its length: drop what the
+  // window no longer covers, as the contiguous layout already did.
+  if (drops_window_blocks()) return DropWindowBlocks();
   return Status::Ok();
 }
 
@@ -620,13 +673,54 @@ Status CheckWindowsCover(const HybridModel& m, uint32_t layer, uint32_t n_querie
   return Status::Ok();
 }
 
+// A view cut to start `blocks` blocks later, with the arrays it points to.
+struct CutView {
+  std::vector<uint32_t> head_len;
+  std::vector<const uint32_t*> positions;
+  std::vector<std::vector<uint32_t>> own_positions;  // when the view had none
+};
+
+void CutLeadingBlocks(LayerKvView& view, uint32_t blocks, CutView& cut) {
+  const uint32_t rows = blocks * view.block_size, H = view.n_kv_heads;
+  cut.head_len.resize(H);
+  cut.positions.resize(H);
+  if (!view.positions) cut.own_positions.resize(H);
+  for (uint32_t h = 0; h < H; ++h) {
+    cut.head_len[h] = view.rows(h) - rows;
+    if (view.positions) {
+      cut.positions[h] = view.positions[h] + rows;
+    } else {
+      cut.own_positions[h].resize(cut.head_len[h]);
+      std::iota(cut.own_positions[h].begin(), cut.own_positions[h].end(), rows);
+      cut.positions[h] = cut.own_positions[h].data();
+    }
+  }
+  view.head_len = cut.head_len.data();
+  view.positions = cut.positions.data();
+  view.block_table += blocks;
+  view.num_blocks -= blocks;
+}
+
 }  // namespace
 
 Status HybridSequence::Attend(uint32_t layer, uint32_t n_queries, std::span<const float> q,
                               const AttentionOptions& options,
                               const AttentionOutput& output) const {
   KV_RETURN_IF_ERROR(CheckAttention(layer));
-  KV_ASSIGN_OR_RETURN(const LayerKvView view, View(layer));
+  KV_ASSIGN_OR_RETURN(LayerKvView view, View(layer));
+  // Window blocks: a layer appended before the last of its group still holds
+  // whole blocks before lo(n). Attention does not see them, but its fixed
+  // row segments (kernels.cc) would start elsewhere than in the contiguous
+  // layout, whose rows start at lo(n): attend from lo(n) too, so that the
+  // sums run in the same order (unless per-row probabilities are wanted:
+  // those are indexed by the layer's stored rows). Drafts compact nothing in
+  // either layout.
+  CutView cut;
+  if (drops_window_blocks() && model_->group(layer) == HybridModel::kBoundedGroup && !in_draft_ &&
+      output.probs.empty() && output.kv_probs.empty() && view.rows(0) > 0) {
+    const uint32_t first = view.position(0, 0), lo = model_->WindowKeepFrom(view.num_tokens);
+    if (lo > first) CutLeadingBlocks(view, (lo - first) / view.block_size, cut);
+  }
   // Inside a draft, compaction stopped at the draft's start.
   KV_RETURN_IF_ERROR(CheckWindowsCover(*model_, layer, n_queries, view.num_tokens,
                                        in_draft_ ? draft_base_ : view.num_tokens));
@@ -689,7 +783,103 @@ Result<HybridSequence> HybridSequence::Clone(const CloneOptions& options) const 
   for (size_t l = 0; l < linear_.size(); ++l) {
     if (linear_[l]) copy.linear_[l] = std::make_unique<LinearState>(linear_[l]->Copy());
   }
+  // A contiguous copy of window blocks compacts as the contiguous layout
+  // does: layers still holding rows before their window drop them now (no
+  // pool, so this cannot fail for lack of blocks).
+  if (drops_window_blocks() && !copy.drops_window_blocks()) {
+    for (uint32_t l = 0; l < model_->n_layers(); ++l) {
+      if (model_->group(l) == HybridModel::kBoundedGroup) KV_RETURN_IF_ERROR(copy.EnforceWindows(l));
+    }
+  }
   return copy;
+}
+
+// --- prefix reuse ------------------------------------------------------------------------------
+
+namespace {
+
+// What SequenceCache::AdoptPrefix / AdoptBlocksAt would refuse for input
+// reasons, checked before either group adopts anything.
+Status CheckAdoptable(const SequenceCache& c, std::span<const uint32_t> blocks,
+                      const std::shared_ptr<const Calibration>& calibration, const char* what) {
+  if (calibration &&
+      calibration->transforms.size() != size_t{c.n_layers()} * 2 * c.n_kv_heads()) {
+    return Status::InvalidArgument(
+        fmt::format("hybrid: AdoptPrefix: the {} calibration does not match the group", what));
+  }
+  const BlockPool& pool = *c.pool();
+  for (uint32_t b : blocks) {
+    if (b >= pool.num_blocks() || pool.refcount(b) == 0) {
+      return Status::InvalidArgument(
+          fmt::format("hybrid: AdoptPrefix: {} block {} is not held", what, b));
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status HybridSequence::AdoptPrefix(std::span<const uint32_t> full_blocks,
+                                   std::shared_ptr<const Calibration> full_calibration,
+                                   std::span<const uint32_t> window_blocks,
+                                   std::shared_ptr<const Calibration> window_calibration) {
+  KV_RETURN_IF_ERROR(CheckUsable());
+  if (!drops_window_blocks() || !groups_[HybridModel::kFullGroup]) {
+    return Status::FailedPrecondition(
+        "hybrid: AdoptPrefix needs the paged layout, a full layer and window blocks "
+        "(HybridModel::window_blocks_aligned)");
+  }
+  for (uint32_t l = 0; l < model_->n_layers(); ++l) {
+    if (linear_[l]) {
+      return Status::FailedPrecondition(
+          fmt::format("hybrid: AdoptPrefix: layer {} is linear (its state is no block)", l));
+    }
+  }
+  if (in_draft_ || num_tokens() != 0) {
+    return Status::FailedPrecondition("hybrid: AdoptPrefix needs an empty sequence");
+  }
+  SequenceCache& full = *groups_[HybridModel::kFullGroup];
+  SequenceCache& bounded = *groups_[HybridModel::kBoundedGroup];
+  const uint64_t B = full.block_size();
+  const uint64_t P = full_blocks.size() * B;
+  if (P > (uint64_t{1} << 30)) return Status::InvalidArgument("hybrid: AdoptPrefix: prefix too long");
+  const uint32_t keep_from = model_->WindowKeepFrom(static_cast<uint32_t>(P));
+  if (window_blocks.size() * B != P - keep_from) {
+    return Status::InvalidArgument(fmt::format(
+        "hybrid: AdoptPrefix of {} positions wants {} window blocks (positions {}..{}), got {}", P,
+        (P - keep_from) / B, keep_from, P, window_blocks.size()));
+  }
+  KV_RETURN_IF_ERROR(CheckAdoptable(full, full_blocks, full_calibration, "full"));
+  KV_RETURN_IF_ERROR(CheckAdoptable(bounded, window_blocks, window_calibration, "window"));
+  KV_RETURN_IF_ERROR(bounded.AdoptBlocksAt(keep_from, window_blocks, window_calibration));
+  const Status st = full.AdoptPrefix(full_blocks, full_calibration);
+  if (!st.ok()) {
+    // Not reached after the checks above; give the caller its references back.
+    if (!window_blocks.empty()) (void)bounded.pool()->Retain(window_blocks);
+    (void)bounded.Clear();
+    return st;
+  }
+  return Status::Ok();
+}
+
+Result<SequenceCache*> HybridSequence::GroupForBlocks(int group) const {
+  KV_RETURN_IF_ERROR(CheckUsable());
+  if (group != HybridModel::kFullGroup && group != HybridModel::kBoundedGroup) {
+    return Status::InvalidArgument(fmt::format("hybrid: no group {}", group));
+  }
+  if (!groups_[group]) return Status::InvalidArgument(fmt::format("hybrid: group {} is empty", group));
+  return groups_[group].get();
+}
+
+Status HybridSequence::SetBlockHash(int group, uint32_t logical_block, uint64_t hash) {
+  KV_ASSIGN_OR_RETURN(SequenceCache * c, GroupForBlocks(group));
+  if (in_draft_) return DraftOpen("SetBlockHash");
+  return c->SetBlockHash(logical_block, hash);
+}
+
+Result<uint32_t> HybridSequence::BlockFirstPosition(int group, uint32_t logical_block) const {
+  KV_ASSIGN_OR_RETURN(SequenceCache * c, GroupForBlocks(group));
+  return c->BlockFirstPosition(logical_block);
 }
 
 // --- accounting and checks -------------------------------------------------------------------
@@ -743,6 +933,20 @@ Status HybridSequence::CheckInvariants() const {
       if (ps[h].kind != EvictionKind::kWindow || in_draft_) continue;
       const uint32_t lo = WindowLow(*model_, l, ps[h], n);
       const uint32_t want = lo == 0 ? n : std::min(n, ps[h].sink_tokens) + (n - lo);
+      if (drops_window_blocks() && model_->group(l) == HybridModel::kBoundedGroup &&
+          !bounded_group_even()) {
+        // Window blocks wait for the last layer of the group: this head holds
+        // one run of positions ending at n - 1 that covers its window.
+        const std::vector<uint32_t> pos = HeadPositions(l, h);
+        if (len < want || len > n || pos.size() != len ||
+            (len > 0 && (pos.back() != n - 1 || pos.back() - pos.front() != len - 1))) {
+          return Status::Internal(fmt::format(
+              "hybrid: window head {} of layer {} holds {} rows that are not one run ending at "
+              "{} covering {} positions",
+              h, l, len, n - 1, want));
+        }
+        continue;
+      }
       if (window_pending_[l] && len > want && len <= n) {
         // A compaction that failed (PoolExhausted) waits for its retry: the
         // head still holds its sinks and every position from lo on, plus

@@ -13,6 +13,7 @@ namespace kvcache::model {
 namespace {
 
 using ::kvcache::testing::CliRun;
+using ::kvcache::testing::Exact;
 using ::kvcache::testing::RunCli;
 
 std::string ModelArgs() {
@@ -28,8 +29,8 @@ std::string BackendArg() {
 }
 
 TEST(Cli, GenerateJsonWithAndWithoutDraft) {
-  const std::string base = "generate " + ModelArgs() + " " + BackendArg() +
-                           " --prompt 'Once upon a time' --steps 40 --json";
+  const std::string base = Exact("generate " + ModelArgs() + " " + BackendArg() +
+                                 " --prompt 'Once upon a time' --steps 40 --json");
   CliRun plain = RunCli(base);
   ASSERT_EQ(plain.exit_code, 0) << plain.out;
   auto j = nlohmann::json::parse(plain.out);

@@ -167,6 +167,7 @@ TEST(ModelFingerprint, ContentNotPath) {
 // --- kvcache generate --tiers, process after process --------------------
 
 using ::kvcache::testing::CliRun;
+using ::kvcache::testing::Exact;
 using ::kvcache::testing::RunCli;
 
 using ::kvcache::testing::ReadBytes;
@@ -192,9 +193,9 @@ class GenerateTiers : public ::testing::Test {
   // generate --json with `extra`; logits to `logits` (a file in dir_).
   nlohmann::json Generate(const std::string& extra, const std::string& logits,
                           const std::string& model_file = "") {
-    const CliRun r = RunCli("generate " + Model(model_file) + " --prompt '" + kPrompt +
-                            "' --steps 12 --json --logits-out " + (dir_ / logits).string() + " " +
-                            extra);
+    const CliRun r = RunCli(Exact("generate " + Model(model_file) + " --prompt '" + kPrompt +
+                                  "' --steps 12 --json --logits-out " + (dir_ / logits).string() + " " +
+                                  extra));
     // A failed run ends the test here (GoogleTest reports the exception):
     // the callers read its fields from const objects, where a missing one
     // is undefined behaviour, not a failure.
@@ -327,8 +328,8 @@ TEST_F(GenerateTiers, PublishGeneratedServesAContinuation) {
   std::string ids;
   for (int32_t t : next) ids += (ids.empty() ? "" : ",") + std::to_string(t);
   auto run = [&](const std::string& extra, const std::string& logits) {
-    const CliRun r = RunCli("generate " + Model() + " --prompt-ids " + ids +
-                            " --steps 6 --json --logits-out " + (dir_ / logits).string() + " " + extra);
+    const CliRun r = RunCli(Exact("generate " + Model() + " --prompt-ids " + ids + " --steps 6 --json --logits-out " +
+                                  (dir_ / logits).string() + " " + extra));
     EXPECT_EQ(r.exit_code, 0) << r.out;
     return r.exit_code == 0 ? nlohmann::json::parse(r.out) : nlohmann::json::object();
   };

@@ -1,10 +1,12 @@
-// `kvcache generate` / `kvcache perplexity` on SmolLM2's GGUF through the
-// binary: chat generation (plain == speculative), token-id prompts, several
-// formats against one f32 run with per-token log-probabilities written as
-// .npy, and a broken GGUF failing with its reason.
+// `kvcache generate` / `kvcache perplexity` / `kvcache serve` on SmolLM2's
+// GGUF through the binary: chat generation (plain == speculative), token-id
+// prompts, the defaults (a bf16 cache, the products `auto` picks) and the
+// lines that say them, several formats against one f32 run with per-token
+// log-probabilities written as .npy, per-group formats refused by `serve` on
+// a model without sliding-window layers, and a broken GGUF failing with its
+// reason.
 #include <gtest/gtest.h>
 
-#include <array>
 #include <cmath>
 #include <cstdio>
 #include <nlohmann/json.hpp>
@@ -13,24 +15,28 @@
 #include "cli_runner.h"
 #include "kvcache/format.h"
 #include "kvcache/npy.h"
+#include "model/tensor/matmul.h"
 #include "model_smollm/smollm_fixture.h"
 
 namespace kvcache::model {
 namespace {
 
 using ::kvcache::testing::CliRun;
+using ::kvcache::testing::Exact;
 using ::kvcache::testing::RunCli;
+using ::kvcache::testing::RunCliWithStderr;
+using ::kvcache::testing::ServeStartupLine;
 
 TEST(SmolLm2Cli, ChatGenerationPlainEqualsSpeculative) {
   ASSERT_NE(testing::SmolLm2Gguf(), nullptr);
   const std::string base = "generate --model " + SmolLm2Path() +
                            " --chat --prompt 'What is the capital of France?' --steps 16 --json";
-  const CliRun plain = RunCli(base);
+  const CliRun plain = RunCli(Exact(base));
   ASSERT_EQ(plain.exit_code, 0) << plain.out;
   const auto j = nlohmann::json::parse(plain.out);
   EXPECT_NE(j["text"].get<std::string>().find("Paris"), std::string::npos) << j["text"];
   EXPECT_EQ(j["prompt_tokens"][0], 1);  // <|im_start|>
-  const CliRun spec = RunCli(base + " --draft 3 --kv-format q8_0:q8_0 --layout paged");
+  const CliRun spec = RunCli(Exact(base + " --draft 3 --kv-format q8_0:q8_0 --layout paged"));
   ASSERT_EQ(spec.exit_code, 0) << spec.out;
   const auto s = nlohmann::json::parse(spec.out);
   EXPECT_EQ(s["kv_format"], "q8_0:q8_0");
@@ -59,8 +65,8 @@ TEST(SmolLm2Cli, ApproximateMatMulInputs) {
   EXPECT_EQ(je["kl_vs_f32"].get<double>(), 0.0);
   for (const std::string name : {"int8", "bf16"}) {
     SCOPED_TRACE(name);
-    const std::string base =
-        "generate --model " + SmolLm2Path() + " --prompt-ids 504,3458,282,1116 --steps 8 --json --matmul " + name;
+    const std::string base = "generate --model " + SmolLm2Path() +
+                             " --prompt-ids 504,3458,282,1116 --steps 8 --json --kv-format f32 --matmul " + name;
     const CliRun plain = RunCli(base);
     ASSERT_EQ(plain.exit_code, 0) << plain.out;
     const nlohmann::json j = nlohmann::json::parse(plain.out);
@@ -78,6 +84,59 @@ TEST(SmolLm2Cli, ApproximateMatMulInputs) {
   const CliRun bad = RunCli("generate --model " + SmolLm2Path() + " --prompt-ids 1 --steps 1 --matmul int4");
   EXPECT_EQ(bad.exit_code, 2);
   EXPECT_EQ(bad.out, "");
+}
+
+// Without flags: a bf16 cache and the products `--matmul auto` picks on
+// this CPU, said in generate's JSON ("choice") and header and serve's
+// startup line; the same tokens as those flags given. --kv-format f32
+// --matmul f32 is the exact path, said without "(default)".
+TEST(SmolLm2Cli, DefaultsAreABf16CacheAndTheAutoProducts) {
+  ASSERT_NE(testing::SmolLm2Gguf(), nullptr);
+  const MatMulChoice pick = AutoMatMulInputs();
+  const std::string products = std::string(MatMulInputsName(pick.inputs));
+  EXPECT_FALSE(pick.why.empty());
+  EXPECT_EQ(ParseMatMulInputs("auto").value(), pick.inputs);
+  const std::string said = "products " + products + " (auto: " + std::string(pick.why) + ")";
+  const std::string base = "generate --model " + SmolLm2Path() + " --prompt-ids 504,3458,282,1116 --steps 6 --json";
+  const CliRun plain = RunCli(base);
+  ASSERT_EQ(plain.exit_code, 0) << plain.out;
+  const auto j = nlohmann::json::parse(plain.out);
+  EXPECT_EQ(j["kv_format"], "bf16:bf16");
+  EXPECT_EQ(j["matmul"], products);
+  EXPECT_EQ(j["choice"], "kv bf16:bf16 (default), " + said);
+  const CliRun named = RunCli(base + " --kv-format bf16 --matmul " + products);
+  ASSERT_EQ(named.exit_code, 0) << named.out;
+  EXPECT_EQ(nlohmann::json::parse(named.out)["generated_tokens"], j["generated_tokens"]);
+  EXPECT_EQ(nlohmann::json::parse(named.out)["choice"], "kv bf16:bf16, products " + products);
+  const CliRun header = RunCliWithStderr("generate --model " + SmolLm2Path() + " --prompt-ids 504,3458 --steps 1");
+  ASSERT_EQ(header.exit_code, 0) << header.out;
+  EXPECT_NE(header.out.find("kvcache generate: kv bf16:bf16 (default), " + said), std::string::npos) << header.out;
+
+  const std::string serve = "--model " + SmolLm2Path() + " --context 256 --pool-mib 16 --threads 1";
+  const std::string line = ServeStartupLine(serve);
+  EXPECT_NE(line.find("listening on http://127.0.0.1:"), std::string::npos) << line;
+  EXPECT_NE(line.find("context 256, kv bf16 (default), " + said + ")"), std::string::npos) << line;
+  const std::string exact = ServeStartupLine(serve + " --kv-format f32 --matmul f32");
+  EXPECT_NE(exact.find("context 256, kv f32, products f32)"), std::string::npos) << exact;
+}
+
+// serve takes per-group formats as generate does; SmolLM2 has no
+// sliding-window layers, so the engine refuses them, saying why, and serve
+// exits non-zero before listening. A group name that is neither global nor
+// local is named.
+TEST(SmolLm2Cli, ServeRefusesPerGroupFormatsWithoutWindowLayers) {
+  ASSERT_NE(testing::SmolLm2Gguf(), nullptr);
+  const std::string serve = "serve --port 0 --model " + SmolLm2Path() + " --context 256 --pool-mib 16 --kv-format ";
+  const CliRun groups = RunCliWithStderr(serve + "global=bf16,local=q8_0");
+  EXPECT_NE(groups.exit_code, 0);
+  EXPECT_EQ(groups.out.find("listening"), std::string::npos) << groups.out;
+  EXPECT_NE(groups.out.find("per-group formats (global=...,local=...) need a model with sliding-window layers"),
+            std::string::npos)
+      << groups.out;
+  const CliRun typo = RunCliWithStderr(serve + "globl=bf16,local=q8_0");
+  EXPECT_NE(typo.exit_code, 0);
+  EXPECT_NE(typo.out.find("globl"), std::string::npos) << typo.out;
+  EXPECT_NE(typo.out.find("names no layer group"), std::string::npos) << typo.out;
 }
 
 // Token 173 is the lone byte 0xE2 (the start of a 3-byte character): the JSON
@@ -127,15 +186,9 @@ TEST(SmolLm2Cli, BrokenGgufFailsWithItsReason) {
   ASSERT_NE(f, nullptr);
   std::fwrite("GGUF\x03\0\0\0", 1, 8, f);  // header cut after the version
   std::fclose(f);
-  const std::string cmd = std::string(KVCACHE_CLI_PATH) + " generate --model " + path + " --prompt x 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  ASSERT_NE(p, nullptr);
-  std::string out;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
-  EXPECT_EQ(WEXITSTATUS(pclose(p)), 2);
-  EXPECT_NE(out.find("truncated header"), std::string::npos) << out;
+  const CliRun r = RunCliWithStderr("generate --model " + path + " --prompt x");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.out.find("truncated header"), std::string::npos) << r.out;
 }
 
 }  // namespace

@@ -21,6 +21,7 @@ namespace {
 namespace fs = std::filesystem;
 
 using ::kvcache::testing::CliRun;
+using ::kvcache::testing::Exact;
 using ::kvcache::testing::RunCli;
 
 using ::kvcache::testing::ReadBytes;
@@ -37,8 +38,8 @@ TEST(SmolLm2Tiers, SecondProcessLoadsThePromptFromDisk) {
   fs::create_directories(dir);
   const std::string disk = " --tiers disk:" + (dir / "disk").string() + ":256MiB";
   auto run = [&](const std::string& extra, const std::string& logits) {
-    const CliRun r = RunCli("generate --model " + SmolLm2Path() + " --prompt-ids " + ids +
-                            " --steps 4 --json --logits-out " + (dir / logits).string() + extra);
+    const CliRun r = RunCli(Exact("generate --model " + SmolLm2Path() + " --prompt-ids " + ids +
+                                  " --steps 4 --json --logits-out " + (dir / logits).string() + extra));
     EXPECT_EQ(r.exit_code, 0) << r.out;
     return r.exit_code == 0 ? nlohmann::json::parse(r.out) : nlohmann::json::object();
   };

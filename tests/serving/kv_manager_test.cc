@@ -394,6 +394,109 @@ TEST(KvManager, SlidingWindowGroups) {
   }
 }
 
+// K/V of position p as a function of the tokens up to it (what a model's
+// would be), for layer l.
+std::vector<float> KvOf(std::span<const TokenId> tokens, uint32_t p, uint32_t l, uint32_t dim, int side) {
+  uint64_t seed = 0x9E3779B97F4A7C15ull * (l + 1) + side;
+  for (uint32_t i = 0; i <= p; ++i) seed = seed * 1000003u + tokens[i];
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> normal;
+  std::vector<float> x(dim);
+  for (float& v : x) v = normal(rng);
+  return x;
+}
+
+// Runs tokens [from, to) through kv in chunks of at most 8, storing KvOf
+// rows, and returns every layer's attention output of each chunk.
+std::vector<float> RunTokens(model::KvBackend& kv, const model::AttentionShape& shape,
+                             std::span<const TokenId> tokens, uint32_t from, uint32_t to) {
+  std::vector<float> outs;
+  const uint32_t dim = shape.n_kv_heads * shape.head_dim;
+  for (uint32_t at = from; at < to;) {
+    const uint32_t n = std::min(8u, to - at);
+    EXPECT_TRUE(kv.Extend(n).ok());
+    for (uint32_t l = 0; l < shape.n_layers; ++l) {
+      std::vector<float> k, v;
+      for (uint32_t p = at; p < at + n; ++p) {
+        const std::vector<float> kp = KvOf(tokens, p, l, dim, 0), vp = KvOf(tokens, p, l, dim, 1);
+        k.insert(k.end(), kp.begin(), kp.end());
+        v.insert(v.end(), vp.begin(), vp.end());
+      }
+      std::vector<float> q = KvOf(tokens, at + n - 1, l + 100, n * shape.n_heads * shape.head_dim, 2);
+      std::vector<float> out(q.size());
+      EXPECT_TRUE(kv.Store(l, k, v).ok());
+      const Status s = kv.Attend(l, q, out);
+      EXPECT_TRUE(s.ok()) << s.ToString();
+      outs.insert(outs.end(), out.begin(), out.end());
+    }
+    at += n;
+  }
+  return outs;
+}
+
+// Prefix reuse on a window model: a second request whose prompt extends the
+// first's adopts both groups' blocks up to the last full block before its
+// last token -- the full group's whole chain and the window group's last
+// window, though the first request's window slid past the older window
+// blocks long ago -- and attends exactly as a sequence that computed
+// everything. A prompt that shares less gets the longest prefix whose
+// window run is still cached; the pools end at their baseline.
+TEST(KvManager, SlidingWindowPrefixReuse) {
+  const model::AttentionShape shape = WindowShape();
+  KvManagerOptions o = WindowOptions(128);
+  o.prefix_cache = true;
+  Result<std::unique_ptr<KvManager>> made = KvManager::Create(shape, nullptr, o);
+  ASSERT_TRUE(made.ok()) << made.status().ToString();
+  KvManager& m = **made;
+  ASSERT_TRUE(m.prefix_caching());
+  std::vector<TokenId> first(90);
+  for (uint32_t i = 0; i < first.size(); ++i) first[i] = 1 + (i * 7) % 50;
+  {
+    Result<std::unique_ptr<KvSequence>> a = m.Admit(first, KvAdmitOptions{});
+    ASSERT_TRUE(a.ok()) << a.status().ToString();
+    EXPECT_EQ((*a)->cached_tokens(), 0u);
+    std::vector<BlockHash> hashes;
+    for (uint32_t at = 0; at < first.size(); at += 8) {
+      RunTokens(**a, shape, first, at, std::min<uint32_t>(at + 8, first.size()));
+      ASSERT_TRUE(m.Publish(**a, first, &hashes).ok());
+    }
+    EXPECT_TRUE(m.CheckInvariants().ok());
+  }
+  // The second prompt: the first plus 13 more tokens.
+  std::vector<TokenId> second = first;
+  for (uint32_t i = 0; i < 13; ++i) second.push_back(60 + i);
+  Result<std::unique_ptr<KvSequence>> b = m.Admit(second, KvAdmitOptions{});
+  ASSERT_TRUE(b.ok()) << b.status().ToString();
+  EXPECT_EQ((*b)->cached_tokens(), (first.size() / kB) * kB);
+  model::HybridKvOptions ho;
+  ho.formats = {Format::kF32, Format::kF32};
+  ho.block_size = kB;
+  ho.max_chunk_tokens = 8;
+  ho.window_slack_tokens = kB;
+  Result<std::unique_ptr<model::HybridKv>> ref = model::HybridKv::Create(shape, ho);
+  ASSERT_TRUE(ref.ok());
+  const uint32_t cached = (*b)->cached_tokens();
+  RunTokens(**ref, shape, second, 0, cached);
+  EXPECT_EQ(RunTokens(**b, shape, second, cached, second.size()),
+            RunTokens(**ref, shape, second, cached, second.size()));
+  b->reset();
+  // A prompt sharing the first 41 tokens: its hit stops at block 10 (40
+  // tokens) only if the window run ending there is still cached.
+  std::vector<TokenId> third(first.begin(), first.begin() + 41);
+  third.push_back(99);
+  third.push_back(98);
+  Result<std::unique_ptr<KvSequence>> c = m.Admit(third, KvAdmitOptions{});
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ((*c)->cached_tokens(), 40u);
+  c->reset();
+  for (const KvGroupMetrics& g : m.GroupMetrics()) {
+    EXPECT_EQ(g.blocks_used, 0u);
+    EXPECT_EQ(g.blocks_reserved, 0u);
+    EXPECT_GT(g.blocks_cached, 0u);
+  }
+  EXPECT_TRUE(m.CheckInvariants().ok());
+}
+
 // What the manager does not do for a window model is refused by name.
 TEST(KvManager, SlidingWindowRefusals) {
   const model::AttentionShape shape = WindowShape();

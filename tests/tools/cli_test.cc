@@ -13,6 +13,7 @@
 #include "tools/support/eval/synthetic.h"
 #include "kvcache/format.h"
 #include "kvcache/npy.h"
+#include "model/tensor/matmul.h"
 
 namespace kvcache {
 namespace {
@@ -119,6 +120,25 @@ TEST(CliInfo, SimdTargetsAndTheGlobalSimdTargetOption) {
   EXPECT_TRUE(r.out.empty()) << r.out;
   EXPECT_NE(r.err.find("'NOPE'"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find(targets.front()), std::string::npos) << r.err;
+}
+
+// "defaults": what serve and generate run here without flags: a bf16 cache
+// and the products --matmul auto picks on this CPU (model::AutoMatMulInputs),
+// also said by the text output.
+TEST(CliInfo, SaysTheServeAndGenerateDefaults) {
+  CliResult r = RunCli("info --json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto d = nlohmann::json::parse(r.out)["defaults"];
+  const model::MatMulChoice pick = model::AutoMatMulInputs();
+  EXPECT_EQ(d["kv_format"], "bf16");
+  EXPECT_EQ(d["matmul"], std::string(model::MatMulInputsName(pick.inputs)));
+  EXPECT_EQ(d["matmul_why"], "auto: " + std::string(pick.why));
+  r = RunCli("info");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("serve / generate defaults on this CPU: kv bf16, products " +
+                       std::string(model::MatMulInputsName(pick.inputs)) + " (auto: " + std::string(pick.why) + ")"),
+            std::string::npos)
+      << r.out;
 }
 
 TEST(CliInfo, UnsupportedHeadDimIsReportedPerFormat) {
