@@ -447,11 +447,10 @@ async def run_conversations(base_url, args, api_key="unused"):
             seen_systems.add(conv["system"])
             records.append(rec)
             await _one_request(client, conversation_messages(systems, conv, answers[c]), args, rec)
-            if "error" in rec:  # the conversation cannot go on without its answer
-                answers[c] = conv["users"]
-            else:
+            if "error" not in rec:
                 answers[c].append(rec["text"])
-            if len(answers[c]) < len(conv["users"]):
+            # A lost turn ends its conversation: the next one needs its answer.
+            if "error" not in rec and len(answers[c]) < len(conv["users"]):
                 ready.put_nowait(c)
             else:
                 left[0] -= 1

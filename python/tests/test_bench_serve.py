@@ -180,6 +180,24 @@ def test_against_a_server(smol):
     assert row["requests_per_s"] == pytest.approx(requests / row["wall_s"])
 
 
+def test_conversations_against_a_server(smol):
+    args = args_for("--workload", "conversation", "--render", "gemma", "--conversations", "3",
+                    "--system-prompts", "2", "--system-tokens", "80", "--user-tokens", "20", "--turns", "2",
+                    "--max-tokens", "4", "--seed", "2")
+    args.concurrency = 2
+    row = asyncio.run(bs.run_conversations(smol.base_url, args))
+    assert (row["completed"], row["lost"], row["server_kind"]) == (6, 0, "kvcache")
+    assert row["output_tokens"] == 6 * 4
+    assert set(row["system_prefix_tokens"]) == {0, 1} and all(n > 80 for n in row["system_prefix_tokens"].values())
+    one, two = row["turns"]
+    assert (one["turn"], one["completed"], two["turn"], two["completed"]) == (1, 3, 2, 3)
+    assert one["target_known"] == 3 and two["target_known"] == 3
+    # Turn 2 resends turn 1 and its answer: longer, and mostly served from the prefix cache.
+    assert two["prompt_tokens_mean"] > one["prompt_tokens_mean"] + 4
+    assert two["computed_mean"] < two["prompt_tokens_mean"] / 2
+    assert row["computed_tokens"] == one["computed_tokens"] + two["computed_tokens"]
+
+
 def test_ttft_probe(smol):
     args = args_for("--ttft-probe", "--base-url", smol.base_url, "--probe-words", "120",
                     "--probe-tail-words", "10", "--rounds", "2")
