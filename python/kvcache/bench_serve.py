@@ -19,9 +19,25 @@ reports what a serving configuration delivers:
 Workloads (``--workload``): ``chat`` is a few long shared system prompts and a
 short distinct user turn per request (the prefix cache serves the system
 prompt after its first use, as the simulator's chat workload); ``fixed`` is
-distinct prompts of ``--prompt-words`` words each, so nothing is shared. Both
-ask for ``--max-tokens`` tokens with ``ignore_eos`` (fixed output lengths)
-unless ``--allow-eos``.
+distinct prompts of ``--prompt-words`` words each, so nothing is shared;
+``conversation`` is ``--conversations`` multi-turn conversations, each on one
+of ``--system-prompts`` shared system prompts (``--system-tokens`` long) with
+``--turns`` user turns of ``--user-tokens``: every turn sends the whole
+history (the system prompt, the earlier user turns and the model's actual
+answers to them) plus the next user turn, a conversation's next turn only
+after its previous answer, the conversations interleaved with at most
+``--concurrency`` turns in flight. It reports per turn index TTFT p50/p99 and
+the prompt tokens the server computed against the new ones (see
+summarize_turns). All ask for ``--max-tokens`` tokens with ``ignore_eos``
+(fixed output lengths) unless ``--allow-eos``.
+
+``--render gemma`` sends /v1/completions of the turns rendered in Gemma's
+format (render_gemma) instead of /v1/chat/completions, for a base model
+without a chat template. ``--server-kind llama`` (detected by default: /metrics
+with kvcache's counters, else llama-server's /props) measures llama-server:
+no /metrics deltas; the computed prompt tokens are its ``timings.prompt_n``
+(sent in the last chunk of a stream), kvcache's are prompt minus cached
+tokens from the usage.
 
 ``--base-url`` measures a running server; ``--spawn "ARGS"`` starts
 ``kvcache serve --port 0 ARGS`` itself for each run (a free port) and stops it
@@ -114,37 +130,97 @@ def read_metrics(base_url, timeout=10.0):
         return parse_metrics(r.read().decode())
 
 
-class _MetricsReader:
-    """Reads /metrics of one server from the event loop (in a worker thread)."""
+def detect_server_kind(base_url, timeout=10.0):
+    """``kvcache`` when /metrics has kvcache's counters, ``llama`` when /props
+    answers (llama-server), else a ValueError."""
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(base_url.rstrip("/") + "/metrics", timeout=timeout) as r:
+            if "kvcache_" in r.read().decode():
+                return "kvcache"
+    except OSError:
+        pass
+    try:
+        with opener.open(base_url.rstrip("/") + "/props", timeout=timeout) as r:
+            json.loads(r.read().decode())
+            return "llama"
+    except (OSError, ValueError):
+        pass
+    raise ValueError(f"{base_url} is neither kvcache serve (/metrics) nor llama-server (/props)")
 
-    def __init__(self, base_url):
+
+class _MetricsReader:
+    """Reads /metrics of one server from the event loop (in a worker thread);
+    an empty sample for a server without kvcache's metrics (llama-server)."""
+
+    def __init__(self, base_url, kind="kvcache"):
         self.base_url = base_url
+        self.kind = kind
 
     async def read(self):
+        if self.kind != "kvcache":
+            return {}
         return await asyncio.to_thread(read_metrics, self.base_url)
 
     async def close(self):
         pass
 
 
+def render_gemma(messages):
+    """Chat messages as Gemma's turns (``<start_of_turn>user\\n...<end_of_turn>``,
+    the assistant's as ``model``), ending with the opened model turn. Gemma has
+    no system role: a system message opens the first user turn, a blank line
+    before the user's text. The server adds BOS."""
+    out, pending = [], None
+    for m in messages:
+        role, content = m["role"], m["content"]
+        if role == "system":
+            pending = content
+            continue
+        if role == "user" and pending is not None:
+            content, pending = pending + "\n\n" + content, None
+        out.append(f"<start_of_turn>{'model' if role == 'assistant' else 'user'}\n{content}<end_of_turn>\n")
+    if pending is not None:
+        out.append(f"<start_of_turn>user\n{pending}\n\n")
+        return "".join(out)
+    return "".join(out) + "<start_of_turn>model\n"
+
+
+def computed_tokens(record):
+    """The prompt tokens the server computed for one request: llama-server's
+    ``timings.prompt_n`` where it sent one, else prompt minus cached tokens."""
+    if record.get("prompt_n") is not None:
+        return record["prompt_n"]
+    return record["prompt_tokens"] - record.get("cached_tokens", 0)
+
+
 async def _one_request(client, messages, args, record):
-    """Streams one chat completion; fills `record` with its timings and usage."""
+    """Streams one completion of `messages` (a chat completion, or with
+    ``--render gemma`` a completion of the rendered turns); fills `record`
+    with its timings, text and usage."""
     extra = {} if args.allow_eos else {"ignore_eos": True}
     start = time.perf_counter()
-    stamps = []
+    stamps, pieces = [], []
     finish = None
     usage = None
+    timings = None
     try:
-        stream = await client.chat.completions.create(
-            model="default", messages=messages, max_tokens=args.max_tokens, temperature=0,
-            stream=True, stream_options={"include_usage": True}, extra_body=extra)
+        common = dict(model="default", max_tokens=args.max_tokens, temperature=0, stream=True,
+                      stream_options={"include_usage": True}, extra_body=extra)
+        if getattr(args, "render", "chat") == "gemma":
+            stream = await client.completions.create(prompt=render_gemma(messages), **common)
+        else:
+            stream = await client.chat.completions.create(messages=messages, **common)
         async for chunk in stream:
             now = time.perf_counter()
             if chunk.usage is not None:
                 usage = chunk.usage
+            timings = (getattr(chunk, "model_extra", None) or {}).get("timings") or timings
             for c in chunk.choices:
-                if c.delta is not None and c.delta.content:
+                text = c.text if hasattr(c, "text") else (c.delta.content if c.delta is not None else None)
+                if text:
                     stamps.append(now)
+                    pieces.append(text)
                 if c.finish_reason:
                     finish = c.finish_reason
     except Exception as e:  # a lost request, counted and described, never fatal
@@ -153,12 +229,15 @@ async def _one_request(client, messages, args, record):
     record["start"] = start
     record["end"] = time.perf_counter()
     record["chunk_times"] = stamps
+    record["text"] = "".join(pieces)
     record["finish_reason"] = finish
     if usage is not None:
         record["completion_tokens"] = usage.completion_tokens
         record["prompt_tokens"] = usage.prompt_tokens
         details = getattr(usage, "prompt_tokens_details", None)
         record["cached_tokens"] = (getattr(details, "cached_tokens", None) or 0) if details else 0
+    if timings and "prompt_n" in timings:
+        record["prompt_n"] = int(timings["prompt_n"])
 
 
 async def _poll_running(reader, stop, peak):
@@ -195,6 +274,7 @@ def summarize(records, wall_s, before, after, peak_running):
         "output_tokens": out_tokens,
         "prompt_tokens": sum(r["prompt_tokens"] for r in done),
         "cached_tokens": sum(r["cached_tokens"] for r in done),
+        "computed_tokens": sum(computed_tokens(r) for r in done),
         "output_tokens_per_s": out_tokens / wall_s if wall_s > 0 else 0.0,
         "requests_per_s": len(done) / wall_s if wall_s > 0 else 0.0,
         "prefix_hit_rate": delta("kvcache_prefix_hit_tokens_total") / prompt_delta if prompt_delta else 0.0,
@@ -224,7 +304,7 @@ async def run_load(base_url, args, api_key="unused"):
     client = openai.AsyncOpenAI(base_url=base_url.rstrip("/") + "/v1", api_key=api_key, max_retries=0,
                                 http_client=openai.DefaultAsyncHttpxClient(trust_env=False,
                                                                            timeout=args.timeout))
-    reader = _MetricsReader(base_url)
+    reader = _MetricsReader(base_url, _server_kind(base_url, args))
     records = [{} for _ in workload]
     queue = list(range(len(workload)))
     queue.reverse()
@@ -248,8 +328,164 @@ async def run_load(base_url, args, api_key="unused"):
         await reader.close()
         await client.close()
     row = summarize(records, wall, before, after, peak[0])
-    row.update({"workload": args.workload, "concurrency": args.concurrency, "max_tokens": args.max_tokens,
-                "seed": args.seed})
+    row.update({"workload": args.workload, "server_kind": reader.kind, "concurrency": args.concurrency,
+                "max_tokens": args.max_tokens, "seed": args.seed})
+    return row
+
+
+def _server_kind(base_url, args):
+    kind = getattr(args, "server_kind", "auto") or "auto"
+    return detect_server_kind(base_url) if kind == "auto" else kind
+
+
+def make_conversations(n, seed, system_prompts=4, system_tokens=2000, turns=6, user_tokens=150):
+    """`n` conversations of `turns` user turns each: ``{"systems": [text, ...],
+    "conversations": [{"system": k, "users": [text, ...]}, ...]}``. Conversation
+    c takes system prompt c mod `system_prompts` (the first `system_prompts`
+    conversations each open a different one). Texts are words from WORDS,
+    about one token each: a system prompt is about `system_tokens` tokens, a
+    user turn about `user_tokens`. One seed, one set of texts."""
+    if n < 1 or system_prompts < 1 or turns < 1 or system_tokens < 1 or user_tokens < 1:
+        raise ValueError("conversations, system prompts, turns and token counts must be >= 1")
+    rng = random.Random(seed)
+    systems = [f"You are assistant number {k}. Background: " + _words(rng, max(1, system_tokens - 8))
+               for k in range(system_prompts)]
+    convs = [{"system": c % system_prompts,
+              "users": [f"Conversation {c}, turn {t + 1}: " + _words(rng, max(1, user_tokens - 8))
+                        for t in range(turns)]} for c in range(n)]
+    return {"systems": systems, "conversations": convs}
+
+
+def conversation_messages(systems, conv, answers):
+    """The messages of `conv`'s next turn: its system prompt, each earlier user
+    turn followed by the model's answer to it (`answers`, in order), then the
+    next user turn."""
+    msgs = [{"role": "system", "content": systems[conv["system"]]}]
+    for t, answer in enumerate(answers):
+        msgs += [{"role": "user", "content": conv["users"][t]}, {"role": "assistant", "content": answer}]
+    msgs.append({"role": "user", "content": conv["users"][len(answers)]})
+    return msgs
+
+
+def summarize_turns(records, system_prefix_tokens=None, block_tokens=16):
+    """One row per turn index (1-based) from a conversation run's records:
+    TTFT p50/p99, prompt tokens, the tokens the server computed, and the new
+    tokens it had to compute at best: for turn t >= 2 the prompt minus what the
+    server saw at turn t-1 (its prompt and its answer); for turn 1 the whole
+    prompt for the first conversation on a system prompt, else the prompt
+    minus the system prompt's tokens (`system_prefix_tokens[k]`, None when
+    unknown). `over_target` counts requests that computed more than their
+    new tokens + `block_tokens`."""
+    ok = [r for r in records if "error" not in r and r.get("finish_reason") and "completion_tokens" in r]
+    by_key = {(r["conv"], r["turn"]): r for r in ok}
+    rows = []
+    for t in sorted({r["turn"] for r in records}):
+        recs = [r for r in ok if r["turn"] == t]
+        ttft = [r["chunk_times"][0] - r["start"] for r in recs if r["chunk_times"]]
+        new = []
+        for r in recs:
+            if t == 1:
+                prefix = (system_prefix_tokens or {}).get(r["system"])
+                new.append(r["prompt_tokens"] if r["first_on_system"] else
+                           (r["prompt_tokens"] - prefix if prefix is not None else None))
+            else:
+                prev = by_key.get((r["conv"], t - 1))
+                new.append(r["prompt_tokens"] - prev["prompt_tokens"] - prev["completion_tokens"] if prev else None)
+        computed = [computed_tokens(r) for r in recs]
+        known = [(c, n) for c, n in zip(computed, new) if n is not None]
+        row = {"turn": t, "requests": sum(1 for r in records if r["turn"] == t), "completed": len(recs),
+               "prompt_tokens_mean": sum(r["prompt_tokens"] for r in recs) / len(recs) if recs else None,
+               "computed_tokens": sum(computed), "computed_mean": sum(computed) / len(recs) if recs else None,
+               "computed_max": max(computed) if computed else None,
+               "new_tokens_mean": sum(n for _, n in known) / len(known) if known else None,
+               "over_target": sum(1 for c, n in known if c > n + block_tokens),
+               "target_known": len(known)}
+        for q in (50, 99):
+            p = percentile(ttft, q)
+            row[f"ttft_p{q}_ms"] = p * 1000.0 if p is not None else None
+        rows.append(row)
+    return rows
+
+
+async def _prompt_tokens(client, prompt):
+    r = await client.completions.create(model="default", prompt=prompt, max_tokens=1, temperature=0)
+    return r.usage.prompt_tokens
+
+
+async def run_conversations(base_url, args, api_key="unused"):
+    """The conversation workload against `base_url`: `args.conversations`
+    conversations interleaved, at most `args.concurrency` turns in flight, a
+    conversation's next turn sent only after its previous answer (round robin
+    over the ready ones). Returns the run's row with its per-turn rows."""
+    import openai
+
+    kind = _server_kind(base_url, args)
+    spec = make_conversations(args.conversations, args.seed, args.system_prompts, args.system_tokens,
+                              args.turns, args.user_tokens)
+    systems, convs = spec["systems"], spec["conversations"]
+    client = openai.AsyncOpenAI(base_url=base_url.rstrip("/") + "/v1", api_key=api_key, max_retries=0,
+                                http_client=openai.DefaultAsyncHttpxClient(trust_env=False,
+                                                                           timeout=args.timeout))
+    reader = _MetricsReader(base_url, kind)
+    answers = [[] for _ in convs]
+    records = []
+    seen_systems = set()
+    ready = asyncio.Queue()
+    for c in range(len(convs)):
+        ready.put_nowait(c)
+    left = [len(convs)]
+    workers = max(1, args.concurrency)
+
+    async def worker():
+        while True:
+            c = await ready.get()
+            if c is None:
+                return
+            conv = convs[c]
+            rec = {"conv": c, "turn": len(answers[c]) + 1, "system": conv["system"],
+                   "first_on_system": len(answers[c]) == 0 and conv["system"] not in seen_systems}
+            seen_systems.add(conv["system"])
+            records.append(rec)
+            await _one_request(client, conversation_messages(systems, conv, answers[c]), args, rec)
+            if "error" not in rec:
+                answers[c].append(rec["text"])
+            # A lost turn ends its conversation: the next one needs its answer.
+            if "error" not in rec and len(answers[c]) < len(conv["users"]):
+                ready.put_nowait(c)
+            else:
+                left[0] -= 1
+                if left[0] == 0:
+                    for _ in range(workers):
+                        ready.put_nowait(None)
+
+    try:
+        before = await reader.read()
+        stop, peak = asyncio.Event(), [0.0]
+        poller = asyncio.create_task(_poll_running(reader, stop, peak))
+        t0 = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(workers)))
+        wall = time.perf_counter() - t0
+        stop.set()
+        await poller
+        after = await _wait_settled(reader)
+        prefix_tokens = {}
+        if getattr(args, "render", "chat") == "gemma":
+            # Afterwards, so the run itself starts cold: each system prompt's
+            # rendered tokens, as the server counts them (with its BOS).
+            for k, text in enumerate(systems):
+                try:
+                    prefix_tokens[k] = await _prompt_tokens(client, render_gemma([{"role": "system",
+                                                                                   "content": text}]))
+                except Exception:  # the turn-1 targets stay unknown
+                    pass
+    finally:
+        await reader.close()
+        await client.close()
+    row = summarize(records, wall, before, after, peak[0])
+    row["turns"] = summarize_turns(records, prefix_tokens, args.block_tokens)
+    row.update({"workload": "conversation", "server_kind": kind, "concurrency": args.concurrency,
+                "conversations": args.conversations, "turns_per_conversation": args.turns,
+                "system_prefix_tokens": prefix_tokens, "max_tokens": args.max_tokens, "seed": args.seed})
     return row
 
 
@@ -384,6 +620,10 @@ def _validate(args):
     concurrencies = _int_list(args.concurrency, "concurrency")
     if args.requests < 1 or args.max_tokens < 1:
         raise ValueError("--requests and --max-tokens must be >= 1")
+    if args.workload == "conversation" and min(args.conversations, args.turns, args.system_tokens,
+                                               args.user_tokens, args.system_prompts) < 1:
+        raise ValueError("--conversations, --turns, --system-tokens, --user-tokens and --system-prompts "
+                         "must be >= 1")
     if args.ttft_probe:
         if not args.base_url or args.spawn is not None:
             raise ValueError("--ttft-probe needs --base-url (and optionally --replica-url), not --spawn")
@@ -403,9 +643,10 @@ def run_all(args):
     if args.ttft_probe:
         return [asyncio.run(probe_ttft(args.base_url, args, args.replica_url, args.api_key))]
     rows = []
+    run = run_conversations if args.workload == "conversation" else run_load
     if args.spawn is None:
         for c in concurrencies:
-            rows.append(asyncio.run(run_load(args.base_url, _with(args, c), args.api_key)))
+            rows.append(asyncio.run(run(args.base_url, _with(args, c), args.api_key)))
         return rows
     cli = _find_cli(args.cli)
     base = shlex.split(args.spawn)
@@ -415,7 +656,7 @@ def run_all(args):
             serve_args = base + (["--kv-format", fmt] if fmt else [])
             server = SpawnedServer(cli, serve_args)
             try:
-                row = asyncio.run(run_load(server.base_url, _with(args, c), args.api_key))
+                row = asyncio.run(run(server.base_url, _with(args, c), args.api_key))
             finally:
                 rc = server.stop()
             row.update({"kv_format": fmt or _flag_value(base, "--kv-format"), "serve_args": serve_args,
@@ -451,7 +692,16 @@ def _print_row(row, f):
           f"ITL p50 {_fmt(row['itl_p50_ms'], '.1f')} p99 {_fmt(row['itl_p99_ms'], '.1f')} ms, "
           f"hit {row['prefix_hit_rate']:.2f}, peak running {row['peak_running']}, "
           f"preemptions {row['preemptions']}, holds {row.get('prefix_holds', 0)}, "
-          f"lookups {row.get('prefix_lookups', 0)}, lost {row['lost']}", file=f)
+          f"lookups {row.get('prefix_lookups', 0)}, computed {row.get('computed_tokens', 0)} of "
+          f"{row['prompt_tokens']} prompt tokens, lost {row['lost']}", file=f)
+    if row.get("turns"):
+        print("  turn  requests  TTFT p50 ms  TTFT p99 ms  prompt  new  computed (mean, max)  over target",
+              file=f)
+        for t in row["turns"]:
+            print(f"  {t['turn']:>4}  {t['completed']:>3}/{t['requests']:<4}  {_fmt(t['ttft_p50_ms'], '11.0f')}  "
+                  f"{_fmt(t['ttft_p99_ms'], '11.0f')}  {_fmt(t['prompt_tokens_mean'], '6.0f')}  "
+                  f"{_fmt(t['new_tokens_mean'], '4.0f')}  {_fmt(t['computed_mean'], '8.0f')} "
+                  f"{_fmt(t['computed_max'], '6d')}  {t['over_target']}/{t['target_known']}", file=f)
 
 
 def parser():
@@ -463,12 +713,22 @@ def parser():
     ap.add_argument("--kv-formats", help="with --spawn: one server per format, e.g. bf16,turbo4")
     ap.add_argument("--concurrency", default="8", help="requests in flight (a list sweeps: 1,16)")
     ap.add_argument("--requests", type=int, default=64)
-    ap.add_argument("--workload", choices=["chat", "fixed"], default="chat")
+    ap.add_argument("--workload", choices=["chat", "fixed", "conversation"], default="chat")
+    ap.add_argument("--server-kind", choices=["auto", "kvcache", "llama"], default="auto",
+                    help="kvcache serve or llama-server (auto: kvcache's /metrics, else llama-server's /props)")
+    ap.add_argument("--render", choices=["chat", "gemma"], default="chat",
+                    help="chat: /v1/chat/completions with messages; gemma: /v1/completions of Gemma's turns")
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--system-prompts", type=int, default=4, help="chat: distinct system prompts")
     ap.add_argument("--system-words", type=int, default=300, help="chat: words per system prompt")
     ap.add_argument("--prompt-words", type=int, default=200, help="fixed: words per prompt")
+    ap.add_argument("--conversations", type=int, default=16, help="conversation: how many")
+    ap.add_argument("--turns", type=int, default=6, help="conversation: user turns per conversation")
+    ap.add_argument("--system-tokens", type=int, default=2000, help="conversation: tokens per system prompt")
+    ap.add_argument("--user-tokens", type=int, default=150, help="conversation: tokens per user turn")
+    ap.add_argument("--block-tokens", type=int, default=16,
+                    help="conversation: the slack over the new tokens a turn may compute (one block)")
     ap.add_argument("--allow-eos", action="store_true", help="let a request end at EOS (no ignore_eos)")
     ap.add_argument("--api-key", default="unused")
     ap.add_argument("--timeout", type=float, default=600.0, help="per-request timeout, seconds")

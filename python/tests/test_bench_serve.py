@@ -67,6 +67,63 @@ def test_workloads():
         bs.make_workload("poisson", 4, seed=1)
 
 
+def test_conversations_are_deterministic_per_seed():
+    spec = bs.make_conversations(6, seed=7, system_prompts=2, system_tokens=100, turns=3, user_tokens=30)
+    assert spec == bs.make_conversations(6, seed=7, system_prompts=2, system_tokens=100, turns=3, user_tokens=30)
+    assert spec != bs.make_conversations(6, seed=8, system_prompts=2, system_tokens=100, turns=3, user_tokens=30)
+    assert len(spec["systems"]) == 2 and len(set(spec["systems"])) == 2
+    assert all(len(s.split()) == 98 for s in spec["systems"])  # a 6-word opening (8 tokens) + 92 words
+    convs = spec["conversations"]
+    assert [c["system"] for c in convs] == [0, 1, 0, 1, 0, 1]  # the first two open different prompts
+    assert all(len(c["users"]) == 3 for c in convs)
+    users = [u for c in convs for u in c["users"]]
+    assert len(set(users)) == len(users) and all(len(u.split()) == 4 + 22 for u in users)
+    assert convs[4]["users"][2].startswith("Conversation 4, turn 3: ")
+    with pytest.raises(ValueError):
+        bs.make_conversations(0, seed=1)
+
+
+def test_history_grows_by_the_previous_answer():
+    spec = bs.make_conversations(2, seed=1, system_prompts=1, system_tokens=40, turns=3, user_tokens=20)
+    systems, conv = spec["systems"], spec["conversations"][1]
+    first = bs.conversation_messages(systems, conv, [])
+    assert first == [{"role": "system", "content": systems[0]}, {"role": "user", "content": conv["users"][0]}]
+    second = bs.conversation_messages(systems, conv, ["answer one"])
+    third = bs.conversation_messages(systems, conv, ["answer one", "answer two"])
+    assert second[:2] == first and second[2:] == [{"role": "assistant", "content": "answer one"},
+                                                  {"role": "user", "content": conv["users"][1]}]
+    assert third[:4] == second and third[4:] == [{"role": "assistant", "content": "answer two"},
+                                                 {"role": "user", "content": conv["users"][2]}]
+    # Rendered as Gemma's turns, each prompt extends the previous one by its answer and the next turn.
+    r1, r2, r3 = (bs.render_gemma(m) for m in (first, second, third))
+    assert r1 == f"<start_of_turn>user\n{systems[0]}\n\n{conv['users'][0]}<end_of_turn>\n<start_of_turn>model\n"
+    assert r2 == r1 + f"answer one<end_of_turn>\n<start_of_turn>user\n{conv['users'][1]}<end_of_turn>\n" \
+                      "<start_of_turn>model\n"
+    assert r3.startswith(r2 + "answer two<end_of_turn>\n")
+    # The system prompt alone renders as the prefix every first turn on it shares.
+    assert r1.startswith(bs.render_gemma(first[:1]))
+
+
+def test_summarize_turns_counts_new_and_computed_tokens():
+    def rec(conv, turn, prompt, cached, first=False, **extra):
+        return {"conv": conv, "turn": turn, "system": 0, "first_on_system": first, "start": 0.0,
+                "chunk_times": [0.1 * turn, 0.2 * turn], "finish_reason": "length", "completion_tokens": 8,
+                "prompt_tokens": prompt, "cached_tokens": cached, **extra}
+    records = [rec(0, 1, 120, 0, first=True), rec(1, 1, 121, 96),
+               rec(0, 2, 150, 112), rec(1, 2, 152, 96, prompt_n=40)]  # prompt_n: llama-server's own count
+    rows = bs.summarize_turns(records, {0: 100}, block_tokens=16)
+    assert [r["turn"] for r in rows] == [1, 2]
+    one, two = rows
+    assert one["computed_tokens"] == 120 + 25 and one["computed_max"] == 120
+    assert one["new_tokens_mean"] == pytest.approx((120 + 21) / 2)   # first: all new; then past the system
+    assert one["over_target"] == 0 and one["target_known"] == 2
+    assert two["computed_tokens"] == 38 + 40
+    assert two["new_tokens_mean"] == pytest.approx(((150 - 128) + (152 - 129)) / 2)
+    assert two["over_target"] == 1                                    # 40 > 23 + 16
+    assert two["ttft_p50_ms"] == pytest.approx(200.0)
+    assert bs.summarize_turns(records, None)[0]["target_known"] == 1  # turn 1 after the first: unknown
+
+
 def test_summarize_counts_lost_and_latencies():
     ok = {"start": 0.0, "end": 1.0, "chunk_times": [0.2, 0.3, 0.5], "finish_reason": "length",
           "completion_tokens": 3, "prompt_tokens": 10, "cached_tokens": 4}
@@ -121,6 +178,24 @@ def test_against_a_server(smol):
     assert 0 < row["itl_p50_ms"] <= row["itl_p99_ms"]
     assert row["output_tokens_per_s"] == pytest.approx(row["output_tokens"] / row["wall_s"])
     assert row["requests_per_s"] == pytest.approx(requests / row["wall_s"])
+
+
+def test_conversations_against_a_server(smol):
+    args = args_for("--workload", "conversation", "--render", "gemma", "--conversations", "3",
+                    "--system-prompts", "2", "--system-tokens", "80", "--user-tokens", "20", "--turns", "2",
+                    "--max-tokens", "4", "--seed", "2")
+    args.concurrency = 2
+    row = asyncio.run(bs.run_conversations(smol.base_url, args))
+    assert (row["completed"], row["lost"], row["server_kind"]) == (6, 0, "kvcache")
+    assert row["output_tokens"] == 6 * 4
+    assert set(row["system_prefix_tokens"]) == {0, 1} and all(n > 80 for n in row["system_prefix_tokens"].values())
+    one, two = row["turns"]
+    assert (one["turn"], one["completed"], two["turn"], two["completed"]) == (1, 3, 2, 3)
+    assert one["target_known"] == 3 and two["target_known"] == 3
+    # Turn 2 resends turn 1 and its answer: longer, and mostly served from the prefix cache.
+    assert two["prompt_tokens_mean"] > one["prompt_tokens_mean"] + 4
+    assert two["computed_mean"] < two["prompt_tokens_mean"] / 2
+    assert row["computed_tokens"] == one["computed_tokens"] + two["computed_tokens"]
 
 
 def test_ttft_probe(smol):
