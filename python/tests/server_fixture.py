@@ -36,8 +36,8 @@ def need_smollm():
 
 def need_gemma():
     need_cli()
-    if not GEMMA.exists():
-        pytest.skip(f"{GEMMA} missing: fetch it with scripts/fetch_model.sh gemma3")
+    if not GEMMA.exists():  # as the Gemma tests of tests/model_gemma: a failure, not a skip
+        pytest.fail(f"{GEMMA} missing: fetch it with scripts/fetch_model.sh gemma3")
 
 
 class Server:
@@ -113,18 +113,6 @@ class Server:
                 self.proc.wait()
 
 
-def start_or_skip(args, refusals):
-    """A Server, or a skip naming the reason when it refuses to start with
-    a message that contains one of `refusals` (a known limitation)."""
-    try:
-        return Server(args)
-    except RuntimeError as e:
-        for r in refusals:
-            if r in str(e):
-                pytest.skip(f"kvcache serve refuses {args[args.index('--model') + 1]} ({r}): {e}")
-        raise
-
-
 def raw_exchange(port, data, timeout=15.0):
     """Sends `data` (bytes) on a fresh connection, reads one response.
     Returns (status, headers dict lower-cased, body bytes); status 0 when
@@ -164,3 +152,18 @@ def raw_request(port, method, path, body=b"", headers=None, timeout=15.0):
     hdrs.update(headers or {})
     head = f"{method} {path} HTTP/1.1\r\n" + "".join(f"{k}: {v}\r\n" for k, v in hdrs.items()) + "\r\n"
     return raw_exchange(port, head.encode("latin-1") + body, timeout)
+
+
+def open_stream(port, doc, events=3, timeout=30.0):
+    """POSTs `doc` (a streamed /v1/completions request) on a raw socket and
+    returns the socket once `events` SSE events have arrived: a client the
+    test can drop mid-stream."""
+    import json
+    body = json.dumps(doc).encode()
+    s = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+              b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+    got = b""
+    while got.count(b"data: ") < events:
+        got += s.recv(4096)
+    return s

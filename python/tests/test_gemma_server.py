@@ -6,8 +6,6 @@ group's included, after the window slid past them), each answer equal to
 their baseline after a client leaves mid-stream."""
 import json
 import os
-import pathlib
-import socket
 import subprocess
 import sys
 
@@ -18,8 +16,6 @@ import server_fixture as sf  # noqa: E402
 
 openai = pytest.importorskip("openai")
 
-GEMMA = pathlib.Path(os.environ.get("KVCACHE_MODEL_DIR") or pathlib.Path.home() / ".cache/kvcache/models") \
-    / "gemma-3-270m-q4_k_m.gguf"
 # f32 K/V: the answers must equal generate's bit for bit (bf16 products for
 # speed, the same in both); passes of up to 512 tokens in both, so both keep
 # the same window rows.
@@ -28,22 +24,16 @@ ARGS = ["--kv-format", "f32", "--matmul", "bf16", "--context", "4096", "--pool-m
 STEPS = 16
 
 
-def need_gemma():
-    sf.need_cli()
-    if not GEMMA.exists():  # as tests/model_gemma: a failure, not a skip
-        pytest.fail(f"{GEMMA} missing: fetch it with scripts/fetch_model.sh gemma3")
-
-
 @pytest.fixture(scope="module")
 def gemma():
-    need_gemma()
-    server = sf.Server(["--model", str(GEMMA), *ARGS], startup_timeout=120)
+    sf.need_gemma()
+    server = sf.Server(["--model", str(sf.GEMMA), *ARGS], startup_timeout=120)
     yield server
     assert server.terminate() == 0, "".join(server.stderr_lines)
 
 
 def generate(prompt, steps=STEPS):
-    cmd = [sf.CLI, "generate", "--model", str(GEMMA), "--prompt", prompt, "--steps", str(steps),
+    cmd = [sf.CLI, "generate", "--model", str(sf.GEMMA), "--prompt", prompt, "--steps", str(steps),
            "--kv-format", "f32", "--matmul", "bf16", "--threads", "2", "--json"]
     return json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
 
@@ -103,14 +93,8 @@ def test_both_pools_back_at_baseline_after_a_disconnect(gemma):
     groups = ("full", "window")
     for g in groups:
         assert base[f'kvcache_pool_group_blocks{{group="{g}",state="used"}}'] == 0
-    body = json.dumps({"prompt": SYSTEM + "User: tell me more.\nModel:", "max_tokens": 300, "stream": True,
-                       "ignore_eos": True}).encode()
-    s = socket.create_connection(("127.0.0.1", gemma.port), timeout=60)
-    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-              b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
-    got = b""
-    while got.count(b"data: ") < 3:
-        got += s.recv(4096)
+    s = sf.open_stream(gemma.port, {"prompt": SYSTEM + "User: tell me more.\nModel:", "max_tokens": 300,
+                                    "stream": True, "ignore_eos": True}, timeout=60)
     during = gemma.metrics()
     for g in groups:
         assert during[f'kvcache_pool_group_blocks{{group="{g}",state="used"}}'] > 0

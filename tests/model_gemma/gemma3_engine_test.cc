@@ -7,15 +7,14 @@
 // baseline when the requests end.
 #include <gtest/gtest.h>
 
-#include <fstream>
 #include <memory>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include "engine/engine.h"
 #include "engine/engine_fixture.h"
 #include "loaded_models.h"
+#include "model_gemma/apache_text.h"
 #include "model/decoder/decoder.h"
 #include "model/generate/generate.h"
 #include "model/io/model_store.h"
@@ -32,20 +31,8 @@ const model::LoadedModel* Gemma3() {
                                   "fetch it with scripts/fetch_model.sh gemma3");
 }
 
-// The first n tokens of Debian's Apache-2.0 license text from word `skip` on.
 std::vector<int32_t> Text(const model::LoadedModel& m, size_t n, size_t skip) {
-  std::ifstream in("/usr/share/common-licenses/Apache-2.0");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  std::string text = ss.str();
-  if (text.empty()) text = "The quick brown fox jumps over the lazy dog. ";
-  std::string all;
-  while (all.size() < 8 * n + skip * 8) all += text;
-  auto ids = m.Encode(all.substr(skip * 6));
-  EXPECT_TRUE(ids.ok());
-  if (!ids.ok() || ids->size() < n) return {};
-  ids->resize(n);
-  return *ids;
+  return model::testing::ApacheText(m, n, skip);
 }
 
 // `kvcache generate` on the prompt alone: a contiguous f32 hybrid cache
@@ -68,16 +55,22 @@ std::vector<int32_t> Alone(const model::LoadedModel& m, const std::vector<int32_
   return r.ok() ? r->tokens : std::vector<int32_t>{};
 }
 
+// An engine on an f32 cache (exact: its answers equal generate's) taking
+// prefill chunks of kChunk.
+Result<std::unique_ptr<Engine>> MakeEngine(const model::LoadedModel& m, uint64_t pool_mib, bool prefix_cache) {
+  EngineOptions o;
+  o.formats = {Format::kF32, Format::kF32};
+  o.pool_bytes = pool_mib << 20;
+  o.max_batch_tokens = kChunk;
+  o.threads = 2;
+  o.prefix_cache = prefix_cache;
+  return Engine::Create(m, o);
+}
+
 TEST(Gemma3Engine, RequestsPastTheWindowMatchGenerateAndGiveTheirBlocksBack) {
   const model::LoadedModel* m = Gemma3();
   ASSERT_NE(m, nullptr);
-  EngineOptions o;
-  o.formats = {Format::kF32, Format::kF32};
-  o.pool_bytes = 96ull << 20;
-  o.max_batch_tokens = kChunk;
-  o.threads = 2;
-  o.prefix_cache = false;
-  auto made = Engine::Create(*m, o);
+  auto made = MakeEngine(*m, 96, /*prefix_cache=*/false);
   ASSERT_TRUE(made.ok()) << made.status().ToString();
   Engine& e = **made;
   const EngineMetrics idle = e.Metrics();
@@ -116,12 +109,7 @@ TEST(Gemma3Engine, RequestsPastTheWindowMatchGenerateAndGiveTheirBlocksBack) {
 TEST(Gemma3Engine, ConversationsReuseTheirPrefixesPastTheWindow) {
   const model::LoadedModel* m = Gemma3();
   ASSERT_NE(m, nullptr);
-  EngineOptions o;
-  o.formats = {Format::kF32, Format::kF32};
-  o.pool_bytes = 160ull << 20;
-  o.max_batch_tokens = kChunk;
-  o.threads = 2;
-  auto made = Engine::Create(*m, o);
+  auto made = MakeEngine(*m, 160, /*prefix_cache=*/true);
   ASSERT_TRUE(made.ok()) << made.status().ToString();
   Engine& e = **made;
   constexpr uint32_t kNew = 8;

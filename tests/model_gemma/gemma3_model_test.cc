@@ -19,6 +19,7 @@
 
 #include "cli_runner.h"
 #include "loaded_models.h"
+#include "model_gemma/apache_text.h"
 #include "model/decoder/decoder.h"
 #include "model/decoder/loaded_model.h"
 #include "model/generate/perplexity.h"
@@ -38,29 +39,7 @@ const LoadedModel* Gemma3(MatMulInputs inputs) {
   return testing::LoadOnce(Gemma3Path(), kSeqLen, inputs, "fetch it with scripts/fetch_model.sh gemma3");
 }
 
-// n tokens of Debian's Apache-2.0 license text, repeated to length (the
-// tests need tokens, not meaning).
-std::vector<int32_t> Text(const LoadedModel& m, size_t n) {
-  std::ifstream in("/usr/share/common-licenses/Apache-2.0");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  std::string text = ss.str();
-  if (text.empty()) text = "The quick brown fox jumps over the lazy dog. ";
-  std::string all;
-  std::vector<int32_t> ids;
-  while (true) {
-    all += text;
-    auto e = m.Encode(all);
-    EXPECT_TRUE(e.ok()) << e.status().ToString();
-    if (!e.ok()) return {};
-    if (e->size() >= n) {
-      ids = std::move(e).value();
-      break;
-    }
-  }
-  ids.resize(n);
-  return ids;
-}
+std::vector<int32_t> Text(const LoadedModel& m, size_t n) { return testing::ApacheText(m, n); }
 
 // The largest pass of every backend here: the window layers' lookback, so
 // every backend stores the same rows (compaction is a function of length).

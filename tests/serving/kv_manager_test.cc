@@ -332,6 +332,16 @@ KvManagerOptions WindowOptions(uint32_t blocks) {
   return o;
 }
 
+// The reference: a contiguous HybridKv with the manager's window options.
+Result<std::unique_ptr<model::HybridKv>> ContiguousReference(const model::AttentionShape& shape) {
+  model::HybridKvOptions ho;
+  ho.formats = {Format::kF32, Format::kF32};
+  ho.block_size = kB;
+  ho.max_chunk_tokens = 8;
+  ho.window_slack_tokens = kB;
+  return model::HybridKv::Create(shape, ho);
+}
+
 TEST(KvManager, SlidingWindowGroups) {
   const model::AttentionShape shape = WindowShape();
   Result<std::unique_ptr<KvManager>> made = KvManager::Create(shape, nullptr, WindowOptions(128));
@@ -346,12 +356,7 @@ TEST(KvManager, SlidingWindowGroups) {
   EXPECT_EQ(demand.blocks[0], (200u + kB) / kB);
   EXPECT_EQ(demand.blocks[1], (16u + 7 + kB - 1 + kB - 1) / kB);
 
-  model::HybridKvOptions ho;
-  ho.formats = {Format::kF32, Format::kF32};
-  ho.block_size = kB;
-  ho.max_chunk_tokens = 8;
-  ho.window_slack_tokens = kB;
-  Result<std::unique_ptr<model::HybridKv>> ref = model::HybridKv::Create(shape, ho);
+  Result<std::unique_ptr<model::HybridKv>> ref = ContiguousReference(shape);
   ASSERT_TRUE(ref.ok()) << ref.status().ToString();
 
   const std::vector<TokenId> prompt(5, 7);
@@ -468,12 +473,7 @@ TEST(KvManager, SlidingWindowPrefixReuse) {
   Result<std::unique_ptr<KvSequence>> b = m.Admit(second, KvAdmitOptions{});
   ASSERT_TRUE(b.ok()) << b.status().ToString();
   EXPECT_EQ((*b)->cached_tokens(), (first.size() / kB) * kB);
-  model::HybridKvOptions ho;
-  ho.formats = {Format::kF32, Format::kF32};
-  ho.block_size = kB;
-  ho.max_chunk_tokens = 8;
-  ho.window_slack_tokens = kB;
-  Result<std::unique_ptr<model::HybridKv>> ref = model::HybridKv::Create(shape, ho);
+  Result<std::unique_ptr<model::HybridKv>> ref = ContiguousReference(shape);
   ASSERT_TRUE(ref.ok());
   const uint32_t cached = (*b)->cached_tokens();
   RunTokens(**ref, shape, second, 0, cached);
