@@ -625,15 +625,8 @@ std::vector<KvGroupMetrics> KvManager::GroupMetrics() const {
   std::vector<KvGroupMetrics> out;
   for (size_t i = 0; i < pools_.size(); ++i) {
     const PoolStats ps = pools_[i]->stats();
-    KvGroupMetrics g;
-    g.kind = kinds_[i];
-    g.blocks_total = ps.num_blocks;
-    g.blocks_free = ps.free_blocks;
-    g.blocks_used = ps.used_blocks;
-    g.blocks_cached = ps.cached_blocks;
-    g.blocks_reserved = ps.reserved_blocks;
-    g.evictions = ps.evictions;
-    out.push_back(g);
+    out.push_back(KvGroupMetrics{kinds_[i], ps.num_blocks, ps.free_blocks, ps.used_blocks, ps.cached_blocks,
+                                 ps.reserved_blocks, ps.evictions});
   }
   return out;
 }
