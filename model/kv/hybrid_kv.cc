@@ -175,6 +175,17 @@ Status HybridKv::BeforePass(uint32_t len, uint32_t n) {
   }
   // H2O: the importance of every earlier pass is in; evict before adding more.
   if (options_.eviction.kind == EvictionSpec::Kind::kH2o && len > 0) KV_RETURN_IF_ERROR(seq_.Evict());
+  // A reserved sequence: the pass's rows in each group, all or nothing.
+  const HybridModel& model = seq_.model();
+  for (int g = 0; g < 2; ++g) {
+    if (reserve_rows_[g] == 0) continue;
+    uint32_t held = 0;
+    for (uint32_t l = 0; l < model.n_layers(); ++l) {
+      if (model.group(l) != g) continue;
+      for (uint32_t h = 0; h < shape_.n_kv_heads; ++h) held = std::max(held, seq_.head_len(l, h));
+    }
+    KV_RETURN_IF_ERROR(seq_.Reserve(g, std::max(reserve_rows_[g], held + n)));
+  }
   return Status::Ok();
 }
 

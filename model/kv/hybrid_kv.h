@@ -106,7 +106,18 @@ class HybridKv final : public SequenceKv<HybridSequence> {
 
   const HybridSequence& sequence() const { return seq_; }
   // Admission control, paged: HybridSequence::Reserve (group g's most rows).
-  Status Reserve(int group, uint32_t max_rows) { return seq_.Reserve(group, max_rows); }
+  // From then on every pass (Extend) first reserves what it will append
+  // beyond that: a window group holds its kept rows plus the whole pass
+  // until the pass's last layer has appended and the window drops what it
+  // left, up to one pass more than the rows kept between passes. So a pass
+  // that cannot have its blocks fails at Extend (PoolExhausted, nothing
+  // stored: the caller preempts) rather than part way, where the window
+  // layers that already appended would have dropped rows a rollback needs.
+  Status Reserve(int group, uint32_t max_rows) {
+    KV_RETURN_IF_ERROR(seq_.Reserve(group, max_rows));
+    reserve_rows_[group] = max_rows;
+    return Status::Ok();
+  }
 
   // Prefix reuse (paged, HybridModel::window_blocks_aligned()): starts an
   // empty sequence from the full group's blocks of a prefix of P positions
@@ -138,6 +149,7 @@ class HybridKv final : public SequenceKv<HybridSequence> {
   Status BeforePass(uint32_t len, uint32_t n) override;
 
   HybridKvOptions options_;
+  uint32_t reserve_rows_[2] = {0, 0};  // Reserve's rows per group (0: never reserved)
   std::vector<float> kv_probs_;  // [n_kv_heads][stored rows] scratch (h2o)
 };
 
