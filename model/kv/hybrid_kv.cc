@@ -191,7 +191,16 @@ Status HybridKv::BeforePass(uint32_t len, uint32_t n) {
 
 Status HybridKv::Store(uint32_t layer, std::span<const float> k, std::span<const float> v) {
   KV_RETURN_IF_ERROR(CheckStore(layer));
-  return seq_.AppendLayer(layer, {.k = k, .v = v});
+  KV_RETURN_IF_ERROR(seq_.AppendLayer(layer, {.k = k, .v = v}));
+  // The pass's last layer stored: the windows have dropped what they left,
+  // and the reservation goes back to Reserve's (what BeforePass added for
+  // the pass is given back; lowering a reservation cannot fail).
+  if (layer + 1 == shape_.n_layers) {
+    for (int g = 0; g < 2; ++g) {
+      if (reserve_rows_[g] != 0) (void)seq_.Reserve(g, reserve_rows_[g]);
+    }
+  }
+  return Status::Ok();
 }
 
 Status HybridKv::Attend(uint32_t layer, std::span<const float> q, std::span<float> out) {
