@@ -282,6 +282,7 @@ KvManager::HybridHit KvManager::FindHybridHit(std::span<const int32_t> tokens) c
     if (window_index_->Covers(std::span<const BlockHash>(hit.hashes).subspan(first, k - first))) {
       hit.blocks = k;
       hit.window_first = first;
+      hit.full_blocks.assign(full.blocks.begin(), full.blocks.begin() + static_cast<std::ptrdiff_t>(k));
       break;
     }
   }
@@ -369,9 +370,8 @@ bool KvManager::CanAdmit(std::span<const int32_t> tokens) const {
     const HybridHit hit = FindHybridHit(tokens);
     uint64_t held[2] = {0, 0}, parked[2] = {0, 0};
     if (hit.blocks > 0) {
-      const PrefixMatch full = prefix_->Peek(AsTokenIds(tokens).first(hit.blocks * options_.block_size), "");
-      held[0] = full.blocks.size();
-      for (uint32_t b : full.blocks) parked[0] += pools_[0]->state(b) == BlockState::kCached ? 1 : 0;
+      held[0] = hit.full_blocks.size();
+      for (uint32_t b : hit.full_blocks) parked[0] += pools_[0]->state(b) == BlockState::kCached ? 1 : 0;
       held[1] = hit.blocks - hit.window_first;  // the window run's blocks; their parked share is not
       parked[1] = held[1];                      // known without a lookup: counted as all parked
     }

@@ -322,6 +322,7 @@ class KvManager {
   struct HybridHit {
     size_t blocks = 0, window_first = 0;
     std::vector<BlockHash> hashes;  // the prompt's full blocks' chain hashes
+    std::vector<uint32_t> full_blocks;  // the full group's blocks of the hit (no references)
   };
   HybridHit FindHybridHit(std::span<const int32_t> tokens) const;
   // Adopts FindHybridHit's prefix into kv (both groups or neither).
