@@ -207,11 +207,6 @@ Status KvManager::InitHybrid() {
     return Status::Unimplemented(
         "kv manager: sequences without rows (the serving simulator) on a model with sliding-window layers");
   }
-  if (!o.tiers.empty() || !o.tier_objects.empty()) {
-    return Status::Unimplemented(
-        "engine: offload tiers for a model with sliding-window layers (its window blocks are not offloaded yet): "
-        "serve it without --tiers");
-  }
   model::HybridKvOptions& h = hybrid_options_;
   h.formats = o.formats;
   h.bounded_formats = o.local_formats;
@@ -256,15 +251,35 @@ Status KvManager::InitHybrid() {
   // Prefix reuse needs window blocks named like full ones (sinkless windows
   // compacting by whole blocks); the precision window's sinks do not travel
   // with a hybrid prefix, so a model with one computes every prompt.
-  if (!o.prefix_cache || !hybrid_->window_blocks_aligned() || o.window.enabled()) return Status::Ok();
+  const bool tiered = !o.tiers.empty() || !o.tier_objects.empty();
+  if (!o.prefix_cache || !hybrid_->window_blocks_aligned() || o.window.enabled()) {
+    if (tiered) {
+      return Status::InvalidArgument(
+          "engine: offload tiers keep reusable prefixes, and a model with sliding-window layers reuses none "
+          "with a precision window (+sN+rN) or with window blocks that do not align: drop --tiers or the window");
+    }
+    return Status::Ok();
+  }
   // The window index hears of every full block the prefix cache loses: the
   // window block of that hash can no longer be part of a hit.
   window_index_ = std::make_unique<WindowBlockIndex>(pools_[1]);
   KV_ASSIGN_OR_RETURN(prefix_, PrefixCache::Create(WindowBlockIndex::WatchChain(PoolPrefixBackend(pool_),
                                                                                 window_index_.get())));
+  std::vector<std::shared_ptr<Tier>> tiers = o.tier_objects;
+  if (!o.tiers.empty()) {
+    KV_ASSIGN_OR_RETURN(tiers, MakeTiers(o.tiers));
+  }
+  // Each group's objects name it: a process whose groups differ misses.
   OffloadOptions off;
   off.model = o.model_id;
-  KV_ASSIGN_OR_RETURN(offload_, OffloadCache::Create(pool_, prefix_.get(), {}, off));
+  off.group = LayerGroupTag{LayerGroupKind::kFullAttention, 0};
+  KV_ASSIGN_OR_RETURN(offload_, OffloadCache::Create(pool_, prefix_.get(), tiers, off));
+  if (!tiers.empty()) {
+    uint32_t window = 0;
+    for (uint32_t w : shape_.windows) window = std::max(window, w);
+    off.group = LayerGroupTag{LayerGroupKind::kSlidingWindow, window};
+    KV_ASSIGN_OR_RETURN(window_offload_, OffloadCache::Create(pools_[1], nullptr, std::move(tiers), off));
+  }
   return Status::Ok();
 }
 
@@ -289,17 +304,60 @@ KvManager::HybridHit KvManager::FindHybridHit(std::span<const int32_t> tokens) c
   return hit;
 }
 
+bool KvManager::ExtendHitFromTiers(HybridHit& hit, const PrefixMatch& full, std::span<const TokenId> ids) {
+  const uint32_t B = options_.block_size;
+  const size_t k = full.blocks.size();
+  if (k <= hit.blocks || k > hit.hashes.size()) return false;
+  const size_t first = hybrid_->WindowKeepFrom(static_cast<uint32_t>(k * B)) / B;
+  const std::span<const BlockHash> run = std::span<const BlockHash>(hit.hashes).subspan(first, k - first);
+  std::vector<size_t> missing = window_index_->Missing(run);
+  if (!missing.empty()) {
+    for (size_t& i : missing) i += first;
+    Result<OffloadCache::LoadedBlocks> loaded =
+        window_offload_->LoadBlocks(std::span<const BlockHash>(hit.hashes).first(k), missing, ids, "");
+    if (!loaded.ok()) return false;
+    // Named in the index and parked, as blocks that slid out of a window are.
+    BlockPool& pool = *pools_[1];
+    for (size_t j = 0; j < missing.size(); ++j) {
+      const uint32_t b = loaded->blocks[j];
+      (void)window_index_->Publish(hit.hashes[missing[j]], b, loaded->calibration,
+                                   [&pool, b](uint64_t hash) { return pool.SetBlockHash(b, hash); });
+    }
+    const std::vector<uint32_t> back(loaded->blocks.rbegin(), loaded->blocks.rend());
+    (void)pools_[1]->Release(back);  // the loaded references: cannot fail
+  }
+  if (!window_index_->Covers(run)) return false;
+  hit.blocks = k;
+  hit.window_first = first;
+  hit.full_blocks = full.blocks;
+  return true;
+}
+
 size_t KvManager::AdoptHybrid(model::HybridKv& kv, std::span<const int32_t> tokens, KvAdmission* found) {
-  const HybridHit hit = FindHybridHit(tokens);
+  HybridHit hit = FindHybridHit(tokens);
   if (found != nullptr) found->served.assign(1, 0);
   if (!prefix_) return 0;
   const uint32_t B = options_.block_size;
-  // One counted lookup, over the prefix both groups hold.
-  PrefixMatch full = prefix_->Acquire(AsTokenIds(tokens).first(hit.blocks * B), "");
   auto give_back = [this](const std::vector<uint32_t>& blocks, int group) {
     const std::vector<uint32_t> back(blocks.rbegin(), blocks.rend());
     (void)pools_[group]->Release(back);  // references this admission took: cannot fail
   };
+  PrefixMatch full;
+  std::vector<uint64_t> served;
+  if (window_offload_) {
+    // One counted lookup over the longest chain the pool and the tiers hold;
+    // the part past the hit both groups can serve goes back.
+    const std::span<const TokenId> ids = AsTokenIds(tokens).first(tokens.size() - 1);
+    full = offload_->Acquire(ids, "", &served);
+    ExtendHitFromTiers(hit, full, ids);
+    if (full.blocks.size() > hit.blocks) {
+      give_back(std::vector<uint32_t>(full.blocks.begin() + static_cast<std::ptrdiff_t>(hit.blocks), full.blocks.end()), 0);
+      full.blocks.resize(hit.blocks);
+    }
+  } else {
+    // One counted lookup, over the prefix both groups hold.
+    full = prefix_->Acquire(AsTokenIds(tokens).first(hit.blocks * B), "");
+  }
   if (hit.blocks == 0 || full.blocks.size() != hit.blocks) {
     give_back(full.blocks, 0);
     return 0;
@@ -318,11 +376,21 @@ size_t KvManager::AdoptHybrid(model::HybridKv& kv, std::span<const int32_t> toke
     if (found != nullptr) found->adopt_error = adopted;
     return 0;
   }
-  if (found != nullptr) found->served[0] = hit.blocks * B;
+  if (found != nullptr) {
+    // The hit's tokens by source: the pool's first, then the tiers' in order.
+    uint64_t left = hit.blocks * B;
+    found->served.assign(std::max<size_t>(served.size(), 1), 0);
+    for (size_t s = 0; s < found->served.size(); ++s) {
+      const uint64_t from = s == 0 && served.empty() ? left : (s < served.size() ? std::min(served[s], left) : 0);
+      found->served[s] = from;
+      left -= from;
+    }
+  }
   return hit.blocks * B;
 }
 
-void KvManager::PublishWindow(KvSequence& seq, size_t full, std::span<const BlockHash> hashes) {
+void KvManager::PublishWindow(KvSequence& seq, size_t full, std::span<const BlockHash> hashes,
+                              std::span<const TokenId> tokens) {
   model::HybridKv& kv = *seq.hybrid_;
   const uint32_t B = options_.block_size;
   const std::span<const uint32_t> table = kv.block_table(HybridModel::kBoundedGroup);
@@ -338,6 +406,10 @@ void KvManager::PublishWindow(KvSequence& seq, size_t full, std::span<const Bloc
       return kv.SetBlockHash(HybridModel::kBoundedGroup, b, hash);
     });
     if (!named.ok()) break;  // the rest stays private
+    if (*named && window_offload_) {
+      // Every window block can end up in some later hit's run: all go to the tiers.
+      (void)window_offload_->OffloadBlock(hashes, j, block, tokens, seq.salt_, calibration);
+    }
     seq.window_published_ = j + 1;
   }
 }
@@ -569,7 +641,7 @@ Result<size_t> KvManager::Publish(KvSequence& seq, std::span<const TokenId> toke
   const size_t full = std::min<size_t>(seq.num_tokens(), tokens.size()) / B;
   if (seq.hybrid_ && full > seq.window_published_) {
     ExtendChainHashes(tokens.first(full * B), B, seq.salt_, full, hashes);
-    PublishWindow(seq, full, *hashes);
+    PublishWindow(seq, full, *hashes, tokens);
   }
   if (seq.publish_stopped_) return seq.published_;
   if (full <= seq.published_) return seq.published_;
@@ -602,10 +674,32 @@ Result<size_t> KvManager::Publish(KvSequence& seq, std::span<const TokenId> toke
   return seq.published_;
 }
 
-OffloadStats KvManager::tier_stats() const { return offload_ ? offload_->stats() : OffloadStats{}; }
+OffloadStats KvManager::tier_stats() const {
+  if (!offload_) return OffloadStats{};
+  OffloadStats s = offload_->stats();
+  if (!window_offload_) return s;
+  // Both groups' objects go to the same tiers: one set of counters.
+  const OffloadStats w = window_offload_->stats();
+  s.queued_blocks += w.queued_blocks;
+  s.dropped_queue_full += w.dropped_queue_full;
+  s.load_alloc_failures += w.load_alloc_failures;
+  for (size_t t = 0; t < s.tiers.size() && t < w.tiers.size(); ++t) {
+    TierStats& a = s.tiers[t];
+    const TierStats& b = w.tiers[t];
+    a.lookups += b.lookups;
+    a.hit_blocks += b.hit_blocks;
+    for (size_t r = 0; r < a.misses.size(); ++r) a.misses[r] += b.misses[r];
+    a.bytes_loaded += b.bytes_loaded;
+    a.bytes_stored += b.bytes_stored;
+    a.stored_blocks += b.stored_blocks;
+    a.dropped_stores += b.dropped_stores;
+  }
+  return s;
+}
 
 void KvManager::FlushTiers() {
   if (offload_) offload_->Flush();
+  if (window_offload_) window_offload_->Flush();
 }
 
 Status KvManager::CheckInvariants() const {
@@ -640,7 +734,7 @@ KvMetrics KvManager::Metrics() const {
   }
   if (window_index_) m.window = window_index_->stats();
   if (offload_) {
-    for (const TierStats& t : offload_->stats().tiers) {
+    for (const TierStats& t : tier_stats().tiers) {
       m.tier_hit_blocks += t.hit_blocks;
       for (uint64_t miss : t.misses) m.tier_miss_blocks += miss;
     }

@@ -234,7 +234,8 @@ class KvManager {
   // head_dim cannot take, a pool smaller than one max_seq_len sequence, a
   // bad tier spec, tiers without the prefix cache or model_id, per-group
   // formats without window layers). A window model: Unimplemented without
-  // rows, with tiers, or without a full-attention layer.
+  // rows or without a full-attention layer; InvalidArgument for tiers when
+  // its prefix reuse is off (a precision window).
   // `attention_pool` (may be null) must outlive the manager.
   static Result<std::unique_ptr<KvManager>> Create(const model::AttentionShape& shape,
                                                    ThreadPool* attention_pool,
@@ -325,10 +326,18 @@ class KvManager {
     std::vector<uint32_t> full_blocks;  // the full group's blocks of the hit (no references)
   };
   HybridHit FindHybridHit(std::span<const int32_t> tokens) const;
-  // Adopts FindHybridHit's prefix into kv (both groups or neither).
+  // Adopts FindHybridHit's prefix into kv (both groups or neither); with
+  // tiers, a longer prefix whose full blocks and window run they hold.
   size_t AdoptHybrid(model::HybridKv& kv, std::span<const int32_t> tokens, KvAdmission* found);
+  // With tiers: extends `hit` to the longest full-chain prefix the pool and
+  // the tiers hold (`full`: its blocks, one reference each, from the
+  // offload cache's Acquire) if the window run that prefix needs is in the
+  // window index or loads from the tiers (named in the index, parked).
+  // Returns whether it did; `full` is unchanged either way.
+  bool ExtendHitFromTiers(HybridHit& hit, const PrefixMatch& full, std::span<const TokenId> ids);
   // Names seq's full window blocks before chain index `full` in the window index.
-  void PublishWindow(KvSequence& seq, size_t full, std::span<const BlockHash> hashes);
+  void PublishWindow(KvSequence& seq, size_t full, std::span<const BlockHash> hashes,
+                     std::span<const TokenId> tokens);
   // Admission of a sequence without rows: the adopted prefix, then the
   // reservation `options` asks for.
   Result<std::unique_ptr<KvSequence>> AdmitBlocks(std::span<const TokenId> tokens,
@@ -346,6 +355,9 @@ class KvManager {
   std::unique_ptr<WindowBlockIndex> window_index_;  // the window group's prefix cache
   std::unique_ptr<PrefixCache> prefix_;
   std::unique_ptr<OffloadCache> offload_;  // over prefix_ (no tiers: names blocks only)
+  // Window models with tiers: the window group's blocks to and from the
+  // tiers (named by window_index_, not a prefix cache).
+  std::unique_ptr<OffloadCache> window_offload_;
 };
 
 }  // namespace kvcache::engine

@@ -56,6 +56,15 @@ bool WindowBlockIndex::Covers(std::span<const BlockHash> hashes) const {
   return true;
 }
 
+std::vector<size_t> WindowBlockIndex::Missing(std::span<const BlockHash> hashes) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<size_t> out;
+  for (size_t i = 0; i < hashes.size(); ++i) {
+    if (by_hash_.count(hashes[i]) == 0) out.push_back(i);
+  }
+  return out;
+}
+
 Result<WindowMatch> WindowBlockIndex::Acquire(std::span<const BlockHash> hashes) {
   WindowMatch m;
   std::vector<BlockHash> named;

@@ -3,7 +3,9 @@ served by replica A is written to Redis; the same request to replica B (its
 own pool, never saw the prompt) adopts those blocks -- usage reports
 cached_tokens > 0, /metrics counts tier hits -- and gives A's greedy answer.
 For a plain format (bf16) and a calibrated one (turbo4, whose per-block
-calibration travels with the blocks).
+calibration travels with the blocks), and for Gemma 3, a model with
+sliding-window layers: replica B continues a conversation replica A served,
+past the 512-position window, from both layer groups' blocks in Redis.
 
 Starts its own redis-server (loopback, a free port, a temporary folder, no
 persistence); skips without one. Run by ctest (label server) with
@@ -123,3 +125,51 @@ def test_second_replica_adopts_the_first_ones_blocks(replicas, redis_port, kv_fo
     assert text_b == text_a
     # And B without the tier would have computed it all (its own pool was empty).
     assert before["kvcache_prefix_hit_tokens_total"] == 0
+
+
+def gemma_notes(seed, words):
+    vocab = ("cache window layer token block memory model answer question river garden music light "
+             "history market engine paper winter summer city ocean forest stone letter story").split()
+    out, x = [], seed * 7919 + 1
+    for _ in range(words):
+        x = (x * 1103515245 + 12345) % (1 << 31)
+        out.append(vocab[x % len(vocab)])
+    return " ".join(out)
+
+
+def test_second_replica_continues_a_gemma_conversation_past_the_window(redis_port):
+    sf.need_gemma()
+    assert redis_command(redis_port, "FLUSHALL") == "+OK"
+    # f32 K/V and the same passes in both: A's and B's answers are bit-equal.
+    args = ["--model", str(sf.GEMMA), "--kv-format", "f32", "--matmul", "bf16", "--context", "4096",
+            "--pool-mib", "160", "--threads", "1", "--max-batch-tokens", "512",
+            "--tiers", f"redis://127.0.0.1:{redis_port}"]
+    steps = 12
+
+    def complete(server, prompt):
+        r = server.client().completions.create(model="m", prompt=prompt, max_tokens=steps, temperature=0)
+        return r.choices[0].text, r.usage
+
+    a = sf.Server(args, startup_timeout=120)
+    try:
+        turn1 = "Notes for today: " + gemma_notes(1, 600) + "\nUser: " + gemma_notes(2, 60) + "\nModel:"
+        text1, usage1 = complete(a, turn1)
+        assert usage1.prompt_tokens > 600  # past the window
+        turn2 = turn1 + text1 + "\nUser: " + gemma_notes(3, 40) + "\nModel:"
+        text2_a, usage2_a = complete(a, turn2)
+        assert wait_for_keys(redis_port) > 0, "replica A wrote nothing to Redis"
+    finally:
+        assert a.terminate() == 0, "".join(a.stderr_lines)
+    b = sf.Server(args, startup_timeout=120)
+    try:
+        before = b.metrics()
+        text2_b, usage2_b = complete(b, turn2)
+        after = b.metrics()
+    finally:
+        assert b.terminate() == 0, "".join(b.stderr_lines)
+    assert usage2_b.prompt_tokens == usage2_a.prompt_tokens
+    # At least turn 1's prompt and answer, less one block, came from Redis.
+    assert usage2_b.prompt_tokens_details.cached_tokens >= usage1.prompt_tokens - 16, usage2_b
+    assert after["kvcache_tier_hits_total"] - before["kvcache_tier_hits_total"] > 0
+    assert before["kvcache_prefix_hit_tokens_total"] == 0
+    assert text2_b == text2_a

@@ -83,9 +83,11 @@ double Percentile(std::vector<float> v, double q) {
 }
 
 // One Acquire's lookup in the tiers: chain blocks [i0, i0 + n), the ones
-// after the pool's hit (j below counts from i0).
+// after the pool's hit (j below counts from i0); or LoadBlocks' chain
+// blocks index[0..n).
 struct TierLookup {
   size_t i0 = 0, n = 0;
+  std::vector<size_t> index;      // [n] chain index of each block; empty: i0 + j
   std::vector<BlockHash> hashes;  // chain hashes of blocks [0, i0 + n)
   BlockHash root;                 // ChainRoot(salt)
   std::vector<std::string> keys;  // [n] object keys
@@ -100,6 +102,7 @@ struct TierLookup {
   std::shared_ptr<const Calibration> calibration;          // what the run's blocks carry
   std::shared_ptr<const WindowSinks> sinks;                // carried by a staged block, or null
   const BlockHash& Parent(size_t i) const { return i == 0 ? root : hashes[i - 1]; }
+  size_t Chain(size_t j) const { return index.empty() ? i0 + j : index[j]; }
   // Block j of the run failed for `why`: counted, and erased from its tier.
   void Reject(size_t j, TierMiss why) {
     const size_t t = static_cast<size_t>(src[j]);
@@ -161,6 +164,13 @@ struct OffloadCache::State {
   CalibrationLoad FetchCalibration(TierLookup& l, const BlockHash& digest);
   std::vector<uint32_t> Stage(TierLookup& l, std::span<const TokenId> tokens);
   void Account(const TierLookup& l, size_t ok, std::vector<uint64_t>* served_by_tier);
+  // Queues chain block i (tokens: its B tokens) for the tiers unless known
+  // or the queue is full. REQUIRES the caller holds `block`. True if queued.
+  bool Enqueue(const BlockHash& chain, const BlockHash& parent, bool first, uint32_t block,
+               std::span<const TokenId> tokens, std::shared_ptr<const Calibration> calibration, bool flagged,
+               const BlockHash& cal_digest, std::shared_ptr<const WindowSinks> sinks);
+  // A sliding-window group's blocks need no parent in a tier's index.
+  bool ParentLinked() const { return !o.group.has_value() || o.group->kind != LayerGroupKind::kSlidingWindow; }
 };
 
 void OffloadCache::State::WriterLoop() {
@@ -224,12 +234,12 @@ void OffloadCache::State::StoreBatch(std::vector<Job>& jobs) {
     std::optional<BlockHash> named;
     if (j.flagged) named = j.cal_digest;
     Result<std::vector<uint8_t>> obj =
-        EncodeBlockObject(*pool, j.block, compat, j.chain, j.parent, j.tokens, named, j.sinks.get());
+        EncodeBlockObject(*pool, j.block, compat, j.chain, j.parent, j.tokens, named, j.sinks.get(), o.group);
     (void)pool->Release(std::span<const uint32_t>(&j.block, 1));
     if (!obj.ok()) continue;  // cannot happen for a block of this pool; nothing to store
     TierPut p;
     p.key = BlockKey(compat, j.chain);
-    p.parent_key = j.first ? std::string() : BlockKey(compat, j.parent);
+    p.parent_key = j.first || !ParentLinked() ? std::string() : BlockKey(compat, j.parent);
     p.bytes = std::make_shared<const std::vector<uint8_t>>(std::move(*obj));
     if (j.flagged && j.calibration != nullptr) {
       p.calibration_key = CalibrationKey(compat, j.cal_digest);
@@ -302,8 +312,8 @@ Result<std::unique_ptr<OffloadCache>> OffloadCache::Create(std::shared_ptr<Block
                                                            PrefixCache* cache,
                                                            std::vector<std::shared_ptr<Tier>> tiers,
                                                            const OffloadOptions& options) {
-  if (pool == nullptr || cache == nullptr) return Status::InvalidArgument("offload: null pool or cache");
-  if (cache->block_size() != pool->block_size()) {
+  if (pool == nullptr) return Status::InvalidArgument("offload: null pool");
+  if (cache != nullptr && cache->block_size() != pool->block_size()) {
     return Status::InvalidArgument("offload: the prefix cache is not over this pool");
   }
   for (const auto& t : tiers) {
@@ -311,6 +321,10 @@ Result<std::unique_ptr<OffloadCache>> OffloadCache::Create(std::shared_ptr<Block
   }
   if (options.queue_blocks == 0 || options.store_batch == 0) {
     return Status::InvalidArgument("offload: queue_blocks and store_batch must be > 0");
+  }
+  if (options.group.has_value() &&
+      (options.group->kind == LayerGroupKind::kSlidingWindow) != (options.group->window > 0)) {
+    return Status::InvalidArgument("offload: a layer group's window must be > 0 exactly for a sliding window");
   }
   auto st = std::make_unique<State>();
   st->pool = std::move(pool);
@@ -323,6 +337,7 @@ Result<std::unique_ptr<OffloadCache>> OffloadCache::Create(std::shared_ptr<Block
   c.geometry = {g.n_layers(), g.n_kv_heads(), g.head_dim(), g.block_size()};
   c.formats = st->pool->formats();
   c.rotation = RotationDigest(*st->pool);
+  c.group = options.group;
   st->geometry = c.geometry;
   if (options.calibration != nullptr) {
     KV_RETURN_IF_ERROR(CheckCalibration(*options.calibration, c.geometry));
@@ -349,6 +364,9 @@ Result<size_t> OffloadCache::Publish(std::span<const BlockHash> hashes,
                                      std::shared_ptr<const WindowSinks> sinks) {
   State& st = *state_;
   const uint32_t B = st.pool->block_size();
+  if (st.cache == nullptr) {
+    return Status::FailedPrecondition("offload: this pool's blocks are named by their holder (OffloadBlock)");
+  }
   if (tokens.size() < hashes.size() * B) {
     return Status::InvalidArgument("offload: fewer tokens than the blocks being published");
   }
@@ -366,30 +384,134 @@ Result<size_t> OffloadCache::Publish(std::span<const BlockHash> hashes,
   const size_t sink_block = sinks ? sinks->block(B) : SIZE_MAX;
   const bool flagged = !(cal_digest == st.default_cal);
   const BlockHash root = ChainRoot(salt);
-  bool queued = false;
   for (size_t i = start; i < end; ++i) {
+    st.Enqueue(hashes[i], i == 0 ? root : hashes[i - 1], i == 0, blocks[i], tokens.subspan(i * B, B), calibration,
+               flagged, cal_digest, i == sink_block ? sinks : nullptr);
+  }
+  return end;
+}
+
+bool OffloadCache::State::Enqueue(const BlockHash& chain, const BlockHash& parent, bool first, uint32_t block,
+                                  std::span<const TokenId> tokens, std::shared_ptr<const Calibration> calibration,
+                                  bool flagged, const BlockHash& cal_digest,
+                                  std::shared_ptr<const WindowSinks> sinks) {
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (known.count(chain) != 0) return false;
+    if (queue.size() >= o.queue_blocks) {
+      ++totals.dropped_queue_full;
+      return false;
+    }
+  }
+  // The caller holds the block: Retain cannot fail on it.
+  if (!pool->Retain(std::span<const uint32_t>(&block, 1)).ok()) return false;
+  Job j{block, chain, parent, first, std::vector<TokenId>(tokens.begin(), tokens.end()), std::move(calibration),
+        flagged, cal_digest, std::move(sinks)};
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    queue.push_back(std::move(j));
+    Remember(chain);
+    ++totals.queued_blocks;
+  }
+  work_cv.notify_one();
+  return true;
+}
+
+bool OffloadCache::has_tiers() const { return !state_->tiers.empty(); }
+
+Status OffloadCache::OffloadBlock(std::span<const BlockHash> hashes, size_t index, uint32_t block,
+                                  std::span<const TokenId> tokens, std::string_view salt,
+                                  std::shared_ptr<const Calibration> calibration) {
+  State& st = *state_;
+  const uint32_t B = st.pool->block_size();
+  if (index >= hashes.size() || (index + 1) * B > tokens.size()) {
+    return Status::InvalidArgument(fmt::format("offload: block {} of a chain of {} hashes and {} tokens", index,
+                                               hashes.size(), tokens.size()));
+  }
+  if (st.tiers.empty()) return Status::Ok();
+  KV_ASSIGN_OR_RETURN(const BlockHash cal_digest, st.DigestOf(calibration, /*check=*/true));
+  st.Enqueue(hashes[index], index == 0 ? ChainRoot(salt) : hashes[index - 1], index == 0, block,
+             tokens.subspan(index * B, B), calibration, !(cal_digest == st.default_cal), cal_digest, nullptr);
+  return Status::Ok();
+}
+
+Result<OffloadCache::LoadedBlocks> OffloadCache::LoadBlocks(std::span<const BlockHash> hashes,
+                                                            std::span<const size_t> indices,
+                                                            std::span<const TokenId> tokens, std::string_view salt,
+                                                            std::vector<uint64_t>* served_by_tier) {
+  State& st = *state_;
+  const uint32_t B = st.pool->block_size();
+  const size_t T = st.tiers.size();
+  if (served_by_tier != nullptr) served_by_tier->assign(T + 1, 0);
+  for (size_t j = 0; j < indices.size(); ++j) {
+    if (indices[j] >= hashes.size() || (indices[j] + 1) * B > tokens.size() || (j > 0 && indices[j] <= indices[j - 1])) {
+      return Status::InvalidArgument("offload: LoadBlocks needs ascending chain indices within the hashes and tokens");
+    }
+  }
+  LoadedBlocks out;
+  if (indices.empty()) return out;
+  if (T == 0) return Status::NotFound("offload: no tiers");
+  TierLookup l;
+  l.n = indices.size();
+  l.index.assign(indices.begin(), indices.end());
+  l.hashes.assign(hashes.begin(), hashes.end());
+  l.root = ChainRoot(salt);
+  for (const size_t i : indices) l.keys.push_back(BlockKey(st.compat, hashes[i]));
+  st.FindHolders(l);
+  l.miss.assign(T, {});
+  l.erase.assign(T, {});
+  auto miss = [&](std::string what) -> Status {
+    for (size_t t = 0; t < T; ++t) {
+      if (!l.erase[t].empty()) st.tiers[t]->Erase(l.erase[t]);
+    }
+    st.Account(l, 0, nullptr);
+    return Status::NotFound("offload: " + what);
+  };
+  for (size_t j = 0; j < l.n; ++j) {
+    if (l.src[j] >= 0) continue;
+    for (size_t t = 0; t < T; ++t) {
+      if (!l.have[t].empty() && l.have[t][j].has_value()) ++l.miss[t][static_cast<size_t>(*l.have[t][j])];
+    }
+    return miss(fmt::format("no tier holds block {} of the run", indices[j]));
+  }
+  if (l.n > st.pool->num_available_blocks()) {
     {
       std::lock_guard<std::mutex> lock(st.mu);
-      if (st.known.count(hashes[i]) != 0) continue;
-      if (st.queue.size() >= st.o.queue_blocks) {
-        ++st.totals.dropped_queue_full;
-        continue;
-      }
+      ++st.totals.load_alloc_failures;
     }
-    // The caller holds blocks[i]: Retain cannot fail on it.
-    if (!st.pool->Retain(std::span<const uint32_t>(&blocks[i], 1)).ok()) continue;
-    Job j{blocks[i], hashes[i], i == 0 ? root : hashes[i - 1], i == 0,
-          std::vector<TokenId>(tokens.begin() + static_cast<ptrdiff_t>(i * B),
-                               tokens.begin() + static_cast<ptrdiff_t>((i + 1) * B)),
-          calibration, flagged, cal_digest, i == sink_block ? sinks : nullptr};
-    std::lock_guard<std::mutex> lock(st.mu);
-    st.queue.push_back(std::move(j));
-    st.Remember(hashes[i]);
-    ++st.totals.queued_blocks;
-    queued = true;
+    st.Account(l, 0, nullptr);
+    return Status::PoolExhausted(fmt::format("offload: {} blocks to load, {} available", l.n,
+                                             st.pool->num_available_blocks()));
   }
-  if (queued) st.work_cv.notify_one();
-  return end;
+  st.Fetch(l, l.n);
+  for (size_t j = 0; j < l.n; ++j) {
+    if (l.objects[j] == nullptr) return miss(fmt::format("block {} of the run did not load", indices[j]));
+  }
+  if (st.ResolveCalibration(l, l.n) < l.n) return miss("the run's blocks carry no one calibration");
+  out.calibration = l.calibration;
+  out.blocks.resize(l.n);
+  if (!st.pool->Allocate(out.blocks).ok()) {
+    {
+      std::lock_guard<std::mutex> lock(st.mu);
+      ++st.totals.load_alloc_failures;
+    }
+    st.Account(l, 0, nullptr);
+    return Status::PoolExhausted("offload: no room to stage the run");
+  }
+  for (size_t j = 0; j < l.n; ++j) {
+    const size_t i = l.Chain(j);
+    std::optional<TierMiss> why =
+        VerifyAndDecodeBlockObject(*l.objects[j], st.compat, hashes[i], l.Parent(i), tokens.subspan(i * B, B),
+                                   *st.pool, out.blocks[j], nullptr, st.o.group);
+    if (why.has_value()) {
+      l.Reject(j, *why);
+      std::vector<uint32_t> back(out.blocks.rbegin(), out.blocks.rend());
+      (void)st.pool->Release(back);
+      return miss(fmt::format("block {} of the run failed verification ({})", i, TierMissName(*why)));
+    }
+  }
+  st.Account(l, l.n, served_by_tier);
+  return out;
 }
 
 // Which tier holds each looked-up block: the first that says it has it (one
@@ -588,11 +710,11 @@ std::vector<uint32_t> OffloadCache::State::Stage(TierLookup& l, std::span<const 
   }
   size_t good = 0;
   for (; good < ok; ++good) {
-    const size_t i = l.i0 + good;
+    const size_t i = l.Chain(good);
     std::shared_ptr<const WindowSinks> sinks;
     std::optional<TierMiss> why = VerifyAndDecodeBlockObject(
         *l.objects[good], compat, l.hashes[i], l.Parent(i), tokens.subspan(i * B, B), *pool, fresh[good],
-        &sinks);
+        &sinks, o.group);
     // Sinks are kept with the block holding their last position, nowhere else.
     if (!why.has_value() && sinks && sinks->block(B) != i) why = TierMiss::kCorrupt;
     if (why.has_value()) {
@@ -603,9 +725,9 @@ std::vector<uint32_t> OffloadCache::State::Stage(TierLookup& l, std::span<const 
   }
   for (size_t j = std::max(good < ok ? good + 1 : good, l.rejected); j < end; ++j) {
     if (l.objects[j] == nullptr) continue;
-    const size_t i = l.i0 + j;
+    const size_t i = l.Chain(j);
     const std::optional<TierMiss> why =
-        VerifyBlockObject(*l.objects[j], compat, l.hashes[i], l.Parent(i), tokens.subspan(i * B, B));
+        VerifyBlockObject(*l.objects[j], compat, l.hashes[i], l.Parent(i), tokens.subspan(i * B, B), o.group);
     if (why.has_value()) l.Reject(j, *why);
   }
   if (good < ok) {
@@ -632,7 +754,7 @@ void OffloadCache::State::Account(const TierLookup& l, size_t ok,
     ++s.hit_blocks;
     s.hit_tokens += B;
     if (served_by_tier != nullptr) (*served_by_tier)[1 + t] += B;
-    Remember(l.hashes[l.i0 + j]);
+    Remember(l.hashes[l.Chain(j)]);
   }
 }
 
@@ -641,6 +763,7 @@ PrefixMatch OffloadCache::Acquire(std::span<const TokenId> tokens, std::string_v
   State& st = *state_;
   const size_t T = st.tiers.size();
   if (served_by_tier != nullptr) served_by_tier->assign(T + 1, 0);
+  if (st.cache == nullptr) return PrefixMatch{};
   PrefixMatch m = st.cache->Acquire(tokens, salt);
   if (served_by_tier != nullptr) (*served_by_tier)[0] = m.num_tokens;
   const uint32_t B = st.pool->block_size();

@@ -587,6 +587,131 @@ TEST(KvManager, WindowSequenceOutOfBlocksFailsBeforeThePass) {
   EXPECT_TRUE(m.CheckInvariants().ok());
 }
 
+// A tier that keeps only full-attention objects (as one that lost the
+// window group's would): Store drops every sliding-window group's object.
+class FullOnlyTier final : public Tier {
+ public:
+  explicit FullOnlyTier(std::shared_ptr<Tier> inner) : inner_(std::move(inner)) {}
+  std::string name() const override { return "full-only"; }
+  std::vector<std::optional<TierMiss>> Exists(std::span<const std::string> keys) override {
+    return inner_->Exists(keys);
+  }
+  std::vector<TierGet> Load(std::span<const std::string> keys) override { return inner_->Load(keys); }
+  size_t Store(std::span<const TierPut> puts) override {
+    std::vector<TierPut> kept;
+    for (const TierPut& p : puts) {
+      Result<BlockObjectInfo> info = ParseBlockObjectHeader(*p.bytes, p.bytes->size());
+      if (info.ok() && info->group.has_value() && info->group->kind == LayerGroupKind::kSlidingWindow) continue;
+      kept.push_back(p);
+    }
+    return inner_->Store(kept) + (puts.size() - kept.size());
+  }
+  void Erase(std::span<const std::string> keys) override { inner_->Erase(keys); }
+  TierUsage usage() const override { return inner_->usage(); }
+
+ private:
+  std::shared_ptr<Tier> inner_;
+};
+
+// Offload tiers on a window model: a manager computes a prompt past the
+// window and both groups' blocks reach a shared host tier; a second
+// manager (its own pools, as another process would have) adopts both
+// groups from the tier -- the full group's chain and only the window run
+// its hit needs -- and attends exactly as a sequence that computed
+// everything. A tier without the window group's objects gives no hit (the
+// full chain alone cannot serve one), nor does a manager of another model:
+// misses, never wrong K/V. Every pool ends at its baseline.
+TEST(KvManager, SlidingWindowPrefixThroughATier) {
+  const model::AttentionShape shape = WindowShape();
+  std::shared_ptr<Tier> host = NewHostTier(HostTierOptions{});
+  auto manager = [&](std::shared_ptr<Tier> tier, std::string model_id) {
+    KvManagerOptions o = WindowOptions(128);
+    o.prefix_cache = true;
+    o.model_id = std::move(model_id);
+    o.tier_objects = {std::move(tier)};
+    Result<std::unique_ptr<KvManager>> made = KvManager::Create(shape, nullptr, o);
+    EXPECT_TRUE(made.ok()) << made.status().ToString();
+    return made.ok() ? std::move(*made) : nullptr;
+  };
+  std::vector<TokenId> first(90);
+  for (uint32_t i = 0; i < first.size(); ++i) first[i] = 1 + (i * 7) % 50;
+  auto serve_first = [&](KvManager& m) {
+    Result<std::unique_ptr<KvSequence>> a = m.Admit(first, KvAdmitOptions{});
+    ASSERT_TRUE(a.ok()) << a.status().ToString();
+    std::vector<BlockHash> hashes;
+    for (uint32_t at = 0; at < first.size(); at += 8) {
+      RunTokens(**a, shape, first, at, std::min<uint32_t>(at + 8, first.size()));
+      ASSERT_TRUE(m.Publish(**a, first, &hashes).ok());
+    }
+    a->reset();
+    m.FlushTiers();
+  };
+  std::vector<TokenId> second = first;
+  for (uint32_t i = 0; i < 13; ++i) second.push_back(60 + i);
+  const uint32_t hit = (first.size() / kB) * kB;
+  {
+    std::unique_ptr<KvManager> a = manager(host, "model-a");
+    ASSERT_NE(a, nullptr);
+    serve_first(*a);
+    const OffloadStats stored = a->tier_stats();
+    ASSERT_EQ(stored.tiers.size(), 1u);
+    // Every full block of both groups: 22 each.
+    EXPECT_EQ(stored.tiers[0].stored_blocks, 2u * (first.size() / kB));
+  }
+  {
+    std::unique_ptr<KvManager> b = manager(host, "model-a");
+    ASSERT_NE(b, nullptr);
+    KvAdmission found;
+    Result<std::unique_ptr<KvSequence>> seq = b->Admit(second, KvAdmitOptions{}, &found);
+    ASSERT_TRUE(seq.ok()) << seq.status().ToString();
+    EXPECT_EQ((*seq)->cached_tokens(), hit);
+    ASSERT_EQ(found.served.size(), 2u);
+    EXPECT_EQ(found.served[0], 0u);
+    EXPECT_EQ(found.served[1], hit);
+    // The window group holds only the run the hit needs, not all 22 blocks.
+    const std::vector<KvGroupMetrics> g = b->GroupMetrics();
+    EXPECT_EQ(g[0].blocks_used, hit / kB);
+    EXPECT_LT(g[1].blocks_used, hit / kB);
+    Result<std::unique_ptr<model::HybridKv>> ref = ContiguousReference(shape);
+    ASSERT_TRUE(ref.ok());
+    RunTokens(**ref, shape, second, 0, hit);
+    EXPECT_EQ(RunTokens(**seq, shape, second, hit, second.size()),
+              RunTokens(**ref, shape, second, hit, second.size()));
+    seq->reset();
+    for (const KvGroupMetrics& group : b->GroupMetrics()) {
+      EXPECT_EQ(group.blocks_used, 0u);
+      EXPECT_EQ(group.blocks_reserved, 0u);
+    }
+    EXPECT_TRUE(b->CheckInvariants().ok());
+  }
+  {
+    // Another model on the same tier: its keys are others; nothing adopted.
+    std::unique_ptr<KvManager> c = manager(host, "model-c");
+    ASSERT_NE(c, nullptr);
+    Result<std::unique_ptr<KvSequence>> seq = c->Admit(second, KvAdmitOptions{});
+    ASSERT_TRUE(seq.ok()) << seq.status().ToString();
+    EXPECT_EQ((*seq)->cached_tokens(), 0u);
+  }
+  {
+    // Full blocks alone in the tier: the chain is found, the window run is
+    // not, and the request computes everything.
+    auto full_only = std::make_shared<FullOnlyTier>(NewHostTier(HostTierOptions{}));
+    std::unique_ptr<KvManager> a = manager(full_only, "model-a");
+    ASSERT_NE(a, nullptr);
+    serve_first(*a);
+    std::unique_ptr<KvManager> b = manager(full_only, "model-a");
+    ASSERT_NE(b, nullptr);
+    Result<std::unique_ptr<KvSequence>> seq = b->Admit(second, KvAdmitOptions{});
+    ASSERT_TRUE(seq.ok()) << seq.status().ToString();
+    EXPECT_EQ((*seq)->cached_tokens(), 0u);
+    const OffloadStats s = b->tier_stats();
+    EXPECT_GT(s.tiers[0].misses[static_cast<size_t>(TierMiss::kAbsent)], 0u);
+    seq->reset();
+    for (const KvGroupMetrics& group : b->GroupMetrics()) EXPECT_EQ(group.blocks_used, 0u);
+    EXPECT_TRUE(b->CheckInvariants().ok());
+  }
+}
+
 // What the manager does not do for a window model is refused by name.
 TEST(KvManager, SlidingWindowRefusals) {
   const model::AttentionShape shape = WindowShape();

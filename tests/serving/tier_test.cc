@@ -156,6 +156,66 @@ TEST(TierObject, EveryMismatchIsRejectedWithItsReason) {
   EXPECT_EQ(verify(resealed(100, good[100] ^ 0x40)), TierMiss::kCorrupt);
 }
 
+// A layer group's block: named in the manifest (so another group, or a
+// model without groups, has another digest), in the header (flag and
+// fields), verified against the group asked for, and indexed by the tiers
+// without a parent when it is a sliding window's (its run needs none).
+TEST(TierObject, LayerGroupsAreNamed) {
+  BlockCompat plain = Compat(), full = Compat(), window = Compat();
+  full.group = LayerGroupTag{LayerGroupKind::kFullAttention, 0};
+  window.group = LayerGroupTag{LayerGroupKind::kSlidingWindow, 512};
+  EXPECT_EQ(CompatManifest(plain).find("layer_group"), std::string::npos);
+  EXPECT_NE(CompatManifest(window).find("layer_group=window:512\n"), std::string::npos);
+  EXPECT_NE(CompatManifest(full).find("layer_group=full\n"), std::string::npos);
+  EXPECT_FALSE(CompatDigest(plain) == CompatDigest(full));
+  EXPECT_FALSE(CompatDigest(full) == CompatDigest(window));
+  BlockCompat narrower = window;
+  narrower.group->window = 256;
+  EXPECT_FALSE(CompatDigest(narrower) == CompatDigest(window));
+
+  auto pool = NewPool({2, 2, 32, 16}, {Format::kBF16, Format::kBF16}, 2);
+  FillBlock(*pool, 0, 3);
+  const std::vector<TokenId> t = Tokens(32);
+  const std::vector<BlockHash> h = HashFullBlocks(t, 16, "");
+  const auto block_tokens = std::span(t).subspan(16, 16);
+  const BlockHash compat = CompatDigest(window);
+  const std::vector<uint8_t> obj =
+      EncodeBlockObject(*pool, 0, compat, h[1], h[0], block_tokens, std::nullopt, nullptr, window.group).value();
+  Result<BlockObjectInfo> info = ParseBlockObjectHeader(obj, obj.size());
+  ASSERT_TRUE(info.ok()) << info.status().ToString();
+  ASSERT_TRUE(info->group.has_value());
+  EXPECT_EQ(*info->group, *window.group);
+  EXPECT_EQ(VerifyBlockObject(obj, compat, h[1], h[0], block_tokens, window.group), std::nullopt);
+  EXPECT_EQ(VerifyBlockObject(obj, compat, h[1], h[0], block_tokens), TierMiss::kIncompatible);
+  EXPECT_EQ(VerifyBlockObject(obj, compat, h[1], h[0], block_tokens, narrower.group), TierMiss::kIncompatible);
+  EXPECT_EQ(VerifyBlockObject(obj, compat, h[1], h[0], block_tokens, full.group), TierMiss::kIncompatible);
+  auto dst = NewPool({2, 2, 32, 16}, {Format::kBF16, Format::kBF16}, 1);
+  EXPECT_EQ(VerifyAndDecodeBlockObject(obj, compat, h[1], h[0], block_tokens, *dst, 0, nullptr, window.group),
+            std::nullopt);
+  EXPECT_TRUE(SameBlock(*pool, 0, *dst, 0));
+  // The tiers' index: a window block has no parent link, a full group's has.
+  Result<StoredObjectHeader> stored = ParseStoredObjectHeader(obj, obj.size());
+  ASSERT_TRUE(stored.ok());
+  EXPECT_EQ(stored->parent_key, "");
+  const std::vector<uint8_t> full_obj =
+      EncodeBlockObject(*pool, 0, CompatDigest(full), h[1], h[0], block_tokens, std::nullopt, nullptr, full.group)
+          .value();
+  stored = ParseStoredObjectHeader(full_obj, full_obj.size());
+  ASSERT_TRUE(stored.ok());
+  EXPECT_EQ(stored->parent_key, BlockKey(CompatDigest(full), h[0]));
+  // A group that is not whole: refused when encoding, corrupt when read.
+  EXPECT_FALSE(EncodeBlockObject(*pool, 0, compat, h[1], h[0], block_tokens, std::nullopt, nullptr,
+                                 LayerGroupTag{LayerGroupKind::kSlidingWindow, 0})
+                   .ok());
+  EXPECT_FALSE(EncodeBlockObject(*pool, 0, compat, h[1], h[0], block_tokens, std::nullopt, nullptr,
+                                 LayerGroupTag{LayerGroupKind::kFullAttention, 4})
+                   .ok());
+  EXPECT_EQ(VerifyBlockObject(Resealed(Resealed(obj, 124, 0), 125, 0), compat, h[1], h[0], block_tokens, window.group),
+            TierMiss::kCorrupt);  // a window of 0 positions
+  EXPECT_EQ(VerifyBlockObject(Resealed(obj, 120, 7), compat, h[1], h[0], block_tokens, window.group),
+            TierMiss::kCorrupt);  // an unknown kind
+}
+
 std::vector<std::string> Keys(std::initializer_list<std::string> k) { return k; }
 
 TierPut PutOf(const std::string& key, const std::string& parent, size_t bytes, uint8_t fill = 1) {

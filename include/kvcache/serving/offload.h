@@ -45,6 +45,18 @@
 // corrupt miss. Only the sinks travel: the adopter reads the recent
 // positions inside adopted blocks in the format.
 //
+// Layer groups: a model whose layers keep their positions differently (a
+// sliding-window model) keeps one pool per group and one OffloadCache per
+// pool, each naming its group (OffloadOptions::group: in the compatibility
+// digest and in every object). The full group's works as above. A sliding-
+// window group's blocks are not a chain a hit walks from the root: a hit
+// needs only the run of blocks the last window holds, so that group's
+// OffloadCache has no prefix cache (its holder names blocks itself:
+// engine/window_blocks.h); its holder queues each block it names
+// (OffloadBlock) and loads the blocks a run lacks by chain index, all or
+// nothing (LoadBlocks), each verified against its chain hash, parent hash
+// and tokens like a chain's.
+//
 // Thread safety: all methods are thread-safe. Destroy the OffloadCache before
 // its pool's last user goes: the destructor stops the writer (queued stores
 // are given up and their references released).
@@ -77,6 +89,9 @@ struct OffloadOptions {
   size_t queue_blocks = 256;        // store queue bound (blocks)
   size_t store_batch = 16;          // blocks the writer encodes and stores at once
   uint32_t max_load_blocks = 1024;  // blocks one Acquire asks the tiers for
+  // The layer group the pool holds, for a model with several (BlockCompat::
+  // group); none for a model whose every layer keeps every position.
+  std::optional<LayerGroupTag> group;
 };
 
 // Per-tier counters (a consistent snapshot).
@@ -107,7 +122,10 @@ struct OffloadStats {
 
 class OffloadCache {
  public:
-  // `cache` must be a PrefixCache over `pool` that outlives this object.
+  // `cache` must be a PrefixCache over `pool` that outlives this object, or
+  // null for a pool whose holder names its blocks (a sliding-window group):
+  // then Acquire finds nothing and Publish is FailedPrecondition; use
+  // OffloadBlock and LoadBlocks.
   static Result<std::unique_ptr<OffloadCache>> Create(std::shared_ptr<BlockPool> pool,
                                                       PrefixCache* cache,
                                                       std::vector<std::shared_ptr<Tier>> tiers,
@@ -184,6 +202,35 @@ class OffloadCache {
                                std::shared_ptr<const Calibration> calibration,
                                const PrefixCache::SetHashFn& set_hash,
                                std::shared_ptr<const WindowSinks> sinks = nullptr);
+
+  // Blocks named by their holder rather than the prefix cache (a sliding-
+  // window group's). OffloadBlock queues `block` (held by the caller, named,
+  // never written again), chain block `index` of `tokens` under `salt`
+  // (`hashes`: the chain hashes of tokens' full blocks, at least index + 1
+  // of them), encoded with `calibration`, for the tiers, as Publish queues a
+  // chain's blocks. InvalidArgument (nothing queued) for an index past the
+  // hashes or tokens, or a calibration the tiers cannot store.
+  Status OffloadBlock(std::span<const BlockHash> hashes, size_t index, uint32_t block,
+                      std::span<const TokenId> tokens, std::string_view salt,
+                      std::shared_ptr<const Calibration> calibration = nullptr);
+  // LoadBlocks loads chain blocks `indices` (ascending, each < hashes.size())
+  // of `tokens` from the tiers into fresh blocks of the pool, all or none:
+  // every block must be held by some tier and verify (magic, version,
+  // compatibility digest, checksums, chain, parent, tokens) and all must
+  // carry one calibration. On success the blocks, [i] holding indices[i],
+  // one reference each for the caller, unnamed, and their calibration; else
+  // NotFound (a miss: counted per tier, a failed object erased from its
+  // tier), PoolExhausted (no room to stage them) or InvalidArgument, and
+  // nothing held. `served_by_tier`, if given, is resized to tiers+1 and
+  // [1 + t] counts the tokens tier t supplied.
+  struct LoadedBlocks {
+    std::vector<uint32_t> blocks;
+    std::shared_ptr<const Calibration> calibration;
+  };
+  Result<LoadedBlocks> LoadBlocks(std::span<const BlockHash> hashes, std::span<const size_t> indices,
+                                  std::span<const TokenId> tokens, std::string_view salt,
+                                  std::vector<uint64_t>* served_by_tier = nullptr);
+  bool has_tiers() const;
 
   // Waits until every queued store has been written (tests, end of a run).
   void Flush();

@@ -16,6 +16,11 @@
 // The block that completes a precision window's sinks sets flag bit 1 and
 // carries their bf16 rows (WindowSinks) in a section after the payload,
 // checksummed, so that an adopter in any process reads the same sinks.
+// A block of one layer group of a model whose layers keep their positions
+// differently (a sliding-window model's full and window groups) sets flag
+// bit 2 and names the group's layer kind and window in the header; the
+// compatibility digest names the group too, so a process whose model,
+// groups or formats differ misses rather than reading another group's rows.
 #pragma once
 
 #include <cstddef>
@@ -48,7 +53,24 @@ inline constexpr uint16_t kBlockFlagCalibrated = 1;
 // payload; the header has 16 more bytes (S, zero, the section's XXH3-64)
 // after the calibration digest, if any.
 inline constexpr uint16_t kBlockFlagSinks = 2;
+// Flag bit 2: the block holds one layer group of a model with several
+// (HybridModel, hybrid.h): header bytes 120-127 name the group's layer kind
+// (u32, LayerGroupKind) and window (u32 positions, 0 for full attention).
+// A sliding-window group's block is useful without its chain parent (a hit
+// needs only the last window's run of blocks), so the tiers index it
+// without a parent link (StoredObjectHeader::parent_key is empty).
+inline constexpr uint16_t kBlockFlagLayerGroup = 4;
 inline constexpr uint16_t kCalibrationObjectVersion = 1;
+
+enum class LayerGroupKind : uint32_t { kFullAttention = 0, kSlidingWindow = 1 };
+// The layer group a pool's blocks hold (BlockCompat::group).
+struct LayerGroupTag {
+  LayerGroupKind kind = LayerGroupKind::kFullAttention;
+  uint32_t window = 0;  // positions; 0 for full attention, > 0 for a window
+  bool operator==(const LayerGroupTag&) const = default;
+};
+// "full" or "window:W".
+std::string LayerGroupName(const LayerGroupTag& group);
 // Bumped whenever the stored bytes of any format change meaning (a codec's
 // layout, the Format enum's numbering): part of every compatibility digest.
 inline constexpr uint32_t kLibraryFormatVersion = 1;
@@ -64,6 +86,9 @@ struct BlockCompat {
   // rotates, so pools that differ only in rotation_seed are then compatible.
   uint64_t rotation = 0;
   BlockHash calibration{};  // CalibrationDigest, or zero for none
+  // The layer group of a model with several (none: a model whose layers all
+  // keep every position, and the manifest has no layer_group line).
+  std::optional<LayerGroupTag> group;
 };
 // XXH3-64 of the K then the V codec's rotation signs; 0 if neither rotates.
 uint64_t RotationDigest(const BlockPool& pool);
@@ -97,6 +122,8 @@ struct BlockObjectInfo {
   uint32_t sinks = 0;
   uint64_t sinks_bytes = 0;
   uint64_t sinks_checksum = 0;
+  // kBlockFlagLayerGroup: the layer group the block holds (else none).
+  std::optional<LayerGroupTag> group;
   std::string key() const { return BlockKey(compat, chain); }
   std::string parent_key(const BlockHash& root) const {
     return parent == root ? std::string() : BlockKey(compat, parent);
@@ -109,24 +136,29 @@ inline constexpr size_t kBlockObjectFixedHeader = 128;
 // `calibration`, if given, sets kBlockFlagCalibrated and names that digest
 // (zero: explicitly none); `sinks`, if given, sets kBlockFlagSinks and
 // carries them (InvalidArgument unless they fit the pool's geometry:
-// WindowSinks::CheckFits); without either the object is the unflagged layout.
+// WindowSinks::CheckFits); `group`, if given, sets kBlockFlagLayerGroup and
+// names it (InvalidArgument for a window of 0 on a sliding-window group or
+// one on a full group); without any the object is the unflagged layout.
 Result<std::vector<uint8_t>> EncodeBlockObject(const BlockPool& pool, uint32_t block,
                                                const BlockHash& compat, const BlockHash& chain,
                                                const BlockHash& parent,
                                                std::span<const TokenId> tokens,
                                                std::optional<BlockHash> calibration = std::nullopt,
-                                               const WindowSinks* sinks = nullptr);
+                                               const WindowSinks* sinks = nullptr,
+                                               std::optional<LayerGroupTag> group = std::nullopt);
 // Parses a header and checks magic, version, header checksum and that the
 // object's size is what the header says (`total_bytes`: the whole object's
 // size; `bytes` may be just its start). The payload is not checked.
 Result<BlockObjectInfo> ParseBlockObjectHeader(std::span<const uint8_t> bytes,
                                                uint64_t total_bytes);
 // Full verification against what the caller asked for: nullopt if the
-// object is exactly the block (compat, chain, parent, tokens) with an intact
-// payload (and sink section, if flagged); else the miss reason.
+// object is exactly the block (compat, chain, parent, tokens, layer group:
+// none unless `group`) with an intact payload (and sink section, if
+// flagged); else the miss reason (kIncompatible for another layer group).
 std::optional<TierMiss> VerifyBlockObject(std::span<const uint8_t> bytes, const BlockHash& compat,
                                           const BlockHash& chain, const BlockHash& parent,
-                                          std::span<const TokenId> tokens);
+                                          std::span<const TokenId> tokens,
+                                          std::optional<LayerGroupTag> group = std::nullopt);
 // VerifyBlockObject and DecodeBlockObjectInto in one pass, the load path
 // of OffloadCache: every check of VerifyBlockObject, in its order, except
 // that the payload is copied into `block` a section at a time and each
@@ -144,7 +176,8 @@ std::optional<TierMiss> VerifyAndDecodeBlockObject(std::span<const uint8_t> byte
                                                    const BlockHash& parent,
                                                    std::span<const TokenId> tokens,
                                                    BlockPool& pool, uint32_t block,
-                                                   std::shared_ptr<const WindowSinks>* sinks = nullptr);
+                                                   std::shared_ptr<const WindowSinks>* sinks = nullptr,
+                                                   std::optional<LayerGroupTag> group = std::nullopt);
 // XXH3-64 of `bytes` (the object's checksums): libxxhash's runtime-dispatched
 // variant (AVX2 where the CPU has it), the same value as XXH3_64bits.
 uint64_t BlockChecksum(std::span<const uint8_t> bytes);
@@ -189,7 +222,9 @@ CalibrationLoad DecodeCalibrationObject(std::span<const uint8_t> bytes, const Bl
 // offset 8, so reading 128 bytes, then header_bytes, is enough.
 struct StoredObjectHeader {
   std::string key;
-  std::string parent_key;       // a block's parent key; "" for a calibration
+  // A block's parent key; "" for a calibration and for a sliding-window
+  // group's block (kBlockFlagLayerGroup), which needs no parent.
+  std::string parent_key;
   std::string calibration_key;  // the calibration a block names; ""
 };
 Result<StoredObjectHeader> ParseStoredObjectHeader(std::span<const uint8_t> bytes,

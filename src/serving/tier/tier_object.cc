@@ -5,7 +5,7 @@
 //   off  size  field
 //     0     4  magic "KVCB"
 //     4     2  object version (kBlockObjectVersion)
-//     6     2  flags: kBlockFlagCalibrated, kBlockFlagSinks (or 0)
+//     6     2  flags: kBlockFlagCalibrated, kBlockFlagSinks, kBlockFlagLayerGroup (or 0)
 //     8     4  header_bytes H = 128 + 4 * n_tokens + 32 * n_layers
 //              (+ 16 with kBlockFlagCalibrated, + 16 with kBlockFlagSinks)
 //    12     4  n_tokens (== block_size: only full blocks are stored)
@@ -19,7 +19,8 @@
 //    96     8  k_row_bytes, v_row_bytes (u32 each)
 //   104     8  XXH3-64 of the payload
 //   112     8  XXH3-64 of bytes [0, H) with this field read as zero
-//   120     8  zero
+//   120     8  zero; with flag kBlockFlagLayerGroup the layer group: kind
+//              (u32, LayerGroupKind), window (u32)
 //   128  4*nt  token ids (u32)
 //     .  32*L  sections: per layer k_offset, k_bytes, v_offset, v_bytes (u64,
 //              offsets from the payload's start)
@@ -121,7 +122,13 @@ size_t OptionalFields(uint32_t n_tokens, uint32_t n_layers) {
   return kBlockObjectFixedHeader + 4 * size_t{n_tokens} + 32 * size_t{n_layers};
 }
 
-constexpr uint16_t kKnownFlags = kBlockFlagCalibrated | kBlockFlagSinks;
+constexpr uint16_t kKnownFlags = kBlockFlagCalibrated | kBlockFlagSinks | kBlockFlagLayerGroup;
+
+// A group tag is whole: a window > 0 exactly for a sliding-window group.
+bool ValidGroup(const LayerGroupTag& g) {
+  if (g.kind == LayerGroupKind::kFullAttention) return g.window == 0;
+  return g.kind == LayerGroupKind::kSlidingWindow && g.window > 0;
+}
 
 // The sink section of `info`'s object (REQUIRES info.sinks > 0, so parsed).
 std::span<const uint8_t> SinkSection(std::span<const uint8_t> bytes, const BlockObjectInfo& info) {
@@ -145,13 +152,14 @@ bool FitsPool(const BlockObjectInfo& info, const BlockPool& pool, uint32_t block
 // Everything VerifyBlockObject checks before the payload checksum.
 std::optional<TierMiss> VerifyHeader(std::span<const uint8_t> bytes, const BlockHash& compat,
                                      const BlockHash& chain, const BlockHash& parent,
-                                     std::span<const TokenId> tokens, BlockObjectInfo* out) {
+                                     std::span<const TokenId> tokens, const std::optional<LayerGroupTag>& group,
+                                     BlockObjectInfo* out) {
   Result<BlockObjectInfo> info = ParseBlockObjectHeader(bytes, bytes.size());
   if (!info.ok()) {
     return info.status().code() == StatusCode::kFailedPrecondition ? TierMiss::kIncompatible
                                                                    : TierMiss::kCorrupt;
   }
-  if (!(info->compat == compat)) return TierMiss::kIncompatible;
+  if (!(info->compat == compat) || info->group != group) return TierMiss::kIncompatible;
   if (!(info->chain == chain)) return TierMiss::kCorrupt;  // stored under another block's key
   if (!(info->parent == parent) || info->tokens.size() != tokens.size() ||
       std::memcmp(info->tokens.data(), tokens.data(), tokens.size() * 4) != 0) {
@@ -189,14 +197,23 @@ std::string_view TierMissName(TierMiss miss) {
   return kNames[static_cast<size_t>(miss)];
 }
 
+std::string LayerGroupName(const LayerGroupTag& group) {
+  if (group.kind == LayerGroupKind::kFullAttention) return "full";
+  return fmt::format("window:{}", group.window);
+}
+
 std::string CompatManifest(const BlockCompat& c) {
-  return fmt::format(
+  std::string m = fmt::format(
       "kvcache-block-compat\nobject_version={}\nlibrary_format_version={}\nmodel={}\n"
       "n_layers={}\nn_kv_heads={}\nhead_dim={}\nblock_size={}\nk_format={}\nv_format={}\n"
       "rotation={:016x}\ncalibration={}\n",
       kBlockObjectVersion, kLibraryFormatVersion, c.model, c.geometry.n_layers,
       c.geometry.n_kv_heads, c.geometry.head_dim, c.geometry.block_size, FormatName(c.formats.k),
       FormatName(c.formats.v), c.rotation, HashHex(c.calibration));
+  // Only a model with several layer groups names one: the digests of every
+  // other model's blocks are what they were before groups existed.
+  if (c.group.has_value()) m += "layer_group=" + LayerGroupName(*c.group) + "\n";
+  return m;
 }
 
 BlockHash CompatDigest(const BlockCompat& compat) {
@@ -251,10 +268,14 @@ Result<std::vector<uint8_t>> EncodeBlockObject(const BlockPool& pool, uint32_t b
                                                const BlockHash& parent,
                                                std::span<const TokenId> tokens,
                                                std::optional<BlockHash> calibration,
-                                               const WindowSinks* sinks) {
+                                               const WindowSinks* sinks,
+                                               std::optional<LayerGroupTag> group) {
   const Geometry& g = pool.geometry();
   if (block >= pool.num_blocks()) return Status::InvalidArgument("block object: block out of range");
   if (sinks != nullptr) KV_RETURN_IF_ERROR(sinks->CheckFits(g));
+  if (group.has_value() && !ValidGroup(*group)) {
+    return Status::InvalidArgument("block object: a layer group's window must be > 0 exactly for a sliding window");
+  }
   if (tokens.size() != g.block_size()) {
     return Status::InvalidArgument(fmt::format("block object: {} tokens for a block of {}",
                                                tokens.size(), g.block_size()));
@@ -284,6 +305,11 @@ Result<std::vector<uint8_t>> EncodeBlockObject(const BlockPool& pool, uint32_t b
     Put<uint32_t>(p + field, sinks->sinks);
     Put<uint32_t>(p + field + 4, 0);
     Put<uint64_t>(p + field + 8, BlockChecksum(std::span<const uint8_t>(section, sink_bytes)));
+  }
+  if (group.has_value()) {
+    flags |= kBlockFlagLayerGroup;
+    Put<uint32_t>(p + 120, static_cast<uint32_t>(group->kind));
+    Put<uint32_t>(p + 124, group->window);
   }
   Put<uint16_t>(p + 6, flags);
   Put<uint32_t>(p + 8, static_cast<uint32_t>(H));
@@ -378,9 +404,15 @@ Result<BlockObjectInfo> ParseBlockObjectHeader(std::span<const uint8_t> bytes,
   if ((flags & ~kKnownFlags) != 0) {
     return Status::FailedPrecondition("object: unknown flags");
   }
-  if (Get<uint16_t>(p + 90) != 0 || Get<uint64_t>(p + 120) != 0 ||
+  const bool grouped = (flags & kBlockFlagLayerGroup) != 0;
+  if (Get<uint16_t>(p + 90) != 0 || (!grouped && Get<uint64_t>(p + 120) != 0) ||
       (has_sinks && Get<uint32_t>(p + sink_fields + 4) != 0)) {
     return Status::Corruption("object: reserved bytes not zero");
+  }
+  if (grouped) {
+    const LayerGroupTag group{static_cast<LayerGroupKind>(Get<uint32_t>(p + 120)), Get<uint32_t>(p + 124)};
+    if (!ValidGroup(group)) return Status::Corruption("object: unknown layer group");
+    info.group = group;
   }
   info.formats = {static_cast<Format>(p[88]), static_cast<Format>(p[89])};
   const uint32_t head_dim = info.geometry.head_dim;
@@ -400,9 +432,9 @@ Result<BlockObjectInfo> ParseBlockObjectHeader(std::span<const uint8_t> bytes,
 
 std::optional<TierMiss> VerifyBlockObject(std::span<const uint8_t> bytes, const BlockHash& compat,
                                           const BlockHash& chain, const BlockHash& parent,
-                                          std::span<const TokenId> tokens) {
+                                          std::span<const TokenId> tokens, std::optional<LayerGroupTag> group) {
   BlockObjectInfo info;
-  if (std::optional<TierMiss> why = VerifyHeader(bytes, compat, chain, parent, tokens, &info)) {
+  if (std::optional<TierMiss> why = VerifyHeader(bytes, compat, chain, parent, tokens, group, &info)) {
     return why;
   }
   if (BlockChecksum(bytes.subspan(info.header_bytes, info.payload_bytes)) !=
@@ -420,10 +452,11 @@ std::optional<TierMiss> VerifyAndDecodeBlockObject(std::span<const uint8_t> byte
                                                    const BlockHash& parent,
                                                    std::span<const TokenId> tokens,
                                                    BlockPool& pool, uint32_t block,
-                                                   std::shared_ptr<const WindowSinks>* sinks) {
+                                                   std::shared_ptr<const WindowSinks>* sinks,
+                                                   std::optional<LayerGroupTag> group) {
   if (sinks != nullptr) sinks->reset();
   BlockObjectInfo info;
-  if (std::optional<TierMiss> why = VerifyHeader(bytes, compat, chain, parent, tokens, &info)) {
+  if (std::optional<TierMiss> why = VerifyHeader(bytes, compat, chain, parent, tokens, group, &info)) {
     return why;
   }
   if (!FitsPool(info, pool, block)) return TierMiss::kIncompatible;
@@ -674,7 +707,8 @@ Result<StoredObjectHeader> ParseStoredObjectHeader(std::span<const uint8_t> byte
   }
   KV_ASSIGN_OR_RETURN(BlockObjectInfo info, ParseBlockObjectHeader(bytes, total_bytes));
   out.key = info.key();
-  out.parent_key = BlockKey(info.compat, info.parent);
+  const bool needs_parent = !info.group.has_value() || info.group->kind != LayerGroupKind::kSlidingWindow;
+  if (needs_parent) out.parent_key = BlockKey(info.compat, info.parent);
   if (info.calibrated && !(info.calibration == BlockHash{})) {
     out.calibration_key = CalibrationKey(info.compat, info.calibration);
   }
