@@ -726,6 +726,16 @@ TEST(KvManager, SlidingWindowRefusals) {
   m = KvManager::Create(shape, nullptr, small);
   ASSERT_FALSE(m.ok());
   EXPECT_NE(m.status().message().find("full-attention"), std::string::npos) << m.status().ToString();
+  // Tiers where prefix reuse is off (a precision window on a window model).
+  KvManagerOptions windowed = WindowOptions(128);
+  windowed.prefix_cache = true;
+  windowed.model_id = "m";
+  windowed.window = PrecisionWindow{4, 8};
+  windowed.tier_objects = {NewHostTier(HostTierOptions{})};
+  m = KvManager::Create(shape, nullptr, windowed);
+  ASSERT_FALSE(m.ok());
+  EXPECT_EQ(m.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(m.status().message().find("precision window"), std::string::npos) << m.status().ToString();
   // Per-group formats on a model without window layers.
   KvManagerOptions local = Options(64);
   local.local_formats = FormatPair{Format::kF32, Format::kF32};
