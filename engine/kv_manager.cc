@@ -444,8 +444,9 @@ bool KvManager::CanAdmit(std::span<const int32_t> tokens) const {
     if (hit.blocks > 0) {
       held[0] = hit.full_blocks.size();
       for (uint32_t b : hit.full_blocks) parked[0] += pools_[0]->state(b) == BlockState::kCached ? 1 : 0;
-      held[1] = hit.blocks - hit.window_first;  // the window run's blocks; their parked share is not
-      parked[1] = held[1];                      // known without a lookup: counted as all parked
+      held[1] = hit.blocks - hit.window_first;  // the window run's blocks
+      parked[1] = window_index_->Parked(
+          std::span<const BlockHash>(hit.hashes).subspan(hit.window_first, hit.blocks - hit.window_first));
     }
     for (size_t g = 0; g < pools_.size(); ++g) {
       const uint64_t need = demand.blocks[g] - std::min(held[g], demand.blocks[g]);

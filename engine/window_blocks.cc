@@ -56,6 +56,16 @@ bool WindowBlockIndex::Covers(std::span<const BlockHash> hashes) const {
   return true;
 }
 
+size_t WindowBlockIndex::Parked(std::span<const BlockHash> hashes) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  size_t n = 0;
+  for (const BlockHash& h : hashes) {
+    auto it = by_hash_.find(h);
+    if (it != by_hash_.end() && pool_->state(it->second.block) == BlockState::kCached) ++n;
+  }
+  return n;
+}
+
 std::vector<size_t> WindowBlockIndex::Missing(std::span<const BlockHash> hashes) const {
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<size_t> out;

@@ -84,6 +84,9 @@ class WindowBlockIndex {
   // True iff every hash names a block and they share one calibration
   // (no references taken, nothing counted). An empty run is covered.
   bool Covers(std::span<const BlockHash> hashes) const;
+  // How many of the blocks `hashes` name are parked (cached, unreferenced):
+  // what adopting them takes out of the pool's available blocks.
+  size_t Parked(std::span<const BlockHash> hashes) const;
   // The positions in `hashes` that name no block (ascending).
   std::vector<size_t> Missing(std::span<const BlockHash> hashes) const;
   // One reference on each block of the run for the caller, all or nothing:

@@ -51,6 +51,10 @@ TEST(WindowBlockIndex, ARunHitsWithoutItsPredecessorsAndIsRetainedWhole) {
   ASSERT_TRUE(m.ok()) << m.status().ToString();
   EXPECT_EQ(m->blocks, std::vector<uint32_t>(blocks.begin() + 3, blocks.end()));
   EXPECT_EQ(pool->stats().used_blocks, 3u);
+  // Parked: the run's blocks no sequence holds (Hash(6) names none).
+  EXPECT_EQ(index.Parked(tail), 0u);
+  EXPECT_EQ(index.Parked(std::vector<BlockHash>{Hash(1), Hash(2), Hash(3), Hash(6)}), 2u);
+  EXPECT_EQ(index.Missing(std::vector<BlockHash>{Hash(6), Hash(2), Hash(7)}), (std::vector<size_t>{0, 2}));
   // A run reaching past what was published is not covered, and a failed
   // acquisition holds nothing.
   const std::vector<BlockHash> longer = {Hash(4), Hash(5), Hash(6)};
