@@ -113,6 +113,17 @@ class Server:
                 self.proc.wait()
 
 
+def paragraph(seed, words):
+    """Deterministic filler text of `words` words (a fixed vocabulary, an LCG)."""
+    vocab = ("cache window layer token block memory model answer question river garden music light "
+             "history market engine paper winter summer city ocean forest stone letter story").split()
+    out, x = [], seed * 7919 + 1
+    for _ in range(words):
+        x = (x * 1103515245 + 12345) % (1 << 31)
+        out.append(vocab[x % len(vocab)])
+    return " ".join(out)
+
+
 def raw_exchange(port, data, timeout=15.0):
     """Sends `data` (bytes) on a fresh connection, reads one response.
     Returns (status, headers dict lower-cased, body bytes); status 0 when

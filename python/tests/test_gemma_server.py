@@ -38,14 +38,7 @@ def generate(prompt, steps=STEPS):
     return json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
 
 
-def paragraph(seed, words):
-    vocab = ("cache window layer token block memory model answer question river garden music light "
-             "history market engine paper winter summer city ocean forest stone letter story").split()
-    out, x = [], seed * 7919 + 1
-    for _ in range(words):
-        x = (x * 1103515245 + 12345) % (1 << 31)
-        out.append(vocab[x % len(vocab)])
-    return " ".join(out)
+paragraph = sf.paragraph
 
 
 SYSTEM = "You are a careful assistant. Here are the notes for today: " + paragraph(1, 520) + "\n"

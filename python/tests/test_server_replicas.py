@@ -127,16 +127,6 @@ def test_second_replica_adopts_the_first_ones_blocks(replicas, redis_port, kv_fo
     assert before["kvcache_prefix_hit_tokens_total"] == 0
 
 
-def gemma_notes(seed, words):
-    vocab = ("cache window layer token block memory model answer question river garden music light "
-             "history market engine paper winter summer city ocean forest stone letter story").split()
-    out, x = [], seed * 7919 + 1
-    for _ in range(words):
-        x = (x * 1103515245 + 12345) % (1 << 31)
-        out.append(vocab[x % len(vocab)])
-    return " ".join(out)
-
-
 def test_second_replica_continues_a_gemma_conversation_past_the_window(redis_port):
     sf.need_gemma()
     assert redis_command(redis_port, "FLUSHALL") == "+OK"
@@ -152,10 +142,10 @@ def test_second_replica_continues_a_gemma_conversation_past_the_window(redis_por
 
     a = sf.Server(args, startup_timeout=120)
     try:
-        turn1 = "Notes for today: " + gemma_notes(1, 600) + "\nUser: " + gemma_notes(2, 60) + "\nModel:"
+        turn1 = "Notes for today: " + sf.paragraph(1, 600) + "\nUser: " + sf.paragraph(2, 60) + "\nModel:"
         text1, usage1 = complete(a, turn1)
         assert usage1.prompt_tokens > 600  # past the window
-        turn2 = turn1 + text1 + "\nUser: " + gemma_notes(3, 40) + "\nModel:"
+        turn2 = turn1 + text1 + "\nUser: " + sf.paragraph(3, 40) + "\nModel:"
         text2_a, usage2_a = complete(a, turn2)
         assert wait_for_keys(redis_port) > 0, "replica A wrote nothing to Redis"
     finally:
