@@ -123,7 +123,8 @@ struct RequestParams {
   //   prompt       token ids, each in the vocabulary;
   //   prompt_text  text, tokenized as the model wants it (llama2.c: with
   //                BOS; GGUF: with BOS iff the file says add_bos_token;
-  //                special-token texts kept as text);
+  //                special-token texts read as their tokens, as llama.cpp
+  //                and vLLM read a completion's prompt);
   //   messages     a chat (non-empty), rendered in the model's chat template
   //                with the assistant's generation prompt, then tokenized
   //                (a model without a ChatML template: Unimplemented).

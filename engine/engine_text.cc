@@ -11,7 +11,9 @@ namespace {
 // The ids of a text or chat prompt; *fault set on failure.
 Result<std::vector<int32_t>> Tokenize(const model::LoadedModel& model, const RequestParams& p,
                                       SubmitFault* fault) {
-  auto ids = p.prompt_text ? model.Encode(*p.prompt_text) : model.EncodeChat(p.messages);
+  // A text prompt (a completion's) reads special-token texts as their tokens:
+  // a base model's client writes the turn format out itself.
+  auto ids = p.prompt_text ? model.Encode(*p.prompt_text, /*parse_special=*/true) : model.EncodeChat(p.messages);
   if (!ids.ok()) {
     *fault = ids.status().code() == StatusCode::kUnimplemented ? SubmitFault::kNoChatTemplate
                                                                : SubmitFault::kPromptEncoding;

@@ -167,7 +167,7 @@ Result<std::vector<int32_t>> PromptIds(const GenerateCliOptions& o, const model:
     ss << in.rdbuf();
     text = ss.str();
   }
-  return o.chat ? m.EncodeChat(text) : m.Encode(text);
+  return o.chat ? m.EncodeChat(text) : m.Encode(text, /*parse_special=*/true);
 }
 
 int RunGenerate(const GenerateCliOptions& o) {
@@ -423,7 +423,8 @@ const bool kRegistered = RegisterCommand(
       auto o = std::make_shared<GenerateCliOptions>();
       app->add_option("--model", o->model_path, "GGUF file, or llama2.c v1 checkpoint")->required();
       app->add_option("--tokenizer", o->tokenizer_path, "llama2.c tokenizer.bin (not for GGUF)");
-      auto* text = app->add_option("--prompt", o->prompt, "Prompt text");
+      auto* text = app->add_option("--prompt", o->prompt,
+                                   "Prompt text (special-token texts such as <start_of_turn> are read as their tokens)");
       auto* file = app->add_option("--prompt-file", o->prompt_file, "Prompt text from a file");
       auto* ids = app->add_option("--prompt-ids", o->prompt_ids, "Prompt as token ids: 1,2,3");
       text->excludes(file)->excludes(ids);

@@ -33,10 +33,11 @@ Result<std::unique_ptr<LoadedModel>> LoadedModel::Load(const std::string& model_
   return out;
 }
 
-Result<std::vector<int32_t>> LoadedModel::Encode(std::string_view text) const {
+Result<std::vector<int32_t>> LoadedModel::Encode(std::string_view text, bool parse_special) const {
   if (llama2c_) return llama2c_->Encode(text);
   BpeEncodeOptions o;
   o.bos = bpe_->add_bos();
+  o.parse_special = parse_special;
   return bpe_->Encode(text, o);
 }
 

@@ -35,8 +35,11 @@ class LoadedModel {
   bool is_gguf() const { return bpe_.has_value(); }
 
   // Plain text to ids: llama2.c with BOS; GGUF with BOS iff the file says
-  // add_bos_token, special-token texts kept as text.
-  Result<std::vector<int32_t>> Encode(std::string_view text) const;
+  // add_bos_token, and special-token texts (Gemma's "<start_of_turn>",
+  // ChatML's "<|im_start|>") kept as text, or with `parse_special` read as
+  // their tokens (a prompt that writes a chat format out itself, as
+  // llama.cpp and vLLM read a completion's prompt).
+  Result<std::vector<int32_t>> Encode(std::string_view text, bool parse_special = false) const;
   // One user turn in the model's chat template, with the generation prompt
   // (GGUF with a ChatML template, or a Gemma 3 file without a template,
   // which gets Gemma's turn format: Unimplemented otherwise).

@@ -171,6 +171,18 @@ TEST(EngineTextSmolLm2, ChatAndEmptyText) {
   EXPECT_EQ(out[0].tokens, out[1].tokens);
   EXPECT_EQ(out[0].text, out[1].text);
   EXPECT_EQ(out[0].last.usage.prompt_tokens, ids->size());
+  // A text prompt that writes the chat format out reads its markers as the
+  // special tokens, so it is exactly the chat's prompt.
+  RequestParams written = Greedy({}, 4, true);
+  written.prompt_text = "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nName a colour.<|im_end|>\n"
+                        "<|im_start|>assistant\n";
+  const std::vector<Outcome> same = RunAll(**e, {written});
+  EXPECT_EQ(same[0].last.usage.prompt_tokens, ids->size());
+  EXPECT_EQ(same[0].tokens, out[1].tokens);
+  // The text alone, without reading specials, is longer.
+  auto as_text = (*m)->Encode(*written.prompt_text);
+  ASSERT_TRUE(as_text.ok());
+  EXPECT_GT(as_text->size(), ids->size());
 }
 
 }  // namespace
