@@ -57,7 +57,7 @@ TEST(MatMulInt8, EverySimdTargetMatchesScalar) {
     for (GgmlType t : kInt8Types) {
       const bool k = GgmlTypeSizeOf(t).block_values == 256;
       for (uint32_t cols : k ? std::vector<uint32_t>{256u, 512u, 2048u} : std::vector<uint32_t>{32u, 64u, 576u}) {
-        for (uint32_t rows : {1u, 3u, 4u, 9u}) {
+        for (uint32_t rows : {1u, 3u, 4u, 9u, 18u}) {
           for (uint32_t n : {1u, 2u, 5u}) {
             SCOPED_TRACE(GgmlTypeName(t) + " rows=" + std::to_string(rows) + " cols=" +
                          std::to_string(cols) + " n=" + std::to_string(n));
