@@ -111,19 +111,19 @@ inline uint32_t LoadU32(const uint8_t* p) {
 // 32 floats (lo, hi) rounded to bf16, ties to even (vcvtne2ps2bf16: as
 // FloatToBF16 for every finite value of at least 2^-126 in magnitude; smaller
 // ones become zero, which a model's weights and activations never need).
-KVCACHE_AMX_TARGET inline __m512i ToBf16x32(__m512 lo, __m512 hi) {
+KVCACHE_DOT_TARGET inline __m512i ToBf16x32(__m512 lo, __m512 hi) {
   return reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi, lo));
 }
 
-// Block j (values 32 j .. 32 j + 31) of row r of a Q4_1 or Q8_0 matrix as
-// bf16 into dst[32]: DequantizeRow's exact values (the code times d, plus m
-// for Q4_1, each rounded on its own), then rounded to bf16.
-KVCACHE_AMX_TARGET inline void BlockToBf16(const WeightMatrix& w, uint32_t r, uint32_t j, uint16_t* dst) {
-  if (w.type == GgmlType::kQ4_1) {
+// A Q4_1 or Q8_0 block (src: its first byte) as 32 bf16 values:
+// DequantizeRow's exact values (the code times d, plus m for Q4_1, each
+// rounded on its own), then rounded to bf16.
+template <GgmlType kT>
+KVCACHE_DOT_TARGET inline __m512i BlockBf16(const uint8_t* src) {
+  if constexpr (kT == GgmlType::kQ4_1) {
     // The block's 16 levels q * d + m (q = 0..15) rounded to bf16 once, then
     // looked up by the 32 codes (vpermw): the same bits as rounding each
     // value, for fewer instructions.
-    const uint8_t* src = w.data + static_cast<size_t>(r) * w.row_bytes + static_cast<size_t>(j) * 20;
     const __m128 dm = _mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(LoadU32(src))));
     const __m512 q16 = _mm512_set_ps(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
     const __m512 levels = _mm512_add_ps(_mm512_mul_ps(q16, _mm512_broadcastss_ps(dm)),
@@ -132,15 +132,28 @@ KVCACHE_AMX_TARGET inline void BlockToBf16(const WeightMatrix& w, uint32_t r, ui
     const __m128i low = _mm_set1_epi8(0x0f);
     const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 4));
     const __m256i codes = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(q, 4), low), _mm_and_si128(q, low));
-    _mm512_storeu_si512(dst, _mm512_permutexvar_epi16(_mm512_cvtepu8_epi16(codes), _mm512_castsi256_si512(table)));
+    return _mm512_permutexvar_epi16(_mm512_cvtepu8_epi16(codes), _mm512_castsi256_si512(table));
   } else {
-    const uint8_t* src = w.data + static_cast<size_t>(r) * w.row_bytes + static_cast<size_t>(j) * 34;
     const __m512 d = _mm512_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(src[0] | (src[1] << 8))));
     const __m512 lo =
         _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 2))));
     const __m512 hi =
         _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 18))));
-    _mm512_storeu_si512(dst, ToBf16x32(_mm512_mul_ps(lo, d), _mm512_mul_ps(hi, d)));
+    return ToBf16x32(_mm512_mul_ps(lo, d), _mm512_mul_ps(hi, d));
+  }
+}
+
+// Bytes of a Q4_1 or Q8_0 block.
+constexpr size_t BlockBytes(GgmlType t) { return t == GgmlType::kQ4_1 ? 20 : 34; }
+
+// Block j (values 32 j .. 32 j + 31) of row r of a Q4_1 or Q8_0 matrix as
+// bf16 into dst[32] (BlockBf16).
+KVCACHE_AMX_TARGET inline void BlockToBf16(const WeightMatrix& w, uint32_t r, uint32_t j, uint16_t* dst) {
+  const uint8_t* src = w.data + static_cast<size_t>(r) * w.row_bytes;
+  if (w.type == GgmlType::kQ4_1) {
+    _mm512_storeu_si512(dst, BlockBf16<GgmlType::kQ4_1>(src + static_cast<size_t>(j) * BlockBytes(GgmlType::kQ4_1)));
+  } else {
+    _mm512_storeu_si512(dst, BlockBf16<GgmlType::kQ8_0>(src + static_cast<size_t>(j) * BlockBytes(GgmlType::kQ8_0)));
   }
 }
 
@@ -434,9 +447,76 @@ KVCACHE_DOT_TARGET void DotRowsTimesInputs(const uint16_t* a, size_t kpad, const
   }
 }
 
+// R rows of a Q4_1 or Q8_0 matrix (rows ids[0..R) of w) times T inputs
+// (xs): DotBlockBf16's steps with each block decoded to bf16 in registers
+// as it is multiplied (the same operands in the same order: the same bits),
+// for few inputs, where writing the decoded rows out and reading them back
+// would cost more than the products.
+template <GgmlType kT, int R, int T>
+KVCACHE_DOT_TARGET void DotDecodedBf16(const WeightMatrix& w, const uint32_t* ids, const uint16_t* const* xs,
+                                       uint32_t steps, float* out, size_t out_stride) {
+  const uint8_t* rows[R];
+  __m512 acc[R][T];
+  for (int r = 0; r < R; ++r) {
+    rows[r] = w.data + static_cast<size_t>(ids[r]) * w.row_bytes;
+    for (int t = 0; t < T; ++t) acc[r][t] = _mm512_setzero_ps();
+  }
+  for (uint32_t s = 0; s < steps; ++s) {
+    __m512bh x[T];
+    for (int t = 0; t < T; ++t) x[t] = reinterpret_cast<__m512bh>(_mm512_loadu_si512(xs[t] + s * kStep));
+    for (int r = 0; r < R; ++r) {
+      const uint8_t* blk = rows[r] + s * BlockBytes(kT);
+      _mm_prefetch(reinterpret_cast<const char*>(blk) + 2048, _MM_HINT_T0);
+      const __m512bh wv = reinterpret_cast<__m512bh>(BlockBf16<kT>(blk));
+      for (int t = 0; t < T; ++t) acc[r][t] = _mm512_dpbf16_ps(acc[r][t], wv, x[t]);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    for (int t = 0; t < T; ++t) out[t * out_stride + ids[r]] = _mm512_reduce_add_ps(acc[r][t]);
+  }
+}
+
+// Rows [r0, r1) of a Q4_1 or Q8_0 matrix times 1 to 3 inputs by
+// DotDecodedBf16: groups of 4 rows a quarter of the range apart, so that
+// each row stream runs through a quarter of the range in address order (the
+// hardware prefetcher follows it; which rows share a group changes no bit).
+template <GgmlType kT>
+KVCACHE_DOT_TARGET void DotDecodedRows(const WeightMatrix& w, uint32_t r0, uint32_t r1, const Bf16Inputs& x,
+                                       float* out) {
+  const uint32_t steps = Steps(w.cols);
+  const size_t kpad = size_t{steps} * kStep;
+  const uint16_t* base = x.packed.data();
+  const uint32_t q = (r1 - r0) / 4;
+  auto rows_times_inputs = [&]<int R>(const uint32_t* ids) {
+    uint32_t t = 0;
+    for (; t + 2 <= x.n; t += 2) {
+      const uint16_t* xs[2] = {base + t * kpad, base + (t + 1) * kpad};
+      DotDecodedBf16<kT, R, 2>(w, ids, xs, steps, out + static_cast<size_t>(t) * w.rows, w.rows);
+    }
+    if (t < x.n) {
+      const uint16_t* xs[1] = {base + t * kpad};
+      DotDecodedBf16<kT, R, 1>(w, ids, xs, steps, out + static_cast<size_t>(t) * w.rows, w.rows);
+    }
+  };
+  for (uint32_t i = 0; i < q; ++i) {
+    const uint32_t ids[4] = {r0 + i, r0 + q + i, r0 + 2 * q + i, r0 + 3 * q + i};
+    rows_times_inputs.template operator()<4>(ids);
+  }
+  for (uint32_t r = r0 + 4 * q; r < r1; ++r) rows_times_inputs.template operator()<1>(&r);
+}
+
 // Rows [r0, r1) by the dot kernel: 4 rows decoded to bf16 at a time (zero
-// beyond cols), times every input.
+// beyond cols), times every input; Q4_1 and Q8_0 rows times 1 to 3 inputs
+// by DotDecodedRows.
 KVCACHE_DOT_TARGET void DotRows(const WeightMatrix& w, uint32_t r0, uint32_t r1, const Bf16Inputs& x, float* out) {
+  if (DecodesByBlock(w.type) && x.n < 4) {
+    if (w.type == GgmlType::kQ4_1) {
+      DotDecodedRows<GgmlType::kQ4_1>(w, r0, r1, x, out);
+    } else {
+      DotDecodedRows<GgmlType::kQ8_0>(w, r0, r1, x, out);
+    }
+    return;
+  }
   const uint32_t steps = Steps(w.cols);
   const size_t kpad = size_t{steps} * kStep;
   thread_local std::vector<uint16_t> a;
