@@ -246,12 +246,18 @@ HWY_INLINE void Q80Weights(const int8_t* v, VI* w) { w[0] = _mm256_loadu_si256(r
 HWY_INLINE void Q50Weights(const uint8_t* blk, VI* w) {
   VI nib;
   Q41Weights(blk + 6, &nib);
+#if HWY_TARGET <= HWY_AVX3
+  // AVX-512: qh is the byte mask itself; 16 off where its bit is clear.
+  w[0] = _mm256_mask_sub_epi8(nib, static_cast<__mmask32>(~int8_internal::LoadU32(blk + 2)), nib,
+                              _mm256_set1_epi8(16));
+#else
   const VI qh = _mm256_set1_epi32(static_cast<int>(int8_internal::LoadU32(blk + 2)));
   const VI sel = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3,
                                   3, 3, 3, 3);
   const VI bit = _mm256_set1_epi64x(static_cast<int64_t>(0x8040201008040201ull));
   const VI set = _mm256_cmpeq_epi8(_mm256_and_si256(_mm256_shuffle_epi8(qh, sel), bit), bit);
   w[0] = _mm256_or_si256(nib, _mm256_andnot_si256(set, _mm256_set1_epi8(static_cast<char>(0xF0))));
+#endif
 }
 // Q4_K sub-block: the low (even sub-block) or high nibbles of 32 bytes.
 HWY_INLINE void Q4KWeights(const uint8_t* q, bool high, VI* w) { w[0] = Nibbles(Load32(q), high); }
