@@ -133,7 +133,7 @@ inline void DecodeBlock(GgmlType type, const uint8_t* row, uint32_t b, BlockCode
 
 namespace kvcache::model {
 
-void QuantizeInputs(const float* x, uint32_t n, uint32_t cols, QuantizedInputs* out) {
+void QuantizeInputsScalar(const float* x, uint32_t n, uint32_t cols, QuantizedInputs* out) {
   const uint32_t nb = cols / kInt8Block;
   out->n = n;
   out->cols = cols;
@@ -148,8 +148,10 @@ void QuantizeInputs(const float* x, uint32_t n, uint32_t cols, QuantizedInputs* 
     const float inv = amax > 0 ? 127.0f / amax : 0.0f;
     int32_t sum = 0;
     for (uint32_t j = 0; j < kInt8Block; ++j) {
+      // A NaN (0 * inv where inv overflowed to infinity, for a block of
+      // values below about 4e-37) is code 0.
       const float r = std::nearbyint(v[j] * inv);
-      q[j] = static_cast<int8_t>(std::clamp(r, -127.0f, 127.0f));
+      q[j] = std::isnan(r) ? int8_t{0} : static_cast<int8_t>(std::clamp(r, -127.0f, 127.0f));
       sum += q[j];
     }
     out->dxc[2 * b] = dx;
@@ -190,6 +192,36 @@ HWY_BEFORE_NAMESPACE();
 namespace kvcache::model {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
+
+// QuantizeInputsScalar's rounding, a vector of values at a time: the same
+// operations on each value (|v| into the block's maximum, v * inv rounded
+// to nearest even, clamped, truncated; NaN to 0), so the same codes and
+// scales.
+void QuantizeBlocksT(const float* x, size_t blocks, int8_t* q, float* dxc) {
+  const hn::CappedTag<float, kInt8Block> df;
+  const hn::Rebind<int32_t, decltype(df)> di;
+  const hn::Rebind<int8_t, decltype(df)> d8;
+  const size_t N = hn::Lanes(df);
+  const auto lo = hn::Set(df, -127.0f), hi = hn::Set(df, 127.0f);
+  for (size_t b = 0; b < blocks; ++b, x += kInt8Block, q += kInt8Block) {
+    // Max(|v|, amax) keeps amax where v is NaN, as std::max(amax, |v|) does.
+    auto amax = hn::Zero(df);
+    for (size_t j = 0; j < kInt8Block; j += N) amax = hn::Max(hn::Abs(hn::LoadU(df, x + j)), amax);
+    const float am = hn::GetLane(hn::MaxOfLanes(df, amax));
+    const float dx = am / 127.0f;
+    const auto inv = hn::Set(df, am > 0 ? 127.0f / am : 0.0f);
+    auto sum = hn::Zero(di);
+    for (size_t j = 0; j < kInt8Block; j += N) {
+      const auto r = hn::Round(hn::Mul(hn::LoadU(df, x + j), inv));
+      const auto clamped = hn::ConvertTo(di, hn::Min(hn::Max(r, lo), hi));
+      const auto code = hn::IfThenElseZero(hn::RebindMask(di, hn::Eq(r, r)), clamped);
+      sum = hn::Add(sum, code);
+      hn::StoreU(hn::DemoteTo(d8, code), d8, q + j);
+    }
+    dxc[2 * b] = dx;
+    dxc[2 * b + 1] = dx * static_cast<float>(hn::GetLane(hn::SumOfLanes(di, sum)));
+  }
+}
 
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_SSE4
 // The f16 at p through the target's conversion (F16C on x86): exact, like
@@ -600,6 +632,16 @@ HWY_AFTER_NAMESPACE();
 namespace kvcache::model {
 
 HWY_EXPORT(MatMulRowsInt8T);
+HWY_EXPORT(QuantizeBlocksT);
+
+void QuantizeInputs(const float* x, uint32_t n, uint32_t cols, QuantizedInputs* out) {
+  out->n = n;
+  out->cols = cols;
+  const size_t blocks = static_cast<size_t>(n) * (cols / kInt8Block);
+  out->q.resize(blocks * kInt8Block);
+  out->dxc.resize(blocks * 2);
+  HWY_DYNAMIC_DISPATCH(QuantizeBlocksT)(x, blocks, out->q.data(), out->dxc.data());
+}
 
 void MatMulRowsInt8(const WeightMatrix& w, uint32_t r0, uint32_t r1, const QuantizedInputs& x,
                     float* out) {
