@@ -592,13 +592,14 @@ KVCACHE_DOT_TARGET void DotDecodedRows(const WeightMatrix& w, uint32_t r0, uint3
 // inputs by DotDecodedRows.
 KVCACHE_DOT_TARGET void DotRows(const WeightMatrix& w, uint32_t r0, uint32_t r1, const Bf16Inputs& x, float* out) {
   if (DecodesBySteps(w.type) && x.n < 4) {
-    switch (w.type) {
-      case GgmlType::kQ4_1: DotDecodedRows<GgmlType::kQ4_1>(w, r0, r1, x, out); break;
-      case GgmlType::kQ5_0: DotDecodedRows<GgmlType::kQ5_0>(w, r0, r1, x, out); break;
-      case GgmlType::kQ4_K: DotDecodedRows<GgmlType::kQ4_K>(w, r0, r1, x, out); break;
-      case GgmlType::kQ6_K: DotDecodedRows<GgmlType::kQ6_K>(w, r0, r1, x, out); break;
-      default: DotDecodedRows<GgmlType::kQ8_0>(w, r0, r1, x, out); break;
-    }
+    using Kernel = void (*)(const WeightMatrix&, uint32_t, uint32_t, const Bf16Inputs&, float*);
+    const GgmlType t = w.type;
+    const Kernel kernel = t == GgmlType::kQ4_1   ? DotDecodedRows<GgmlType::kQ4_1>
+                          : t == GgmlType::kQ5_0 ? DotDecodedRows<GgmlType::kQ5_0>
+                          : t == GgmlType::kQ4_K ? DotDecodedRows<GgmlType::kQ4_K>
+                          : t == GgmlType::kQ6_K ? DotDecodedRows<GgmlType::kQ6_K>
+                                                 : DotDecodedRows<GgmlType::kQ8_0>;
+    kernel(w, r0, r1, x, out);
     return;
   }
   const uint32_t steps = Steps(w.cols);
