@@ -181,12 +181,11 @@ KVCACHE_DOT_TARGET inline __m512i StepBf16(const uint8_t* row, uint32_t s) {
     const __m512 d = _mm512_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(blk[0] | (blk[1] << 8))));
     const uint32_t qh = LoadU32(blk + 2);
     const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 6));
-    const __m128i low = _mm_set1_epi8(0x0f);
-    const __m512i sixteen = _mm512_set1_epi32(16);
-    const __m512i lo = _mm512_cvtepu8_epi32(_mm_and_si128(q, low));
-    const __m512i hi = _mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(q, 4), low));
-    return CodesTimes(_mm512_mask_sub_epi32(lo, static_cast<__mmask16>(~qh), lo, sixteen),
-                      _mm512_mask_sub_epi32(hi, static_cast<__mmask16>(~qh >> 16), hi, sixteen), d);
+    const __m128i low = _mm_set1_epi8(0x0f), sixteen = _mm_set1_epi8(16);
+    const __m128i lo = _mm_and_si128(q, low), hi = _mm_and_si128(_mm_srli_epi16(q, 4), low);
+    return CodesTimes(_mm512_cvtepi8_epi32(_mm_mask_sub_epi8(lo, static_cast<__mmask16>(~qh), lo, sixteen)),
+                      _mm512_cvtepi8_epi32(_mm_mask_sub_epi8(hi, static_cast<__mmask16>(~qh >> 16), hi, sixteen)),
+                      d);
   } else if constexpr (kT == GgmlType::kQ4_K) {
     // float(q) * (d * sc) - dmin * m for sub-block j of its super-block.
     const uint8_t* sb = row + static_cast<size_t>(s / 8) * gb::kQ4KBytes;
