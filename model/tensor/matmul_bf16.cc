@@ -206,7 +206,7 @@ KVCACHE_DOT_TARGET inline __m512i StepBf16(const uint8_t* row, uint32_t s) {
     // values with scale 8 h + 2 k, the next 16 with the one after.
     const uint8_t* sb = row + static_cast<size_t>(s / 8) * gb::kQ6KBytes;
     const uint32_t h = (s % 8) / 4, k = s % 4;
-    const float d = F16ToFloat(static_cast<uint16_t>(sb[gb::kQ6KD] | (sb[gb::kQ6KD + 1] << 8)));
+    const float d = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(sb[gb::kQ6KD] | (sb[gb::kQ6KD + 1] << 8))));
     const int8_t* sc = reinterpret_cast<const int8_t*>(sb + gb::kQ6KScales + 8 * h + 2 * k);
     const __m256i ql = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sb + 64 * h + 32 * (k % 2)));
     const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sb + gb::kQ6KQh + 32 * h));
