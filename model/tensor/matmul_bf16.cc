@@ -28,6 +28,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <utility>
 
 #include "kvcache/float16.h"
 #include "model/tensor/ggml_blocks.h"
@@ -168,8 +169,9 @@ KVCACHE_DOT_TARGET inline __m512i CodesTimes(__m512i lo, __m512i hi, __m512 d) {
 
 // Values 32 s .. 32 s + 31 of a row (its first byte at row) of type kT as
 // bf16: DequantizeRow's exact values (ggml_blocks.h's layouts, the scalar
-// decoder's operations), rounded to bf16.
-template <GgmlType kT>
+// decoder's operations), rounded to bf16. For the K types kJ is s % 8, the
+// step's place in its super-block (known when the caller's loop is unrolled).
+template <GgmlType kT, uint32_t kJ = 0>
 KVCACHE_DOT_TARGET inline __m512i StepBf16(const uint8_t* row, uint32_t s) {
   namespace gb = ggml_blocks;
   if constexpr (kT == GgmlType::kQ4_1 || kT == GgmlType::kQ8_0) {
@@ -189,7 +191,7 @@ KVCACHE_DOT_TARGET inline __m512i StepBf16(const uint8_t* row, uint32_t s) {
   } else if constexpr (kT == GgmlType::kQ4_K) {
     // float(q) * (d * sc) - dmin * m for sub-block j of its super-block.
     const uint8_t* sb = row + static_cast<size_t>(s / 8) * gb::kQ4KBytes;
-    const uint32_t j = s % 8;
+    constexpr uint32_t j = kJ;
     uint8_t sc, mn;
     gb::Q4KScaleMin(j, sb + gb::kQ4KScales, &sc, &mn);
     const __m128 dd = _mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(LoadU32(sb))));
@@ -205,7 +207,7 @@ KVCACHE_DOT_TARGET inline __m512i StepBf16(const uint8_t* row, uint32_t s) {
     // Q6_K: (d * sc) * float(code - 32), group k of half h, the first 16
     // values with scale 8 h + 2 k, the next 16 with the one after.
     const uint8_t* sb = row + static_cast<size_t>(s / 8) * gb::kQ6KBytes;
-    const uint32_t h = (s % 8) / 4, k = s % 4;
+    constexpr uint32_t h = kJ / 4, k = kJ % 4;
     const float d = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(sb[gb::kQ6KD] | (sb[gb::kQ6KD + 1] << 8))));
     const int8_t* sc = reinterpret_cast<const int8_t*>(sb + gb::kQ6KScales + 8 * h + 2 * k);
     const __m256i ql = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sb + 64 * h + 32 * (k % 2)));
@@ -529,6 +531,28 @@ KVCACHE_DOT_TARGET void DotRowsTimesInputs(const uint16_t* a, size_t kpad, const
   }
 }
 
+// Step s of DotDecodedBf16 (kJ = s % 8 for the K types).
+template <GgmlType kT, int R, int T, uint32_t kJ>
+KVCACHE_DOT_TARGET __attribute__((always_inline)) inline void DecodedStepBf16(const uint8_t* const* rows,
+                                                                              const uint16_t* const* xs, uint32_t s,
+                                                                              __m512 (&acc)[R][T]) {
+  __m512bh x[T];
+  for (int t = 0; t < T; ++t) x[t] = reinterpret_cast<__m512bh>(_mm512_loadu_si512(xs[t] + s * kStep));
+  for (int r = 0; r < R; ++r) {
+    _mm_prefetch(reinterpret_cast<const char*>(rows[r] + s * StepBytes(kT)) + 2048, _MM_HINT_T0);
+    const __m512bh wv = reinterpret_cast<__m512bh>(StepBf16<kT, kJ>(rows[r], s));
+    for (int t = 0; t < T; ++t) acc[r][t] = _mm512_dpbf16_ps(acc[r][t], wv, x[t]);
+  }
+}
+
+// The eight steps of a K type's super-block from step s, in order.
+template <GgmlType kT, int R, int T, uint32_t... kJ>
+KVCACHE_DOT_TARGET __attribute__((always_inline)) inline void SuperBlockStepsBf16(
+    const uint8_t* const* rows, const uint16_t* const* xs, uint32_t s, __m512 (&acc)[R][T],
+    std::integer_sequence<uint32_t, kJ...>) {
+  (DecodedStepBf16<kT, R, T, kJ>(rows, xs, s + kJ, acc), ...);
+}
+
 // R rows of a matrix of a DecodesBySteps type (rows ids[0..R) of w) times
 // T inputs (xs): DotBlockBf16's steps with each step's 32 values decoded to
 // bf16 in registers (StepBf16) as it is multiplied (the same operands in
@@ -543,14 +567,12 @@ KVCACHE_DOT_TARGET void DotDecodedBf16(const WeightMatrix& w, const uint32_t* id
     rows[r] = w.data + static_cast<size_t>(ids[r]) * w.row_bytes;
     for (int t = 0; t < T; ++t) acc[r][t] = _mm512_setzero_ps();
   }
-  for (uint32_t s = 0; s < steps; ++s) {
-    __m512bh x[T];
-    for (int t = 0; t < T; ++t) x[t] = reinterpret_cast<__m512bh>(_mm512_loadu_si512(xs[t] + s * kStep));
-    for (int r = 0; r < R; ++r) {
-      _mm_prefetch(reinterpret_cast<const char*>(rows[r] + s * StepBytes(kT)) + 2048, _MM_HINT_T0);
-      const __m512bh wv = reinterpret_cast<__m512bh>(StepBf16<kT>(rows[r], s));
-      for (int t = 0; t < T; ++t) acc[r][t] = _mm512_dpbf16_ps(acc[r][t], wv, x[t]);
+  if constexpr (kT == GgmlType::kQ4_K || kT == GgmlType::kQ6_K) {
+    for (uint32_t s = 0; s < steps; s += 8) {
+      SuperBlockStepsBf16<kT, R, T>(rows, xs, s, acc, std::make_integer_sequence<uint32_t, 8>());
     }
+  } else {
+    for (uint32_t s = 0; s < steps; ++s) DecodedStepBf16<kT, R, T, 0>(rows, xs, s, acc);
   }
   for (int r = 0; r < R; ++r) {
     for (int t = 0; t < T; ++t) out[t * out_stride + ids[r]] = _mm512_reduce_add_ps(acc[r][t]);
