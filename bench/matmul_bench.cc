@@ -120,6 +120,20 @@ void BM_MatMulGemma(benchmark::State& state) {
 }
 BENCHMARK(BM_MatMulGemma)->ArgsProduct({{0, 1, 2, 3, 4}, {0, 1, 2}, {1, 16}, {0, 1}});
 
+// Gemma 3 270M's tied output head, [262144][640] Q8_0 (178 MB, streamed
+// from memory every token), times one token: args inputs (0 f32, 1 int8,
+// 2 bf16), threads. Compare with BM_ReadBandwidth of the same run.
+void BM_MatMulGemmaHead(benchmark::State& state) {
+  const uint32_t threads = static_cast<uint32_t>(state.range(1));
+  std::unique_ptr<kvcache::ThreadPool> pool =
+      threads > 1 ? std::make_unique<kvcache::ThreadPool>(threads) : nullptr;
+  static Matrix m = MakeMatrix(GgmlType::kQ8_0, 262144, 640);
+  RunProducts(state, m, state.range(0), 1, pool.get());
+  state.SetLabel("output head q8_0 " + std::string(kvcache::model::MatMulInputsName(m.w.inputs)) +
+                 " n=1 threads=" + std::to_string(threads));
+}
+BENCHMARK(BM_MatMulGemmaHead)->ArgsProduct({{1, 2}, {1, 2}})->UseRealTime();
+
 // The floor the streamed products are compared with: one read of 96 MB
 // (SmolLM2's weights as stored) split over the threads, in the same run.
 void BM_ReadBandwidth(benchmark::State& state) {

@@ -28,8 +28,10 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <utility>
 
 #include "kvcache/float16.h"
+#include "model/tensor/ggml_blocks.h"
 
 #if defined(__x86_64__) && defined(__linux__) && (defined(__GNUC__) || defined(__clang__))
 #define KVCACHE_AMX_TILES 1
@@ -111,19 +113,19 @@ inline uint32_t LoadU32(const uint8_t* p) {
 // 32 floats (lo, hi) rounded to bf16, ties to even (vcvtne2ps2bf16: as
 // FloatToBF16 for every finite value of at least 2^-126 in magnitude; smaller
 // ones become zero, which a model's weights and activations never need).
-KVCACHE_AMX_TARGET inline __m512i ToBf16x32(__m512 lo, __m512 hi) {
+KVCACHE_DOT_TARGET inline __m512i ToBf16x32(__m512 lo, __m512 hi) {
   return reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi, lo));
 }
 
-// Block j (values 32 j .. 32 j + 31) of row r of a Q4_1 or Q8_0 matrix as
-// bf16 into dst[32]: DequantizeRow's exact values (the code times d, plus m
-// for Q4_1, each rounded on its own), then rounded to bf16.
-KVCACHE_AMX_TARGET inline void BlockToBf16(const WeightMatrix& w, uint32_t r, uint32_t j, uint16_t* dst) {
-  if (w.type == GgmlType::kQ4_1) {
+// A Q4_1 or Q8_0 block (src: its first byte) as 32 bf16 values:
+// DequantizeRow's exact values (the code times d, plus m for Q4_1, each
+// rounded on its own), then rounded to bf16.
+template <GgmlType kT>
+KVCACHE_DOT_TARGET inline __m512i BlockBf16(const uint8_t* src) {
+  if constexpr (kT == GgmlType::kQ4_1) {
     // The block's 16 levels q * d + m (q = 0..15) rounded to bf16 once, then
     // looked up by the 32 codes (vpermw): the same bits as rounding each
     // value, for fewer instructions.
-    const uint8_t* src = w.data + static_cast<size_t>(r) * w.row_bytes + static_cast<size_t>(j) * 20;
     const __m128 dm = _mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(LoadU32(src))));
     const __m512 q16 = _mm512_set_ps(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
     const __m512 levels = _mm512_add_ps(_mm512_mul_ps(q16, _mm512_broadcastss_ps(dm)),
@@ -132,19 +134,114 @@ KVCACHE_AMX_TARGET inline void BlockToBf16(const WeightMatrix& w, uint32_t r, ui
     const __m128i low = _mm_set1_epi8(0x0f);
     const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 4));
     const __m256i codes = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(q, 4), low), _mm_and_si128(q, low));
-    _mm512_storeu_si512(dst, _mm512_permutexvar_epi16(_mm512_cvtepu8_epi16(codes), _mm512_castsi256_si512(table)));
+    return _mm512_permutexvar_epi16(_mm512_cvtepu8_epi16(codes), _mm512_castsi256_si512(table));
   } else {
-    const uint8_t* src = w.data + static_cast<size_t>(r) * w.row_bytes + static_cast<size_t>(j) * 34;
     const __m512 d = _mm512_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(src[0] | (src[1] << 8))));
     const __m512 lo =
         _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 2))));
     const __m512 hi =
         _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 18))));
-    _mm512_storeu_si512(dst, ToBf16x32(_mm512_mul_ps(lo, d), _mm512_mul_ps(hi, d)));
+    return ToBf16x32(_mm512_mul_ps(lo, d), _mm512_mul_ps(hi, d));
+  }
+}
+
+// Bytes of a Q4_1 or Q8_0 block.
+constexpr size_t BlockBytes(GgmlType t) { return t == GgmlType::kQ4_1 ? 20 : 34; }
+
+// Block j (values 32 j .. 32 j + 31) of row r of a Q4_1 or Q8_0 matrix as
+// bf16 into dst[32] (BlockBf16).
+KVCACHE_AMX_TARGET inline void BlockToBf16(const WeightMatrix& w, uint32_t r, uint32_t j, uint16_t* dst) {
+  const uint8_t* src = w.data + static_cast<size_t>(r) * w.row_bytes;
+  if (w.type == GgmlType::kQ4_1) {
+    _mm512_storeu_si512(dst, BlockBf16<GgmlType::kQ4_1>(src + static_cast<size_t>(j) * BlockBytes(GgmlType::kQ4_1)));
+  } else {
+    _mm512_storeu_si512(dst, BlockBf16<GgmlType::kQ8_0>(src + static_cast<size_t>(j) * BlockBytes(GgmlType::kQ8_0)));
   }
 }
 
 bool DecodesByBlock(GgmlType t) { return t == GgmlType::kQ4_1 || t == GgmlType::kQ8_0; }
+
+// 32 integer codes (two vectors of 16 int32) times a scale, rounded to bf16:
+// float(code) * d, each product rounded on its own, as DequantizeRow does.
+KVCACHE_DOT_TARGET inline __m512i CodesTimes(__m512i lo, __m512i hi, __m512 d) {
+  return ToBf16x32(_mm512_mul_ps(_mm512_cvtepi32_ps(lo), d), _mm512_mul_ps(_mm512_cvtepi32_ps(hi), d));
+}
+
+// Values 32 s .. 32 s + 31 of a row (its first byte at row) of type kT as
+// bf16: DequantizeRow's exact values (ggml_blocks.h's layouts, the scalar
+// decoder's operations), rounded to bf16. For the K types kJ is s % 8, the
+// step's place in its super-block (known when the caller's loop is unrolled).
+template <GgmlType kT, uint32_t kJ = 0>
+KVCACHE_DOT_TARGET inline __m512i StepBf16(const uint8_t* row, uint32_t s) {
+  namespace gb = ggml_blocks;
+  if constexpr (kT == GgmlType::kQ4_1 || kT == GgmlType::kQ8_0) {
+    return BlockBf16<kT>(row + static_cast<size_t>(s) * BlockBytes(kT));
+  } else if constexpr (kT == GgmlType::kQ5_0) {
+    // float(code - 16) * d: a value whose fifth bit (bit j of qh) is clear
+    // is its nibble - 16, one whose bit is set its nibble.
+    const uint8_t* blk = row + static_cast<size_t>(s) * gb::kQ50Bytes;
+    const __m512 d = _mm512_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(blk[0] | (blk[1] << 8))));
+    const uint32_t qh = LoadU32(blk + 2);
+    const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 6));
+    const __m128i low = _mm_set1_epi8(0x0f), sixteen = _mm_set1_epi8(16);
+    const __m128i lo = _mm_and_si128(q, low), hi = _mm_and_si128(_mm_srli_epi16(q, 4), low);
+    return CodesTimes(_mm512_cvtepi8_epi32(_mm_mask_sub_epi8(lo, static_cast<__mmask16>(~qh), lo, sixteen)),
+                      _mm512_cvtepi8_epi32(_mm_mask_sub_epi8(hi, static_cast<__mmask16>(~qh >> 16), hi, sixteen)),
+                      d);
+  } else if constexpr (kT == GgmlType::kQ4_K) {
+    // float(q) * (d * sc) - dmin * m for sub-block j of its super-block.
+    const uint8_t* sb = row + static_cast<size_t>(s / 8) * gb::kQ4KBytes;
+    constexpr uint32_t j = kJ;
+    uint8_t sc, mn;
+    gb::Q4KScaleMin(j, sb + gb::kQ4KScales, &sc, &mn);
+    const __m128 dd = _mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(LoadU32(sb))));
+    const float d1 = _mm_cvtss_f32(dd) * static_cast<float>(sc);
+    const float m1 = _mm_cvtss_f32(_mm_shuffle_ps(dd, dd, 1)) * static_cast<float>(mn);
+    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sb + gb::kQ4KQs + 32 * (j / 2)));
+    const __m256i codes = _mm256_and_si256(j % 2 != 0 ? _mm256_srli_epi16(v, 4) : v, _mm256_set1_epi8(0x0f));
+    const __m512 d = _mm512_set1_ps(d1), m = _mm512_set1_ps(m1);
+    const __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm256_castsi256_si128(codes)));
+    const __m512 hi = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm256_extracti128_si256(codes, 1)));
+    return ToBf16x32(_mm512_sub_ps(_mm512_mul_ps(lo, d), m), _mm512_sub_ps(_mm512_mul_ps(hi, d), m));
+  } else {
+    // Q6_K: (d * sc) * float(code - 32), group k of half h, the first 16
+    // values with scale 8 h + 2 k, the next 16 with the one after.
+    const uint8_t* sb = row + static_cast<size_t>(s / 8) * gb::kQ6KBytes;
+    constexpr uint32_t h = kJ / 4, k = kJ % 4;
+    const float d = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(sb[gb::kQ6KD] | (sb[gb::kQ6KD + 1] << 8))));
+    const int8_t* sc = reinterpret_cast<const int8_t*>(sb + gb::kQ6KScales + 8 * h + 2 * k);
+    const __m256i ql = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sb + 64 * h + 32 * (k % 2)));
+    const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sb + gb::kQ6KQh + 32 * h));
+    const __m256i lowbits = _mm256_and_si256(k >= 2 ? _mm256_srli_epi16(ql, 4) : ql, _mm256_set1_epi8(0x0f));
+    const __m256i highbits = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(static_cast<int>(2 * k))),
+                                              _mm256_set1_epi8(3));
+    const __m256i codes = _mm256_sub_epi8(_mm256_or_si256(lowbits, _mm256_slli_epi16(highbits, 4)),
+                                          _mm256_set1_epi8(32));
+    const __m512 s0 = _mm512_set1_ps(d * static_cast<float>(sc[0]));
+    const __m512 s1 = _mm512_set1_ps(d * static_cast<float>(sc[1]));
+    const __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(codes)));
+    const __m512 hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(codes, 1)));
+    return ToBf16x32(_mm512_mul_ps(s0, lo), _mm512_mul_ps(s1, hi));
+  }
+}
+
+// Whether DotRows decodes rows of t step by step in registers (StepBf16)
+// for few inputs.
+bool DecodesBySteps(GgmlType t) {
+  return DecodesByBlock(t) || t == GgmlType::kQ5_0 || t == GgmlType::kQ4_K || t == GgmlType::kQ6_K;
+}
+
+// The bytes a row of t spends on 32 values (the K types: rounded down; for
+// prefetching only).
+constexpr size_t StepBytes(GgmlType t) {
+  switch (t) {
+    case GgmlType::kQ4_1: return 20;
+    case GgmlType::kQ5_0: return ggml_blocks::kQ50Bytes;
+    case GgmlType::kQ4_K: return ggml_blocks::kQ4KBytes / 8;
+    case GgmlType::kQ6_K: return ggml_blocks::kQ6KBytes / 8;
+    default: return 34;
+  }
+}
 
 // Row r of w as bf16 into dst[cols] (other types than Q4_1 and Q8_0 through
 // DequantizeRow into `decoded`).
@@ -434,9 +531,98 @@ KVCACHE_DOT_TARGET void DotRowsTimesInputs(const uint16_t* a, size_t kpad, const
   }
 }
 
+// Step s of DotDecodedBf16 (kJ = s % 8 for the K types).
+template <GgmlType kT, int R, int T, uint32_t kJ>
+KVCACHE_DOT_TARGET __attribute__((always_inline)) inline void DecodedStepBf16(const uint8_t* const* rows,
+                                                                              const uint16_t* const* xs, uint32_t s,
+                                                                              __m512 (&acc)[R][T]) {
+  __m512bh x[T];
+  for (int t = 0; t < T; ++t) x[t] = reinterpret_cast<__m512bh>(_mm512_loadu_si512(xs[t] + s * kStep));
+  for (int r = 0; r < R; ++r) {
+    _mm_prefetch(reinterpret_cast<const char*>(rows[r] + s * StepBytes(kT)) + 2048, _MM_HINT_T0);
+    const __m512bh wv = reinterpret_cast<__m512bh>(StepBf16<kT, kJ>(rows[r], s));
+    for (int t = 0; t < T; ++t) acc[r][t] = _mm512_dpbf16_ps(acc[r][t], wv, x[t]);
+  }
+}
+
+// The eight steps of a K type's super-block from step s, in order.
+template <GgmlType kT, int R, int T, uint32_t... kJ>
+KVCACHE_DOT_TARGET __attribute__((always_inline)) inline void SuperBlockStepsBf16(
+    const uint8_t* const* rows, const uint16_t* const* xs, uint32_t s, __m512 (&acc)[R][T],
+    std::integer_sequence<uint32_t, kJ...>) {
+  (DecodedStepBf16<kT, R, T, kJ>(rows, xs, s + kJ, acc), ...);
+}
+
+// R rows of a matrix of a DecodesBySteps type (rows ids[0..R) of w) times
+// T inputs (xs): DotBlockBf16's steps with each step's 32 values decoded to
+// bf16 in registers (StepBf16) as it is multiplied (the same operands in
+// the same order: the same bits), for few inputs, where writing the decoded rows out and reading them back
+// would cost more than the products.
+template <GgmlType kT, int R, int T>
+KVCACHE_DOT_TARGET void DotDecodedBf16(const WeightMatrix& w, const uint32_t* ids, const uint16_t* const* xs,
+                                       uint32_t steps, float* out, size_t out_stride) {
+  const uint8_t* rows[R];
+  __m512 acc[R][T];
+  for (int r = 0; r < R; ++r) {
+    rows[r] = w.data + static_cast<size_t>(ids[r]) * w.row_bytes;
+    for (int t = 0; t < T; ++t) acc[r][t] = _mm512_setzero_ps();
+  }
+  if constexpr (kT == GgmlType::kQ4_K || kT == GgmlType::kQ6_K) {
+    for (uint32_t s = 0; s < steps; s += 8) {
+      SuperBlockStepsBf16<kT, R, T>(rows, xs, s, acc, std::make_integer_sequence<uint32_t, 8>());
+    }
+  } else {
+    for (uint32_t s = 0; s < steps; ++s) DecodedStepBf16<kT, R, T, 0>(rows, xs, s, acc);
+  }
+  for (int r = 0; r < R; ++r) {
+    for (int t = 0; t < T; ++t) out[t * out_stride + ids[r]] = _mm512_reduce_add_ps(acc[r][t]);
+  }
+}
+
+// Rows [r0, r1) of a DecodesBySteps type's matrix times 1 to 3 inputs by
+// DotDecodedBf16: groups of 4 rows a quarter of the range apart, so that
+// each row stream runs through a quarter of the range in address order (the
+// hardware prefetcher follows it; which rows share a group changes no bit).
+template <GgmlType kT>
+KVCACHE_DOT_TARGET void DotDecodedRows(const WeightMatrix& w, uint32_t r0, uint32_t r1, const Bf16Inputs& x,
+                                       float* out) {
+  const uint32_t steps = Steps(w.cols);
+  const size_t kpad = size_t{steps} * kStep;
+  const uint16_t* base = x.packed.data();
+  const uint32_t q = (r1 - r0) / 4;
+  auto rows_times_inputs = [&]<int R>(const uint32_t* ids) {
+    uint32_t t = 0;
+    for (; t + 2 <= x.n; t += 2) {
+      const uint16_t* xs[2] = {base + t * kpad, base + (t + 1) * kpad};
+      DotDecodedBf16<kT, R, 2>(w, ids, xs, steps, out + static_cast<size_t>(t) * w.rows, w.rows);
+    }
+    if (t < x.n) {
+      const uint16_t* xs[1] = {base + t * kpad};
+      DotDecodedBf16<kT, R, 1>(w, ids, xs, steps, out + static_cast<size_t>(t) * w.rows, w.rows);
+    }
+  };
+  for (uint32_t i = 0; i < q; ++i) {
+    const uint32_t ids[4] = {r0 + i, r0 + q + i, r0 + 2 * q + i, r0 + 3 * q + i};
+    rows_times_inputs.template operator()<4>(ids);
+  }
+  for (uint32_t r = r0 + 4 * q; r < r1; ++r) rows_times_inputs.template operator()<1>(&r);
+}
+
 // Rows [r0, r1) by the dot kernel: 4 rows decoded to bf16 at a time (zero
-// beyond cols), times every input.
+// beyond cols), times every input; DecodesBySteps types' rows times 1 to 3
+// inputs by DotDecodedRows.
 KVCACHE_DOT_TARGET void DotRows(const WeightMatrix& w, uint32_t r0, uint32_t r1, const Bf16Inputs& x, float* out) {
+  if (DecodesBySteps(w.type) && x.n < 4) {
+    using Kernel = void (*)(const WeightMatrix&, uint32_t, uint32_t, const Bf16Inputs&, float*);
+    const GgmlType t = w.type;
+    const Kernel kernel = t == GgmlType::kQ4_1   ? DotDecodedRows<GgmlType::kQ4_1>
+                          : t == GgmlType::kQ5_0 ? DotDecodedRows<GgmlType::kQ5_0>
+                          : t == GgmlType::kQ4_K ? DotDecodedRows<GgmlType::kQ4_K>
+                          : t == GgmlType::kQ6_K ? DotDecodedRows<GgmlType::kQ6_K>
+                                                 : DotDecodedRows<GgmlType::kQ8_0>;
+    kernel(w, r0, r1, x, out);
+    return;
+  }
   const uint32_t steps = Steps(w.cols);
   const size_t kpad = size_t{steps} * kStep;
   thread_local std::vector<uint16_t> a;

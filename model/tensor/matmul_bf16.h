@@ -13,8 +13,11 @@
 // * dot (x86 CPUs with AVX512_BF16 but no AMX, e.g. AMD Zen 4): 4 weight
 //   rows decoded to bf16 at a time, the inputs rounded once per product,
 //   `vdpbf16ps` (16 lanes, each adding two products per 32-value step) into
-//   one f32 accumulator per row and input, then a lane sum. Like the tiles,
-//   its summation order inside the instruction is the hardware's own.
+//   one f32 accumulator per row and input, then a lane sum. For 1 to 3
+//   inputs, rows of the quantized types are decoded 32 values at a time in
+//   registers and multiplied at once (the same operands in the same order,
+//   so the same bits as through the row buffer). Like the tiles, its
+//   summation order inside the instruction is the hardware's own.
 // * fma (every other CPU): the same rounded values through MatMul's f32
 //   kernel (4 rows x 2 or 4 inputs, index order).
 // Either way a (t, r) result depends on x[t] and row r only: the batch size,

@@ -133,7 +133,7 @@ inline void DecodeBlock(GgmlType type, const uint8_t* row, uint32_t b, BlockCode
 
 namespace kvcache::model {
 
-void QuantizeInputs(const float* x, uint32_t n, uint32_t cols, QuantizedInputs* out) {
+void QuantizeInputsScalar(const float* x, uint32_t n, uint32_t cols, QuantizedInputs* out) {
   const uint32_t nb = cols / kInt8Block;
   out->n = n;
   out->cols = cols;
@@ -148,8 +148,10 @@ void QuantizeInputs(const float* x, uint32_t n, uint32_t cols, QuantizedInputs* 
     const float inv = amax > 0 ? 127.0f / amax : 0.0f;
     int32_t sum = 0;
     for (uint32_t j = 0; j < kInt8Block; ++j) {
+      // A NaN (0 * inv where inv overflowed to infinity, for a block of
+      // values below about 4e-37) is code 0.
       const float r = std::nearbyint(v[j] * inv);
-      q[j] = static_cast<int8_t>(std::clamp(r, -127.0f, 127.0f));
+      q[j] = std::isnan(r) ? int8_t{0} : static_cast<int8_t>(std::clamp(r, -127.0f, 127.0f));
       sum += q[j];
     }
     out->dxc[2 * b] = dx;
@@ -190,6 +192,36 @@ HWY_BEFORE_NAMESPACE();
 namespace kvcache::model {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
+
+// QuantizeInputsScalar's rounding, a vector of values at a time: the same
+// operations on each value (|v| into the block's maximum, v * inv rounded
+// to nearest even, clamped, truncated; NaN to 0), so the same codes and
+// scales.
+void QuantizeBlocksT(const float* x, size_t blocks, int8_t* q, float* dxc) {
+  const hn::CappedTag<float, kInt8Block> df;
+  const hn::Rebind<int32_t, decltype(df)> di;
+  const hn::Rebind<int8_t, decltype(df)> d8;
+  const size_t N = hn::Lanes(df);
+  const auto lo = hn::Set(df, -127.0f), hi = hn::Set(df, 127.0f);
+  for (size_t b = 0; b < blocks; ++b, x += kInt8Block, q += kInt8Block) {
+    // Max(|v|, amax) keeps amax where v is NaN, as std::max(amax, |v|) does.
+    auto amax = hn::Zero(df);
+    for (size_t j = 0; j < kInt8Block; j += N) amax = hn::Max(hn::Abs(hn::LoadU(df, x + j)), amax);
+    const float am = hn::GetLane(hn::MaxOfLanes(df, amax));
+    const float dx = am / 127.0f;
+    const auto inv = hn::Set(df, am > 0 ? 127.0f / am : 0.0f);
+    auto sum = hn::Zero(di);
+    for (size_t j = 0; j < kInt8Block; j += N) {
+      const auto r = hn::Round(hn::Mul(hn::LoadU(df, x + j), inv));
+      const auto clamped = hn::ConvertTo(di, hn::Min(hn::Max(r, lo), hi));
+      const auto code = hn::IfThenElseZero(hn::RebindMask(di, hn::Eq(r, r)), clamped);
+      sum = hn::Add(sum, code);
+      hn::StoreU(hn::DemoteTo(d8, code), d8, q + j);
+    }
+    dxc[2 * b] = dx;
+    dxc[2 * b + 1] = dx * static_cast<float>(hn::GetLane(hn::SumOfLanes(di, sum)));
+  }
+}
 
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_SSE4
 // The f16 at p through the target's conversion (F16C on x86): exact, like
@@ -246,12 +278,18 @@ HWY_INLINE void Q80Weights(const int8_t* v, VI* w) { w[0] = _mm256_loadu_si256(r
 HWY_INLINE void Q50Weights(const uint8_t* blk, VI* w) {
   VI nib;
   Q41Weights(blk + 6, &nib);
+#if HWY_TARGET <= HWY_AVX3
+  // AVX-512: qh is the byte mask itself; 16 off where its bit is clear.
+  w[0] = _mm256_mask_sub_epi8(nib, static_cast<__mmask32>(~int8_internal::LoadU32(blk + 2)), nib,
+                              _mm256_set1_epi8(16));
+#else
   const VI qh = _mm256_set1_epi32(static_cast<int>(int8_internal::LoadU32(blk + 2)));
   const VI sel = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3,
                                   3, 3, 3, 3);
   const VI bit = _mm256_set1_epi64x(static_cast<int64_t>(0x8040201008040201ull));
   const VI set = _mm256_cmpeq_epi8(_mm256_and_si256(_mm256_shuffle_epi8(qh, sel), bit), bit);
   w[0] = _mm256_or_si256(nib, _mm256_andnot_si256(set, _mm256_set1_epi8(static_cast<char>(0xF0))));
+#endif
 }
 // Q4_K sub-block: the low (even sub-block) or high nibbles of 32 bytes.
 HWY_INLINE void Q4KWeights(const uint8_t* q, bool high, VI* w) { w[0] = Nibbles(Load32(q), high); }
@@ -475,11 +513,12 @@ HWY_INLINE void SuperBlockSteps(const uint8_t* const* rows, const QuantizedInput
   (BlockStep<kT, R, T, kJ>(rows, x, t0, nb, b + kJ, ss, a), ...);
 }
 
-// R rows (pointers to their first block) times T tokens of x from token t0,
-// over nb blocks of 32; out[t * out_stride + r].
+// R rows (pointers to their first block; row r is row ids[r] of the
+// matrix) times T tokens of x from token t0, over nb blocks of 32;
+// out[t * out_stride + ids[r]].
 template <GgmlType kT, int R, int T>
-HWY_INLINE void RowsTimesTokens(const uint8_t* const* rows, const QuantizedInputs& x, uint32_t t0, uint32_t nb,
-                                float* out, size_t out_stride) {
+HWY_INLINE void RowsTimesTokens(const uint8_t* const* rows, const uint32_t* ids, const QuantizedInputs& x,
+                                uint32_t t0, uint32_t nb, float* out, size_t out_stride) {
   using namespace int8_internal;
   Accumulators<R, T> a;
   for (int r = 0; r < R; ++r) {
@@ -504,36 +543,55 @@ HWY_INLINE void RowsTimesTokens(const uint8_t* const* rows, const QuantizedInput
       HWY_ALIGN float m4[4];
       for (int g = 0; g < kGroups; ++g) StoreF(a.acc[r][t][g], lanes + 4 * g);
       _mm_store_ps(m4, a.mt[r][t]);
-      out[t * out_stride + r] = SumLanes(lanes) + m4[1];
+      out[t * out_stride + ids[r]] = SumLanes(lanes) + m4[1];
     }
   }
 }
 
 template <GgmlType kT, int R>
-void RowsTimesAll(const uint8_t* const* rows, const QuantizedInputs& x, uint32_t nb, float* out,
-                  uint32_t out_stride) {
+void RowsTimesAll(const uint8_t* const* rows, const uint32_t* ids, const QuantizedInputs& x, uint32_t nb,
+                  float* out, uint32_t out_stride) {
   uint32_t t = 0;
   for (; t + 2 <= x.n; t += 2) {
-    RowsTimesTokens<kT, R, 2>(rows, x, t, nb, out + static_cast<size_t>(t) * out_stride, out_stride);
+    RowsTimesTokens<kT, R, 2>(rows, ids, x, t, nb, out + static_cast<size_t>(t) * out_stride, out_stride);
   }
   if (t < x.n) {
-    RowsTimesTokens<kT, R, 1>(rows, x, t, nb, out + static_cast<size_t>(t) * out_stride, out_stride);
+    RowsTimesTokens<kT, R, 1>(rows, ids, x, t, nb, out + static_cast<size_t>(t) * out_stride, out_stride);
   }
 }
 
 template <GgmlType kT>
 void RowsInt8(const WeightMatrix& w, uint32_t r0, uint32_t r1, const QuantizedInputs& x, float* out) {
   const uint32_t nb = w.cols / kInt8Block;
+  // Groups of four rows a quarter of the range apart: each of the four
+  // streams the hardware prefetcher follows then runs through a quarter of
+  // the range in address order (four neighbouring rows would make four
+  // streams of one row each, too short for it to follow).
+  // Which rows share a group changes no bit: a row's sums are its own.
+  const uint32_t q = (r1 - r0) / 4;
+  for (uint32_t i = 0; i < q; ++i) {
+    const uint8_t* rows[4];
+    uint32_t ids[4];
+    for (uint32_t k = 0; k < 4; ++k) {
+      ids[k] = r0 + k * q + i;
+      rows[k] = w.data + static_cast<size_t>(ids[k]) * w.row_bytes;
+    }
+    RowsTimesAll<kT, 4>(rows, ids, x, nb, out, w.rows);
+  }
+  r0 += 4 * q;
   for (uint32_t r = r0; r < r1; r += 4) {
     const uint32_t m = std::min<uint32_t>(4, r1 - r);
     const uint8_t* rows[4];
-    for (uint32_t k = 0; k < m; ++k) rows[k] = w.data + static_cast<size_t>(r + k) * w.row_bytes;
-    float* o = out + r;
+    uint32_t ids[4];
+    for (uint32_t k = 0; k < m; ++k) {
+      ids[k] = r + k;
+      rows[k] = w.data + static_cast<size_t>(r + k) * w.row_bytes;
+    }
     switch (m) {
-      case 4: RowsTimesAll<kT, 4>(rows, x, nb, o, w.rows); break;
-      case 3: RowsTimesAll<kT, 3>(rows, x, nb, o, w.rows); break;
-      case 2: RowsTimesAll<kT, 2>(rows, x, nb, o, w.rows); break;
-      default: RowsTimesAll<kT, 1>(rows, x, nb, o, w.rows); break;
+      case 4: RowsTimesAll<kT, 4>(rows, ids, x, nb, out, w.rows); break;
+      case 3: RowsTimesAll<kT, 3>(rows, ids, x, nb, out, w.rows); break;
+      case 2: RowsTimesAll<kT, 2>(rows, ids, x, nb, out, w.rows); break;
+      default: RowsTimesAll<kT, 1>(rows, ids, x, nb, out, w.rows); break;
     }
   }
 }
@@ -574,6 +632,16 @@ HWY_AFTER_NAMESPACE();
 namespace kvcache::model {
 
 HWY_EXPORT(MatMulRowsInt8T);
+HWY_EXPORT(QuantizeBlocksT);
+
+void QuantizeInputs(const float* x, uint32_t n, uint32_t cols, QuantizedInputs* out) {
+  out->n = n;
+  out->cols = cols;
+  const size_t blocks = static_cast<size_t>(n) * (cols / kInt8Block);
+  out->q.resize(blocks * kInt8Block);
+  out->dxc.resize(blocks * 2);
+  HWY_DYNAMIC_DISPATCH(QuantizeBlocksT)(x, blocks, out->q.data(), out->dxc.data());
+}
 
 void MatMulRowsInt8(const WeightMatrix& w, uint32_t r0, uint32_t r1, const QuantizedInputs& x,
                     float* out) {

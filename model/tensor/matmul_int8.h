@@ -26,7 +26,10 @@ struct QuantizedInputs {
   std::vector<float> dxc;
 };
 
+// The best SIMD target (runtime dispatch); the same codes and scales as
+// QuantizeInputsScalar, the reference.
 void QuantizeInputs(const float* x, uint32_t n, uint32_t cols, QuantizedInputs* out);
+void QuantizeInputsScalar(const float* x, uint32_t n, uint32_t cols, QuantizedInputs* out);
 
 // True for the types the integer path multiplies: Q4_1, Q5_0, Q8_0, Q4_K,
 // Q6_K.

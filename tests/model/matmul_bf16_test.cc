@@ -169,7 +169,7 @@ TEST(MatMulBf16, BatchSizeAndRowSplitChangeNoBit) {
       const std::vector<float> split = Product(w, x.data(), n, kernel, 3);
       ASSERT_EQ(0, std::memcmp(all.data(), split.data(), all.size() * 4));
       for (uint32_t t : {0u, 5u, 16u, 47u, 69u}) {
-        for (uint32_t k : {1u, 2u, 20u}) {  // t alone, and in smaller batches
+        for (uint32_t k : {1u, 2u, 3u, 20u}) {  // t alone, and in smaller batches
           if (t + k > n) continue;
           const std::vector<float> part = Product(w, x.data() + size_t{t} * c.cols, k, kernel);
           ASSERT_EQ(0, std::memcmp(part.data(), all.data() + size_t{t} * c.rows, size_t{k} * c.rows * 4))

@@ -52,12 +52,35 @@ TEST(MatMulInt8, QuantizeInputsRoundsPerBlockOf32) {
   for (int j = 32; j < 64; ++j) EXPECT_EQ(q.q[j], 0);
 }
 
+// Every SIMD target rounds the inputs as the scalar reference does: random
+// blocks, blocks of ties (x.5 after scaling), an all-zero block, one huge
+// value among small ones, infinitesimal values.
+TEST(MatMulInt8, QuantizeInputsMatchesScalarOnEveryTarget) {
+  const uint32_t cols = 256, n = 3;
+  std::vector<float> x = RandomInputs(static_cast<size_t>(n) * cols, 17);
+  for (int j = 0; j < 32; ++j) x[32 + j] = (j - 16) * 0.5f + 0.25f;  // amax 7.75: some codes tie
+  for (int j = 0; j < 32; ++j) x[64 + j] = 0.0f;
+  x[96] = 1e30f;
+  for (int j = 0; j < 32; ++j) x[128 + j] = (j % 3 - 1) * 1e-38f;
+  for (int j = 0; j < 32; ++j) x[160 + j] = (j - 15.5f) * (127.0f / 15.5f) / 127.0f;  // exact halves
+  QuantizedInputs want;
+  QuantizeInputsScalar(x.data(), n, cols, &want);
+  ForEachSimdTarget([&] {
+    QuantizedInputs got;
+    QuantizeInputs(x.data(), n, cols, &got);
+    ASSERT_EQ(got.q.size(), want.q.size());
+    for (size_t i = 0; i < want.q.size(); ++i) ASSERT_EQ(got.q[i], want.q[i]) << "value " << i << " x " << x[i];
+    ASSERT_EQ(got.dxc.size(), want.dxc.size());
+    ASSERT_EQ(0, std::memcmp(got.dxc.data(), want.dxc.data(), want.dxc.size() * 4));
+  });
+}
+
 TEST(MatMulInt8, EverySimdTargetMatchesScalar) {
   ForEachSimdTarget([] {
     for (GgmlType t : kInt8Types) {
       const bool k = GgmlTypeSizeOf(t).block_values == 256;
       for (uint32_t cols : k ? std::vector<uint32_t>{256u, 512u, 2048u} : std::vector<uint32_t>{32u, 64u, 576u}) {
-        for (uint32_t rows : {1u, 3u, 4u, 9u}) {
+        for (uint32_t rows : {1u, 3u, 4u, 9u, 18u}) {
           for (uint32_t n : {1u, 2u, 5u}) {
             SCOPED_TRACE(GgmlTypeName(t) + " rows=" + std::to_string(rows) + " cols=" +
                          std::to_string(cols) + " n=" + std::to_string(n));
