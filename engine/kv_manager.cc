@@ -355,8 +355,9 @@ size_t KvManager::AdoptHybrid(model::HybridKv& kv, std::span<const int32_t> toke
       full.blocks.resize(hit.blocks);
     }
   } else {
-    // One counted lookup, over the prefix both groups hold.
+    // One counted lookup, over the prefix both groups hold: all from the pool.
     full = prefix_->Acquire(AsTokenIds(tokens).first(hit.blocks * B), "");
+    served.assign(1, full.num_tokens);
   }
   if (hit.blocks == 0 || full.blocks.size() != hit.blocks) {
     give_back(full.blocks, 0);
@@ -379,11 +380,10 @@ size_t KvManager::AdoptHybrid(model::HybridKv& kv, std::span<const int32_t> toke
   if (found != nullptr) {
     // The hit's tokens by source: the pool's first, then the tiers' in order.
     uint64_t left = hit.blocks * B;
-    found->served.assign(std::max<size_t>(served.size(), 1), 0);
-    for (size_t s = 0; s < found->served.size(); ++s) {
-      const uint64_t from = s == 0 && served.empty() ? left : (s < served.size() ? std::min(served[s], left) : 0);
-      found->served[s] = from;
-      left -= from;
+    found->served.assign(served.size(), 0);
+    for (size_t s = 0; s < served.size(); ++s) {
+      found->served[s] = std::min(served[s], left);
+      left -= found->served[s];
     }
   }
   return hit.blocks * B;

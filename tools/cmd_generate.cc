@@ -425,7 +425,7 @@ const bool kRegistered = RegisterCommand(
       app->add_option("--tokenizer", o->tokenizer_path, "llama2.c tokenizer.bin (not for GGUF)");
       auto* text = app->add_option("--prompt", o->prompt,
                                    "Prompt text (special-token texts such as <start_of_turn> are read as their tokens)");
-      auto* file = app->add_option("--prompt-file", o->prompt_file, "Prompt text from a file");
+      auto* file = app->add_option("--prompt-file", o->prompt_file, "Prompt text from a file (read as --prompt is)");
       auto* ids = app->add_option("--prompt-ids", o->prompt_ids, "Prompt as token ids: 1,2,3");
       text->excludes(file)->excludes(ids);
       file->excludes(ids);

@@ -146,7 +146,9 @@ KVCACHE_DOT_TARGET inline __m512i BlockBf16(const uint8_t* src) {
 }
 
 // Bytes of a Q4_1 or Q8_0 block.
-constexpr size_t BlockBytes(GgmlType t) { return t == GgmlType::kQ4_1 ? 20 : 34; }
+constexpr size_t BlockBytes(GgmlType t) {
+  return t == GgmlType::kQ4_1 ? ggml_blocks::kQ41Bytes : ggml_blocks::kQ80Bytes;
+}
 
 // Block j (values 32 j .. 32 j + 31) of row r of a Q4_1 or Q8_0 matrix as
 // bf16 into dst[32] (BlockBf16).
@@ -235,11 +237,10 @@ bool DecodesBySteps(GgmlType t) {
 // prefetching only).
 constexpr size_t StepBytes(GgmlType t) {
   switch (t) {
-    case GgmlType::kQ4_1: return 20;
     case GgmlType::kQ5_0: return ggml_blocks::kQ50Bytes;
     case GgmlType::kQ4_K: return ggml_blocks::kQ4KBytes / 8;
     case GgmlType::kQ6_K: return ggml_blocks::kQ6KBytes / 8;
-    default: return 34;
+    default: return BlockBytes(t);  // Q4_1, Q8_0
   }
 }
 

@@ -169,6 +169,16 @@ struct OffloadCache::State {
   bool Enqueue(const BlockHash& chain, const BlockHash& parent, bool first, uint32_t block,
                std::span<const TokenId> tokens, std::shared_ptr<const Calibration> calibration, bool flagged,
                const BlockHash& cal_digest, std::shared_ptr<const WindowSinks> sinks);
+  // Block j of the lookup is missing: a miss for every tier asked for it.
+  void CountMissing(TierLookup& l, size_t j) const {
+    for (size_t t = 0; t < tiers.size(); ++t) {
+      if (!l.have[t].empty() && l.have[t][j].has_value()) ++l.miss[t][static_cast<size_t>(*l.have[t][j])];
+    }
+  }
+  void CountAllocFailure() {
+    std::lock_guard<std::mutex> lock(mu);
+    ++totals.load_alloc_failures;
+  }
   // A sliding-window group's blocks need no parent in a tier's index.
   bool ParentLinked() const { return !o.group.has_value() || o.group->kind != LayerGroupKind::kSlidingWindow; }
 };
@@ -322,8 +332,7 @@ Result<std::unique_ptr<OffloadCache>> OffloadCache::Create(std::shared_ptr<Block
   if (options.queue_blocks == 0 || options.store_batch == 0) {
     return Status::InvalidArgument("offload: queue_blocks and store_batch must be > 0");
   }
-  if (options.group.has_value() &&
-      (options.group->kind == LayerGroupKind::kSlidingWindow) != (options.group->window > 0)) {
+  if (options.group.has_value() && !options.group->whole()) {
     return Status::InvalidArgument("offload: a layer group's window must be > 0 exactly for a sliding window");
   }
   auto st = std::make_unique<State>();
@@ -417,8 +426,6 @@ bool OffloadCache::State::Enqueue(const BlockHash& chain, const BlockHash& paren
   return true;
 }
 
-bool OffloadCache::has_tiers() const { return !state_->tiers.empty(); }
-
 Status OffloadCache::OffloadBlock(std::span<const BlockHash> hashes, size_t index, uint32_t block,
                                   std::span<const TokenId> tokens, std::string_view salt,
                                   std::shared_ptr<const Calibration> calibration) {
@@ -437,12 +444,10 @@ Status OffloadCache::OffloadBlock(std::span<const BlockHash> hashes, size_t inde
 
 Result<OffloadCache::LoadedBlocks> OffloadCache::LoadBlocks(std::span<const BlockHash> hashes,
                                                             std::span<const size_t> indices,
-                                                            std::span<const TokenId> tokens, std::string_view salt,
-                                                            std::vector<uint64_t>* served_by_tier) {
+                                                            std::span<const TokenId> tokens, std::string_view salt) {
   State& st = *state_;
   const uint32_t B = st.pool->block_size();
   const size_t T = st.tiers.size();
-  if (served_by_tier != nullptr) served_by_tier->assign(T + 1, 0);
   for (size_t j = 0; j < indices.size(); ++j) {
     if (indices[j] >= hashes.size() || (indices[j] + 1) * B > tokens.size() || (j > 0 && indices[j] <= indices[j - 1])) {
       return Status::InvalidArgument("offload: LoadBlocks needs ascending chain indices within the hashes and tokens");
@@ -469,16 +474,11 @@ Result<OffloadCache::LoadedBlocks> OffloadCache::LoadBlocks(std::span<const Bloc
   };
   for (size_t j = 0; j < l.n; ++j) {
     if (l.src[j] >= 0) continue;
-    for (size_t t = 0; t < T; ++t) {
-      if (!l.have[t].empty() && l.have[t][j].has_value()) ++l.miss[t][static_cast<size_t>(*l.have[t][j])];
-    }
+    st.CountMissing(l, j);
     return miss(fmt::format("no tier holds block {} of the run", indices[j]));
   }
   if (l.n > st.pool->num_available_blocks()) {
-    {
-      std::lock_guard<std::mutex> lock(st.mu);
-      ++st.totals.load_alloc_failures;
-    }
+    st.CountAllocFailure();
     st.Account(l, 0, nullptr);
     return Status::PoolExhausted(fmt::format("offload: {} blocks to load, {} available", l.n,
                                              st.pool->num_available_blocks()));
@@ -491,10 +491,7 @@ Result<OffloadCache::LoadedBlocks> OffloadCache::LoadBlocks(std::span<const Bloc
   out.calibration = l.calibration;
   out.blocks.resize(l.n);
   if (!st.pool->Allocate(out.blocks).ok()) {
-    {
-      std::lock_guard<std::mutex> lock(st.mu);
-      ++st.totals.load_alloc_failures;
-    }
+    st.CountAllocFailure();
     st.Account(l, 0, nullptr);
     return Status::PoolExhausted("offload: no room to stage the run");
   }
@@ -510,7 +507,7 @@ Result<OffloadCache::LoadedBlocks> OffloadCache::LoadBlocks(std::span<const Bloc
       return miss(fmt::format("block {} of the run failed verification ({})", i, TierMissName(*why)));
     }
   }
-  st.Account(l, l.n, served_by_tier);
+  st.Account(l, l.n, nullptr);
   return out;
 }
 
@@ -550,18 +547,11 @@ size_t OffloadCache::State::RunEnd(TierLookup& l) {
   while (end < l.n && l.src[end] >= 0) ++end;
   const size_t room = pool->num_available_blocks();
   if (end > room) {
-    std::lock_guard<std::mutex> lock(mu);
-    ++totals.load_alloc_failures;
+    CountAllocFailure();
     end = room;
   }
   l.miss.assign(tiers.size(), {});
-  if (end < l.n) {
-    for (size_t t = 0; t < tiers.size(); ++t) {
-      if (!l.have[t].empty() && l.have[t][end].has_value()) {
-        ++l.miss[t][static_cast<size_t>(*l.have[t][end])];
-      }
-    }
-  }
+  if (end < l.n) CountMissing(l, end);
   return end;
 }
 
@@ -703,8 +693,7 @@ std::vector<uint32_t> OffloadCache::State::Stage(TierLookup& l, std::span<const 
   ok = ResolveCalibration(l, ok);
   std::vector<uint32_t> fresh(ok);
   if (ok > 0 && !pool->Allocate(fresh).ok()) {
-    std::lock_guard<std::mutex> lock(mu);
-    ++totals.load_alloc_failures;
+    CountAllocFailure();
     ok = 0;
     fresh.clear();
   }

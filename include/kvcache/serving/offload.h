@@ -221,16 +221,13 @@ class OffloadCache {
   // one reference each for the caller, unnamed, and their calibration; else
   // NotFound (a miss: counted per tier, a failed object erased from its
   // tier), PoolExhausted (no room to stage them) or InvalidArgument, and
-  // nothing held. `served_by_tier`, if given, is resized to tiers+1 and
-  // [1 + t] counts the tokens tier t supplied.
+  // nothing held.
   struct LoadedBlocks {
     std::vector<uint32_t> blocks;
     std::shared_ptr<const Calibration> calibration;
   };
   Result<LoadedBlocks> LoadBlocks(std::span<const BlockHash> hashes, std::span<const size_t> indices,
-                                  std::span<const TokenId> tokens, std::string_view salt,
-                                  std::vector<uint64_t>* served_by_tier = nullptr);
-  bool has_tiers() const;
+                                  std::span<const TokenId> tokens, std::string_view salt);
 
   // Waits until every queued store has been written (tests, end of a run).
   void Flush();

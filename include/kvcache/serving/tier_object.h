@@ -68,6 +68,11 @@ struct LayerGroupTag {
   LayerGroupKind kind = LayerGroupKind::kFullAttention;
   uint32_t window = 0;  // positions; 0 for full attention, > 0 for a window
   bool operator==(const LayerGroupTag&) const = default;
+  // A known kind, and a window > 0 exactly for a sliding window.
+  bool whole() const {
+    return kind == LayerGroupKind::kFullAttention ? window == 0
+                                                  : kind == LayerGroupKind::kSlidingWindow && window > 0;
+  }
 };
 // "full" or "window:W".
 std::string LayerGroupName(const LayerGroupTag& group);

@@ -124,11 +124,6 @@ size_t OptionalFields(uint32_t n_tokens, uint32_t n_layers) {
 
 constexpr uint16_t kKnownFlags = kBlockFlagCalibrated | kBlockFlagSinks | kBlockFlagLayerGroup;
 
-// A group tag is whole: a window > 0 exactly for a sliding-window group.
-bool ValidGroup(const LayerGroupTag& g) {
-  if (g.kind == LayerGroupKind::kFullAttention) return g.window == 0;
-  return g.kind == LayerGroupKind::kSlidingWindow && g.window > 0;
-}
 
 // The sink section of `info`'s object (REQUIRES info.sinks > 0, so parsed).
 std::span<const uint8_t> SinkSection(std::span<const uint8_t> bytes, const BlockObjectInfo& info) {
@@ -273,7 +268,7 @@ Result<std::vector<uint8_t>> EncodeBlockObject(const BlockPool& pool, uint32_t b
   const Geometry& g = pool.geometry();
   if (block >= pool.num_blocks()) return Status::InvalidArgument("block object: block out of range");
   if (sinks != nullptr) KV_RETURN_IF_ERROR(sinks->CheckFits(g));
-  if (group.has_value() && !ValidGroup(*group)) {
+  if (group.has_value() && !group->whole()) {
     return Status::InvalidArgument("block object: a layer group's window must be > 0 exactly for a sliding window");
   }
   if (tokens.size() != g.block_size()) {
@@ -411,7 +406,7 @@ Result<BlockObjectInfo> ParseBlockObjectHeader(std::span<const uint8_t> bytes,
   }
   if (grouped) {
     const LayerGroupTag group{static_cast<LayerGroupKind>(Get<uint32_t>(p + 120)), Get<uint32_t>(p + 124)};
-    if (!ValidGroup(group)) return Status::Corruption("object: unknown layer group");
+    if (!group.whole()) return Status::Corruption("object: unknown layer group");
     info.group = group;
   }
   info.formats = {static_cast<Format>(p[88]), static_cast<Format>(p[89])};
