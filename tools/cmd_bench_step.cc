@@ -12,6 +12,12 @@
 // step's wall time over --steps steps, the tokens/s that gives (streams /
 // step), and where the steps' time went (Decoder's PassProfile: weight
 // products, attention, the rest), as shares of the summed step time.
+//
+// Prefill: the first sequence's own --context - --shared tokens are timed
+// as they go in (the fill rate from the shared prefix to the context), and
+// with --prefill N, N more tokens prefilled on top of the context in the
+// engine's chunks, on a fork of it, three times (the median): what
+// llama-bench's pp N at depth --context measures.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -48,6 +54,7 @@ struct BenchStepOptions {
   std::string matmul = "bf16";
   uint32_t threads = 2;
   uint32_t steps = 8;
+  uint32_t prefill = 0;
   bool json = false;
 };
 
@@ -67,6 +74,14 @@ Result<std::vector<uint32_t>> ParseCounts(const std::string& text) {
   return out;
 }
 
+// Positions a sequence may reach: the context, then one decoded token or
+// the --prefill tokens.
+uint32_t Span(const BenchStepOptions& o) { return o.context + std::max<uint32_t>(o.prefill, 1); }
+
+// Sequences beside the streams a pool must hold: the shared root, and the
+// --prefill fork.
+uint32_t Forks(const BenchStepOptions& o) { return o.prefill > 0 ? 2 : 1; }
+
 // Prefill chunks: the engine's default step budget.
 constexpr uint32_t kPrefillChunk = 256;
 
@@ -79,10 +94,10 @@ Result<nlohmann::json> RunOne(model::Decoder& decoder, const FormatPair& formats
                               uint32_t streams, const BenchStepOptions& o) {
   const model::ModelConfig& c = decoder.config();
   model::AttentionShape shape = decoder.attention_shape();
-  shape.max_seq_len = std::min(shape.max_seq_len, o.context + 1);
+  shape.max_seq_len = std::min(shape.max_seq_len, Span(o));
   // The sequences' K/V: one pool per layer group (a sliding-window model's
   // window layers in their own, holding only their windows), sized for
-  // every stream plus the shared root.
+  // every stream plus the shared root and the --prefill fork.
   std::unique_ptr<model::KvBackend> root;
   double kv_bytes_per_token = 0;
   if (shape.has_windows()) {
@@ -96,19 +111,19 @@ Result<nlohmann::json> RunOne(model::Decoder& decoder, const FormatPair& formats
     uint32_t blocks[2] = {0, 0};
     for (int g = 0; g < 2; ++g) {
       if (hybrid->group_size(g) == 0) continue;
-      const uint64_t per_seq = model::HybridKv::BlocksPerSequence(*hybrid, g, o.context + 1) + 1;
-      blocks[g] = static_cast<uint32_t>((streams + 1) * per_seq);
-      kv_bytes_per_token += static_cast<double>(per_seq - 1) *
-                            BlockPool::BlockBytes(hybrid->group_geometry(g), hybrid->group_formats(g)) / (o.context + 1);
+      const uint64_t per_seq = model::HybridKv::BlocksPerSequence(*hybrid, g, Span(o)) + 1;
+      blocks[g] = static_cast<uint32_t>((streams + Forks(o)) * per_seq);
+      const uint64_t held = model::HybridKv::BlocksPerSequence(*hybrid, g, o.context + 1);
+      kv_bytes_per_token += static_cast<double>(held) * BlockPool::BlockBytes(hybrid->group_geometry(g), hybrid->group_formats(g)) / (o.context + 1);
     }
     KV_ASSIGN_OR_RETURN(h.pools, hybrid->CreatePools(blocks));
     KV_ASSIGN_OR_RETURN(root, model::HybridKv::Create(shape, h));
   } else {
     KV_ASSIGN_OR_RETURN(Geometry geometry,
                         Geometry::Create({shape.n_layers, shape.n_kv_heads, shape.head_dim, o.block_size}));
-    const uint32_t per_seq = (o.context + 1 + o.block_size - 1) / o.block_size + 1;
+    const uint32_t per_seq = (Span(o) + o.block_size - 1) / o.block_size + 1;
     BlockPoolOptions p;
-    p.num_blocks = (streams + 1) * per_seq;
+    p.num_blocks = (streams + Forks(o)) * per_seq;
     KV_ASSIGN_OR_RETURN(std::shared_ptr<BlockPool> pool, BlockPool::Create(geometry, formats, p));
     model::CacheKvOptions co;
     co.formats = formats;
@@ -129,9 +144,13 @@ Result<nlohmann::json> RunOne(model::Decoder& decoder, const FormatPair& formats
   const std::vector<int32_t> prefix = draw(o.shared);
   KV_RETURN_IF_ERROR(Prefill(decoder, *root, prefix));
   std::vector<std::unique_ptr<model::KvBackend>> seqs;
+  double fill_s = 0;
   for (uint32_t s = 0; s < streams; ++s) {
     KV_ASSIGN_OR_RETURN(std::unique_ptr<model::KvBackend> f, root->Fork());
-    KV_RETURN_IF_ERROR(Prefill(decoder, *f, draw(o.context - o.shared)));
+    const std::vector<int32_t> own = draw(o.context - o.shared);
+    const auto t0 = std::chrono::steady_clock::now();
+    KV_RETURN_IF_ERROR(Prefill(decoder, *f, own));
+    if (s == 0) fill_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     seqs.push_back(std::move(f));
   }
   std::vector<int32_t> next = draw(streams);
@@ -155,6 +174,21 @@ Result<nlohmann::json> RunOne(model::Decoder& decoder, const FormatPair& formats
     profile.total_s += one.total_s;
   }
   const double step_s = Median(times);
+  // N tokens prefilled at depth --context on a fork of the first
+  // sequence; the median of three.
+  std::vector<double> prefill_times;
+  if (o.prefill > 0) {
+    const std::vector<int32_t> more = draw(o.prefill);
+    for (int rep = 0; rep < 3; ++rep) {
+      // On a fork, dropped after: a window layer gives its old positions
+      // back as the prefill moves its window, so the sequence itself could
+      // not be truncated back to the context.
+      KV_ASSIGN_OR_RETURN(std::unique_ptr<model::KvBackend> f, seqs[0]->Fork());
+      const auto t0 = std::chrono::steady_clock::now();
+      KV_RETURN_IF_ERROR(Prefill(decoder, *f, more));
+      prefill_times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    }
+  }
   nlohmann::json r;
   r["kv_format"] = name;
   r["streams"] = streams;
@@ -165,6 +199,14 @@ Result<nlohmann::json> RunOne(model::Decoder& decoder, const FormatPair& formats
   r["attention_share"] = profile.attention_s / profile.total_s;
   r["other_share"] = 1.0 - (profile.products_s + profile.attention_s) / profile.total_s;
   r["kv_bytes_per_token"] = kv_bytes_per_token;
+  r["fill_tokens"] = o.context - o.shared;
+  r["fill_tokens_per_s"] = fill_s > 0 ? (o.context - o.shared) / fill_s : 0.0;
+  if (o.prefill > 0) {
+    const double p = Median(prefill_times);
+    r["prefill_tokens"] = o.prefill;
+    r["prefill_ms"] = p * 1e3;
+    r["prefill_tokens_per_s"] = o.prefill / p;
+  }
   return r;
 }
 
@@ -173,14 +215,15 @@ Result<nlohmann::json> RunBench(const BenchStepOptions& o) {
     return Status::InvalidArgument("bench step: want 0 <= --shared < --context");
   }
   if (o.threads == 0 || o.steps == 0) return Status::InvalidArgument("bench step: --threads and --steps must be > 0");
+  if (o.prefill > 0 && o.prefill > 65536) return Status::InvalidArgument("bench step: --prefill must be <= 65536");
   KV_ASSIGN_OR_RETURN(std::vector<uint32_t> counts, ParseCounts(o.streams));
   model::GgufLoadOptions load;
-  load.max_seq_len = o.context + 1;
   KV_ASSIGN_OR_RETURN(load.matmul_inputs, model::ParseMatMulInputs(o.matmul));
+  load.max_seq_len = Span(o);
   KV_ASSIGN_OR_RETURN(std::unique_ptr<model::LoadedModel> lm, model::LoadedModel::Load(o.model_path, o.tokenizer_path, load));
-  if (lm->model().config().max_seq_len <= o.context) {
-    return Status::InvalidArgument("bench step: --context " + std::to_string(o.context) +
-                                   " does not fit the model's context");
+  if (lm->model().config().max_seq_len < Span(o)) {
+    return Status::InvalidArgument("bench step: --context " + std::to_string(o.context) + " plus --prefill " +
+                                   std::to_string(o.prefill) + " does not fit the model's context");
   }
   model::Decoder decoder(lm->model(), o.threads);
   nlohmann::json out;
@@ -190,6 +233,7 @@ Result<nlohmann::json> RunBench(const BenchStepOptions& o) {
   out["context"] = o.context;
   out["shared"] = o.shared;
   out["steps"] = o.steps;
+  out["prefill"] = o.prefill;
   out["simd_target"] = SimdTarget();
   out["results"] = nlohmann::json::array();
   const std::vector<std::string> names = Split(o.kv_formats, ',');
@@ -217,6 +261,15 @@ void PrintText(const BenchStepOptions& o, const nlohmann::json& j) {
                100 * r["products_share"].get<double>(), 100 * r["attention_share"].get<double>(),
                100 * r["other_share"].get<double>());
   }
+  for (const auto& r : j["results"]) {
+    fmt::print("{:<10} {:>7}  fill {} tokens: {:.1f} tokens/s", r["kv_format"].get<std::string>(),
+               r["streams"].get<uint32_t>(), r["fill_tokens"].get<uint32_t>(), r["fill_tokens_per_s"].get<double>());
+    if (r.contains("prefill_tokens")) {
+      fmt::print("; prefill {} at depth {}: {:.1f} ms, {:.1f} tokens/s", r["prefill_tokens"].get<uint32_t>(),
+                 o.context, r["prefill_ms"].get<double>(), r["prefill_tokens_per_s"].get<double>());
+    }
+    fmt::print("\n");
+  }
 }
 
 const bool kRegistered = RegisterOptionsCommand<BenchStepOptions>(
@@ -232,6 +285,9 @@ const bool kRegistered = RegisterOptionsCommand<BenchStepOptions>(
       app->add_option("--matmul", o.matmul, kMatMulHelp)->capture_default_str();
       app->add_option("--threads", o.threads, "Decoder threads")->capture_default_str();
       app->add_option("--steps", o.steps, "Timed steps per measurement (median)")->capture_default_str();
+      app->add_option("--prefill", o.prefill,
+                      "Also time N tokens prefilled at depth --context on one sequence (median of 3; 0: off)")
+          ->capture_default_str();
       app->add_flag("--json", o.json, "Print JSON");
     },
     JsonResultRunner<BenchStepOptions>("bench step", RunBench, PrintText));

@@ -122,12 +122,34 @@ TEST(Cli, BenchStepJsonIsConsistentPerFormatAndStreamCount) {
   // stories260K: 5 layers, 4 kv heads of 8 values; K and V per token.
   EXPECT_EQ(j["results"][0]["kv_bytes_per_token"], 5u * 4 * 8 * 2 * 4);
   EXPECT_EQ(j["results"][2]["kv_bytes_per_token"], 5u * 4 * 8 * 2 * 2);
+  for (const auto& row : j["results"]) {
+    EXPECT_EQ(row["fill_tokens"], 16);
+    EXPECT_GT(row["fill_tokens_per_s"].get<double>(), 0.0);
+    EXPECT_FALSE(row.contains("prefill_tokens"));  // no --prefill
+  }
+}
+
+TEST(Cli, BenchStepTimesAPrefillAtDepth) {
+  CliRun r = RunCli("bench step " + ModelArgs() +
+                    " --kv-formats bf16 --streams 1,2 --context 40 --shared 8 --steps 1 --prefill 24 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["prefill"], 24);
+  ASSERT_EQ(j["results"].size(), 2u);
+  for (const auto& row : j["results"]) {
+    EXPECT_EQ(row["prefill_tokens"], 24);
+    const double ms = row["prefill_ms"].get<double>();
+    ASSERT_GT(ms, 0.0);
+    EXPECT_NEAR(row["prefill_tokens_per_s"].get<double>(), 24e3 / ms, 1e-6 * 24e3 / ms);
+    EXPECT_EQ(row["fill_tokens"], 32);
+  }
 }
 
 TEST(Cli, BenchStepBadOptionsFailCleanly) {
   const std::string base = "bench step " + ModelArgs() + " --steps 1 ";
   for (const char* bad : {"--context 40 --shared 40", "--streams 0", "--streams 2,x", "--kv-formats nope",
-                          "--context 100000", "--matmul int3", "--kv-formats f32 --threads 0"}) {
+                          "--context 100000", "--matmul int3", "--kv-formats f32 --threads 0",
+                          "--context 500 --prefill 100", "--prefill 70000"}) {
     CliRun r = RunCli(base + bad);
     EXPECT_EQ(r.exit_code, 2) << bad << ": " << r.out;
     EXPECT_TRUE(r.out.empty()) << bad << ": " << r.out;
