@@ -2,7 +2,8 @@
 # ./run.sh report [--full]: measures on this machine and draws the charts.
 #
 # Runs the CLI's benchmarks and evaluations (short by default; --full for the
-# README's 32k-context settings), keeps their JSON under docs/img/data/, and
+# README's 32k-context settings, Gemma's 8k quality run and its decode and
+# prefill to depth 32k), keeps their JSON under docs/img/data/, and
 # turns it into charts under docs/img/ with `python -m kvcache.plot`.
 # REQUIRES: the release build (run.sh builds it) and the project's Python
 # environment on PATH (run.sh sets it).
@@ -45,6 +46,38 @@ if [ -f "$MODEL" ]; then
   ppl --formats bf16,turbo4 --eviction "h2o:$keep,$((keep / 4))" > "$DATA/perplexity_h2o.json"
 else
   echo "report: $MODEL is absent (scripts/fetch_model.sh): no perplexity chart" >&2
+fi
+GEMMA="${KVCACHE_MODEL_DIR:-$HOME/.cache/kvcache/models}/gemma-3-270m-q4_k_m.gguf"
+if [ -f "$GEMMA" ]; then
+  # docs/gemma3.md: quality against the f32 cache over the second half of the
+  # text, decode and prefill against depth, bytes per 32k sequence. The 32k
+  # quality tables take hours here: docs/gemma3.md gives their commands.
+  if [ $full -eq 1 ]; then g_tokens=8192; depths="16 4096 16384 32256"; else g_tokens=2048; depths="16 4096"; fi
+  python scripts/long_text.py > "$DATA/gemma_text.txt"
+  echo "report: perplexity on Gemma 3 270M ($g_tokens tokens of the Python reference, scored from $((g_tokens / 2)))" >&2
+  "$K" perplexity --model "$GEMMA" --text-file "$DATA/gemma_text.txt" --max-tokens "$g_tokens" --chunk 256 \
+    --layout paged --score-from $((g_tokens / 2)) --threads 2 --json \
+    --formats "bf16;q8_0;q4_0;turbo4;turbo4i;turbo3i;turbo2i;turbo4+s4+r120;global=turbo4+s4+r120,local=q8_0;global=turbo3i+s4+r120,local=q8_0" \
+    > "$DATA/gemma_perplexity.json"
+  echo "report: Gemma decode and prefill (512 tokens) at depths $depths" >&2
+  for c in $depths; do
+    for m in auto int8; do
+      "$K" bench step --model "$GEMMA" --kv-formats bf16 --streams 1 --context "$c" --shared 0 --matmul "$m" \
+        --threads 2 --steps 8 --prefill 512 --json | python -c "import json, sys; print(json.dumps(json.load(sys.stdin)))"
+    done
+  done > "$DATA/gemma_step.jsonl"
+  # llama.cpp's llama-bench as the yardstick, when LLAMA_BENCH names one.
+  if [ -n "${LLAMA_BENCH:-}" ]; then
+    echo "report: llama-bench on the same file ($LLAMA_BENCH)" >&2
+    "$LLAMA_BENCH" -m "$GEMMA" -p 512 -n 32 -d "$(echo "$depths" | sed 's/^16 /0 /; s/ /,/g')" -t 2 -r 2 -o json \
+      > "$DATA/gemma_llama_bench.json"
+  fi
+  echo "report: Gemma bytes per 32k sequence per format" >&2
+  for f in bf16 q8_0 q4_0 turbo4 turbo3i turbo2i "global=turbo4+s4+r120,local=q8_0" "global=turbo3i+s4+r120,local=q8_0"; do
+    "$K" info --model "$GEMMA" --context 32768 --kv-format "$f" --json | python -c "import json, sys; print(json.dumps(json.load(sys.stdin)))"
+  done > "$DATA/gemma_memory.jsonl"
+else
+  echo "report: $GEMMA is absent (scripts/fetch_model.sh gemma3): no Gemma charts" >&2
 fi
 echo "report: simulate (chat, 1 GiB pool, Llama-3-8B geometry)" >&2
 "$K" simulate --json --kv-format bf16 --kv-format fp8_e4m3 --kv-format q8_0 \

@@ -13,7 +13,18 @@ Reads the JSON that the CLI prints and writes one PNG (or SVG) chart per idea:
 - ``kvcache simulate --json``: concurrent requests and prefix hit rate per format
   (``simulate.png``);
 - ``python -m kvcache.bench_serve --json``: output tokens/s and time to first token
-  per format and concurrency against ``kvcache serve`` (``serve.png``).
+  per format and concurrency against ``kvcache serve`` (``serve.png``);
+- ``kvcache bench step --streams 1 --prefill N --json`` at several ``--context``
+  depths, with llama.cpp's ``llama-bench -o json`` rows as the yardstick when given:
+  decode and prefill tokens/s against depth (``speed.png``);
+- ``kvcache info --context C --kv-format F --json``, one per format: bytes per
+  sequence at that context, the hybrid layout against every layer kept whole
+  (``memory.png``).
+
+Perplexity rows of several models or text lengths give one quality chart each
+(``quality_perplexity_<model>_<tokens>.png``), at the bits per value the whole cache
+holds where the rows say (per-group formats and windows counted); the speed and
+memory charts likewise split per model.
 
 Each input is recognised by its fields, so files can be given in any order; a file
 may hold one JSON document or one object per line. Titles name the machine's CPU
@@ -41,13 +52,21 @@ def load_rows(path):
         docs = [json.loads(line) for line in text.splitlines() if line.strip()]
     rows = []
     for d in docs:
+        inner = None
         if isinstance(d, dict) and isinstance(d.get("results"), list):
-            rows.extend(d["results"])  # simulate
+            inner = d["results"]  # simulate, bench step
         elif isinstance(d, dict) and isinstance(d.get("formats"), list) and \
                 all(isinstance(x, dict) for x in d["formats"]):
-            rows.extend(d["formats"])  # perplexity over several formats
+            inner = d["formats"]  # perplexity over several formats
         elif isinstance(d, dict):
             rows.append(d)
+        if inner is not None:
+            # The document's own settings (model, context, threads, ...) hold for
+            # each of its rows.
+            shared = {k: v for k, v in d.items() if not isinstance(v, (list, dict))}
+            for r in inner:
+                if isinstance(r, dict):
+                    rows.append({**shared, **r})
     return rows
 
 
@@ -64,7 +83,31 @@ def kind_of(row):
         return "simulate"
     if "output_tokens_per_s" in row and "ttft_p50_ms" in row:
         return "serve"
+    if "step_ms" in row and "ms_per_token" in row and "context" in row:
+        return "step"
+    if "avg_ts" in row and "n_depth" in row and "n_gen" in row:
+        return "llama_bench"
+    if "bytes_per_sequence" in row and "full_only_bytes_per_sequence" in row:
+        return "memory"
     return None
+
+
+def model_of(row):
+    """The model file's name without its folder and extension ("" when unnamed)."""
+    m = row.get("model") or row.get("model_filename") or ""
+    return pathlib.Path(str(m)).stem
+
+
+def slug(text):
+    return re.sub(r"[^A-Za-z0-9]+", "-", text).strip("-").lower() or "model"
+
+
+def split_by(rows, key):
+    """{key(row): rows} in first-seen order."""
+    groups = {}
+    for r in rows:
+        groups.setdefault(key(r), []).append(r)
+    return groups
 
 
 def cpu_name():
@@ -234,7 +277,9 @@ def quality_series(rows, kind):
             continue
         if r.get("kl_vs_f32") is None:
             continue
-        bits = (r["k_bits_per_value"] + r["v_bits_per_value"]) / 2
+        # The whole cache's bits where the row counts them (a precision window
+        # or per-group formats at the measured length), else K's and V's mean.
+        bits = r.get("cache_bits_per_value") or (r["k_bits_per_value"] + r["v_bits_per_value"]) / 2
         if is_eviction(r):
             bits = r.get("effective_bits_per_value", bits)
             series["eviction"].append((bits, r["kl_vs_f32"], f"{pair_name(r)} {r['eviction']}"))
@@ -243,7 +288,7 @@ def quality_series(rows, kind):
     return series
 
 
-def plot_quality(rows, out, ext, machine, kind):
+def plot_quality(rows, out, ext, machine, kind, file_name=None):
     plt = _plt()
     if kind == "eval":
         ylabel, what = "softmax KL vs f32 (nats, mean over queries)", "Attention quality vs bits"
@@ -274,11 +319,16 @@ def plot_quality(rows, out, ext, machine, kind):
     ax.set_ylabel(ylabel + (f"; 0 drawn at {floor:.0e}" if any(p[1] == 0 for p in pts) else ""))
     ax.legend(fontsize=8)
     src = rows[0].get("model") or rows[0].get("data") or ""
-    ax.set_title(_title(f"{what}" + (f" ({pathlib.Path(str(src)).name})" if src else ""), rows,
+    scope = ""
+    if rows[0].get("num_tokens"):
+        scope = f", {rows[0]['num_tokens']} tokens"
+        if rows[0].get("scored_from"):
+            scope += f", positions >= {rows[0]['scored_from']}"
+    ax.set_title(_title(f"{what}" + (f" ({pathlib.Path(str(src)).name}{scope})" if src else ""), rows,
                         machine), fontsize=10)
     fig.tight_layout()
     _unstack_labels(fig, labels)
-    path = out / f"quality_{kind}.{ext}"
+    path = out / f"{file_name or 'quality_' + kind}.{ext}"
     fig.savefig(path)
     plt.close(fig)
     return [path]
@@ -321,6 +371,66 @@ def plot_serve(rows, out, ext, machine):
     return _save(plt, fig, out / f"serve.{ext}")
 
 
+def plot_speed(step_rows, llama_rows, out, ext, machine, name="speed"):
+    """Decode (one sequence) and prefill tokens/s against the depth already in the
+    cache: kvcache per products and threads, llama-bench per threads."""
+    plt = _plt()
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 4.2))
+    decode, prefill = defaultdict(list), defaultdict(list)
+    for r in step_rows:
+        if r.get("streams") != 1:
+            continue
+        label = f"kvcache {r.get('matmul', '?')}, {r.get('threads', '?')} thr"
+        decode[label].append((r["context"], r["tokens_per_s"]))
+        if r.get("prefill_tokens_per_s"):
+            prefill[label].append((r["context"], r["prefill_tokens_per_s"]))
+    for r in llama_rows:
+        label = f"llama.cpp, {r.get('n_threads', '?')} thr"
+        if r["n_gen"] > 0 and r.get("n_prompt", 0) == 0:
+            decode[label].append((r["n_depth"], r["avg_ts"]))
+        elif r.get("n_prompt", 0) > 0 and r["n_gen"] == 0:
+            prefill[label].append((r["n_depth"], r["avg_ts"]))
+    for ax, series, what in ((a1, decode, "decode, one sequence"), (a2, prefill, "prefill")):
+        for label, pts in sorted(series.items()):
+            pts.sort()
+            style = "--" if label.startswith("llama.cpp") else "-"
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], style, marker="o", ms=3, label=label)
+        ax.set_xlabel("depth (tokens already in the cache)")
+        ax.set_ylabel("tokens/s")
+        ax.set_title(what, fontsize=9)
+        ax.set_ylim(bottom=0)
+        if series:
+            ax.legend(fontsize=7)
+    rows = step_rows or llama_rows
+    fig.suptitle(_title(f"Decode and prefill against depth ({model_of(rows[0]) or 'model'})", step_rows,
+                        machine), fontsize=10)
+    return _save(plt, fig, out / f"{name}.{ext}")
+
+
+def plot_memory(rows, out, ext, machine, name="memory"):
+    """Bytes per sequence at the rows' context: the layout kept (sliding layers
+    holding their windows) against every layer holding every position."""
+    plt = _plt()
+    labels = [r.get("kv_format", "?") for r in rows]
+    mib = 1 << 20
+    fig, ax = plt.subplots(figsize=(max(6, 1.1 * len(rows) + 2), 4.5))
+    _grouped_bars(ax, labels, {"as kept (hybrid)": [r["bytes_per_sequence"] / mib for r in rows],
+                               "every layer whole": [r["full_only_bytes_per_sequence"] / mib for r in rows]},
+                  "MiB per sequence")
+    ax.set_xlabel("K/V format (per layer group where named)")
+    ctx = rows[0].get("context", "?")
+    ax.set_title(_title(f"Cache bytes per {ctx}-token sequence ({model_of(rows[0]) or 'model'})", rows, machine),
+                 fontsize=10)
+    return _save(plt, fig, out / f"{name}.{ext}")
+
+
+def _names(groups, base):
+    """One file name per group: `base` alone for a single group, else base_<slug>."""
+    if len(groups) == 1:
+        return {k: base for k in groups}
+    return {k: f"{base}_{slug('_'.join(str(x) for x in k if x not in (None, '')))}" for k in groups}
+
+
 def plot_files(paths, out_dir, ext="png", machine=None):
     """Charts for every recognised row in `paths`; returns the files written."""
     out = pathlib.Path(out_dir)
@@ -333,15 +443,28 @@ def plot_files(paths, out_dir, ext="png", machine=None):
             if k:
                 by_kind[k].append(r)
     if not by_kind:
-        raise ValueError("no kvcache bench/eval/perplexity/simulate/bench_serve rows in " + ", ".join(map(str, paths)))
+        raise ValueError("no kvcache bench/eval/perplexity/simulate/bench_serve/info rows in " + ", ".join(map(str, paths)))
     files = []
     if by_kind["attention"]:
         files += plot_attention(by_kind["attention"], out, ext, machine)
     if by_kind["encode"]:
         files += plot_encode(by_kind["encode"], out, ext, machine)
-    for k in ("eval", "perplexity"):
-        if by_kind[k]:
-            files += plot_quality(by_kind[k], out, ext, machine, k)
+    if by_kind["eval"]:
+        files += plot_quality(by_kind["eval"], out, ext, machine, "eval")
+    if by_kind["perplexity"]:
+        groups = split_by(by_kind["perplexity"], lambda r: (model_of(r), r.get("num_tokens")))
+        for key, name in _names(groups, "quality_perplexity").items():
+            files += plot_quality(groups[key], out, ext, machine, "perplexity", name)
+    if by_kind["step"] or by_kind["llama_bench"]:
+        groups = split_by(by_kind["step"] + by_kind["llama_bench"], lambda r: (model_of(r),))
+        for key, name in _names(groups, "speed").items():
+            rows = groups[key]
+            files += plot_speed([r for r in rows if kind_of(r) == "step"],
+                                [r for r in rows if kind_of(r) == "llama_bench"], out, ext, machine, name)
+    if by_kind["memory"]:
+        groups = split_by(by_kind["memory"], lambda r: (model_of(r), r.get("context")))
+        for key, name in _names(groups, "memory").items():
+            files += plot_memory(groups[key], out, ext, machine, name)
     if by_kind["simulate"]:
         files += plot_simulate(by_kind["simulate"], out, ext, machine)
     if by_kind["serve"]:

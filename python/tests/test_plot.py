@@ -113,3 +113,42 @@ def test_short_pair_names_one_format_once():
     assert plot.short_pair("q8_0:q8_0") == "q8_0"
     assert plot.short_pair("turbo4:turbo4i") == "turbo4:turbo4i"
     assert plot.short_pair("turbo4:turbo3+s4+r120") == "turbo4:turbo3+s4+r120"
+
+
+def test_speed_memory_and_per_model_quality_charts(tmp_path):
+    """bench step documents (their rows take the document's context, threads and
+    products), llama-bench rows, info documents, and perplexity rows of two models
+    give speed.png, memory.png and one quality chart per model and length."""
+    steps = tmp_path / "steps.jsonl"
+    steps.write_text("\n".join(json.dumps({
+        "model": "/m/gemma.gguf", "matmul": m, "threads": 2, "context": c, "simd_target": "AVX3",
+        "results": [{"kv_format": "bf16", "streams": 1, "step_ms": 10.0 + c / 4096, "ms_per_token": 10.0,
+                     "tokens_per_s": 1e3 / (10.0 + c / 4096), "prefill_tokens": 512,
+                     "prefill_tokens_per_s": 500.0 - c / 100}]})
+        for m in ("auto", "int8") for c in (16, 4096, 16384)))
+    llama = tmp_path / "llama.json"
+    llama.write_text(json.dumps([{"model_filename": "/m/gemma.gguf", "n_threads": 2, "n_prompt": p, "n_gen": g,
+                                  "n_depth": d, "avg_ts": 90.0 - d / 1000}
+                                 for d in (0, 4096, 16384) for p, g in ((512, 0), (0, 32))]))
+    info = tmp_path / "info.jsonl"
+    info.write_text("\n".join(json.dumps({"model": "/m/gemma.gguf", "context": 32768, "kv_format": f,
+                                          "bytes_per_sequence": b, "full_only_bytes_per_sequence": 5 * b,
+                                          "groups": []})
+                              for f, b in (("bf16", 3 << 20), ("q8_0", 2 << 20))))
+    ppl = tmp_path / "ppl.json"
+    ppl.write_text(json.dumps(
+        [{"model": f"/m/{m}.gguf", "num_tokens": n, "scored_from": n // 2, "kv_format": f, "kl_vs_f32": kl,
+          "k_bits_per_value": 4.5, "v_bits_per_value": 4.5, "cache_bits_per_value": cb}
+         for m, n in (("gemma", 8192), ("smol", 1024))
+         for f, kl, cb in (("bf16", 1e-5, 16.0), ("global=turbo4+s4+r120,local=q8_0", 1e-2, 4.85))]))
+    rows = plot.load_rows(steps)
+    assert len(rows) == 6 and rows[0]["context"] == 16 and rows[0]["matmul"] == "auto"
+    assert plot.kind_of(rows[0]) == "step"
+    # Whole-cache bits win over K's and V's.
+    assert [p[0] for p in plot.quality_series(plot.load_rows(ppl)[:2], "perplexity")["formats"]] == [16.0, 4.85]
+    files = plot.plot_files([steps, llama, info, ppl], tmp_path / "img")
+    names = sorted(f.name for f in files)
+    assert names == ["memory.png", "quality_perplexity_gemma-8192.png", "quality_perplexity_smol-1024.png",
+                     "speed.png"]
+    for f in files:
+        assert f.read_bytes()[:8] == PNG and f.stat().st_size > 5000
