@@ -3,14 +3,10 @@
 
 #include <cmath>
 
+#include "model/tensor/activations.h"
 #include "model/tensor/ops.h"
 
 namespace kvcache::model {
-
-float GeluTanh(float x) {
-  constexpr float kSqrt2OverPi = 0.7978845608028654f;
-  return 0.5f * x * (1.0f + std::tanh(kSqrt2OverPi * (x + 0.044715f * x * x * x)));
-}
 
 Gemma3Architecture::Gemma3Architecture(const Model& model)
     : model_(&model), embed_scale_(std::sqrt(static_cast<float>(model.config().dim))) {}
@@ -72,11 +68,12 @@ void Gemma3Architecture::FeedForward(uint32_t l, const Pass& p) const {
   p.NormRows(p.x, w.rms_ffn, p.xb, c.dim, c.rms_eps);
   p.Product(w.w1, p.xb, p.hb);
   p.Product(w.w3, p.xb, p.hb2);
-  // GeGLU.
+  // GeGLU: gelu_tanh(gate) * up, each token's row at once.
   float* hb = p.hb;
   const float* hb2 = p.hb2;
   p.ForTokens([&](uint32_t t0, uint32_t t1) {
-    for (size_t j = size_t{t0} * hidden; j < size_t{t1} * hidden; ++j) hb[j] = GeluTanh(hb[j]) * hb2[j];
+    const size_t at = size_t{t0} * hidden;
+    GeGluTanh(hb + at, hb2 + at, size_t{t1 - t0} * hidden);
   });
   p.Product(w.w2, p.hb, p.xb);
   p.NormRows(p.xb, w.post_ffn_norm, p.xb, c.dim, c.rms_eps);

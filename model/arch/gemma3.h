@@ -44,7 +44,4 @@ class Gemma3Architecture final : public Architecture {
   float embed_scale_;
 };
 
-// GELU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
-float GeluTanh(float x);
-
 }  // namespace kvcache::model

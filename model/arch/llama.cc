@@ -3,6 +3,7 @@
 
 #include <cmath>
 
+#include "model/tensor/activations.h"
 #include "model/tensor/ops.h"
 
 namespace kvcache::model {
@@ -38,14 +39,12 @@ void LlamaArchitecture::FeedForward(uint32_t l, const Pass& p) const {
   NormInput(p, w.rms_ffn);
   p.Product(w.w1, p.xb, p.hb);
   p.Product(w.w3, p.xb, p.hb2);
-  // SwiGLU.
+  // SwiGLU: silu(gate) * up, each token's row at once.
   float* hb = p.hb;
   const float* hb2 = p.hb2;
   p.ForTokens([&](uint32_t t0, uint32_t t1) {
-    for (size_t j = size_t{t0} * hidden; j < size_t{t1} * hidden; ++j) {
-      const float a = hb[j];
-      hb[j] = a / (1.0f + std::exp(-a)) * hb2[j];
-    }
+    const size_t at = size_t{t0} * hidden;
+    SwiGlu(hb + at, hb2 + at, size_t{t1 - t0} * hidden);
   });
   p.Product(w.w2, p.hb, p.xb);
 }

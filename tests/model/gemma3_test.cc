@@ -16,6 +16,7 @@
 #include "gemma3_gguf.h"
 #include "kv_logits.h"
 #include "model/arch/gemma3.h"
+#include "model/tensor/activations.h"
 #include "model/decoder/decoder.h"
 #include "model/decoder/gguf_model.h"
 #include "model/kv/cache_kv.h"
@@ -106,9 +107,9 @@ TEST(Gemma3, RefusesBadInputNamingIt) {
 }
 
 TEST(Gemma3, GeluIsTheTanhApproximation) {
-  EXPECT_FLOAT_EQ(GeluTanh(0.0f), 0.0f);
-  EXPECT_NEAR(GeluTanh(1.0f), 0.841192f, 1e-5f);
-  EXPECT_NEAR(GeluTanh(-2.0f), -0.0454023f, 1e-5f);
+  EXPECT_FLOAT_EQ(GeluTanhScalar(0.0f), 0.0f);
+  EXPECT_NEAR(GeluTanhScalar(1.0f), 0.841192f, 1e-5f);
+  EXPECT_NEAR(GeluTanhScalar(-2.0f), -0.0454023f, 1e-5f);
 }
 
 // Plain attention of one query head over positions [first, pos] of one kv
