@@ -314,8 +314,11 @@ def plot_quality(rows, out, ext, machine, kind, file_name=None):
         ax.plot([p[0] for p in front], [p[1] for p in front], "--", lw=1,
                 label=f"Pareto front ({label})" if series["eviction"] else "Pareto front")
     ax.set_yscale("log")
-    ax.set_xlabel("bits per value (mean of K and V, scales included"
-                  + ("; eviction: per position of the text" if series["eviction"] else "") + ")")
+    whole = any(r.get("cache_bits_per_value") for r in rows)
+    ax.set_xlabel(("bits per value over the whole cache at the measured length" if whole else
+                   "bits per value (mean of K and V, scales included")
+                  + ("; eviction: per position of the text" if series["eviction"] else "")
+                  + ("" if whole else ")"))
     ax.set_ylabel(ylabel + (f"; 0 drawn at {floor:.0e}" if any(p[1] == 0 for p in pts) else ""))
     ax.legend(fontsize=8)
     src = rows[0].get("model") or rows[0].get("data") or ""
