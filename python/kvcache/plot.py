@@ -21,10 +21,11 @@ Reads the JSON that the CLI prints and writes one PNG (or SVG) chart per idea:
   sequence at that context, the hybrid layout against every layer kept whole
   (``memory.png``).
 
-Perplexity rows of several models or text lengths give one quality chart each
-(``quality_perplexity_<model>_<tokens>.png``), at the bits per value the whole cache
-holds where the rows say (per-group formats and windows counted); the speed and
-memory charts likewise split per model.
+Perplexity rows give one quality chart per model and text length
+(``quality_perplexity_<model>_<tokens>.png``; ``quality_perplexity.png`` for rows that
+name neither), at the bits per value the whole cache holds where the rows say
+(per-group formats and windows counted); the speed and memory charts split per model
+when several are given.
 
 Each input is recognised by its fields, so files can be given in any order; a file
 may hold one JSON document or one object per line. Titles name the machine's CPU
@@ -455,9 +456,13 @@ def plot_files(paths, out_dir, ext="png", machine=None):
     if by_kind["eval"]:
         files += plot_quality(by_kind["eval"], out, ext, machine, "eval")
     if by_kind["perplexity"]:
+        # One chart per model and text length, named by them where the rows
+        # say (a stable name whatever else is drawn in the same run).
         groups = split_by(by_kind["perplexity"], lambda r: (model_of(r), r.get("num_tokens")))
-        for key, name in _names(groups, "quality_perplexity").items():
-            files += plot_quality(groups[key], out, ext, machine, "perplexity", name)
+        for key, rows in groups.items():
+            named = "_".join(str(x) for x in key if x not in (None, ""))
+            name = f"quality_perplexity_{slug(named)}" if named else "quality_perplexity"
+            files += plot_quality(rows, out, ext, machine, "perplexity", name)
     if by_kind["step"] or by_kind["llama_bench"]:
         groups = split_by(by_kind["step"] + by_kind["llama_bench"], lambda r: (model_of(r),))
         for key, name in _names(groups, "speed").items():

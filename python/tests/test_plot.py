@@ -152,3 +152,7 @@ def test_speed_memory_and_per_model_quality_charts(tmp_path):
                      "speed.png"]
     for f in files:
         assert f.read_bytes()[:8] == PNG and f.stat().st_size > 5000
+    # One model's rows alone keep their model's name.
+    one = tmp_path / "one.json"
+    one.write_text(json.dumps([r for r in json.loads(ppl.read_text()) if "gemma" in r["model"]]))
+    assert [f.name for f in plot.plot_files([one], tmp_path / "img1")] == ["quality_perplexity_gemma-8192.png"]
