@@ -82,6 +82,11 @@ uint32_t Span(const BenchStepOptions& o) { return o.context + std::max<uint32_t>
 // --prefill fork.
 uint32_t Forks(const BenchStepOptions& o) { return o.prefill > 0 ? 2 : 1; }
 
+// Wall seconds since t0.
+double SecondsSince(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
 // Prefill chunks: the engine's default step budget.
 constexpr uint32_t kPrefillChunk = 256;
 
@@ -150,7 +155,7 @@ Result<nlohmann::json> RunOne(model::Decoder& decoder, const FormatPair& formats
     const std::vector<int32_t> own = draw(o.context - o.shared);
     const auto t0 = std::chrono::steady_clock::now();
     KV_RETURN_IF_ERROR(Prefill(decoder, *f, own));
-    if (s == 0) fill_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (s == 0) fill_s = SecondsSince(t0);
     seqs.push_back(std::move(f));
   }
   std::vector<int32_t> next = draw(streams);
@@ -165,7 +170,7 @@ Result<nlohmann::json> RunOne(model::Decoder& decoder, const FormatPair& formats
     fo.profile = &one;
     const auto t0 = std::chrono::steady_clock::now();
     KV_RETURN_IF_ERROR(decoder.ForwardBatch(items, logits, fo));
-    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double dt = SecondsSince(t0);
     for (auto& s : seqs) KV_RETURN_IF_ERROR(s->Truncate(o.context));
     if (step == 0) continue;
     times.push_back(dt);
@@ -186,7 +191,7 @@ Result<nlohmann::json> RunOne(model::Decoder& decoder, const FormatPair& formats
       KV_ASSIGN_OR_RETURN(std::unique_ptr<model::KvBackend> f, seqs[0]->Fork());
       const auto t0 = std::chrono::steady_clock::now();
       KV_RETURN_IF_ERROR(Prefill(decoder, *f, more));
-      prefill_times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+      prefill_times.push_back(SecondsSince(t0));
     }
   }
   nlohmann::json r;
@@ -215,7 +220,7 @@ Result<nlohmann::json> RunBench(const BenchStepOptions& o) {
     return Status::InvalidArgument("bench step: want 0 <= --shared < --context");
   }
   if (o.threads == 0 || o.steps == 0) return Status::InvalidArgument("bench step: --threads and --steps must be > 0");
-  if (o.prefill > 0 && o.prefill > 65536) return Status::InvalidArgument("bench step: --prefill must be <= 65536");
+  if (o.prefill > 65536) return Status::InvalidArgument("bench step: --prefill must be <= 65536");
   KV_ASSIGN_OR_RETURN(std::vector<uint32_t> counts, ParseCounts(o.streams));
   model::GgufLoadOptions load;
   KV_ASSIGN_OR_RETURN(load.matmul_inputs, model::ParseMatMulInputs(o.matmul));
