@@ -16,6 +16,17 @@ void Pass::NormRows(const float* in, std::span<const float> weight, float* out, 
   });
 }
 
+void Pass::GatedFeedForward(const LayerWeights& w, uint32_t hidden,
+                            void (*gate_times_up)(float* gate, const float* up, size_t n)) const {
+  Product(w.w1, xb, hb);
+  Product(w.w3, xb, hb2);
+  ForTokens([&](uint32_t t0, uint32_t t1) {
+    const size_t at = size_t{t0} * hidden;
+    gate_times_up(hb + at, hb2 + at, size_t{t1 - t0} * hidden);
+  });
+  Product(w.w2, hb, xb);
+}
+
 std::unique_ptr<Architecture> MakeArchitecture(const Model& model) {
   switch (model.config().family) {
     case ModelFamily::kGemma3: return std::make_unique<Gemma3Architecture>(model);

@@ -98,6 +98,13 @@ struct Pass {
 
   // RmsNorm of each token's `dim` values of in into out (rows of `dim`).
   void NormRows(const float* in, std::span<const float> weight, float* out, uint32_t dim, float eps) const;
+
+  // A gated feed-forward over the normed input in xb: hb = w1 * xb (the
+  // gate), hb2 = w3 * xb (up), gate_times_up(hb, hb2, values) in place over
+  // each token's `hidden` values, xb = w2 * hb. GeGLU and SwiGLU differ
+  // only in gate_times_up.
+  void GatedFeedForward(const LayerWeights& w, uint32_t hidden,
+                        void (*gate_times_up)(float* gate, const float* up, size_t n)) const;
 };
 
 enum class AttentionKind : uint8_t {

@@ -63,19 +63,9 @@ void Gemma3Architecture::AttentionProjection(uint32_t l, const Pass& p) const {
 
 void Gemma3Architecture::FeedForward(uint32_t l, const Pass& p) const {
   const ModelConfig& c = config();
-  const uint32_t hidden = c.hidden_dim;
   const LayerWeights& w = model_->layer(l);
   p.NormRows(p.x, w.rms_ffn, p.xb, c.dim, c.rms_eps);
-  p.Product(w.w1, p.xb, p.hb);
-  p.Product(w.w3, p.xb, p.hb2);
-  // GeGLU: gelu_tanh(gate) * up, each token's row at once.
-  float* hb = p.hb;
-  const float* hb2 = p.hb2;
-  p.ForTokens([&](uint32_t t0, uint32_t t1) {
-    const size_t at = size_t{t0} * hidden;
-    GeGluTanh(hb + at, hb2 + at, size_t{t1 - t0} * hidden);
-  });
-  p.Product(w.w2, p.hb, p.xb);
+  p.GatedFeedForward(w, c.hidden_dim, &GeGluTanh);  // gelu_tanh(gate) * up
   p.NormRows(p.xb, w.post_ffn_norm, p.xb, c.dim, c.rms_eps);
 }
 

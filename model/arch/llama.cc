@@ -34,19 +34,9 @@ void LlamaArchitecture::AttentionProjection(uint32_t l, const Pass& p) const {
 }
 
 void LlamaArchitecture::FeedForward(uint32_t l, const Pass& p) const {
-  const uint32_t hidden = config().hidden_dim;
   const LayerWeights& w = model_->layer(l);
   NormInput(p, w.rms_ffn);
-  p.Product(w.w1, p.xb, p.hb);
-  p.Product(w.w3, p.xb, p.hb2);
-  // SwiGLU: silu(gate) * up, each token's row at once.
-  float* hb = p.hb;
-  const float* hb2 = p.hb2;
-  p.ForTokens([&](uint32_t t0, uint32_t t1) {
-    const size_t at = size_t{t0} * hidden;
-    SwiGlu(hb + at, hb2 + at, size_t{t1 - t0} * hidden);
-  });
-  p.Product(w.w2, p.hb, p.xb);
+  p.GatedFeedForward(w, config().hidden_dim, &SwiGlu);  // silu(gate) * up
 }
 
 void LlamaArchitecture::FinalNorm(const float* x, float* out) const {

@@ -85,6 +85,26 @@ Result<std::shared_ptr<const HybridModel>> HybridKv::MakeModel(const AttentionSh
   return HybridModel::Create(geometry, options.formats, std::move(layers), ho);
 }
 
+namespace {
+
+// The most f(S, W, L, G) over the heads of the layers in `group`: each
+// head's sinks S, kept positions W (window plus heavy hitters), and its
+// layer's lookback L and slack G.
+template <class F>
+uint64_t MostOverHeads(const HybridModel& model, int group, const F& f) {
+  uint64_t most = 0;
+  for (uint32_t l = 0; l < model.n_layers(); ++l) {
+    if (model.group(l) != group) continue;
+    const uint64_t L = model.options().window_lookback_tokens, G = model.window_slack(l);
+    for (const EvictionPolicy& p : model.head_policies(l)) {
+      most = std::max<uint64_t>(most, f(p.sink_tokens, uint64_t{p.window_tokens} + p.heavy_tokens, L, G));
+    }
+  }
+  return most;
+}
+
+}  // namespace
+
 uint64_t HybridKv::BlocksAt(const HybridModel& model, int group, uint64_t tokens) {
   const uint64_t B = model.geometry().block_size();
   const uint64_t all = (tokens + B - 1) / B;
@@ -92,20 +112,11 @@ uint64_t HybridKv::BlocksAt(const HybridModel& model, int group, uint64_t tokens
   // A window head (sink S, window W, lookback L, slack G) keeps positions
   // p < S and p >= lo(n) = S + G * floor((n - S - W - L) / G) once n > S + W + L
   // (hybrid.h); a heavy-hitter head its budget plus the lookback and slack.
-  uint64_t most = 0;
-  for (uint32_t l = 0; l < model.n_layers(); ++l) {
-    if (model.group(l) != group) continue;
-    const uint64_t L = model.options().window_lookback_tokens, G = model.window_slack(l);
-    for (const EvictionPolicy& p : model.head_policies(l)) {
-      const uint64_t S = p.sink_tokens, W = uint64_t{p.window_tokens} + p.heavy_tokens;
-      uint64_t blocks = all;
-      if (tokens > S + W + L) {
-        const uint64_t lo = S + G * ((tokens - S - W - L) / G);
-        blocks = (S + B - 1) / B + (tokens + B - 1) / B - lo / B;
-      }
-      most = std::max(most, blocks);
-    }
-  }
+  const uint64_t most = MostOverHeads(model, group, [&](uint64_t S, uint64_t W, uint64_t L, uint64_t G) {
+    if (tokens <= S + W + L) return all;
+    const uint64_t lo = S + G * ((tokens - S - W - L) / G);
+    return (S + B - 1) / B + (tokens + B - 1) / B - lo / B;
+  });
   return std::min(all, most);
 }
 
@@ -116,15 +127,10 @@ uint64_t HybridKv::BlocksPerSequence(const HybridModel& model, int group, uint64
   // BlocksAt peaks just before a head drops G rows: its sinks, then
   // W + L + G - 1 recent positions, which start on a block boundary only
   // when the sinks fill whole blocks.
-  uint64_t most = 0;
-  for (uint32_t l = 0; l < model.n_layers(); ++l) {
-    if (model.group(l) != group) continue;
-    const uint64_t L = model.options().window_lookback_tokens, G = model.window_slack(l);
-    for (const EvictionPolicy& p : model.head_policies(l)) {
-      const uint64_t S = p.sink_tokens, recent = uint64_t{p.window_tokens} + p.heavy_tokens + L + G - 1;
-      most = std::max(most, (S + B - 1) / B + (recent + B - 1) / B + (S % B != 0 ? 1 : 0));
-    }
-  }
+  const uint64_t most = MostOverHeads(model, group, [&](uint64_t S, uint64_t W, uint64_t L, uint64_t G) {
+    const uint64_t recent = W + L + G - 1;
+    return (S + B - 1) / B + (recent + B - 1) / B + (S % B != 0 ? 1 : 0);
+  });
   return std::min(all, most);
 }
 
