@@ -1,6 +1,8 @@
 // The real models' tests load each model once per product kind and binary:
-// LoadOnce(path, seq_len, inputs) keeps every (path, inputs) it loaded, and
-// fails the calling test with the reason (and `hint`) when it cannot load.
+// LoadOnce(path, seq_len, inputs) keeps every (path, seq_len, inputs) it
+// loaded (a test that asks for a longer context than another gets its own
+// copy, whichever test runs first), and fails the calling test with the
+// reason (and `hint`) when it cannot load.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -8,7 +10,7 @@
 #include <map>
 #include <memory>
 #include <string>
-#include <utility>
+#include <tuple>
 
 #include "model/decoder/loaded_model.h"
 
@@ -20,8 +22,8 @@ inline const LoadedModel* LoadOnce(const std::string& path, uint32_t seq_len, Ma
     std::unique_ptr<LoadedModel> model;
     std::string error;
   };
-  static std::map<std::pair<std::string, MatMulInputs>, Loaded> loaded;
-  auto [it, fresh] = loaded.try_emplace({path, inputs});
+  static std::map<std::tuple<std::string, uint32_t, MatMulInputs>, Loaded> loaded;
+  auto [it, fresh] = loaded.try_emplace({path, seq_len, inputs});
   if (fresh) {
     GgufLoadOptions o;
     o.max_seq_len = seq_len;
