@@ -9,7 +9,9 @@
 // concatenated, so a trial differs from the others only in the key's
 // tokens: the filler before the key is prefilled once per depth and each
 // trial forks it (KvBackend::Fork); model::Generate answers. Keys are drawn
-// from --seed.
+// from --seed. --prompt-key K prints the prompt of key K at each depth as
+// token ids and runs nothing, so another engine can be asked the very same
+// prompt (scripts/passkey_llama.py).
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -39,6 +41,7 @@ struct PasskeyOptions {
   std::string kv_format = "f32", layout = "paged", backend = "cache", eviction;
   uint32_t block_size = 16;
   bool json = false;
+  std::string prompt_key;
 };
 
 constexpr const char* kFiller = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. ";
@@ -67,25 +70,101 @@ Result<std::vector<int32_t>> Ids(const model::LoadedModel& lm, const std::string
   return ids;
 }
 
-Result<nlohmann::json> RunPasskey(const PasskeyOptions& o) {
-  if (o.trials == 0 || o.chunk == 0) return Status::InvalidArgument("passkey: --trials and --chunk must be >= 1");
-  KV_ASSIGN_OR_RETURN(std::vector<double> depths, ParseDepths(o.depths));
+// The pieces every prompt is made of, tokenized alone: BOS (when the model
+// adds one), the filler sentences, the question.
+struct PromptParts {
+  std::vector<int32_t> with_bos, filler, question;
+  int32_t bos = -1;
+  size_t filler_total = 0;  // filler tokens of a prompt (the key's budget aside)
+};
+
+// Tokens set aside for the key's sentence; the filler after the key takes
+// up the difference, so every prompt is --context tokens long whatever the
+// sentence's length.
+constexpr size_t kNeedleBudget = 24;
+
+Result<PromptParts> MakeParts(const model::LoadedModel& lm, uint32_t context) {
+  PromptParts parts;
+  KV_ASSIGN_OR_RETURN(parts.with_bos, lm.Encode(""));
+  parts.bos = parts.with_bos.empty() ? -1 : parts.with_bos[0];
+  KV_ASSIGN_OR_RETURN(parts.filler, Ids(lm, kFiller, parts.bos));
+  KV_ASSIGN_OR_RETURN(parts.question, Ids(lm, "What is the pass key? The pass key is", parts.bos));
+  if (parts.filler.empty()) return Status::InvalidArgument("passkey: the filler encodes to nothing");
+  const size_t fixed = parts.with_bos.size() + parts.question.size() + kNeedleBudget;
+  if (fixed + parts.filler.size() > context) return Status::InvalidArgument("passkey: --context is too short");
+  parts.filler_total = context - fixed;
+  return parts;
+}
+
+// Filler tokens before the key at `depth`.
+size_t FillerBefore(const PromptParts& parts, double depth) {
+  return static_cast<size_t>(depth * static_cast<double>(parts.filler_total));
+}
+
+// BOS and the filler before the key: the part every trial at a depth shares.
+std::vector<int32_t> PromptPrefix(const PromptParts& parts, size_t before) {
+  std::vector<int32_t> prefix(parts.with_bos.begin(), parts.with_bos.end());
+  for (size_t i = 0; i < before; ++i) prefix.push_back(parts.filler[i % parts.filler.size()]);
+  return prefix;
+}
+
+// The key's sentence, the filler after it, the question.
+Result<std::vector<int32_t>> PromptRest(const model::LoadedModel& lm, const PromptParts& parts, size_t before,
+                                        const std::string& key) {
+  KV_ASSIGN_OR_RETURN(std::vector<int32_t> rest,
+                      Ids(lm, "The pass key is " + key + ". Remember it. " + key + " is the pass key. ", parts.bos));
+  const size_t room = parts.filler_total + kNeedleBudget - before;  // the key's sentence and the filler after it
+  if (rest.size() > room) {
+    return Status::InvalidArgument("passkey: the key '" + key + "' takes " + std::to_string(rest.size()) +
+                                   " tokens, past the " + std::to_string(room) + " left after the filler before it");
+  }
+  // The filler after the key goes on from where the filler before it stopped.
+  const size_t after = room - rest.size();
+  for (size_t i = before; i < before + after; ++i) {
+    rest.push_back(parts.filler[i % parts.filler.size()]);
+  }
+  rest.insert(rest.end(), parts.question.begin(), parts.question.end());
+  return rest;
+}
+
+Result<std::unique_ptr<model::LoadedModel>> LoadForPasskey(const PasskeyOptions& o) {
   model::GgufLoadOptions load;
   load.max_seq_len = o.context + kAnswerTokens;
   KV_ASSIGN_OR_RETURN(load.matmul_inputs, model::ParseMatMulInputs(o.matmul));
-  KV_ASSIGN_OR_RETURN(std::unique_ptr<model::LoadedModel> lm,
-                      model::LoadedModel::Load(o.model_path, o.tokenizer_path, load));
+  return model::LoadedModel::Load(o.model_path, o.tokenizer_path, load);
+}
+
+// --prompt-key: the prompt of that key at each depth, as ids.
+Result<nlohmann::json> PrintPrompts(const PasskeyOptions& o) {
+  KV_ASSIGN_OR_RETURN(std::vector<double> depths, ParseDepths(o.depths));
+  KV_ASSIGN_OR_RETURN(std::unique_ptr<model::LoadedModel> lm, LoadForPasskey(o));
+  KV_ASSIGN_OR_RETURN(PromptParts parts, MakeParts(*lm, o.context));
+  nlohmann::json out;
+  out["model"] = o.model_path;
+  out["context"] = o.context;
+  out["key"] = o.prompt_key;
+  out["prompts"] = nlohmann::json::array();
+  for (double depth : depths) {
+    const size_t before = FillerBefore(parts, depth);
+    std::vector<int32_t> prompt = PromptPrefix(parts, before);
+    KV_ASSIGN_OR_RETURN(std::vector<int32_t> rest, PromptRest(*lm, parts, before, o.prompt_key));
+    prompt.insert(prompt.end(), rest.begin(), rest.end());
+    out["prompts"].push_back({{"depth", depth}, {"ids", prompt}});
+  }
+  return out;
+}
+
+Result<nlohmann::json> RunPasskey(const PasskeyOptions& o) {
+  if (o.trials == 0 || o.chunk == 0) return Status::InvalidArgument("passkey: --trials and --chunk must be >= 1");
+  KV_ASSIGN_OR_RETURN(std::vector<double> depths, ParseDepths(o.depths));
+  KV_ASSIGN_OR_RETURN(std::unique_ptr<model::LoadedModel> lm, LoadForPasskey(o));
   model::Decoder decoder(lm->model(), std::max(1u, o.threads));
   KV_ASSIGN_OR_RETURN(model::KvBackendOptions kv, model::ParseKvBackendOptions(o.kv_format, o.layout, o.backend,
                                                                                o.block_size));
   KV_ASSIGN_OR_RETURN(kv.eviction, model::ParseEvictionSpec(o.eviction));
   kv.max_chunk_tokens = o.chunk;
   kv.attention_pool = decoder.thread_pool();
-  KV_ASSIGN_OR_RETURN(std::vector<int32_t> with_bos, lm->Encode(""));
-  const int32_t bos = with_bos.empty() ? -1 : with_bos[0];
-  KV_ASSIGN_OR_RETURN(std::vector<int32_t> filler, Ids(*lm, kFiller, bos));
-  KV_ASSIGN_OR_RETURN(std::vector<int32_t> question, Ids(*lm, "What is the pass key? The pass key is", bos));
-  if (filler.empty()) return Status::InvalidArgument("passkey: the filler encodes to nothing");
+  KV_ASSIGN_OR_RETURN(PromptParts parts, MakeParts(*lm, o.context));
   std::mt19937 rng(o.seed);
   std::uniform_int_distribution<int> digits(10000, 99999);
   nlohmann::json out;
@@ -96,27 +175,15 @@ Result<nlohmann::json> RunPasskey(const PasskeyOptions& o) {
   out["trials"] = o.trials;
   out["results"] = nlohmann::json::array();
   for (double depth : depths) {
-    // Key sentence ids vary in length by a token or two; the budget counts the longest.
-    const size_t needle_budget = 24;
-    const size_t fixed = with_bos.size() + question.size() + needle_budget;
-    if (fixed + filler.size() > o.context) return Status::InvalidArgument("passkey: --context is too short");
-    const size_t filler_total = o.context - fixed;
-    const size_t before = static_cast<size_t>(depth * static_cast<double>(filler_total));
-    std::vector<int32_t> prefix(with_bos.begin(), with_bos.end());
-    for (size_t i = 0; i < before; ++i) prefix.push_back(filler[i % filler.size()]);
+    const size_t before = FillerBefore(parts, depth);
+    const std::vector<int32_t> prefix = PromptPrefix(parts, before);
     KV_ASSIGN_OR_RETURN(auto root, model::CreateKvBackend(decoder.attention_shape(), kv));
     KV_RETURN_IF_ERROR(model::PrefillInChunks(decoder, *root, prefix, o.chunk));
     uint32_t found = 0;
     nlohmann::json answers = nlohmann::json::array();
     for (uint32_t t = 0; t < o.trials; ++t) {
       const std::string key = std::to_string(digits(rng));
-      KV_ASSIGN_OR_RETURN(std::vector<int32_t> needle,
-                          Ids(*lm, "The pass key is " + key + ". Remember it. " + key + " is the pass key. ", bos));
-      std::vector<int32_t> rest = needle;
-      for (size_t i = before; i < filler_total + needle_budget - needle.size(); ++i) {
-        rest.push_back(filler[i % filler.size()]);
-      }
-      rest.insert(rest.end(), question.begin(), question.end());
+      KV_ASSIGN_OR_RETURN(std::vector<int32_t> rest, PromptRest(*lm, parts, before, key));
       KV_ASSIGN_OR_RETURN(auto seq, root->Fork());
       // All but the prompt's last token in chunks; Generate runs that one
       // and answers greedily.
@@ -159,8 +226,19 @@ const bool kRegistered = RegisterOptionsCommand<PasskeyOptions>(
       app->add_option("--eviction", o.eviction, "streaming:SINKS,WINDOW | h2o:BUDGET,RECENT (bounded cache)");
       AddKvBackendFlags(app, o.kv_format, o.layout, o.block_size, o.backend);
       app->add_flag("--json", o.json, "Print JSON (with every answer)");
+      app->add_option("--prompt-key", o.prompt_key,
+                      "Print the prompt of this key at each depth as token ids (JSON) and run nothing");
     },
     [](const PasskeyOptions& o) {
+      if (!o.prompt_key.empty()) {
+        auto p = PrintPrompts(o);
+        if (!p.ok()) {
+          fmt::print(stderr, "kvcache passkey: {}\n", p.status().ToString());
+          return 2;
+        }
+        fmt::print("{}\n", p->dump());
+        return 0;
+      }
       auto r = RunPasskey(o);
       if (!r.ok()) {
         fmt::print(stderr, "kvcache passkey: {}\n", r.status().ToString());

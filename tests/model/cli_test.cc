@@ -2,8 +2,10 @@
 // and the demo report function.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "cli_runner.h"
 #include "model_fixture.h"
@@ -154,6 +156,31 @@ TEST(Cli, BenchStepBadOptionsFailCleanly) {
     EXPECT_EQ(r.exit_code, 2) << bad << ": " << r.out;
     EXPECT_TRUE(r.out.empty()) << bad << ": " << r.out;
   }
+}
+
+// kvcache passkey --prompt-key: the prompt of one key at each depth, as ids.
+// Every prompt is --context ids long, BOS first and the question last; the
+// deeper prompt starts with the shallower one's filler and holds the same
+// key sentence further in. A key too long for the context, or a context
+// too short for the question, fails cleanly.
+TEST(Cli, PasskeyPrintsEachDepthsPromptAsIds) {
+  CliRun r = RunCli("passkey " + ModelArgs() + " --context 200 --depths 0.25,0.5 --prompt-key 12345");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  const auto j = nlohmann::json::parse(r.out);
+  ASSERT_EQ(j["prompts"].size(), 2u);
+  const std::vector<int> a = j["prompts"][0]["ids"], b = j["prompts"][1]["ids"];
+  ASSERT_EQ(a.size(), 200u);
+  ASSERT_EQ(b.size(), 200u);
+  EXPECT_EQ(a[0], 1);
+  EXPECT_TRUE(std::equal(a.end() - 8, a.end(), b.end() - 8));
+  // a and b part where a's key sentence starts; b has the same ids later on.
+  const size_t at = static_cast<size_t>(std::mismatch(a.begin(), a.end(), b.begin()).first - a.begin());
+  ASSERT_GT(at, 1u);
+  ASSERT_LT(at + 10, a.size());
+  EXPECT_NE(std::search(b.begin() + at + 1, b.end(), a.begin() + at, a.begin() + at + 10), b.end());
+  EXPECT_EQ(RunCli("passkey " + ModelArgs() + " --context 200 --prompt-key " + std::string(400, '7')).exit_code,
+            2);
+  EXPECT_EQ(RunCli("passkey " + ModelArgs() + " --context 10 --prompt-key 12345").exit_code, 2);
 }
 
 TEST(DemoReport, PrintsStoryAndTable) {
