@@ -2,8 +2,8 @@
 # ./run.sh report [--full]: measures on this machine and draws the charts.
 #
 # Runs the CLI's benchmarks and evaluations (short by default; --full for the
-# README's 32k-context settings, Gemma's 8k quality run and its decode and
-# prefill to depth 32k), keeps their JSON under docs/img/data/, and
+# README's 32k-context settings, Gemma's 8k quality run, its decode and
+# prefill to depth 32k and its pass key at 4k with 20 keys a depth), keeps their JSON under docs/img/data/, and
 # turns it into charts under docs/img/ with `python -m kvcache.plot`.
 # REQUIRES: the release build (run.sh builds it) and the project's Python
 # environment on PATH (run.sh sets it).
@@ -72,6 +72,18 @@ if [ -f "$GEMMA" ]; then
     "$LLAMA_BENCH" -m "$GEMMA" -p 512 -n 32 -d "$(echo "$depths" | sed 's/^16 /0 /; s/ /,/g')" -t 2 -r 2 -o json \
       > "$DATA/gemma_llama_bench.json"
   fi
+  # The pass key: every cache kept whole, then StreamingLLM and H2O on the
+  # global layers at half the cache (docs/gemma3.md, Retrieval).
+  if [ $full -eq 1 ]; then pk_ctx=4096; pk_trials=20; else pk_ctx=2048; pk_trials=5; fi
+  half=$((pk_ctx / 2))
+  echo "report: Gemma pass key ($pk_ctx tokens, $pk_trials keys per depth)" >&2
+  for spec in "f32||paged" "turbo4||paged" "global=turbo4+s4+r120,local=q8_0||paged" \
+              "f32|streaming:4,$((half - 4))|contiguous" "f32|h2o:$half,$((half / 8))|contiguous"; do
+    f=${spec%%|*}; rest=${spec#*|}; ev=${rest%%|*}; lay=${rest#*|}
+    "$K" passkey --model "$GEMMA" --context "$pk_ctx" --trials "$pk_trials" --matmul bf16 --threads 2 \
+      --kv-format "$f" --layout "$lay" ${ev:+--eviction "$ev"} --json \
+      | python -c "import json, sys; print(json.dumps(json.load(sys.stdin)))"
+  done > "$DATA/gemma_passkey.jsonl"
   echo "report: Gemma bytes per 32k sequence per format" >&2
   for f in bf16 q8_0 q4_0 turbo4 turbo3i turbo2i "global=turbo4+s4+r120,local=q8_0" "global=turbo3i+s4+r120,local=q8_0"; do
     "$K" info --model "$GEMMA" --context 32768 --kv-format "$f" --json | python -c "import json, sys; print(json.dumps(json.load(sys.stdin)))"

@@ -19,7 +19,10 @@ Reads the JSON that the CLI prints and writes one PNG (or SVG) chart per idea:
   decode and prefill tokens/s against depth (``speed.png``);
 - ``kvcache info --context C --kv-format F --json``, one per format: bytes per
   sequence at that context, the hybrid layout against every layer kept whole
-  (``memory.png``).
+  (``memory.png``);
+- ``kvcache passkey --json``, one per cache and context: the fraction of keys
+  found at each depth, a panel per context, a bar per cache and eviction policy
+  (``passkey.png``).
 
 Perplexity rows give one quality chart per model and text length
 (``quality_perplexity_<model>_<tokens>.png``; ``quality_perplexity.png`` for rows that
@@ -90,6 +93,8 @@ def kind_of(row):
         return "llama_bench"
     if "bytes_per_sequence" in row and "full_only_bytes_per_sequence" in row:
         return "memory"
+    if "depth" in row and "found" in row and "accuracy" in row and "context" in row:
+        return "passkey"
     return None
 
 
@@ -428,6 +433,38 @@ def plot_memory(rows, out, ext, machine, name="memory"):
     return _save(plt, fig, out / f"{name}.{ext}")
 
 
+def passkey_cache(row):
+    """A passkey row's cache: its format, and the eviction policy when there is one."""
+    ev = row.get("eviction")
+    return str(row.get("kv_format", "?")) + (f" {ev}" if ev and ev != "none" else "")
+
+
+def plot_passkey(rows, out, ext, machine, name="passkey"):
+    """Keys found (fraction of the trials) at each depth: a panel per context, a
+    bar per cache (format and eviction policy). A cache measured twice at one
+    context and depth keeps its last row."""
+    plt = _plt()
+    contexts = sorted({r["context"] for r in rows})
+    caches = list(dict.fromkeys(passkey_cache(r) for r in rows))
+    fig, axes = plt.subplots(1, len(contexts), figsize=(max(5, 3.6 * len(contexts)), 4.4), squeeze=False,
+                             sharey=True)
+    for ax, ctx in zip(axes[0], contexts):
+        at = {(passkey_cache(r), r["depth"]): r for r in rows if r["context"] == ctx}
+        depths = sorted({d for _, d in at})
+        here = [c for c in caches if any((c, d) in at for d in depths)]
+        series = {c: [at[(c, d)]["accuracy"] if (c, d) in at else 0.0 for d in depths] for c in here}
+        _grouped_bars(ax, [f"{d:.0%}" for d in depths], series, "keys found (fraction)")
+        trials = sorted({r.get("trials") for r in at.values() if r.get("trials")})
+        ax.set_title(f"{ctx:,} tokens" + (f", {'/'.join(map(str, trials))} keys a depth" if trials else ""),
+                     fontsize=9)
+        ax.set_xlabel("depth of the key")
+        ax.set_ylim(0, 1.05)
+        if ax is not axes[0][0]:
+            ax.set_ylabel("")
+    fig.suptitle(_title(f"Pass key retrieval ({model_of(rows[0]) or 'model'})", rows, machine), fontsize=10)
+    return _save(plt, fig, out / f"{name}.{ext}")
+
+
 def _names(groups, base):
     """One file name per group: `base` alone for a single group, else base_<slug>."""
     if len(groups) == 1:
@@ -447,7 +484,7 @@ def plot_files(paths, out_dir, ext="png", machine=None):
             if k:
                 by_kind[k].append(r)
     if not by_kind:
-        raise ValueError("no kvcache bench/eval/perplexity/simulate/bench_serve/info rows in " + ", ".join(map(str, paths)))
+        raise ValueError("no kvcache bench/eval/perplexity/simulate/bench_serve/info/passkey rows in " + ", ".join(map(str, paths)))
     files = []
     if by_kind["attention"]:
         files += plot_attention(by_kind["attention"], out, ext, machine)
@@ -473,6 +510,10 @@ def plot_files(paths, out_dir, ext="png", machine=None):
         groups = split_by(by_kind["memory"], lambda r: (model_of(r), r.get("context")))
         for key, name in _names(groups, "memory").items():
             files += plot_memory(groups[key], out, ext, machine, name)
+    if by_kind["passkey"]:
+        groups = split_by(by_kind["passkey"], lambda r: (model_of(r),))
+        for key, name in _names(groups, "passkey").items():
+            files += plot_passkey(groups[key], out, ext, machine, name)
     if by_kind["simulate"]:
         files += plot_simulate(by_kind["simulate"], out, ext, machine)
     if by_kind["serve"]:

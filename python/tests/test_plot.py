@@ -156,3 +156,24 @@ def test_speed_memory_and_per_model_quality_charts(tmp_path):
     one = tmp_path / "one.json"
     one.write_text(json.dumps([r for r in json.loads(ppl.read_text()) if "gemma" in r["model"]]))
     assert [f.name for f in plot.plot_files([one], tmp_path / "img1")] == ["quality_perplexity_gemma-8192.png"]
+
+
+def test_passkey_chart(tmp_path):
+    """kvcache passkey documents (one per cache and context; the rows take the
+    document's context, format and eviction) give passkey.png, a panel per
+    context."""
+    def doc(ctx, fmt, eviction, found):
+        return {"model": "/m/gemma.gguf", "context": ctx, "kv_format": fmt, "eviction": eviction, "trials": 20,
+                "results": [{"depth": d, "found": f, "accuracy": f / 20,
+                             "answers": [{"key": "12345", "answer": " 12345.", "found": True}]}
+                            for d, f in zip((0.25, 0.5, 0.75), found)]}
+    pk = tmp_path / "pk.jsonl"
+    pk.write_text("\n".join(json.dumps(d) for d in (
+        doc(4096, "f32", "none", (20, 20, 20)), doc(4096, "f32", "h2o:2048,256", (17, 8, 5)),
+        doc(16384, "f32", "none", (11, 20, 20)))))
+    rows = plot.load_rows(pk)
+    assert len(rows) == 9 and all(plot.kind_of(r) == "passkey" for r in rows)
+    assert [plot.passkey_cache(r) for r in rows[2:4]] == ["f32", "f32 h2o:2048,256"]
+    files = plot.plot_files([pk], tmp_path / "img")
+    assert [f.name for f in files] == ["passkey.png"]
+    assert files[0].read_bytes()[:8] == PNG and files[0].stat().st_size > 5000
