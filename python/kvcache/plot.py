@@ -151,17 +151,17 @@ def _title(what, rows, machine):
     return f"{what}\n{machine}" + (f", SIMD {t}" if t else "")
 
 
-def _grouped_bars(ax, labels, series, ylabel):
-    """series: {name: [value per label]}."""
+def _grouped_bars(ax, labels, series, ylabel, colors=None, legend=True):
+    """series: {name: [value per label]}; colors: {name: color}, or None for the cycle."""
     n = max(1, len(series))
     width = 0.8 / n
     for i, (name, values) in enumerate(series.items()):
         xs = [j + (i - (n - 1) / 2) * width for j in range(len(labels))]
-        ax.bar(xs, values, width, label=name)
+        ax.bar(xs, values, width, label=name, **({"color": colors[name]} if colors else {}))
     ax.set_xticks(range(len(labels)))
     ax.set_xticklabels(labels, rotation=30, ha="right")
     ax.set_ylabel(ylabel)
-    if len(series) > 1:
+    if legend and len(series) > 1:
         ax.legend(fontsize=8)
 
 
@@ -434,35 +434,46 @@ def plot_memory(rows, out, ext, machine, name="memory"):
 
 
 def passkey_cache(row):
-    """A passkey row's cache: its format, and the eviction policy when there is one."""
+    """A passkey row's cache: its format, and the eviction policy's name when
+    there is one (its budget is in the panel's title)."""
     ev = row.get("eviction")
-    return str(row.get("kv_format", "?")) + (f" {ev}" if ev and ev != "none" else "")
+    policy = str(ev).split(":", 1)[0] if ev and ev != "none" else ""
+    return str(row.get("kv_format", "?")) + (f" {policy}" if policy else "")
 
 
 def plot_passkey(rows, out, ext, machine, name="passkey"):
     """Keys found (fraction of the trials) at each depth: a panel per context, a
-    bar per cache (format and eviction policy). A cache measured twice at one
-    context and depth keeps its last row."""
+    bar per cache (format and eviction policy), one colour per cache across the
+    panels. A cache measured twice at one context and depth keeps its last row."""
     plt = _plt()
     contexts = sorted({r["context"] for r in rows})
     caches = list(dict.fromkeys(passkey_cache(r) for r in rows))
-    fig, axes = plt.subplots(1, len(contexts), figsize=(max(5, 3.6 * len(contexts)), 4.4), squeeze=False,
+    cycle = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    colors = {c: cycle[i % len(cycle)] for i, c in enumerate(caches)}
+    fig, axes = plt.subplots(1, len(contexts), figsize=(max(5, 3.6 * len(contexts)), 4.8), squeeze=False,
                              sharey=True)
     for ax, ctx in zip(axes[0], contexts):
         at = {(passkey_cache(r), r["depth"]): r for r in rows if r["context"] == ctx}
         depths = sorted({d for _, d in at})
         here = [c for c in caches if any((c, d) in at for d in depths)]
         series = {c: [at[(c, d)]["accuracy"] if (c, d) in at else 0.0 for d in depths] for c in here}
-        _grouped_bars(ax, [f"{d:.0%}" for d in depths], series, "keys found (fraction)")
+        _grouped_bars(ax, [f"{d:.0%}" for d in depths], series, "keys found (fraction)", colors, legend=False)
         trials = sorted({r.get("trials") for r in at.values() if r.get("trials")})
-        ax.set_title(f"{ctx:,} tokens" + (f", {'/'.join(map(str, trials))} keys a depth" if trials else ""),
-                     fontsize=9)
+        policies = sorted({r["eviction"] for r in at.values() if r.get("eviction") not in (None, "none")})
+        title = f"{ctx:,} tokens" + (f", {'/'.join(map(str, trials))} keys a depth" if trials else "")
+        ax.set_title(title + ("\n" + "; ".join(policies) if policies else ""), fontsize=8)
         ax.set_xlabel("depth of the key")
         ax.set_ylim(0, 1.05)
         if ax is not axes[0][0]:
             ax.set_ylabel("")
+    handles = [plt.Rectangle((0, 0), 1, 1, color=colors[c]) for c in caches]
+    fig.legend(handles, caches, loc="lower center", ncol=min(len(caches), 3), fontsize=8)
     fig.suptitle(_title(f"Pass key retrieval ({model_of(rows[0]) or 'model'})", rows, machine), fontsize=10)
-    return _save(plt, fig, out / f"{name}.{ext}")
+    fig.tight_layout(rect=(0, 0.06 + 0.045 * ((len(caches) - 1) // 3), 1, 1))
+    path = out / f"{name}.{ext}"
+    fig.savefig(path)
+    plt.close(fig)
+    return [path]
 
 
 def _names(groups, base):

@@ -173,7 +173,7 @@ def test_passkey_chart(tmp_path):
         doc(16384, "f32", "none", (11, 20, 20)))))
     rows = plot.load_rows(pk)
     assert len(rows) == 9 and all(plot.kind_of(r) == "passkey" for r in rows)
-    assert [plot.passkey_cache(r) for r in rows[2:4]] == ["f32", "f32 h2o:2048,256"]
+    assert [plot.passkey_cache(r) for r in rows[2:4]] == ["f32", "f32 h2o"]
     files = plot.plot_files([pk], tmp_path / "img")
     assert [f.name for f in files] == ["passkey.png"]
     assert files[0].read_bytes()[:8] == PNG and files[0].stat().st_size > 5000
