@@ -74,8 +74,8 @@ Result<std::vector<int32_t>> Ids(const model::LoadedModel& lm, const std::string
 // adds one), the filler sentences, the question.
 struct PromptParts {
   std::vector<int32_t> with_bos, filler, question;
-  int32_t bos = -1;
   size_t filler_total = 0;  // filler tokens of a prompt (the key's budget aside)
+  int32_t bos() const { return with_bos.empty() ? -1 : with_bos[0]; }
 };
 
 // Tokens set aside for the key's sentence; the filler after the key takes
@@ -86,9 +86,8 @@ constexpr size_t kNeedleBudget = 24;
 Result<PromptParts> MakeParts(const model::LoadedModel& lm, uint32_t context) {
   PromptParts parts;
   KV_ASSIGN_OR_RETURN(parts.with_bos, lm.Encode(""));
-  parts.bos = parts.with_bos.empty() ? -1 : parts.with_bos[0];
-  KV_ASSIGN_OR_RETURN(parts.filler, Ids(lm, kFiller, parts.bos));
-  KV_ASSIGN_OR_RETURN(parts.question, Ids(lm, "What is the pass key? The pass key is", parts.bos));
+  KV_ASSIGN_OR_RETURN(parts.filler, Ids(lm, kFiller, parts.bos()));
+  KV_ASSIGN_OR_RETURN(parts.question, Ids(lm, "What is the pass key? The pass key is", parts.bos()));
   if (parts.filler.empty()) return Status::InvalidArgument("passkey: the filler encodes to nothing");
   const size_t fixed = parts.with_bos.size() + parts.question.size() + kNeedleBudget;
   if (fixed + parts.filler.size() > context) return Status::InvalidArgument("passkey: --context is too short");
@@ -112,7 +111,7 @@ std::vector<int32_t> PromptPrefix(const PromptParts& parts, size_t before) {
 Result<std::vector<int32_t>> PromptRest(const model::LoadedModel& lm, const PromptParts& parts, size_t before,
                                         const std::string& key) {
   KV_ASSIGN_OR_RETURN(std::vector<int32_t> rest,
-                      Ids(lm, "The pass key is " + key + ". Remember it. " + key + " is the pass key. ", parts.bos));
+                      Ids(lm, "The pass key is " + key + ". Remember it. " + key + " is the pass key. ", parts.bos()));
   const size_t room = parts.filler_total + kNeedleBudget - before;  // the key's sentence and the filler after it
   if (rest.size() > room) {
     return Status::InvalidArgument("passkey: the key '" + key + "' takes " + std::to_string(rest.size()) +
@@ -125,6 +124,13 @@ Result<std::vector<int32_t>> PromptRest(const model::LoadedModel& lm, const Prom
   }
   rest.insert(rest.end(), parts.question.begin(), parts.question.end());
   return rest;
+}
+
+// The whole prompt: the shared prefix, then a trial's rest.
+std::vector<int32_t> Joined(const std::vector<int32_t>& prefix, const std::vector<int32_t>& rest) {
+  std::vector<int32_t> prompt = prefix;
+  prompt.insert(prompt.end(), rest.begin(), rest.end());
+  return prompt;
 }
 
 Result<std::unique_ptr<model::LoadedModel>> LoadForPasskey(const PasskeyOptions& o) {
@@ -146,10 +152,8 @@ Result<nlohmann::json> PrintPrompts(const PasskeyOptions& o) {
   out["prompts"] = nlohmann::json::array();
   for (double depth : depths) {
     const size_t before = FillerBefore(parts, depth);
-    std::vector<int32_t> prompt = PromptPrefix(parts, before);
     KV_ASSIGN_OR_RETURN(std::vector<int32_t> rest, PromptRest(*lm, parts, before, o.prompt_key));
-    prompt.insert(prompt.end(), rest.begin(), rest.end());
-    out["prompts"].push_back({{"depth", depth}, {"ids", prompt}});
+    out["prompts"].push_back({{"depth", depth}, {"ids", Joined(PromptPrefix(parts, before), rest)}});
   }
   return out;
 }
@@ -189,8 +193,7 @@ Result<nlohmann::json> RunPasskey(const PasskeyOptions& o) {
       // and answers greedily.
       KV_RETURN_IF_ERROR(model::PrefillInChunks(
           decoder, *seq, std::span<const int32_t>(rest).first(rest.size() - 1), o.chunk));
-      std::vector<int32_t> prompt = prefix;
-      prompt.insert(prompt.end(), rest.begin(), rest.end());
+      const std::vector<int32_t> prompt = Joined(prefix, rest);
       model::GenerateOptions g;
       g.max_new_tokens = kAnswerTokens;
       g.stop_at_eos = false;

@@ -343,8 +343,10 @@ def plot_quality(rows, out, ext, machine, kind, file_name=None):
     return [path]
 
 
-def _save(plt, fig, path):
-    fig.tight_layout()
+def _save(plt, fig, path, rect=None):
+    """Lays out, writes and closes fig; rect: the part of the figure the axes
+    may fill (room left for a figure legend)."""
+    fig.tight_layout(**({"rect": rect} if rect else {}))
     fig.savefig(path)
     plt.close(fig)
     return [path]
@@ -469,11 +471,7 @@ def plot_passkey(rows, out, ext, machine, name="passkey"):
     handles = [plt.Rectangle((0, 0), 1, 1, color=colors[c]) for c in caches]
     fig.legend(handles, caches, loc="lower center", ncol=min(len(caches), 3), fontsize=8)
     fig.suptitle(_title(f"Pass key retrieval ({model_of(rows[0]) or 'model'})", rows, machine), fontsize=10)
-    fig.tight_layout(rect=(0, 0.06 + 0.045 * ((len(caches) - 1) // 3), 1, 1))
-    path = out / f"{name}.{ext}"
-    fig.savefig(path)
-    plt.close(fig)
-    return [path]
+    return _save(plt, fig, out / f"{name}.{ext}", rect=(0, 0.06 + 0.045 * ((len(caches) - 1) // 3), 1, 1))
 
 
 def _names(groups, base):
