@@ -21,16 +21,24 @@ using attention_internal::SyntheticKvOptions;
 
 constexpr uint32_t kQHeads = 32, kKvHeads = 8, kHeadDim = 128;
 
-std::unique_ptr<SyntheticKv> Make(FormatPair fp, uint32_t tokens, bool paged, uint64_t seed = 1) {
+std::unique_ptr<SyntheticKv> Make(FormatPair fp, uint32_t tokens, bool paged, uint64_t seed = 1,
+                                  uint32_t kv_heads = kKvHeads, uint32_t head_dim = kHeadDim) {
   SyntheticKvOptions o;
   o.formats = fp;
-  o.n_kv_heads = kKvHeads;
-  o.head_dim = kHeadDim;
+  o.n_kv_heads = kv_heads;
+  o.head_dim = head_dim;
   o.num_tokens = tokens;
   o.paged = paged;
   o.seed = seed;
   auto kv = SyntheticKv::Create(o);
   return kv.ok() ? std::move(*kv) : nullptr;
+}
+
+// n query values in a fixed pattern, in [-0.06, 0.06].
+std::vector<float> PatternQueries(size_t n) {
+  std::vector<float> q(n);
+  for (size_t i = 0; i < n; ++i) q[i] = 0.01f * static_cast<float>(i % 13) - 0.06f;
+  return q;
 }
 
 // Args: k format, v format, context, paged, threads, query tokens.
@@ -89,25 +97,18 @@ void BM_AttendInCache(benchmark::State& state) {
   const uint32_t head_dim = static_cast<uint32_t>(state.range(2));
   const bool paged = state.range(3) != 0;
   constexpr uint32_t kRows = 512;
-  SyntheticKvOptions so;
-  so.formats = {f, f};
-  so.n_kv_heads = 1;
-  so.head_dim = head_dim;
-  so.num_tokens = kRows;
-  so.paged = paged;
-  auto kv = SyntheticKv::Create(so);
-  if (!kv.ok()) {
+  auto kv = Make({f, f}, kRows, paged, 1, 1, head_dim);
+  if (!kv) {
     state.SkipWithError("cannot build the view");
     return;
   }
-  std::vector<float> q(group * head_dim), out(q.size());
-  for (size_t i = 0; i < q.size(); ++i) q[i] = 0.01f * static_cast<float>(i % 13) - 0.06f;
+  std::vector<float> q = PatternQueries(group * head_dim), out(q.size());
   AttentionOptions o;
   o.n_q_heads = group;
   AttentionOutput ao;
   ao.out = out;
   for (auto _ : state) {
-    const Status st = AttendDecode((*kv)->view(), q, o, ao);
+    const Status st = AttendDecode(kv->view(), q, o, ao);
     benchmark::DoNotOptimize(out.data());
     if (!st.ok()) state.SkipWithError(st.ToString().c_str());
   }
@@ -132,6 +133,51 @@ void InCacheArgs(benchmark::internal::Benchmark* b) {
   }
 }
 BENCHMARK(BM_AttendInCache)->Apply(InCacheArgs)->Unit(benchmark::kMicrosecond);
+
+// Chunked prefill with Gemma 3's heads (4 q heads on 1 kv head of 256): a
+// chunk of query tokens at the end of a context of stored tokens, causal
+// (query t sees rows up to its own position). Args: format (both sides),
+// context, query tokens, threads. Reports macs_per_s: the query-key pairs
+// each query sees, times q heads, times head_dim, twice (K and V), per
+// second.
+void BM_AttendPrefill(benchmark::State& state) {
+  constexpr uint32_t kGroup = 4, kDim = 256;
+  const Format f = static_cast<Format>(state.range(0));
+  const uint32_t ctx = static_cast<uint32_t>(state.range(1));
+  const uint32_t t = static_cast<uint32_t>(state.range(2));
+  auto kv = Make({f, f}, ctx, false, 1, 1, kDim);
+  if (!kv) {
+    state.SkipWithError("cannot build the view");
+    return;
+  }
+  ThreadPool pool(static_cast<uint32_t>(state.range(3)));
+  std::vector<float> q = PatternQueries(size_t{t} * kGroup * kDim), out(q.size());
+  AttentionOptions o;
+  o.n_q_heads = kGroup;
+  o.pool = &pool;
+  AttentionOutput ao;
+  ao.out = out;
+  for (auto _ : state) {
+    const Status st = AttendMulti(kv->view(), t, q, o, ao);
+    benchmark::DoNotOptimize(out.data());
+    if (!st.ok()) state.SkipWithError(st.ToString().c_str());
+  }
+  // Query i (0-based in the chunk) sees ctx - t + i + 1 rows.
+  const double pairs = static_cast<double>(t) * (ctx - t) + 0.5 * t * (t + 1.0);
+  state.counters["macs_per_s"] = benchmark::Counter(
+      static_cast<double>(state.iterations()) * pairs * kGroup * kDim * 2,
+      benchmark::Counter::kIsRate);
+  state.SetLabel(std::string(FormatName(f)) + " " + SimdTarget());
+}
+void PrefillArgs(benchmark::internal::Benchmark* b) {
+  for (Format f : {Format::kF32, Format::kBF16, Format::kQ8_0, Format::kTurbo4}) {
+    for (int threads : {1, 2}) b->Args({static_cast<int>(f), 16384, 256, threads});
+  }
+}
+BENCHMARK(BM_AttendPrefill)
+    ->Apply(PrefillArgs)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
 
 // Args: format (both sides), sequences, context, threads.
 void BM_AttendBatch(benchmark::State& state) {
