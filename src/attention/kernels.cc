@@ -216,12 +216,22 @@ struct TaskTimer<true> {
 // Job-level steps.
 
 // pf (optional) is the walk's prefetch stream, stepped by the first query
-// block only: the others read rows the first has just brought in.
+// block only: the others read rows the first has just brought in. With
+// several query blocks (a prefill chunk) the rows go a segment at a time,
+// every block over one segment before the next: a segment of keys (512
+// rows, 256-512 KiB at head_dim 256 in f32) is read from memory once and
+// from L2 by the other blocks, not once per block from memory. The scores
+// and maxima do not depend on the order (each score is its own row's dot
+// products; a maximum is exact).
 void RunK(const Plan& plan, const HeadJob& job, uint32_t r0, uint32_t r1, float* scores,
           float* maxes, Prefetcher* pf = nullptr) {
-  ForQueryBlocks(job.nq, [&](uint32_t qi0, int qb) {
-    SelectK(job, qb)(KArgs{&plan, &job, qi0, r0, r1, scores, maxes, qi0 == 0 ? pf : nullptr});
-  });
+  const uint32_t tile = job.nq > 4 ? kSegmentRows : r1 - r0;
+  for (uint32_t a = r0; a < r1; a += tile) {
+    const uint32_t b = std::min(r1, a + tile);
+    ForQueryBlocks(job.nq, [&](uint32_t qi0, int qb) {
+      SelectK(job, qb)(KArgs{&plan, &job, qi0, a, b, scores, maxes, qi0 == 0 ? pf : nullptr});
+    });
+  }
 }
 
 void RunExp(const HeadJob& job, uint32_t r0, uint32_t r1, float* scores, const float* m) {

@@ -145,6 +145,8 @@ std::vector<Case> ExactCases() {
   add(s, 8);                             // MQA
   add(s, 8, 4);                          // multi-token causal
   add(s, 3, 2, 700, 4);                  // window + sinks
+  s.num_tokens = 2600;                   // 6 segments: a split chunk of 2 (2 threads)
+  add(s, 8, 3);                          // several query blocks over a chunk's segments
   s = {};
   s.n_kv_heads = 4;
   s.head_dim = 8;
