@@ -41,6 +41,23 @@ std::vector<float> PatternQueries(size_t n) {
   return q;
 }
 
+// The timed loop of the multi-token cases: AttendMulti of t query tokens
+// (q: [t][n_q_heads][head_dim]) over kv's view on pool, per iteration.
+void TimeAttendMulti(benchmark::State& state, const SyntheticKv& kv, uint32_t t,
+                     const std::vector<float>& q, uint32_t n_q_heads, ThreadPool* pool) {
+  std::vector<float> out(q.size());
+  AttentionOptions o;
+  o.n_q_heads = n_q_heads;
+  o.pool = pool;
+  AttentionOutput ao;
+  ao.out = out;
+  for (auto _ : state) {
+    const Status st = AttendMulti(kv.view(), t, q, o, ao);
+    benchmark::DoNotOptimize(out.data());
+    if (!st.ok()) state.SkipWithError(st.ToString().c_str());
+  }
+}
+
 // Args: k format, v format, context, paged, threads, query tokens.
 void BM_Attend(benchmark::State& state) {
   const FormatPair fp{static_cast<Format>(state.range(0)), static_cast<Format>(state.range(1))};
@@ -53,17 +70,8 @@ void BM_Attend(benchmark::State& state) {
     return;
   }
   ThreadPool pool(threads);
-  std::vector<float> q(size_t{t} * kQHeads * kHeadDim, 0.01f), out(q.size());
-  AttentionOptions o;
-  o.n_q_heads = kQHeads;
-  o.pool = &pool;
-  AttentionOutput ao;
-  ao.out = out;
-  for (auto _ : state) {
-    const Status st = AttendMulti(kv->view(), t, q, o, ao);
-    benchmark::DoNotOptimize(out.data());
-    if (!st.ok()) state.SkipWithError(st.ToString().c_str());
-  }
+  TimeAttendMulti(state, *kv, t, std::vector<float>(size_t{t} * kQHeads * kHeadDim, 0.01f),
+                  kQHeads, &pool);
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * kv->kv_bytes()));
   state.SetLabel(FormatPairName(fp) + (state.range(3) ? " paged " : " contiguous ") +
                  SimdTarget());
@@ -151,17 +159,7 @@ void BM_AttendPrefill(benchmark::State& state) {
     return;
   }
   ThreadPool pool(static_cast<uint32_t>(state.range(3)));
-  std::vector<float> q = PatternQueries(size_t{t} * kGroup * kDim), out(q.size());
-  AttentionOptions o;
-  o.n_q_heads = kGroup;
-  o.pool = &pool;
-  AttentionOutput ao;
-  ao.out = out;
-  for (auto _ : state) {
-    const Status st = AttendMulti(kv->view(), t, q, o, ao);
-    benchmark::DoNotOptimize(out.data());
-    if (!st.ok()) state.SkipWithError(st.ToString().c_str());
-  }
+  TimeAttendMulti(state, *kv, t, PatternQueries(size_t{t} * kGroup * kDim), kGroup, &pool);
   // Query i (0-based in the chunk) sees ctx - t + i + 1 rows.
   const double pairs = static_cast<double>(t) * (ctx - t) + 0.5 * t * (t + 1.0);
   state.counters["macs_per_s"] = benchmark::Counter(
