@@ -11,10 +11,13 @@
 // trial forks it (KvBackend::Fork); model::Generate answers. Keys are drawn
 // from --seed. --prompt-key K prints the prompt of key K at each depth as
 // token ids and runs nothing, so another engine can be asked the very same
-// prompt (scripts/passkey_llama.py).
+// prompt (scripts/passkey_llama.py). Each trial's result goes to stderr as
+// it ends, so a long run shows its progress and a stopped one keeps what it
+// found.
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <chrono>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <sstream>
@@ -178,6 +181,7 @@ Result<nlohmann::json> RunPasskey(const PasskeyOptions& o) {
   out["eviction"] = o.eviction.empty() ? "none" : o.eviction;
   out["trials"] = o.trials;
   out["results"] = nlohmann::json::array();
+  const auto start = std::chrono::steady_clock::now();
   for (double depth : depths) {
     const size_t before = FillerBefore(parts, depth);
     const std::vector<int32_t> prefix = PromptPrefix(parts, before);
@@ -202,6 +206,9 @@ Result<nlohmann::json> RunPasskey(const PasskeyOptions& o) {
       KV_ASSIGN_OR_RETURN(std::string text, lm->Decode(answer));
       const bool ok = text.find(key) != std::string::npos;
       found += ok;
+      const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      fmt::print(stderr, "passkey: depth {:g}, trial {}/{}: key {} {} ({} found), {:.0f} s\n", depth, t + 1,
+                 o.trials, key, ok ? "found" : "missed", found, secs);
       answers.push_back({{"key", key}, {"answer", text}, {"found", ok}});
     }
     nlohmann::json r;
