@@ -34,6 +34,11 @@ std::unique_ptr<SyntheticKv> Make(FormatPair fp, uint32_t tokens, bool paged, ui
   return kv.ok() ? std::move(*kv) : nullptr;
 }
 
+// One kv head of head_dim values, `format` on both sides, seed 1.
+std::unique_ptr<SyntheticKv> MakeHead(Format format, uint32_t tokens, bool paged, uint32_t head_dim) {
+  return Make({format, format}, tokens, paged, 1, 1, head_dim);
+}
+
 // n query values in a fixed pattern, in [-0.06, 0.06].
 std::vector<float> PatternQueries(size_t n) {
   std::vector<float> q(n);
@@ -105,7 +110,7 @@ void BM_AttendInCache(benchmark::State& state) {
   const uint32_t head_dim = static_cast<uint32_t>(state.range(2));
   const bool paged = state.range(3) != 0;
   constexpr uint32_t kRows = 512;
-  auto kv = Make({f, f}, kRows, paged, 1, 1, head_dim);
+  auto kv = MakeHead(f, kRows, paged, head_dim);
   if (!kv) {
     state.SkipWithError("cannot build the view");
     return;
@@ -153,7 +158,7 @@ void BM_AttendPrefill(benchmark::State& state) {
   const Format f = static_cast<Format>(state.range(0));
   const uint32_t ctx = static_cast<uint32_t>(state.range(1));
   const uint32_t t = static_cast<uint32_t>(state.range(2));
-  auto kv = Make({f, f}, ctx, false, 1, 1, kDim);
+  auto kv = MakeHead(f, ctx, false, kDim);
   if (!kv) {
     state.SkipWithError("cannot build the view");
     return;

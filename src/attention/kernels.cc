@@ -142,13 +142,16 @@ VFn SelectV(const HeadJob& job, int qb) {
   return FamilyOf(f).v(f, false, qb);
 }
 
+// Query vectors a K or V pass call takes at once (its QB at most).
+constexpr uint32_t kQueryBlock = 4;
+
 // Calls fn(qi0, qb) over query blocks of 4, then one block of the 1 to 3
 // left: a block decodes each stored row once for all its queries, so a GQA
 // group of 3 (or 7 = 4 + 3) reads its rows once per block, not twice.
 template <class Fn>
 HWY_INLINE void ForQueryBlocks(uint32_t nq, const Fn& fn) {
   uint32_t qi = 0;
-  for (; qi + 4 <= nq; qi += 4) fn(qi, 4);
+  for (; qi + kQueryBlock <= nq; qi += kQueryBlock) fn(qi, static_cast<int>(kQueryBlock));
   if (qi < nq) fn(qi, static_cast<int>(nq - qi));
 }
 
@@ -219,13 +222,14 @@ struct TaskTimer<true> {
 // block only: the others read rows the first has just brought in. With
 // several query blocks (a prefill chunk) the rows go a segment at a time,
 // every block over one segment before the next: a segment of keys (512
-// rows, 256-512 KiB at head_dim 256 in f32) is read from memory once and
-// from L2 by the other blocks, not once per block from memory. The scores
+// rows: 512 KiB of f32 at head_dim 256, 256 KiB of bf16) is read from
+// memory once and from L2 by the other blocks, not once per block from
+// memory. One block (decode) walks its range whole, one prefetch stream. The scores
 // and maxima do not depend on the order (each score is its own row's dot
 // products; a maximum is exact).
 void RunK(const Plan& plan, const HeadJob& job, uint32_t r0, uint32_t r1, float* scores,
           float* maxes, Prefetcher* pf = nullptr) {
-  const uint32_t tile = job.nq > 4 ? kSegmentRows : r1 - r0;
+  const uint32_t tile = job.nq > kQueryBlock ? kSegmentRows : r1 - r0;
   for (uint32_t a = r0; a < r1; a += tile) {
     const uint32_t b = std::min(r1, a + tile);
     ForQueryBlocks(job.nq, [&](uint32_t qi0, int qb) {
