@@ -4,7 +4,8 @@
 # Runs the CLI's benchmarks and evaluations (short by default; --full for the
 # README's 32k-context settings, Gemma's 8k quality run, its decode and
 # prefill to depth 32k and its pass key at 4k with 20 keys a depth), keeps their JSON under docs/img/data/, and
-# turns it into charts under docs/img/ with `python -m kvcache.plot`.
+# turns it into charts under docs/img/ with `python -m kvcache.plot` (the pass
+# key's chart with the rows kept under docs/data/passkey/, which take hours).
 # REQUIRES: the release build (run.sh builds it) and the project's Python
 # environment on PATH (run.sh sets it).
 set -euo pipefail
@@ -94,4 +95,5 @@ fi
 echo "report: simulate (chat, 1 GiB pool, Llama-3-8B geometry)" >&2
 "$K" simulate --json --kv-format bf16 --kv-format fp8_e4m3 --kv-format q8_0 \
   --kv-format turbo4 --kv-format turbo3 --kv-format turbo2 > "$DATA/simulate.json"
-PYTHONPATH="$ROOT/build/release/python${PYTHONPATH:+:$PYTHONPATH}" python -m kvcache.plot "$DATA"/*.json* --out docs/img
+PYTHONPATH="$ROOT/build/release/python${PYTHONPATH:+:$PYTHONPATH}" python -m kvcache.plot \
+  docs/data/passkey/earlier.jsonl docs/data/passkey/pk*.json "$DATA"/*.json* --out docs/img

@@ -20,8 +20,8 @@ Reads the JSON that the CLI prints and writes one PNG (or SVG) chart per idea:
 - ``kvcache info --context C --kv-format F --json``, one per format: bytes per
   sequence at that context, the hybrid layout against every layer kept whole
   (``memory.png``);
-- ``kvcache passkey --json``, one per cache and context: the fraction of keys
-  found at each depth, a panel per context, a bar per cache and eviction policy
+- ``kvcache passkey --json``, one per cache and context: the keys found at each
+  depth, a matrix of caches (format and eviction policy) by context and depth
   (``passkey.png``).
 
 Perplexity rows give one quality chart per model and text length
@@ -443,35 +443,62 @@ def passkey_cache(row):
     return str(row.get("kv_format", "?")) + (f" {policy}" if policy else "")
 
 
+def _passkey_order(cache):
+    """Where a cache's row goes: whole caches first, from the most bits to the
+    fewest (per-group mixes after the single formats), then eviction."""
+    fmt, _, policy = cache.partition(" ")
+    rank = ["f32", "bf16", "f16", "q8_0", "q8", "fp8_e4m3", "turbo8", "q4_0", "turbo4", "turbo4i",
+            "turbo3", "turbo3i", "turbo2", "turbo2i"]
+    base = fmt.split("+", 1)[0]
+    r = rank.index(base) if base in rank else len(rank)
+    return (1 if policy else 0, 1 if "=" in fmt else 0, r, cache)
+
+
 def plot_passkey(rows, out, ext, machine, name="passkey"):
-    """Keys found (fraction of the trials) at each depth: a panel per context, a
-    bar per cache (format and eviction policy), one colour per cache across the
-    panels. A cache measured twice at one context and depth keeps its last row."""
+    """Keys found at each depth, as a matrix: a row per cache (format, and the
+    eviction policy's name when there is one), a column per context and depth,
+    each cell its count of found keys out of the trials, coloured by the
+    fraction; blank where not measured. A cache measured twice at one context
+    and depth keeps its last row. The eviction budgets are listed below."""
+    import numpy as np
+
     plt = _plt()
-    contexts = sorted({r["context"] for r in rows})
-    caches = list(dict.fromkeys(passkey_cache(r) for r in rows))
-    cycle = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    colors = {c: cycle[i % len(cycle)] for i, c in enumerate(caches)}
-    fig, axes = plt.subplots(1, len(contexts), figsize=(max(5, 3.6 * len(contexts)), 4.8), squeeze=False,
-                             sharey=True)
-    for ax, ctx in zip(axes[0], contexts):
-        at = {(passkey_cache(r), r["depth"]): r for r in rows if r["context"] == ctx}
-        depths = sorted({d for _, d in at})
-        here = [c for c in caches if any((c, d) in at for d in depths)]
-        series = {c: [at[(c, d)]["accuracy"] if (c, d) in at else 0.0 for d in depths] for c in here}
-        _grouped_bars(ax, [f"{d:.0%}" for d in depths], series, "keys found (fraction)", colors, legend=False)
-        trials = sorted({r.get("trials") for r in at.values() if r.get("trials")})
-        policies = sorted({r["eviction"] for r in at.values() if r.get("eviction") not in (None, "none")})
-        title = f"{ctx:,} tokens" + (f", {'/'.join(map(str, trials))} keys a depth" if trials else "")
-        ax.set_title(title + ("\n" + "; ".join(policies) if policies else ""), fontsize=8)
-        ax.set_xlabel("depth of the key")
-        ax.set_ylim(0, 1.05)
-        if ax is not axes[0][0]:
-            ax.set_ylabel("")
-    handles = [plt.Rectangle((0, 0), 1, 1, color=colors[c]) for c in caches]
-    fig.legend(handles, caches, loc="lower center", ncol=min(len(caches), 3), fontsize=8)
-    fig.suptitle(_title(f"Pass key retrieval ({model_of(rows[0]) or 'model'})", rows, machine), fontsize=10)
-    return _save(plt, fig, out / f"{name}.{ext}", rect=(0, 0.06 + 0.045 * ((len(caches) - 1) // 3), 1, 1))
+    at = {}
+    for r in rows:
+        at[(passkey_cache(r), r["context"], r["depth"])] = r
+    caches = sorted({c for c, _, _ in at}, key=_passkey_order)
+    cols = sorted({(ctx, d) for _, ctx, d in at})
+    contexts = sorted({ctx for ctx, _ in cols})
+    grid = [[at[(c, ctx, d)]["accuracy"] if (c, ctx, d) in at else float("nan") for ctx, d in cols]
+            for c in caches]
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.62 * len(cols) + 3.4), max(2.8, 0.36 * len(caches) + 2.0)))
+    cmap = plt.get_cmap("RdYlGn").with_extremes(bad="#eeeeee")
+    ax.imshow(np.ma.masked_invalid(np.array(grid, dtype=float)), cmap=cmap, vmin=0.0, vmax=1.0, aspect="auto")
+    for i, c in enumerate(caches):
+        for j, (ctx, d) in enumerate(cols):
+            r = at.get((c, ctx, d))
+            if r:
+                dark = not 0.15 <= r["accuracy"] <= 0.85  # the colormap's dark ends
+                ax.text(j, i, f"{r['found']}/{r.get('trials', '?')}", ha="center", va="center", fontsize=7,
+                        color="white" if dark else "black")
+    ax.set_yticks(range(len(caches)))
+    ax.set_yticklabels(caches, fontsize=8)
+    ax.set_xticks(range(len(cols)))
+    ax.set_xticklabels([f"{d:.0%}" for _, d in cols], fontsize=8)
+    ax.set_xlabel("depth of the key, per context (tokens)")
+    for k, ctx in enumerate(contexts):
+        idx = [j for j, (c2, _) in enumerate(cols) if c2 == ctx]
+        ax.text((idx[0] + idx[-1]) / 2, -0.7, f"{ctx:,}", ha="center", va="bottom", fontsize=8,
+                fontweight="bold")
+        if k:
+            ax.axvline(idx[0] - 0.5, color="white", linewidth=3)
+    policies = sorted({(r["context"], r["eviction"]) for r in rows if r.get("eviction") not in (None, "none")})
+    if policies:
+        fig.text(0.01, 0.01, "eviction budgets: " +
+                 "; ".join(f"{ev} at {ctx:,}" for ctx, ev in policies), fontsize=7, wrap=True)
+    ax.set_title(_title(f"Pass key: keys found ({model_of(rows[0]) or 'model'})", rows, machine) + "\n",
+                 fontsize=10)
+    return _save(plt, fig, out / f"{name}.{ext}", rect=(0, 0.05 if policies else 0, 1, 1))
 
 
 def _names(groups, base):

@@ -160,20 +160,28 @@ def test_speed_memory_and_per_model_quality_charts(tmp_path):
 
 def test_passkey_chart(tmp_path):
     """kvcache passkey documents (one per cache and context; the rows take the
-    document's context, format and eviction) give passkey.png, a panel per
-    context."""
-    def doc(ctx, fmt, eviction, found):
+    document's context, format and eviction) give passkey.png, a matrix of
+    caches by context and depth; documents without the answers (counts only)
+    count alike, and a later row replaces an earlier one for the same cache,
+    context and depth."""
+    def doc(ctx, fmt, eviction, found, answers=True):
         return {"model": "/m/gemma.gguf", "context": ctx, "kv_format": fmt, "eviction": eviction, "trials": 20,
                 "results": [{"depth": d, "found": f, "accuracy": f / 20,
-                             "answers": [{"key": "12345", "answer": " 12345.", "found": True}]}
+                             **({"answers": [{"key": "12345", "answer": " 12345.", "found": True}]}
+                                if answers else {})}
                             for d, f in zip((0.25, 0.5, 0.75), found)]}
     pk = tmp_path / "pk.jsonl"
     pk.write_text("\n".join(json.dumps(d) for d in (
         doc(4096, "f32", "none", (20, 20, 20)), doc(4096, "f32", "h2o:2048,256", (17, 8, 5)),
-        doc(16384, "f32", "none", (11, 20, 20)))))
+        doc(16384, "f32", "none", (11, 20, 20), answers=False),
+        doc(4096, "global=turbo4+s4+r120,local=q8_0", "none", (20, 20, 20)),
+        doc(4096, "turbo2i", "none", (1, 2, 3)), doc(4096, "q8_0", "none", (20, 19, 20)))))
     rows = plot.load_rows(pk)
-    assert len(rows) == 9 and all(plot.kind_of(r) == "passkey" for r in rows)
+    assert len(rows) == 18 and all(plot.kind_of(r) == "passkey" for r in rows)
     assert [plot.passkey_cache(r) for r in rows[2:4]] == ["f32", "f32 h2o"]
+    # Whole caches by bits (mixes after single formats), eviction last.
+    caches = sorted({plot.passkey_cache(r) for r in rows}, key=plot._passkey_order)
+    assert caches == ["f32", "q8_0", "turbo2i", "global=turbo4+s4+r120,local=q8_0", "f32 h2o"]
     files = plot.plot_files([pk], tmp_path / "img")
     assert [f.name for f in files] == ["passkey.png"]
     assert files[0].read_bytes()[:8] == PNG and files[0].stat().st_size > 5000
