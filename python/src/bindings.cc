@@ -111,11 +111,6 @@ std::vector<uint8_t> AliveMask(const SequenceCache& c, std::optional<InU8> alive
   return std::vector<uint8_t>(a.data(), a.data() + a.size());
 }
 
-OutArray<float> HeadRowsArray(std::vector<float> rows, uint32_t head_dim) {
-  const size_t n = rows.size() / head_dim;
-  return ToArray(std::move(rows), {n, head_dim});
-}
-
 // ---- attention ------------------------------------------------------------------
 
 struct AttnArgs {
@@ -547,9 +542,7 @@ NB_MODULE(_kvcache, m) {
           "head_positions",
           [](const PyCache& c, uint32_t layer, uint32_t head) {
             CheckLayerHead(c.obj, layer, head);
-            auto p = c.obj.HeadPositions(layer, head);
-            const size_t n = p.size();
-            return ToArray(std::move(p), {n});
+            return PositionsArray(c.obj.HeadPositions(layer, head));
           },
           "layer"_a, "head"_a, "uint32 [head_len]: position of each stored row.")
       .def(
@@ -601,34 +594,34 @@ NB_MODULE(_kvcache, m) {
       });
 
   // --- attention ------------------------------------------------------------------------------
-  m.def(
-      "attend_decode",
-      [](PyCache& cache, uint32_t layer, const InF32& q, float scale, uint32_t window,
-         uint32_t n_sink, bool return_lse, bool return_probs, ThreadPool* pool) {
-        return Attend(cache, layer, q, false, return_lse, return_probs,
-                      {scale, window, n_sink, pool});
-      },
-      "cache"_a, "layer"_a, "q"_a, nb::kw_only(), "scale"_a = 0.0f, "window"_a = 0,
-      "n_sink"_a = 0, "return_lse"_a = false, "return_probs"_a = false,
-      "pool"_a.none() = nb::none(),
-      "Decode attention of one query token (the last position) over one layer.\n\n"
-      "q: float32 [n_q_heads, head_dim] (n_q_heads a multiple of the kv heads, GQA).\n"
-      "Returns out [n_q_heads, head_dim], or a tuple adding lse [n_q_heads] and/or probs\n"
-      "[n_q_heads, num_tokens] (probability per stored row). scale 0 = 1/sqrt(head_dim);\n"
-      "window/n_sink: sliding window with attention sinks. Releases the GIL.");
-  m.def(
-      "attend_multi",
-      [](PyCache& cache, uint32_t layer, const InF32& q, float scale, uint32_t window,
-         uint32_t n_sink, bool return_lse, bool return_probs, ThreadPool* pool) {
-        return Attend(cache, layer, q, true, return_lse, return_probs,
-                      {scale, window, n_sink, pool});
-      },
-      "cache"_a, "layer"_a, "q"_a, nb::kw_only(), "scale"_a = 0.0f, "window"_a = 0,
-      "n_sink"_a = 0, "return_lse"_a = false, "return_probs"_a = false,
-      "pool"_a.none() = nb::none(),
-      "Attention of the last n_queries tokens, causal inside the block (speculative verify,\n"
-      "chunked prefill). q: float32 [n_queries, n_q_heads, head_dim]; out likewise; lse\n"
-      "[n_queries, n_q_heads]; probs [n_queries, n_q_heads, num_tokens]. Releases the GIL.");
+  // attend_decode and attend_multi: one signature, the query block's shape
+  // the difference.
+  const struct {
+    const char* name;
+    bool multi;
+    const char* doc;
+  } attend_defs[] = {
+      {"attend_decode", false,
+       "Decode attention of one query token (the last position) over one layer.\n\n"
+       "q: float32 [n_q_heads, head_dim] (n_q_heads a multiple of the kv heads, GQA).\n"
+       "Returns out [n_q_heads, head_dim], or a tuple adding lse [n_q_heads] and/or probs\n"
+       "[n_q_heads, num_tokens] (probability per stored row). scale 0 = 1/sqrt(head_dim);\n"
+       "window/n_sink: sliding window with attention sinks. Releases the GIL."},
+      {"attend_multi", true,
+       "Attention of the last n_queries tokens, causal inside the block (speculative verify,\n"
+       "chunked prefill). q: float32 [n_queries, n_q_heads, head_dim]; out likewise; lse\n"
+       "[n_queries, n_q_heads]; probs [n_queries, n_q_heads, num_tokens]. Releases the GIL."},
+  };
+  for (const auto& def : attend_defs) {
+    m.def(
+        def.name,
+        [multi = def.multi](PyCache& cache, uint32_t layer, const InF32& q, float scale, uint32_t window,
+                            uint32_t n_sink, bool return_lse, bool return_probs, ThreadPool* pool) {
+          return Attend(cache, layer, q, multi, return_lse, return_probs, {scale, window, n_sink, pool});
+        },
+        "cache"_a, "layer"_a, "q"_a, nb::kw_only(), "scale"_a = 0.0f, "window"_a = 0, "n_sink"_a = 0,
+        "return_lse"_a = false, "return_probs"_a = false, "pool"_a.none() = nb::none(), def.doc);
+  }
   m.def(
       "attend_decode_batch",
       [](std::vector<PyCache*> caches, uint32_t layer, const InF32& q, float scale,

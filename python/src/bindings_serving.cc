@@ -289,29 +289,21 @@ void BindServing(nb::module_& m) {
           "head_keys",
           [](const PyHybrid& s, uint32_t layer, uint32_t head) {
             CheckHybridLayer(s.obj, layer);
-            auto rows = Unwrap(s.obj.HeadKeys(layer, head));
-            const size_t d = s.obj.model().geometry().head_dim();
-            const size_t n = rows.size() / d;
-            return ToArray(std::move(rows), {n, d});
+            return HeadRowsArray(Unwrap(s.obj.HeadKeys(layer, head)), s.obj.model().geometry().head_dim());
           },
           "layer"_a, "head"_a)
       .def(
           "head_values",
           [](const PyHybrid& s, uint32_t layer, uint32_t head) {
             CheckHybridLayer(s.obj, layer);
-            auto rows = Unwrap(s.obj.HeadValues(layer, head));
-            const size_t d = s.obj.model().geometry().head_dim();
-            const size_t n = rows.size() / d;
-            return ToArray(std::move(rows), {n, d});
+            return HeadRowsArray(Unwrap(s.obj.HeadValues(layer, head)), s.obj.model().geometry().head_dim());
           },
           "layer"_a, "head"_a)
       .def(
           "head_positions",
           [](const PyHybrid& s, uint32_t layer, uint32_t head) {
             CheckHybridLayer(s.obj, layer);
-            auto p = s.obj.HeadPositions(layer, head);
-            const size_t n = p.size();
-            return ToArray(std::move(p), {n});
+            return PositionsArray(s.obj.HeadPositions(layer, head));
           },
           "layer"_a, "head"_a)
       .def(
