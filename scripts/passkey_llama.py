@@ -11,7 +11,8 @@ with the same GGUF file and a context of at least the run's:
       --server http://127.0.0.1:8090 [--depths 0.25] [--kvcache build/release/tools/kvcache]
 
 Each prompt comes from `kvcache passkey --prompt-key KEY` (the very ids the
-run fed its decoder) and goes to /completion as ids, greedy, 8 tokens.
+run fed its decoder) and goes to /completion as ids, greedy, as many tokens
+as the run answered with (its answer_tokens; 8 for runs that do not say).
 Prints one JSON object a trial: depth, key, both answers, whether each holds
 the key; a summary per depth on stderr."""
 import argparse
@@ -43,16 +44,17 @@ def main():
     ap.add_argument("--server", default="http://127.0.0.1:8090", help="llama-server's address")
     ap.add_argument("--kvcache", default="build/release/tools/kvcache", help="the kvcache binary")
     ap.add_argument("--depths", type=float, nargs="*", help="only these depths (default: all in the run)")
-    ap.add_argument("--answer-tokens", type=int, default=8, help="tokens to generate (kvcache passkey: 8)")
+    ap.add_argument("--answer-tokens", type=int, help="tokens to generate (default: the run's)")
     args = ap.parse_args()
     run = json.load(open(args.passkey_json))
+    n_predict = args.answer_tokens or run.get("answer_tokens", 8)
     for r in run["results"]:
         if args.depths and r["depth"] not in args.depths:
             continue
         same = found = 0
         for a in r["answers"]:
             ids = prompt_ids(args.kvcache, args.model, run["context"], r["depth"], a["key"])
-            text = complete(args.server, ids, args.answer_tokens)
+            text = complete(args.server, ids, n_predict)
             row = {"depth": r["depth"], "key": a["key"], "tokens": len(ids), "llama": text,
                    "llama_found": a["key"] in text, "kvcache": a["answer"], "kvcache_found": a["found"]}
             same += text == a["answer"]

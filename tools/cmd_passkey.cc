@@ -40,6 +40,7 @@ struct PasskeyOptions {
   uint32_t threads = 2;
   uint32_t chunk = 256;
   uint32_t seed = 1;
+  uint32_t answer_tokens = 8;
   std::string matmul = "f32";
   std::string kv_format = "f32", layout = "paged", backend = "cache", eviction;
   uint32_t block_size = 16;
@@ -48,7 +49,7 @@ struct PasskeyOptions {
 };
 
 constexpr const char* kFiller = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. ";
-constexpr uint32_t kAnswerTokens = 8;
+constexpr uint32_t kMaxAnswerTokens = 1024;
 
 Result<std::vector<double>> ParseDepths(const std::string& list) {
   std::vector<double> out;
@@ -137,10 +138,19 @@ std::vector<int32_t> Joined(const std::vector<int32_t>& prefix, const std::vecto
 }
 
 Result<std::unique_ptr<model::LoadedModel>> LoadForPasskey(const PasskeyOptions& o) {
+  if (o.answer_tokens == 0 || o.answer_tokens > kMaxAnswerTokens) {
+    return Status::InvalidArgument("passkey: --answer-tokens must be 1 to " + std::to_string(kMaxAnswerTokens));
+  }
   model::GgufLoadOptions load;
-  load.max_seq_len = o.context + kAnswerTokens;
+  load.max_seq_len = o.context + o.answer_tokens;
   KV_ASSIGN_OR_RETURN(load.matmul_inputs, model::ParseMatMulInputs(o.matmul));
-  return model::LoadedModel::Load(o.model_path, o.tokenizer_path, load);
+  auto lm = model::LoadedModel::Load(o.model_path, o.tokenizer_path, load);
+  if (!lm.ok()) {
+    // The positions the loader names are the prompt's and the answer's.
+    return Status(lm.status().code(), "passkey (--context " + std::to_string(o.context) + " + --answer-tokens " +
+                                          std::to_string(o.answer_tokens) + "): " + lm.status().message());
+  }
+  return lm;
 }
 
 // --prompt-key: the prompt of that key at each depth, as ids.
@@ -180,6 +190,7 @@ Result<nlohmann::json> RunPasskey(const PasskeyOptions& o) {
   out["kv_format"] = o.kv_format;
   out["eviction"] = o.eviction.empty() ? "none" : o.eviction;
   out["trials"] = o.trials;
+  out["answer_tokens"] = o.answer_tokens;
   out["results"] = nlohmann::json::array();
   const auto start = std::chrono::steady_clock::now();
   for (double depth : depths) {
@@ -199,7 +210,7 @@ Result<nlohmann::json> RunPasskey(const PasskeyOptions& o) {
           decoder, *seq, std::span<const int32_t>(rest).first(rest.size() - 1), o.chunk));
       const std::vector<int32_t> prompt = Joined(prefix, rest);
       model::GenerateOptions g;
-      g.max_new_tokens = kAnswerTokens;
+      g.max_new_tokens = o.answer_tokens;
       g.stop_at_eos = false;
       KV_ASSIGN_OR_RETURN(model::GenerateResult answered, model::Generate(decoder, *seq, prompt, g));
       const std::vector<int32_t>& answer = answered.tokens;
@@ -209,7 +220,7 @@ Result<nlohmann::json> RunPasskey(const PasskeyOptions& o) {
       const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       fmt::print(stderr, "passkey: depth {:g}, trial {}/{}: key {} {} ({} found), {:.0f} s\n", depth, t + 1,
                  o.trials, key, ok ? "found" : "missed", found, secs);
-      answers.push_back({{"key", key}, {"answer", text}, {"found", ok}});
+      answers.push_back({{"key", key}, {"answer", text}, {"answer_ids", answer}, {"found", ok}});
     }
     nlohmann::json r;
     r["depth"] = depth;
@@ -232,6 +243,9 @@ const bool kRegistered = RegisterOptionsCommand<PasskeyOptions>(
       app->add_option("--threads", o.threads, "Decoder threads")->capture_default_str();
       app->add_option("--chunk", o.chunk, "Prefill chunk in tokens")->capture_default_str();
       app->add_option("--seed", o.seed, "Seed of the keys")->capture_default_str();
+      app->add_option("--answer-tokens", o.answer_tokens,
+                      "Tokens the model answers with (greedy); a trial finds the key when they hold it")
+          ->capture_default_str();
       app->add_option("--matmul", o.matmul, kMatMulHelp)->capture_default_str();
       app->add_option("--eviction", o.eviction, "streaming:SINKS,WINDOW | h2o:BUDGET,RECENT (bounded cache)");
       AddKvBackendFlags(app, o.kv_format, o.layout, o.block_size, o.backend);

@@ -183,6 +183,38 @@ TEST(Cli, PasskeyPrintsEachDepthsPromptAsIds) {
   EXPECT_EQ(RunCli("passkey " + ModelArgs() + " --context 10 --prompt-key 12345").exit_code, 2);
 }
 
+// kvcache passkey --answer-tokens N: every trial answers with exactly N
+// greedy tokens (stop at EOS off), their ids and N itself in the JSON; the
+// first tokens of a longer answer are the shorter one's (greedy), so a key
+// found in 3 tokens is found in 6. 0, or more than the command allows, is
+// a clean error.
+TEST(Cli, PasskeyAnswersWithTheGivenNumberOfTokens) {
+  const std::string base = "passkey " + ModelArgs() + " --context 200 --depths 0.5 --trials 3 --json";
+  CliRun shorter = RunCli(base + " --answer-tokens 3");
+  CliRun longer = RunCli(base + " --answer-tokens 6");
+  ASSERT_EQ(shorter.exit_code, 0) << shorter.out;
+  ASSERT_EQ(longer.exit_code, 0) << longer.out;
+  const auto a = nlohmann::json::parse(shorter.out), b = nlohmann::json::parse(longer.out);
+  EXPECT_EQ(a["answer_tokens"].get<int>(), 3);
+  EXPECT_EQ(b["answer_tokens"].get<int>(), 6);
+  const auto& ra = a["results"][0]["answers"];
+  const auto& rb = b["results"][0]["answers"];
+  ASSERT_EQ(ra.size(), 3u);
+  ASSERT_EQ(rb.size(), 3u);
+  for (size_t t = 0; t < 3; ++t) {
+    const std::vector<int> ia = ra[t]["answer_ids"], ib = rb[t]["answer_ids"];
+    ASSERT_EQ(ia.size(), 3u);
+    ASSERT_EQ(ib.size(), 6u);
+    EXPECT_TRUE(std::equal(ia.begin(), ia.end(), ib.begin())) << "trial " << t;
+    EXPECT_EQ(ra[t]["key"], rb[t]["key"]);
+    if (ra[t]["found"].get<bool>()) {
+      EXPECT_TRUE(rb[t]["found"].get<bool>()) << "trial " << t;
+    }
+  }
+  EXPECT_EQ(RunCli(base + " --answer-tokens 0").exit_code, 2);
+  EXPECT_EQ(RunCli(base + " --answer-tokens 100000").exit_code, 2);
+}
+
 TEST(DemoReport, PrintsStoryAndTable) {
   tools::DemoReportOptions o;
   o.model_path = testing::ModelDir() + "stories260K_v1.bin";
