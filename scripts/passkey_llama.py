@@ -12,7 +12,8 @@ with the same GGUF file and a context of at least the run's:
 
 Each prompt comes from `kvcache passkey --prompt-key KEY` (the very ids the
 run fed its decoder) and goes to /completion as ids, greedy, as many tokens
-as the run answered with (its answer_tokens; 8 for runs that do not say).
+as the run answered with (its answer_tokens; 8 for runs older than the
+option).
 Prints one JSON object a trial: depth, key, both answers, whether each holds
 the key; a summary per depth on stderr."""
 import argparse
