@@ -454,33 +454,59 @@ def _passkey_order(cache):
     return (1 if policy else 0, 1 if "=" in fmt else 0, r, cache)
 
 
-def plot_passkey(rows, out, ext, machine, name="passkey"):
-    """Keys found at each depth, as a matrix: a row per cache (format, and the
-    eviction policy's name when there is one), a column per context and depth,
-    each cell its count of found keys out of the trials, coloured by the
-    fraction; blank where not measured. A cache measured twice at one context
-    and depth keeps its last row. The eviction budgets are listed below."""
-    import numpy as np
-
-    plt = _plt()
+def passkey_matrix(rows):
+    """The pass key's matrix: (caches, columns, cells, notes). caches: the row
+    labels (passkey_cache), whole caches by bits, then per-group mixes, then
+    eviction; columns: (context, depth) in order; cells: {(cache, context,
+    depth): (text, fraction found)}, text "found/trials", starred when the
+    answers had fewer tokens than the longest here (greedy: a longer answer
+    starts with the shorter one, so a short one's count is a lower bound);
+    notes: what the stars and the eviction budgets are. A cache measured
+    twice at one context and depth keeps its last row."""
     at = {}
     for r in rows:
         at[(passkey_cache(r), r["context"], r["depth"])] = r
+
+    def tokens(r):
+        return r.get("answer_tokens", 8)  # documents without it answered with 8
+
+    most = max(tokens(r) for r in at.values())
+    cells = {k: (f"{r['found']}/{r.get('trials', '?')}" + ("*" if tokens(r) < most else ""), r["accuracy"])
+             for k, r in at.items()}
+    notes = []
+    short = sorted({tokens(r) for r in at.values() if tokens(r) < most})
+    if short:
+        notes.append(f"* answered with {'/'.join(map(str, short))} tokens, the others with {most}: "
+                     "a lower bound")
+    policies = sorted({(r["context"], r["eviction"]) for r in at.values() if r.get("eviction") not in (None, "none")})
+    if policies:
+        notes.append("eviction budgets: " + "; ".join(f"{ev} at {ctx:,}" for ctx, ev in policies))
     caches = sorted({c for c, _, _ in at}, key=_passkey_order)
     cols = sorted({(ctx, d) for _, ctx, d in at})
+    return caches, cols, cells, notes
+
+
+def plot_passkey(rows, out, ext, machine, name="passkey"):
+    """Keys found at each depth (passkey_matrix): a row per cache (format, and
+    the eviction policy's name when there is one), a column per context and
+    depth, each cell its count of found keys out of the trials, coloured by
+    the fraction; blank where not measured; the notes below."""
+    import numpy as np
+
+    plt = _plt()
+    caches, cols, cells, notes = passkey_matrix(rows)
     contexts = sorted({ctx for ctx, _ in cols})
-    grid = [[at[(c, ctx, d)]["accuracy"] if (c, ctx, d) in at else float("nan") for ctx, d in cols]
+    grid = [[cells[(c, ctx, d)][1] if (c, ctx, d) in cells else float("nan") for ctx, d in cols]
             for c in caches]
     fig, ax = plt.subplots(figsize=(max(6.0, 0.62 * len(cols) + 3.4), max(2.8, 0.36 * len(caches) + 2.0)))
     cmap = plt.get_cmap("RdYlGn").with_extremes(bad="#eeeeee")
     ax.imshow(np.ma.masked_invalid(np.array(grid, dtype=float)), cmap=cmap, vmin=0.0, vmax=1.0, aspect="auto")
     for i, c in enumerate(caches):
         for j, (ctx, d) in enumerate(cols):
-            r = at.get((c, ctx, d))
-            if r:
-                dark = not 0.15 <= r["accuracy"] <= 0.85  # the colormap's dark ends
-                ax.text(j, i, f"{r['found']}/{r.get('trials', '?')}", ha="center", va="center", fontsize=7,
-                        color="white" if dark else "black")
+            if (c, ctx, d) in cells:
+                text, frac = cells[(c, ctx, d)]
+                dark = not 0.15 <= frac <= 0.85  # the colormap's dark ends
+                ax.text(j, i, text, ha="center", va="center", fontsize=7, color="white" if dark else "black")
     ax.set_yticks(range(len(caches)))
     ax.set_yticklabels(caches, fontsize=8)
     ax.set_xticks(range(len(cols)))
@@ -492,13 +518,11 @@ def plot_passkey(rows, out, ext, machine, name="passkey"):
                 fontweight="bold")
         if k:
             ax.axvline(idx[0] - 0.5, color="white", linewidth=3)
-    policies = sorted({(r["context"], r["eviction"]) for r in rows if r.get("eviction") not in (None, "none")})
-    if policies:
-        fig.text(0.01, 0.01, "eviction budgets: " +
-                 "; ".join(f"{ev} at {ctx:,}" for ctx, ev in policies), fontsize=7, wrap=True)
+    if notes:
+        fig.text(0.01, 0.01, "\n".join(notes), fontsize=7, wrap=True)
     ax.set_title(_title(f"Pass key: keys found ({model_of(rows[0]) or 'model'})", rows, machine) + "\n",
                  fontsize=10)
-    return _save(plt, fig, out / f"{name}.{ext}", rect=(0, 0.05 if policies else 0, 1, 1))
+    return _save(plt, fig, out / f"{name}.{ext}", rect=(0, 0.04 * len(notes), 1, 1))
 
 
 def _names(groups, base):

@@ -180,8 +180,20 @@ def test_passkey_chart(tmp_path):
     assert len(rows) == 18 and all(plot.kind_of(r) == "passkey" for r in rows)
     assert [plot.passkey_cache(r) for r in rows[2:4]] == ["f32", "f32 h2o"]
     # Whole caches by bits (mixes after single formats), eviction last.
-    caches = sorted({plot.passkey_cache(r) for r in rows}, key=plot._passkey_order)
+    caches, cols, cells, notes = plot.passkey_matrix(rows)
     assert caches == ["f32", "q8_0", "turbo2i", "global=turbo4+s4+r120,local=q8_0", "f32 h2o"]
+    assert cols == [(4096, 0.25), (4096, 0.5), (4096, 0.75), (16384, 0.25), (16384, 0.5), (16384, 0.75)]
+    assert cells[("f32 h2o", 4096, 0.5)] == ("8/20", 0.4) and ("q8_0", 16384, 0.25) not in cells
+    assert notes == ["eviction budgets: h2o:2048,256 at 4,096"]
     files = plot.plot_files([pk], tmp_path / "img")
     assert [f.name for f in files] == ["passkey.png"]
     assert files[0].read_bytes()[:8] == PNG and files[0].stat().st_size > 5000
+    # A document with answer_tokens 16 beside those without (8): theirs are
+    # starred as lower bounds; a later row replaces an earlier one.
+    pk16 = tmp_path / "pk16.json"
+    pk16.write_text(json.dumps({**doc(4096, "q8_0", "none", (20, 20, 20)), "answer_tokens": 16}))
+    _, _, cells, notes = plot.passkey_matrix(plot.load_rows(pk) + plot.load_rows(pk16))
+    assert cells[("q8_0", 4096, 0.5)] == ("20/20", 1.0) and cells[("f32", 4096, 0.5)] == ("20/20*", 1.0)
+    assert notes[0] == "* answered with 8 tokens, the others with 16: a lower bound"
+    files = plot.plot_files([pk, pk16], tmp_path / "img16")
+    assert files[0].read_bytes()[:8] == PNG
