@@ -459,8 +459,9 @@ def passkey_matrix(rows):
     labels (passkey_cache), whole caches by bits, then per-group mixes, then
     eviction; columns: (context, depth) in order; cells: {(cache, context,
     depth): (text, fraction found)}, text "found/trials", starred when the
-    answers had fewer tokens than the longest here (greedy: a longer answer
-    starts with the shorter one, so a short one's count is a lower bound);
+    answers had fewer tokens than the longest here and missed some keys
+    (greedy: a longer answer starts with the shorter one, so a short one's
+    count is a lower bound);
     notes: what the stars and the eviction budgets are. A cache measured
     twice at one context and depth keeps its last row."""
     at = {}
@@ -471,10 +472,12 @@ def passkey_matrix(rows):
         return r.get("answer_tokens", 8)  # documents without it answered with 8
 
     most = max(tokens(r) for r in at.values())
-    cells = {k: (f"{r['found']}/{r.get('trials', '?')}" + ("*" if tokens(r) < most else ""), r["accuracy"])
+    # A cell that found every key is exact whatever its answers' length.
+    starred = {k for k, r in at.items() if tokens(r) < most and r["found"] != r.get("trials")}
+    cells = {k: (f"{r['found']}/{r.get('trials', '?')}" + ("*" if k in starred else ""), r["accuracy"])
              for k, r in at.items()}
     notes = []
-    short = sorted({tokens(r) for r in at.values() if tokens(r) < most})
+    short = sorted({tokens(at[k]) for k in starred})
     if short:
         notes.append(f"* answered with {'/'.join(map(str, short))} tokens, the others with {most}: "
                      "a lower bound")

@@ -189,11 +189,14 @@ def test_passkey_chart(tmp_path):
     assert [f.name for f in files] == ["passkey.png"]
     assert files[0].read_bytes()[:8] == PNG and files[0].stat().st_size > 5000
     # A document with answer_tokens 16 beside those without (8): theirs are
-    # starred as lower bounds; a later row replaces an earlier one.
+    # starred as lower bounds where they missed keys; a later row replaces
+    # an earlier one.
     pk16 = tmp_path / "pk16.json"
     pk16.write_text(json.dumps({**doc(4096, "q8_0", "none", (20, 20, 20)), "answer_tokens": 16}))
     _, _, cells, notes = plot.passkey_matrix(plot.load_rows(pk) + plot.load_rows(pk16))
-    assert cells[("q8_0", 4096, 0.5)] == ("20/20", 1.0) and cells[("f32", 4096, 0.5)] == ("20/20*", 1.0)
+    assert cells[("q8_0", 4096, 0.5)] == ("20/20", 1.0) and cells[("q8_0", 4096, 0.25)] == ("20/20", 1.0)
+    # (every key found: exact at any length, so no star)
+    assert cells[("f32", 4096, 0.5)] == ("20/20", 1.0) and cells[("f32 h2o", 4096, 0.5)] == ("8/20*", 0.4)
     assert notes[0] == "* answered with 8 tokens, the others with 16: a lower bound"
     files = plot.plot_files([pk, pk16], tmp_path / "img16")
     assert files[0].read_bytes()[:8] == PNG
