@@ -513,7 +513,7 @@ NB_MODULE(_kvcache, m) {
           "block_table",
           [](const PyCache& c) {
             auto t = c.obj.block_table();
-            return ToArray(std::vector<uint32_t>(t.begin(), t.end()), {t.size()});
+            return ToArray1D(std::vector<uint32_t>(t.begin(), t.end()));
           },
           nb::rv_policy::move,
           "uint32 [num_blocks] logical -> physical block ids (a copy; empty if contiguous).")
@@ -521,7 +521,7 @@ NB_MODULE(_kvcache, m) {
           "context_lens",
           [](const PyCache& c) {
             auto t = c.obj.context_lens();
-            return ToArray(std::vector<uint32_t>(t.begin(), t.end()), {t.size()});
+            return ToArray1D(std::vector<uint32_t>(t.begin(), t.end()));
           },
           nb::rv_policy::move, "uint32 [1]: the sequence length (a copy; empty if contiguous).")
       .def(
@@ -542,7 +542,7 @@ NB_MODULE(_kvcache, m) {
           "head_positions",
           [](const PyCache& c, uint32_t layer, uint32_t head) {
             CheckLayerHead(c.obj, layer, head);
-            return PositionsArray(c.obj.HeadPositions(layer, head));
+            return ToArray1D(c.obj.HeadPositions(layer, head));
           },
           "layer"_a, "head"_a, "uint32 [head_len]: position of each stored row.")
       .def(
@@ -559,18 +559,14 @@ NB_MODULE(_kvcache, m) {
           "head_importance",
           [](const PyCache& c, uint32_t layer, uint32_t head) {
             CheckLayerHead(c.obj, layer, head);
-            auto v = c.obj.HeadImportance(layer, head);
-            const size_t n = v.size();
-            return ToArray(std::move(v), {n});
+            return ToArray1D(c.obj.HeadImportance(layer, head));
           },
           "layer"_a, "head"_a, "float32 [head_len] accumulated importance per stored row.")
       .def(
           "importance",
           [](const PyCache& c, uint32_t layer) {
             CheckLayer(c.obj, layer);
-            auto v = c.obj.Importance(layer);
-            const size_t n = v.size();
-            return ToArray(std::move(v), {n});
+            return ToArray1D(c.obj.Importance(layer));
           },
           "layer"_a, "float32 [num_tokens] accumulated importance per position, over heads.")
       .def(

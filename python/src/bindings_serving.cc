@@ -171,9 +171,7 @@ void BindServing(nb::module_& m) {
       [](const EvictionPolicy& policy, uint32_t num_rows, std::optional<InF32> importance) {
         std::span<const float> imp;
         if (importance) imp = Span(*importance);
-        auto rows = Unwrap(SelectRows(policy, num_rows, imp));
-        const size_t n = rows.size();
-        return ToArray(std::move(rows), {n});
+        return ToArray1D(Unwrap(SelectRows(policy, num_rows, imp)));
       },
       "policy"_a, "num_rows"_a, "importance"_a.none() = nb::none(),
       "Rows (ascending uint32) a policy keeps out of num_rows; importance [num_rows] for H2O.");
@@ -303,7 +301,7 @@ void BindServing(nb::module_& m) {
           "head_positions",
           [](const PyHybrid& s, uint32_t layer, uint32_t head) {
             CheckHybridLayer(s.obj, layer);
-            return PositionsArray(s.obj.HeadPositions(layer, head));
+            return ToArray1D(s.obj.HeadPositions(layer, head));
           },
           "layer"_a, "head"_a)
       .def(

@@ -60,6 +60,13 @@ OutArray<T> ToArray(std::vector<T> values, std::vector<size_t> shape) {
   return OutArray<T>(heap->data(), shape.size(), shape.data(), owner);
 }
 
+// The same, one-dimensional: [values.size()].
+template <typename T>
+OutArray<T> ToArray1D(std::vector<T> values) {
+  const size_t n = values.size();
+  return ToArray(std::move(values), {n});
+}
+
 // A head's decoded rows (HeadKeys, HeadValues: [rows * head_dim]) as a new
 // float32 array [rows, head_dim].
 inline OutArray<float> HeadRowsArray(std::vector<float> rows, uint32_t head_dim) {
@@ -67,11 +74,6 @@ inline OutArray<float> HeadRowsArray(std::vector<float> rows, uint32_t head_dim)
   return ToArray(std::move(rows), {n, head_dim});
 }
 
-// A head's stored positions as a new uint32 array [rows].
-inline OutArray<uint32_t> PositionsArray(std::vector<uint32_t> positions) {
-  const size_t n = positions.size();
-  return ToArray(std::move(positions), {n});
-}
 
 template <typename A>
 std::string ShapeString(const A& a) {
