@@ -4,7 +4,7 @@
 // tokens (16 by default: a model that restates "the pass key." before the
 // number needs about 10, one digit a token, and 8 cut such answers off
 // inside the key). Per depth, the fraction of trials whose answer holds
-// the key.
+// the key as a whole number (passkey_rule.h).
 //
 // The prompt is built from token ids: BOS, filler sentences up to the
 // depth, the key's sentence, filler to the end, the question ("What is the
@@ -31,6 +31,7 @@
 #include "model/kv/kv_factory.h"
 #include "tools/command.h"
 #include "tools/kv_flags.h"
+#include "tools/passkey_rule.h"
 
 namespace kvcache::tools {
 namespace {
@@ -218,7 +219,7 @@ Result<nlohmann::json> RunPasskey(const PasskeyOptions& o) {
       KV_ASSIGN_OR_RETURN(model::GenerateResult answered, model::Generate(decoder, *seq, prompt, g));
       const std::vector<int32_t>& answer = answered.tokens;
       KV_ASSIGN_OR_RETURN(std::string text, lm->Decode(answer));
-      const bool ok = text.find(key) != std::string::npos;
+      const bool ok = AnswerHoldsKey(text, key);
       found += ok;
       const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       fmt::print(stderr, "passkey: depth {:g}, trial {}/{}: key {} {} ({} found), {:.0f} s\n", depth, t + 1,

@@ -4,12 +4,14 @@
 
 #include <algorithm>
 #include <nlohmann/json.hpp>
+#include <regex>
 #include <string>
 #include <vector>
 
 #include "cli_runner.h"
 #include "model_fixture.h"
 #include "tools/demo_report.h"
+#include "tools/passkey_rule.h"
 
 namespace kvcache::model {
 namespace {
@@ -186,7 +188,7 @@ TEST(Cli, PasskeyPrintsEachDepthsPromptAsIds) {
 // kvcache passkey --answer-tokens N: every trial answers with exactly N
 // greedy tokens (stop at EOS off), their ids and N itself in the JSON; the
 // first tokens of a longer answer are the shorter one's (greedy); a trial
-// is found when its answer's text holds the key. 0, or more than the
+// is found when its answer's text holds the key as a whole number. 0, or more than the
 // command allows, is a clean error.
 TEST(Cli, PasskeyAnswersWithTheGivenNumberOfTokens) {
   const std::string base = "passkey " + ModelArgs() + " --context 200 --depths 0.5 --trials 3 --json";
@@ -207,14 +209,35 @@ TEST(Cli, PasskeyAnswersWithTheGivenNumberOfTokens) {
     ASSERT_EQ(ib.size(), 6u);
     EXPECT_TRUE(std::equal(ia.begin(), ia.end(), ib.begin())) << "trial " << t;
     EXPECT_EQ(ra[t]["key"], rb[t]["key"]);
-    // found: the answer's text holds the key.
+    // found: one of the answer's runs of digits is the key.
     for (const auto* r : {&ra[t], &rb[t]}) {
       const std::string key = (*r)["key"], text = (*r)["answer"];
-      EXPECT_EQ((*r)["found"].get<bool>(), text.find(key) != std::string::npos) << "trial " << t;
+      bool whole = false;
+      const std::regex digits("[0-9]+");
+      for (auto it = std::sregex_iterator(text.begin(), text.end(), digits); it != std::sregex_iterator(); ++it) {
+        whole = whole || it->str() == key;
+      }
+      EXPECT_EQ((*r)["found"].get<bool>(), whole) << "trial " << t << ": " << text;
     }
   }
   EXPECT_EQ(RunCli(base + " --answer-tokens 0").exit_code, 2);
   EXPECT_EQ(RunCli(base + " --answer-tokens 100000").exit_code, 2);
+}
+
+// The pass key's rule: the key counts where it stands as a whole number,
+// not inside a longer one; a wrong number before it does not hide it.
+TEST(Cli, PasskeyFindsTheKeyOnlyAsAWholeNumber) {
+  EXPECT_TRUE(tools::AnswerHoldsKey(" 47531. Remember it.", "47531"));
+  EXPECT_TRUE(tools::AnswerHoldsKey(" the pass key. 47531 is", "47531"));
+  EXPECT_TRUE(tools::AnswerHoldsKey("47531", "47531"));
+  EXPECT_TRUE(tools::AnswerHoldsKey(" 4753. 47531 is", "47531"));
+  EXPECT_TRUE(tools::AnswerHoldsKey(" 475312 or 47531", "47531"));  // a later whole occurrence
+  EXPECT_FALSE(tools::AnswerHoldsKey(" 232088. Remember it. 2308", "23208"));
+  EXPECT_FALSE(tools::AnswerHoldsKey(" 147531", "47531"));
+  EXPECT_FALSE(tools::AnswerHoldsKey(" 4753", "47531"));
+  EXPECT_FALSE(tools::AnswerHoldsKey("4753147531", "47531"));
+  EXPECT_FALSE(tools::AnswerHoldsKey("", "47531"));
+  EXPECT_FALSE(tools::AnswerHoldsKey(" 47531", ""));
 }
 
 TEST(DemoReport, PrintsStoryAndTable) {
