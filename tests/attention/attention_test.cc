@@ -968,6 +968,54 @@ TEST(AttentionGrouped, GroupedWalkEqualsHeadByHead) {
   }
 }
 
+// Where a head's rows sit never changes a bit: a contiguous view (one
+// long run), a paged one of 1-row blocks (every row its own run) and one
+// of 6-row blocks give the same outputs for every format (the integer K
+// paths and, with float_query_keys, the float ones), at head_dim 64 and at
+// one with a tail block, for one and several query tokens, on every target.
+TEST(AttentionLayouts, EveryFormatGivesTheSameBitsInEveryLayout) {
+  for (Format f : kAllFormats) {
+    for (uint32_t head_dim : {64u, 24u}) {
+      ViewSpec s;
+      s.n_kv_heads = 2;
+      s.head_dim = head_dim;
+      s.num_tokens = 83;
+      s.formats = {f, f};
+      s.layout = Layout::kContiguous;
+      auto whole = TestView::Make(s);
+      if (!whole.ok()) continue;  // a format without a tail block at head_dim 24
+      SCOPED_TRACE(std::string(FormatName(f)) + " head_dim " + std::to_string(head_dim));
+      s.layout = Layout::kPaged;
+      s.block_size = 1;
+      auto single = TestView::Make(s);
+      s.block_size = 6;
+      auto sixes = TestView::Make(s);
+      ASSERT_TRUE(single.ok() && sixes.ok());
+      const uint32_t nq = 8;
+      for (uint32_t tokens : {1u, 5u}) {
+        const auto q = RandomVector(size_t{tokens} * nq * head_dim, 17);
+        for (bool float_keys : {false, true}) {
+          AttentionOptions o;
+          o.n_q_heads = nq;
+          o.float_query_keys = float_keys;
+          auto run = [&](const LayerKvView& view) {
+            Outputs got = MakeOutputs(view, nq, tokens, true);
+            const Status st = tokens == 1 ? AttendDecode(view, q, o, got.spans())
+                                          : AttendMulti(view, tokens, q, o, got.spans());
+            EXPECT_TRUE(st.ok()) << st.ToString();
+            return got;
+          };
+          ForEachHwyTarget([&] {
+            const Outputs want = run((*single)->view());
+            ExpectSameBits(run((*sixes)->view()), want);
+            ExpectSameBits(run((*whole)->view()), want);
+          });
+        }
+      }
+    }
+  }
+}
+
 TEST(AttentionErrors, BadInputIsAClearStatus) {
   ViewSpec s;
   auto tv = TestView::Make(s);
