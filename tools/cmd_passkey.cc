@@ -15,12 +15,20 @@
 // from --seed. --prompt-key K prints the prompt of key K at each depth as
 // token ids and runs nothing, so another engine can be asked the very same
 // prompt (scripts/passkey_llama.py). Each trial's result goes to stderr as
-// it ends, so a long run shows its progress and a stopped one keeps what it
-// found.
+// it ends, so a long run shows its progress. --out FILE keeps the JSON
+// document in FILE, rewritten (atomically) after every trial with
+// "complete": false until the last; --resume continues the document FILE
+// holds: the settings must be the same (every one but --threads and
+// --chunk, which change no answer), the finished trials are kept, their keys
+// drawn again from the seed and checked against the recorded ones, and the
+// run goes on from the first trial not done. A 32k matrix takes hours a
+// cache on two cores; a stopped run loses at most the trial it was in.
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <chrono>
+#include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <sstream>
@@ -50,6 +58,8 @@ struct PasskeyOptions {
   uint32_t block_size = 16;
   bool json = false;
   std::string prompt_key;
+  std::string out_path;
+  bool resume = false;
 };
 
 constexpr const char* kFiller = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. ";
@@ -175,9 +185,110 @@ Result<nlohmann::json> PrintPrompts(const PasskeyOptions& o) {
   return out;
 }
 
+// The settings a run's document records, which a resumed run must share
+// (every answer depends on them; --threads and --chunk change none).
+nlohmann::json RunSettings(const PasskeyOptions& o, const std::vector<double>& depths) {
+  nlohmann::json j;
+  j["model"] = o.model_path;
+  j["context"] = o.context;
+  j["kv_format"] = o.kv_format;
+  j["eviction"] = o.eviction.empty() ? "none" : o.eviction;
+  j["trials"] = o.trials;
+  j["answer_tokens"] = o.answer_tokens;
+  j["seed"] = o.seed;
+  j["depths"] = depths;
+  j["matmul"] = o.matmul;
+  j["layout"] = o.layout;
+  j["block_size"] = o.block_size;
+  j["backend"] = o.backend;
+  return j;
+}
+
+// FILE's document, checked for --resume against this run's settings: the
+// same settings (the model compared by file name, so a run moves between
+// machines), and results that are a prefix of the run's trials, each
+// answer whole. Every problem is an error naming it: IoError (unreadable),
+// Corruption (not such a document), InvalidArgument (other settings).
+Result<nlohmann::json> LoadForResume(const std::string& path, const nlohmann::json& settings) {
+  const std::string what = "passkey --resume: " + path + ": ";
+  std::ifstream in(path);
+  if (!in) return Status::IoError(what + "cannot be read");
+  nlohmann::json doc = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (!doc.is_object()) return Status::Corruption(what + "not a JSON object");
+  // The member `name` of object o, or nullptr (never inserts, never throws).
+  auto member = [](const nlohmann::json& o, const char* name) -> const nlohmann::json* {
+    if (!o.is_object()) return nullptr;
+    const auto it = o.find(name);
+    return it == o.end() ? nullptr : &*it;
+  };
+  for (const auto& [name, want] : settings.items()) {
+    const nlohmann::json* got = member(doc, name.c_str());
+    if (got == nullptr) return Status::InvalidArgument(what + "has no '" + name + "' (not written with --out)");
+    const bool same = name == "model" ? got->is_string() && std::filesystem::path(got->get<std::string>()).filename() ==
+                                                                 std::filesystem::path(want.get<std::string>()).filename()
+                                      : *got == want;
+    if (!same) {
+      return Status::InvalidArgument(what + "'" + name + "' is " + got->dump() + ", this run's " + want.dump());
+    }
+  }
+  const nlohmann::json* results = member(doc, "results");
+  if (results == nullptr || !results->is_array() || results->size() > settings["depths"].size()) {
+    return Status::Corruption(what + "'results' is not one entry per depth");
+  }
+  const uint32_t trials = settings["trials"].get<uint32_t>();
+  for (size_t i = 0; i < results->size(); ++i) {
+    const nlohmann::json& r = (*results)[i];
+    const nlohmann::json* answers = member(r, "answers");
+    const nlohmann::json* depth = member(r, "depth");
+    if (answers == nullptr || !answers->is_array() || answers->size() > trials || depth == nullptr ||
+        *depth != settings["depths"][i] || (i + 1 < results->size() && answers->size() != trials)) {
+      return Status::Corruption(what + "the results of depth " + std::to_string(i + 1) +
+                                " are not those of this run's trials");
+    }
+    for (const nlohmann::json& a : *answers) {
+      const nlohmann::json *key = member(a, "key"), *text = member(a, "answer"), *ids = member(a, "answer_ids"),
+                           *found = member(a, "found");
+      if (key == nullptr || !key->is_string() || text == nullptr || !text->is_string() || ids == nullptr ||
+          !ids->is_array() || found == nullptr || !found->is_boolean()) {
+        return Status::Corruption(what + "an answer at depth " + std::to_string(i + 1) +
+                                  " lacks its key, answer, ids or found");
+      }
+    }
+  }
+  return doc;
+}
+
+// Writes doc to path through a temporary file and a rename, so the file is
+// always a whole document: the last one written.
+Status WriteAtomically(const std::string& path, const nlohmann::json& doc) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream f(tmp, std::ios::trunc);
+    f << doc.dump(2) << "\n";
+    f.flush();
+    if (!f) return Status::IoError("passkey --out: cannot write " + tmp);
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) return Status::IoError("passkey --out: cannot rename " + tmp + " to " + path + ": " + ec.message());
+  return Status::Ok();
+}
+
 Result<nlohmann::json> RunPasskey(const PasskeyOptions& o) {
   if (o.trials == 0 || o.chunk == 0) return Status::InvalidArgument("passkey: --trials and --chunk must be >= 1");
+  if (o.resume && o.out_path.empty()) return Status::InvalidArgument("passkey: --resume needs --out FILE");
   KV_ASSIGN_OR_RETURN(std::vector<double> depths, ParseDepths(o.depths));
+  const nlohmann::json settings = RunSettings(o, depths);
+  nlohmann::json out = settings;
+  out["complete"] = false;
+  out["results"] = nlohmann::json::array();
+  if (o.resume) {
+    KV_ASSIGN_OR_RETURN(nlohmann::json doc, LoadForResume(o.out_path, settings));
+    out["results"] = std::move(doc["results"]);
+  } else if (!o.out_path.empty() && std::filesystem::exists(o.out_path)) {
+    return Status::FailedPrecondition("passkey --out: " + o.out_path +
+                                 " exists; --resume continues it (or remove it to start again)");
+  }
   KV_ASSIGN_OR_RETURN(std::unique_ptr<model::LoadedModel> lm, LoadForPasskey(o));
   model::Decoder decoder(lm->model(), std::max(1u, o.threads));
   KV_ASSIGN_OR_RETURN(model::KvBackendOptions kv, model::ParseKvBackendOptions(o.kv_format, o.layout, o.backend,
@@ -188,23 +299,34 @@ Result<nlohmann::json> RunPasskey(const PasskeyOptions& o) {
   KV_ASSIGN_OR_RETURN(PromptParts parts, MakeParts(*lm, o.context));
   std::mt19937 rng(o.seed);
   std::uniform_int_distribution<int> digits(10000, 99999);
-  nlohmann::json out;
-  out["model"] = o.model_path;
-  out["context"] = o.context;
-  out["kv_format"] = o.kv_format;
-  out["eviction"] = o.eviction.empty() ? "none" : o.eviction;
-  out["trials"] = o.trials;
-  out["answer_tokens"] = o.answer_tokens;
-  out["results"] = nlohmann::json::array();
   const auto start = std::chrono::steady_clock::now();
-  for (double depth : depths) {
+  for (size_t di = 0; di < depths.size(); ++di) {
+    const double depth = depths[di];
+    if (di == out["results"].size()) {
+      out["results"].push_back({{"depth", depth}, {"found", 0}, {"accuracy", 0.0},
+                                {"answers", nlohmann::json::array()}});
+    }
+    nlohmann::json& r = out["results"][di];
+    nlohmann::json& answers = r["answers"];
+    const size_t done = answers.size();
+    // The keys of the trials already done, drawn again: the same seed gives
+    // the same keys, or the document is not this run's.
+    uint32_t found = 0;
+    for (size_t t = 0; t < done; ++t) {
+      const std::string key = std::to_string(digits(rng));
+      if (answers[t]["key"] != key) {
+        return Status::InvalidArgument("passkey --resume: " + o.out_path + ": trial " + std::to_string(t + 1) +
+                                       " at depth " + fmt::format("{:g}", depth) + " has key " +
+                                       answers[t]["key"].dump() + ", the seed draws " + key);
+      }
+      found += answers[t]["found"].get<bool>();
+    }
+    if (done == o.trials) continue;
     const size_t before = FillerBefore(parts, depth);
     const std::vector<int32_t> prefix = PromptPrefix(parts, before);
     KV_ASSIGN_OR_RETURN(auto root, model::CreateKvBackend(decoder.attention_shape(), kv));
     KV_RETURN_IF_ERROR(model::PrefillInChunks(decoder, *root, prefix, o.chunk));
-    uint32_t found = 0;
-    nlohmann::json answers = nlohmann::json::array();
-    for (uint32_t t = 0; t < o.trials; ++t) {
+    for (uint32_t t = static_cast<uint32_t>(done); t < o.trials; ++t) {
       const std::string key = std::to_string(digits(rng));
       KV_ASSIGN_OR_RETURN(std::vector<int32_t> rest, PromptRest(*lm, parts, before, key));
       KV_ASSIGN_OR_RETURN(auto seq, root->Fork());
@@ -225,14 +347,13 @@ Result<nlohmann::json> RunPasskey(const PasskeyOptions& o) {
       fmt::print(stderr, "passkey: depth {:g}, trial {}/{}: key {} {} ({} found), {:.0f} s\n", depth, t + 1,
                  o.trials, key, ok ? "found" : "missed", found, secs);
       answers.push_back({{"key", key}, {"answer", text}, {"answer_ids", answer}, {"found", ok}});
+      r["found"] = found;
+      r["accuracy"] = static_cast<double>(found) / static_cast<double>(answers.size());
+      if (!o.out_path.empty()) KV_RETURN_IF_ERROR(WriteAtomically(o.out_path, out));
     }
-    nlohmann::json r;
-    r["depth"] = depth;
-    r["found"] = found;
-    r["accuracy"] = static_cast<double>(found) / o.trials;
-    r["answers"] = std::move(answers);
-    out["results"].push_back(std::move(r));
   }
+  out["complete"] = true;
+  if (!o.out_path.empty()) KV_RETURN_IF_ERROR(WriteAtomically(o.out_path, out));
   return out;
 }
 
@@ -254,6 +375,12 @@ const bool kRegistered = RegisterOptionsCommand<PasskeyOptions>(
       app->add_option("--eviction", o.eviction, "streaming:SINKS,WINDOW | h2o:BUDGET,RECENT (bounded cache)");
       AddKvBackendFlags(app, o.kv_format, o.layout, o.block_size, o.backend);
       app->add_flag("--json", o.json, "Print JSON (with every answer)");
+      app->add_option("--out", o.out_path,
+                      "Keep the JSON document in this file, rewritten after every trial (\"complete\": false "
+                      "until the last)");
+      app->add_flag("--resume", o.resume,
+                    "Continue the document --out holds (the same settings but --threads and --chunk): "
+                    "its trials are kept, the rest run");
       app->add_option("--prompt-key", o.prompt_key,
                       "Print the prompt of this key at each depth as token ids (JSON) and run nothing");
     },

@@ -463,9 +463,13 @@ def passkey_matrix(rows):
     (greedy: a longer answer starts with the shorter one, so a short one's
     count is a lower bound);
     notes: what the stars and the eviction budgets are. A cache measured
-    twice at one context and depth keeps its last row."""
+    twice at one context and depth keeps its last row; a document still
+    being written (``"complete": false``, kvcache passkey --out) is left
+    out."""
     at = {}
     for r in rows:
+        if r.get("complete") is False:
+            continue
         at[(passkey_cache(r), r["context"], r["depth"])] = r
 
     def tokens(r):

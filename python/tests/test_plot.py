@@ -200,3 +200,7 @@ def test_passkey_chart(tmp_path):
     assert notes[0] == "* answered with 8 tokens, the others with 16: a lower bound"
     files = plot.plot_files([pk, pk16], tmp_path / "img16")
     assert files[0].read_bytes()[:8] == PNG
+    # A document still being written (kvcache passkey --out) draws nothing.
+    running = {**doc(32752, "bf16", "none", (20, 3, 0)), "complete": False}
+    caches, cols, cells, _ = plot.passkey_matrix(plot.load_rows(pk) + [{**running, **r} for r in running["results"]])
+    assert ("bf16", 32752, 0.25) not in cells and "bf16" not in caches and len(cols) == 6

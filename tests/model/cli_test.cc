@@ -2,7 +2,11 @@
 // and the demo report function.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <regex>
 #include <string>
@@ -19,6 +23,7 @@ namespace {
 using ::kvcache::testing::CliRun;
 using ::kvcache::testing::Exact;
 using ::kvcache::testing::RunCli;
+using ::kvcache::testing::RunCliWithStderr;
 
 std::string ModelArgs() {
   const std::string dir = testing::ModelDir();
@@ -222,6 +227,74 @@ TEST(Cli, PasskeyAnswersWithTheGivenNumberOfTokens) {
   }
   EXPECT_EQ(RunCli(base + " --answer-tokens 0").exit_code, 2);
   EXPECT_EQ(RunCli(base + " --answer-tokens 100000").exit_code, 2);
+}
+
+// kvcache passkey --out F keeps the document in F (complete at the end);
+// --resume continues a stopped one: a document cut inside the second
+// depth, resumed (with other --threads and --chunk), is the whole run's,
+// answer for answer, and the trials it holds are kept, not run again. F is never
+// overwritten without --resume, and a document of other settings (trials,
+// seed), a key the seed does not draw, or --resume without --out is a
+// clean error that leaves F as it was.
+TEST(Cli, PasskeyResumesAStoppedRunFromItsDocument) {
+  const std::string dir = ::testing::TempDir() + "kvcache_passkey_" + std::to_string(::getpid());
+  std::filesystem::create_directories(dir);
+  const std::string whole = dir + "/whole.json", part = dir + "/part.json";
+  const std::string common = "passkey " + ModelArgs() + " --context 200 --depths 0.25,0.5 --json";
+  const std::string base = common + " --trials 3";
+  auto read = [](const std::string& path) {
+    std::ifstream f(path);
+    return nlohmann::json::parse(f, nullptr, false);
+  };
+  CliRun full = RunCli(base + " --out " + whole);
+  ASSERT_EQ(full.exit_code, 0) << full.out;
+  const nlohmann::json want = read(whole);
+  ASSERT_TRUE(want.is_object());
+  EXPECT_EQ(want, nlohmann::json::parse(full.out));
+  EXPECT_TRUE(want["complete"].get<bool>());
+  EXPECT_EQ(want["seed"].get<int>(), 1);
+  ASSERT_EQ(want["results"].size(), 2u);
+
+  // Stopped after the second depth's first trial, as the file would be.
+  nlohmann::json cut = want;
+  cut["complete"] = false;
+  auto& answers = cut["results"][1]["answers"];
+  answers.erase(answers.begin() + 1, answers.end());
+  cut["results"][1]["found"] = answers[0]["found"].get<bool>() ? 1 : 0;
+  auto write = [&](const nlohmann::json& doc) { std::ofstream(part) << doc.dump(2); };
+  write(cut);
+  CliRun resumed = RunCli(base + " --out " + part + " --resume --threads 1 --chunk 64");
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.out;
+  EXPECT_EQ(read(part), want);
+  EXPECT_EQ(nlohmann::json::parse(resumed.out), want);
+  // A kept trial is not run again: its answer stays as the file has it.
+  nlohmann::json marked = cut;
+  marked["results"][0]["answers"][0]["answer"] = "kept as written";
+  write(marked);
+  ASSERT_EQ(RunCli(base + " --out " + part + " --resume").exit_code, 0);
+  nlohmann::json want_marked = want;
+  want_marked["results"][0]["answers"][0]["answer"] = "kept as written";
+  EXPECT_EQ(read(part), want_marked);
+
+  // Errors leave the file as it was.
+  write(cut);
+  for (const std::string& args : {base + " --out " + part,                          // exists, no --resume
+                                  common + " --trials 4 --out " + part + " --resume",  // other settings
+                                  base + " --out " + part + " --resume --seed 2",
+                                  base + " --resume"}) {                             // no --out
+    CliRun bad = RunCliWithStderr(args);
+    EXPECT_EQ(bad.exit_code, 2) << args << ": " << bad.out;
+    EXPECT_NE(bad.out.find("passkey"), std::string::npos) << bad.out;
+    EXPECT_EQ(read(part), cut) << args;
+  }
+  nlohmann::json wrong_key = cut;
+  wrong_key["results"][0]["answers"][2]["key"] = "12345";
+  write(wrong_key);
+  CliRun bad = RunCliWithStderr(base + " --out " + part + " --resume");
+  EXPECT_EQ(bad.exit_code, 2) << bad.out;
+  EXPECT_NE(bad.out.find("trial 3 at depth 0.25 has key \"12345\""), std::string::npos) << bad.out;
+  EXPECT_EQ(read(part), wrong_key);
+  std::filesystem::remove_all(dir);
 }
 
 // The pass key's rule: the key counts where it stands as a whole number,
