@@ -577,8 +577,11 @@ def plot_files(paths, out_dir, ext="png", machine=None):
         groups = split_by(by_kind["memory"], lambda r: (model_of(r), r.get("context")))
         for key, name in _names(groups, "memory").items():
             files += plot_memory(groups[key], out, ext, machine, name)
-    if by_kind["passkey"]:
-        groups = split_by(by_kind["passkey"], lambda r: (model_of(r),))
+    # A pass-key document still being written (kvcache passkey --out) is
+    # not drawn.
+    finished = [r for r in by_kind["passkey"] if r.get("complete") is not False]
+    if finished:
+        groups = split_by(finished, lambda r: (model_of(r),))
         for key, name in _names(groups, "passkey").items():
             files += plot_passkey(groups[key], out, ext, machine, name)
     if by_kind["simulate"]:

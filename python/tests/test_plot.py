@@ -204,3 +204,7 @@ def test_passkey_chart(tmp_path):
     running = {**doc(32752, "bf16", "none", (20, 3, 0)), "complete": False}
     caches, cols, cells, _ = plot.passkey_matrix(plot.load_rows(pk) + [{**running, **r} for r in running["results"]])
     assert ("bf16", 32752, 0.25) not in cells and "bf16" not in caches and len(cols) == 6
+    alone = tmp_path / "running.json"
+    alone.write_text(json.dumps(running))
+    assert plot.plot_files([alone, pk16], tmp_path / "img_running") != []  # pk16's chart, without it
+    assert plot.plot_files([alone], tmp_path / "img_none") == []
