@@ -49,8 +49,10 @@ name_of() {
   echo "$n"
 }
 
+# A document is complete unless it says otherwise: one without the field
+# is a finished run's --json output, from before --out existed.
 complete() {
-  [ -s "$1" ] && python3 -c 'import json, sys; sys.exit(0 if json.load(open(sys.argv[1])).get("complete") else 1)' "$1" 2>/dev/null
+  [ -s "$1" ] && python3 -c 'import json, sys; sys.exit(0 if json.load(open(sys.argv[1])).get("complete", True) else 1)' "$1" 2>/dev/null
 }
 
 run_cell() {
