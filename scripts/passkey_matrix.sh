@@ -30,8 +30,8 @@ LOGS="${LOGS:-build/passkey-logs}"
 
 # The cells still to measure, cheapest first within a context: 32k runs at
 # 32,752 tokens so that 16 answer tokens fit the 32,768 of the model (f32
-# and the per-group mix were run at 32,760 with 8: other prompts, 8 tokens
-# less filler, so they run again here to compare key for key);
+# and the per-group mix were run at 32,760 with 8: other prompts, 8 more
+# tokens of filler, so they run again here to compare key for key);
 # StreamingLLM and H2O keep half the cache on the global layers
 # (contiguous layout, f32 values, as at the shorter contexts).
 MATRIX=(
