@@ -454,6 +454,13 @@ def _passkey_order(cache):
     return (1 if policy else 0, 1 if "=" in fmt else 0, r, cache)
 
 
+def passkey_finished(rows):
+    """The rows of finished pass-key documents: a document still being
+    written (``"complete": false``, kvcache passkey --out) is left out; one
+    without the field is a finished run's output."""
+    return [r for r in rows if r.get("complete") is not False]
+
+
 def passkey_matrix(rows):
     """The pass key's matrix: (caches, columns, cells, notes). caches: the row
     labels (passkey_cache), whole caches by bits, then per-group mixes, then
@@ -467,9 +474,7 @@ def passkey_matrix(rows):
     being written (``"complete": false``, kvcache passkey --out) is left
     out."""
     at = {}
-    for r in rows:
-        if r.get("complete") is False:
-            continue
+    for r in passkey_finished(rows):
         at[(passkey_cache(r), r["context"], r["depth"])] = r
 
     def tokens(r):
@@ -577,9 +582,7 @@ def plot_files(paths, out_dir, ext="png", machine=None):
         groups = split_by(by_kind["memory"], lambda r: (model_of(r), r.get("context")))
         for key, name in _names(groups, "memory").items():
             files += plot_memory(groups[key], out, ext, machine, name)
-    # A pass-key document still being written (kvcache passkey --out) is
-    # not drawn.
-    finished = [r for r in by_kind["passkey"] if r.get("complete") is not False]
+    finished = passkey_finished(by_kind["passkey"])
     if finished:
         groups = split_by(finished, lambda r: (model_of(r),))
         for key, name in _names(groups, "passkey").items():

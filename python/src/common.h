@@ -74,7 +74,6 @@ inline OutArray<float> HeadRowsArray(std::vector<float> rows, uint32_t head_dim)
   return ToArray(std::move(rows), {n, head_dim});
 }
 
-
 template <typename A>
 std::string ShapeString(const A& a) {
   std::string s = "(";

@@ -193,8 +193,8 @@ TEST(Cli, PasskeyPrintsEachDepthsPromptAsIds) {
 // kvcache passkey --answer-tokens N: every trial answers with exactly N
 // greedy tokens (stop at EOS off), their ids and N itself in the JSON; the
 // first tokens of a longer answer are the shorter one's (greedy); a trial
-// is found when its answer's text holds the key as a whole number. 0, or more than the
-// command allows, is a clean error.
+// is found when its answer's text holds the key as a whole number. 0, or
+// more than the command allows, is a clean error.
 TEST(Cli, PasskeyAnswersWithTheGivenNumberOfTokens) {
   const std::string base = "passkey " + ModelArgs() + " --context 200 --depths 0.5 --trials 3 --json";
   CliRun shorter = RunCli(base + " --answer-tokens 3");
@@ -232,8 +232,8 @@ TEST(Cli, PasskeyAnswersWithTheGivenNumberOfTokens) {
 // kvcache passkey --out F keeps the document in F (complete at the end);
 // --resume continues a stopped one: a document cut inside the second
 // depth, resumed (with other --threads and --chunk), is the whole run's,
-// answer for answer, and the trials it holds are kept, not run again. F is never
-// overwritten without --resume, and a document of other settings (trials,
+// answer for answer, and the trials it holds are kept, not run again. F
+// is never overwritten without --resume, and a document of other settings (trials,
 // seed), a key the seed does not draw, or --resume without --out is a
 // clean error that leaves F as it was.
 TEST(Cli, PasskeyResumesAStoppedRunFromItsDocument) {
