@@ -38,6 +38,7 @@
 #include "model/generate/generate.h"
 #include "model/kv/kv_factory.h"
 #include "tools/command.h"
+#include "tools/json_result.h"
 #include "tools/kv_flags.h"
 #include "tools/passkey_rule.h"
 
@@ -386,29 +387,16 @@ const bool kRegistered = RegisterOptionsCommand<PasskeyOptions>(
     },
     [](const PasskeyOptions& o) {
       if (!o.prompt_key.empty()) {
-        auto p = PrintPrompts(o);
-        if (!p.ok()) {
-          fmt::print(stderr, "kvcache passkey: {}\n", p.status().ToString());
-          return 2;
+        return PrintResult("passkey", PrintPrompts(o), /*json=*/false,
+                           [](const nlohmann::json& p) { fmt::print("{}\n", p.dump()); });
+      }
+      return PrintResult("passkey", RunPasskey(o), o.json, [&o](const nlohmann::json& r) {
+        for (const auto& d : r["results"]) {
+          fmt::print("context {} kv {} eviction {}: depth {:.2f}: {}/{} keys retrieved\n", o.context, o.kv_format,
+                     r["eviction"].get<std::string>(), d["depth"].get<double>(), d["found"].get<uint32_t>(),
+                     o.trials);
         }
-        fmt::print("{}\n", p->dump());
-        return 0;
-      }
-      auto r = RunPasskey(o);
-      if (!r.ok()) {
-        fmt::print(stderr, "kvcache passkey: {}\n", r.status().ToString());
-        return 2;
-      }
-      if (o.json) {
-        fmt::print("{}\n", r->dump(2));
-        return 0;
-      }
-      for (const auto& d : (*r)["results"]) {
-        fmt::print("context {} kv {} eviction {}: depth {:.2f}: {}/{} keys retrieved\n", o.context, o.kv_format,
-                   (*r)["eviction"].get<std::string>(), d["depth"].get<double>(), d["found"].get<uint32_t>(),
-                   o.trials);
-      }
-      return 0;
+      });
     });
 
 }  // namespace

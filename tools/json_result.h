@@ -1,6 +1,6 @@
 // How the commands that compute one JSON object end (bench pool, bench
-// tiers, bench step, soak): the error, or the object as indented JSON
-// (--json), or the command's own text.
+// tiers, bench step, bench capacity, soak, passkey): the error, or the
+// object as indented JSON (--json), or the command's own text.
 #pragma once
 
 #include <fmt/format.h>
