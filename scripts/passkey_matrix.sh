@@ -8,8 +8,10 @@
 # another (commit the partial documents to carry them over).
 #
 #   scripts/passkey_matrix.sh                 every cell of the matrix below
-#   scripts/passkey_matrix.sh 32752/q8_0 ...  these cells: CONTEXT/FORMAT[/EVICTION[/LAYOUT]]
+#   scripts/passkey_matrix.sh 32752/q8_0 ...  these cells: CONTEXT/FORMAT[/EVICTION[/LAYOUT[/DEPTHS]]]
 #
+# DEPTHS (e.g. 0.5,0.75) measures some depths only, into a file of its own
+# (pk16k_bf16_d50_75.json): a row in pieces that each fit a sitting.
 # Environment: KVCACHE (the kvcache binary; default build/release/tools/kvcache),
 # MODEL (default: scripts/fetch_model.sh gemma3), TOKENIZER (for a llama2.c
 # model), OUT (default docs/data/passkey), JOBS (cells side by side, default
@@ -28,27 +30,35 @@ THREADS="${THREADS:-$(( 2 / JOBS > 0 ? 2 / JOBS : 1 ))}"
 TRIALS="${TRIALS:-20}"
 LOGS="${LOGS:-build/passkey-logs}"
 
-# The cells still to measure, cheapest first within a context: 32k runs at
-# 32,752 tokens so that 16 answer tokens fit the 32,768 of the model (f32
-# and the per-group mix were run at 32,760 with 8: other prompts, 8 more
-# tokens of filler, so they run again here to compare key for key);
-# StreamingLLM and H2O keep half the cache on the global layers
-# (contiguous layout, f32 values, as at the shorter contexts).
-MATRIX=(
-  16384/q8_0 16384/q4_0 16384/turbo4i 16384/turbo2i 8192/bf16 8192/turbo2i
-  32752/bf16 32752/f32 32752/q8_0 "32752/global=turbo4+s4+r120,local=q8_0" 32752/turbo4 32752/q4_0
-  32752/turbo4i 32752/turbo3i 32752/turbo2i
-  32752/f32/streaming:4,16372/contiguous 32752/f32/h2o:16376,512/contiguous
-)
+# The cells, cheapest first: every cache at 4k and 8k, then 16k and 32k
+# (32k runs at 32,752 tokens so that 16 answer tokens fit the 32,768 of the
+# model). bf16 at 16k and 32k is measured in pieces of depths. StreamingLLM
+# and H2O keep half the cache on the global layers (contiguous layout, f32
+# values). turbo2i stops at 8k: on the earlier prompts it found none of 120
+# keys at 4k and 8k where the f32 cache found all 120, and a longer context
+# does not make a key easier to find.
+MIX="global=turbo4+s4+r120,local=q8_0"
+MATRIX=()
+for ctx in 4096 8192 16384 32752; do
+  half=$(( ctx / 2 ))
+  [ "$ctx" -le 8192 ] && MATRIX+=("$ctx/bf16")
+  [ "$ctx" -eq 16384 ] && MATRIX+=("$ctx/bf16///0.25" "$ctx/bf16///0.5,0.75")
+  [ "$ctx" -eq 32752 ] && MATRIX+=("$ctx/bf16///0.75" "$ctx/bf16///0.25,0.5")
+  for f in f32 q8_0 q4_0 turbo4 turbo4i turbo3i "$MIX"; do MATRIX+=("$ctx/$f"); done
+  [ "$ctx" -le 8192 ] && MATRIX+=("$ctx/turbo2i")
+  recent=$(( ctx <= 4096 ? 256 : 512 ))
+  MATRIX+=("$ctx/f32/streaming:4,$(( half - 4 ))/contiguous" "$ctx/f32/h2o:$half,$recent/contiguous")
+done
 CELLS=("$@")
 [ ${#CELLS[@]} -gt 0 ] || CELLS=("${MATRIX[@]}")
 
 # pk<context in k>_<format>[_<policy>].json, as the documents already there.
 name_of() {
-  local ctx="$1" fmt="$2" ev="$3"
+  local ctx="$1" fmt="$2" ev="$3" depths="$4"
   local k=$(( (ctx + 1023) / 1024 ))k
   local n="pk${k}_$(echo "$fmt" | tr '=,' '--')"
   [ -n "$ev" ] && n="${n}_${ev%%:*}"
+  [ -n "$depths" ] && n="${n}_d$(echo "$depths" | tr ',' '\n' | awk '{printf "%s%d", (NR > 1 ? "_" : ""), $1 * 100 + 0.5}')"
   echo "$n"
 }
 
@@ -59,9 +69,9 @@ complete() {
 }
 
 run_cell() {
-  local ctx fmt ev layout
-  IFS=/ read -r ctx fmt ev layout <<< "$1"
-  local name; name=$(name_of "$ctx" "$fmt" "$ev")
+  local ctx fmt ev layout depths
+  IFS=/ read -r ctx fmt ev layout depths <<< "$1"
+  local name; name=$(name_of "$ctx" "$fmt" "$ev" "$depths")
   local doc="$OUT/$name.json"
   if complete "$doc"; then echo "passkey_matrix: $name: complete"; return 0; fi
   local args=(passkey --model "$MODEL" --context "$ctx" --trials "$TRIALS" --matmul bf16 --threads "$THREADS"
@@ -69,6 +79,7 @@ run_cell() {
   [ -n "${TOKENIZER:-}" ] && args+=(--tokenizer "$TOKENIZER")
   [ -n "$ev" ] && args+=(--eviction "$ev")
   [ -n "${layout:-}" ] && args+=(--layout "$layout")
+  [ -n "${depths:-}" ] && args+=(--depths "$depths")
   [ -s "$doc" ] && args+=(--resume)
   echo "passkey_matrix: $name: $(date -u +%H:%M:%S) start (${THREADS} thread(s))"
   if "$KVCACHE" "${args[@]}" > /dev/null 2>> "$LOGS/$name.log"; then

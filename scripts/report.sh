@@ -96,4 +96,5 @@ echo "report: simulate (chat, 1 GiB pool, Llama-3-8B geometry)" >&2
 "$K" simulate --json --kv-format bf16 --kv-format fp8_e4m3 --kv-format q8_0 \
   --kv-format turbo4 --kv-format turbo3 --kv-format turbo2 > "$DATA/simulate.json"
 PYTHONPATH="$ROOT/build/release/python${PYTHONPATH:+:$PYTHONPATH}" python -m kvcache.plot \
-  docs/data/passkey/earlier.jsonl docs/data/passkey/pk*.json "$DATA"/*.json* --out docs/img
+  docs/data/passkey/cut-anywhere/earlier.jsonl docs/data/passkey/cut-anywhere/pk*.json \
+  $(ls docs/data/passkey/pk*.json 2>/dev/null) "$DATA"/*.json* --out docs/img

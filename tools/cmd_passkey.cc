@@ -90,17 +90,27 @@ Result<std::vector<int32_t>> Ids(const model::LoadedModel& lm, const std::string
 }
 
 // The pieces every prompt is made of, tokenized alone: BOS (when the model
-// adds one), the filler sentences, the question.
+// adds one), one pass of the filler sentences, the question.
+//
+// A prompt is cut only where a pass of the filler ends ("... There and back
+// again. "; PasskeyRest): the key's sentence and the question always follow
+// a whole sentence. Cut at any token, the key's sentence could land inside
+// a filler sentence ("The sky is blue. The sunThe pass key is 47531."),
+// which Gemma 3 answered with the filler ("yellow.", docs/gemma3.md).
 struct PromptParts {
   std::vector<int32_t> with_bos, filler, question;
-  size_t filler_total = 0;  // filler tokens of a prompt (the key's budget aside)
+  size_t passes = 0;  // passes of the filler in a prompt, before and after the key
   int32_t bos() const { return with_bos.empty() ? -1 : with_bos[0]; }
 };
 
-// Tokens set aside for the key's sentence; the filler after the key takes
-// up the difference, so every prompt is --context tokens long whatever the
-// sentence's length.
-constexpr size_t kNeedleBudget = 24;
+// The most tokens a key's sentence may take: the prompt's filler is the
+// whole passes that fit beside it, so a prompt is at most --context long,
+// shorter by less than a pass plus what the key's sentence leaves of this.
+constexpr size_t kNeedleBudget = 48;
+
+// What a run's document calls its prompts (the "prompt" setting), so that a
+// document of other prompts is not resumed with these.
+constexpr const char* kPromptKind = "whole filler passes";
 
 Result<PromptParts> MakeParts(const model::LoadedModel& lm, uint32_t context) {
   PromptParts parts;
@@ -109,40 +119,36 @@ Result<PromptParts> MakeParts(const model::LoadedModel& lm, uint32_t context) {
   KV_ASSIGN_OR_RETURN(parts.question, Ids(lm, "What is the pass key? The pass key is", parts.bos()));
   if (parts.filler.empty()) return Status::InvalidArgument("passkey: the filler encodes to nothing");
   const size_t fixed = parts.with_bos.size() + parts.question.size() + kNeedleBudget;
-  if (fixed + parts.filler.size() > context) return Status::InvalidArgument("passkey: --context is too short");
-  parts.filler_total = context - fixed;
+  parts.passes = PasskeyPasses(context, fixed, parts.filler.size());
+  if (parts.passes == 0) {
+    return Status::InvalidArgument("passkey: --context " + std::to_string(context) + " is too short: the question, " +
+                                   "the key's sentence and one pass of the filler take " +
+                                   std::to_string(fixed + parts.filler.size()));
+  }
   return parts;
 }
 
-// Filler tokens before the key at `depth`.
+// Passes of the filler before the key at `depth`.
 size_t FillerBefore(const PromptParts& parts, double depth) {
-  return static_cast<size_t>(depth * static_cast<double>(parts.filler_total));
+  return static_cast<size_t>(depth * static_cast<double>(parts.passes));
 }
 
 // BOS and the filler before the key: the part every trial at a depth shares.
 std::vector<int32_t> PromptPrefix(const PromptParts& parts, size_t before) {
-  std::vector<int32_t> prefix(parts.with_bos.begin(), parts.with_bos.end());
-  for (size_t i = 0; i < before; ++i) prefix.push_back(parts.filler[i % parts.filler.size()]);
-  return prefix;
+  return PasskeyPrefix(parts.with_bos, parts.filler, before);
 }
 
 // The key's sentence, the filler after it, the question.
 Result<std::vector<int32_t>> PromptRest(const model::LoadedModel& lm, const PromptParts& parts, size_t before,
                                         const std::string& key) {
-  KV_ASSIGN_OR_RETURN(std::vector<int32_t> rest,
+  KV_ASSIGN_OR_RETURN(std::vector<int32_t> sentence,
                       Ids(lm, "The pass key is " + key + ". Remember it. " + key + " is the pass key. ", parts.bos()));
-  const size_t room = parts.filler_total + kNeedleBudget - before;  // the key's sentence and the filler after it
-  if (rest.size() > room) {
-    return Status::InvalidArgument("passkey: the key '" + key + "' takes " + std::to_string(rest.size()) +
-                                   " tokens, past the " + std::to_string(room) + " left after the filler before it");
+  if (sentence.size() > kNeedleBudget) {
+    return Status::InvalidArgument("passkey: the key '" + key + "' makes a sentence of " +
+                                   std::to_string(sentence.size()) + " tokens, past the " +
+                                   std::to_string(kNeedleBudget) + " a prompt sets aside");
   }
-  // The filler after the key goes on from where the filler before it stopped.
-  const size_t after = room - rest.size();
-  for (size_t i = before; i < before + after; ++i) {
-    rest.push_back(parts.filler[i % parts.filler.size()]);
-  }
-  rest.insert(rest.end(), parts.question.begin(), parts.question.end());
-  return rest;
+  return PasskeyRest(sentence, parts.filler, parts.passes, before, parts.question);
 }
 
 // The whole prompt: the shared prefix, then a trial's rest.
@@ -202,6 +208,7 @@ nlohmann::json RunSettings(const PasskeyOptions& o, const std::vector<double>& d
   j["layout"] = o.layout;
   j["block_size"] = o.block_size;
   j["backend"] = o.backend;
+  j["prompt"] = kPromptKind;
   return j;
 }
 
@@ -224,6 +231,10 @@ Result<nlohmann::json> LoadForResume(const std::string& path, const nlohmann::js
   };
   for (const auto& [name, want] : settings.items()) {
     const nlohmann::json* got = member(doc, name.c_str());
+    if (got == nullptr && name == "prompt") {
+      return Status::InvalidArgument(what + "was made with the earlier prompts, cut at any token; these are cut "
+                                     "only between passes of the filler, so its trials are not this run's");
+    }
     if (got == nullptr) return Status::InvalidArgument(what + "has no '" + name + "' (not written with --out)");
     const bool same = name == "model" ? got->is_string() && std::filesystem::path(got->get<std::string>()).filename() ==
                                                                  std::filesystem::path(want.get<std::string>()).filename()
@@ -347,7 +358,8 @@ Result<nlohmann::json> RunPasskey(const PasskeyOptions& o) {
       const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       fmt::print(stderr, "passkey: depth {:g}, trial {}/{}: key {} {} ({} found), {:.0f} s\n", depth, t + 1,
                  o.trials, key, ok ? "found" : "missed", found, secs);
-      answers.push_back({{"key", key}, {"answer", text}, {"answer_ids", answer}, {"found", ok}});
+      answers.push_back({{"key", key}, {"answer", text}, {"answer_ids", answer}, {"found", ok},
+                         {"prompt_tokens", prompt.size()}, {"key_at", prefix.size()}});
       r["found"] = found;
       r["accuracy"] = static_cast<double>(found) / static_cast<double>(answers.size());
       if (!o.out_path.empty()) KV_RETURN_IF_ERROR(WriteAtomically(o.out_path, out));

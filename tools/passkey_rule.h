@@ -1,7 +1,11 @@
-// When a pass-key answer finds its key (kvcache passkey).
+// The pass key's rules (kvcache passkey): how a prompt is laid out, and
+// when an answer finds its key.
 #pragma once
 
+#include <cstddef>
+#include <cstdint>
 #include <string_view>
+#include <vector>
 
 namespace kvcache::tools {
 
@@ -18,6 +22,37 @@ inline bool AnswerHoldsKey(std::string_view answer, std::string_view key) {
     if ((at == 0 || !digit(answer[at - 1])) && (end == answer.size() || !digit(answer[end]))) return true;
   }
   return false;
+}
+
+// A prompt is BOS, `before` whole passes of the filler, the key's sentence,
+// the other passes (of `passes` in all), the question: it is cut only
+// between passes, never inside a sentence, so the key's sentence and the
+// question always follow a whole one.
+
+// How many whole passes of a `pass`-token filler fit a prompt of at most
+// `context` tokens beside `fixed` others (BOS, the question, the room set
+// aside for the key's sentence); 0 where not even one does.
+inline size_t PasskeyPasses(size_t context, size_t fixed, size_t pass) {
+  if (pass == 0 || fixed + pass > context) return 0;
+  return (context - fixed) / pass;
+}
+
+// BOS and the first `before` passes: the part every trial at a depth shares.
+inline std::vector<int32_t> PasskeyPrefix(const std::vector<int32_t>& bos, const std::vector<int32_t>& filler,
+                                          size_t before) {
+  std::vector<int32_t> prefix(bos);
+  for (size_t i = 0; i < before; ++i) prefix.insert(prefix.end(), filler.begin(), filler.end());
+  return prefix;
+}
+
+// The rest of the prompt: the key's sentence, the passes after it, the
+// question.
+inline std::vector<int32_t> PasskeyRest(const std::vector<int32_t>& sentence, const std::vector<int32_t>& filler,
+                                        size_t passes, size_t before, const std::vector<int32_t>& question) {
+  std::vector<int32_t> rest(sentence);
+  for (size_t i = before; i < passes; ++i) rest.insert(rest.end(), filler.begin(), filler.end());
+  rest.insert(rest.end(), question.begin(), question.end());
+  return rest;
 }
 
 }  // namespace kvcache::tools

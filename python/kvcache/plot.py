@@ -532,7 +532,8 @@ def plot_passkey(rows, out, ext, machine, name="passkey"):
             ax.axvline(idx[0] - 0.5, color="white", linewidth=3)
     if notes:
         fig.text(0.01, 0.01, "\n".join(notes), fontsize=7, wrap=True)
-    ax.set_title(_title(f"Pass key: keys found ({model_of(rows[0]) or 'model'})", rows, machine) + "\n",
+    prompts = "" if "prompt" in rows[0] else ", earlier prompts cut at any token"
+    ax.set_title(_title(f"Pass key: keys found ({model_of(rows[0]) or 'model'}{prompts})", rows, machine) + "\n",
                  fontsize=10)
     return _save(plt, fig, out / f"{name}.{ext}", rect=(0, 0.04 * len(notes), 1, 1))
 
@@ -586,7 +587,15 @@ def plot_files(paths, out_dir, ext="png", machine=None):
     if finished:
         groups = split_by(finished, lambda r: (model_of(r),))
         for key, name in _names(groups, "passkey").items():
-            files += plot_passkey(groups[key], out, ext, machine, name)
+            # Documents of today's prompts (cut only between passes of the
+            # filler; they say so in "prompt") and those of the earlier
+            # ones, cut at any token, are other measurements: a chart each.
+            current = [r for r in groups[key] if "prompt" in r]
+            earlier = [r for r in groups[key] if "prompt" not in r]
+            if current:
+                files += plot_passkey(current, out, ext, machine, name)
+            if earlier:
+                files += plot_passkey(earlier, out, ext, machine, name + "_cut_anywhere")
     if by_kind["simulate"]:
         files += plot_simulate(by_kind["simulate"], out, ext, machine)
     if by_kind["serve"]:

@@ -185,9 +185,16 @@ def test_passkey_chart(tmp_path):
     assert cols == [(4096, 0.25), (4096, 0.5), (4096, 0.75), (16384, 0.25), (16384, 0.5), (16384, 0.75)]
     assert cells[("f32 h2o", 4096, 0.5)] == ("8/20", 0.4) and ("q8_0", 16384, 0.25) not in cells
     assert notes == ["eviction budgets: h2o:2048,256 at 4,096"]
+    # Documents without "prompt" are of the earlier prompts, cut at any
+    # token: their own chart; today's (whole passes of the filler) draw
+    # passkey.png.
     files = plot.plot_files([pk], tmp_path / "img")
-    assert [f.name for f in files] == ["passkey.png"]
+    assert [f.name for f in files] == ["passkey_cut_anywhere.png"]
     assert files[0].read_bytes()[:8] == PNG and files[0].stat().st_size > 5000
+    now = tmp_path / "now.json"
+    now.write_text(json.dumps({**doc(4096, "bf16", "none", (20, 20, 20)), "prompt": "whole filler passes"}))
+    files = plot.plot_files([pk, now], tmp_path / "img_now")
+    assert [f.name for f in files] == ["passkey.png", "passkey_cut_anywhere.png"]
     # A document with answer_tokens 16 beside those without (8): theirs are
     # starred as lower bounds where they missed keys; a later row replaces
     # an earlier one.

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <numeric>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -166,25 +167,35 @@ TEST(Cli, BenchStepBadOptionsFailCleanly) {
 }
 
 // kvcache passkey --prompt-key: the prompt of one key at each depth, as ids.
-// Every prompt is --context ids long, BOS first and the question last; the
-// deeper prompt starts with the shallower one's filler and holds the same
-// key sentence further in. A key too long for the context, or a context
-// too short for the question, fails cleanly.
+// Every prompt has the same length, at most --context, BOS first and the
+// question last; the deeper prompt starts with the shallower one's filler
+// and holds the same key sentence further in, whole passes of the filler
+// later. A key too long for the context, or a context too short for the
+// question, fails cleanly.
 TEST(Cli, PasskeyPrintsEachDepthsPromptAsIds) {
-  CliRun r = RunCli("passkey " + ModelArgs() + " --context 200 --depths 0.25,0.5 --prompt-key 12345");
+  CliRun r = RunCli("passkey " + ModelArgs() + " --context 400 --depths 0,0.25,0.5 --prompt-key 12345");
   ASSERT_EQ(r.exit_code, 0) << r.out;
   const auto j = nlohmann::json::parse(r.out);
-  ASSERT_EQ(j["prompts"].size(), 2u);
-  const std::vector<int> a = j["prompts"][0]["ids"], b = j["prompts"][1]["ids"];
-  ASSERT_EQ(a.size(), 200u);
-  ASSERT_EQ(b.size(), 200u);
+  ASSERT_EQ(j["prompts"].size(), 3u);
+  const std::vector<int> z = j["prompts"][0]["ids"], a = j["prompts"][1]["ids"], b = j["prompts"][2]["ids"];
+  ASSERT_LE(a.size(), 400u);
+  ASSERT_EQ(b.size(), a.size());
+  ASSERT_EQ(z.size(), a.size());
   EXPECT_EQ(a[0], 1);
   EXPECT_TRUE(std::equal(a.end() - 8, a.end(), b.end() - 8));
-  // a and b part where a's key sentence starts; b has the same ids later on.
-  const size_t at = static_cast<size_t>(std::mismatch(a.begin(), a.end(), b.begin()).first - a.begin());
-  ASSERT_GT(at, 1u);
+  // At depth 0 the key's sentence follows BOS; deeper, it stands whole
+  // passes of the filler later: a's one pass, b's more.
+  const auto key_at = [&z](const std::vector<int>& p) {
+    return static_cast<size_t>(std::search(p.begin(), p.end(), z.begin() + 1, z.begin() + 11) - p.begin());
+  };
+  EXPECT_EQ(key_at(z), 1u);
+  const size_t at = key_at(a), at_b = key_at(b);
   ASSERT_LT(at + 10, a.size());
-  EXPECT_NE(std::search(b.begin() + at + 1, b.end(), a.begin() + at, a.begin() + at + 10), b.end());
+  ASSERT_LT(at, at_b);
+  const size_t pass = at - 1;
+  EXPECT_EQ((at_b - 1) % pass, 0u);
+  EXPECT_TRUE(std::equal(a.begin(), a.begin() + at, b.begin()));  // the shared prefix
+  for (size_t i = 1 + pass; i < at_b; ++i) EXPECT_EQ(b[i], b[i - pass]) << i;
   EXPECT_EQ(RunCli("passkey " + ModelArgs() + " --context 200 --prompt-key " + std::string(400, '7')).exit_code,
             2);
   EXPECT_EQ(RunCli("passkey " + ModelArgs() + " --context 10 --prompt-key 12345").exit_code, 2);
@@ -253,6 +264,7 @@ TEST(Cli, PasskeyResumesAStoppedRunFromItsDocument) {
   EXPECT_EQ(want, nlohmann::json::parse(full.out));
   EXPECT_TRUE(want["complete"].get<bool>());
   EXPECT_EQ(want["seed"].get<int>(), 1);
+  EXPECT_EQ(want["prompt"], "whole filler passes");
   ASSERT_EQ(want["results"].size(), 2u);
 
   // Stopped after the second depth's first trial, as the file would be.
@@ -294,6 +306,15 @@ TEST(Cli, PasskeyResumesAStoppedRunFromItsDocument) {
   EXPECT_EQ(bad.exit_code, 2) << bad.out;
   EXPECT_NE(bad.out.find("trial 3 at depth 0.25 has key \"12345\""), std::string::npos) << bad.out;
   EXPECT_EQ(read(part), wrong_key);
+  // A document of the earlier prompts (cut at any token, no "prompt") is
+  // not continued with these.
+  nlohmann::json earlier = cut;
+  earlier.erase("prompt");
+  write(earlier);
+  bad = RunCliWithStderr(base + " --out " + part + " --resume");
+  EXPECT_EQ(bad.exit_code, 2) << bad.out;
+  EXPECT_NE(bad.out.find("earlier prompts"), std::string::npos) << bad.out;
+  EXPECT_EQ(read(part), earlier);
   std::filesystem::remove_all(dir);
 }
 
@@ -311,6 +332,32 @@ TEST(Cli, PasskeyFindsTheKeyOnlyAsAWholeNumber) {
   EXPECT_FALSE(tools::AnswerHoldsKey("4753147531", "47531"));
   EXPECT_FALSE(tools::AnswerHoldsKey("", "47531"));
   EXPECT_FALSE(tools::AnswerHoldsKey(" 47531", ""));
+}
+
+// The pass key's prompt is cut only between passes of the filler: for every
+// depth the key's sentence starts right after a whole pass and the question
+// right after the last, and the prefix a depth's trials share is the
+// prompt's start.
+TEST(Cli, PasskeyPromptsCutOnlyBetweenPassesOfTheFiller) {
+  const std::vector<int32_t> bos = {1}, filler = {10, 11, 12}, sentence = {20, 21}, question = {30, 31};
+  // 1 + 2 + 2 + 3 * passes <= 20: 5 passes.
+  const size_t passes = tools::PasskeyPasses(20, bos.size() + question.size() + 2, filler.size());
+  ASSERT_EQ(passes, 5u);
+  EXPECT_EQ(tools::PasskeyPasses(7, 5, 3), 0u);  // not one pass fits
+  EXPECT_EQ(tools::PasskeyPasses(8, 5, 3), 1u);
+  for (size_t before = 0; before <= passes; ++before) {
+    std::vector<int32_t> want = bos;
+    for (size_t i = 0; i < before; ++i) want.insert(want.end(), filler.begin(), filler.end());
+    want.insert(want.end(), sentence.begin(), sentence.end());
+    for (size_t i = before; i < passes; ++i) want.insert(want.end(), filler.begin(), filler.end());
+    want.insert(want.end(), question.begin(), question.end());
+    std::vector<int32_t> prompt = tools::PasskeyPrefix(bos, filler, before);
+    EXPECT_EQ(prompt.size(), 1 + 3 * before);
+    const std::vector<int32_t> rest = tools::PasskeyRest(sentence, filler, passes, before, question);
+    prompt.insert(prompt.end(), rest.begin(), rest.end());
+    EXPECT_EQ(prompt, want) << before;
+    EXPECT_EQ(prompt.size(), 1 + 2 + 3 * passes + 2u);
+  }
 }
 
 TEST(DemoReport, PrintsStoryAndTable) {
