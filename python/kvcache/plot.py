@@ -526,15 +526,15 @@ def plot_passkey(rows, out, ext, machine, name="passkey"):
     ax.set_xlabel("depth of the key, per context (tokens)")
     for k, ctx in enumerate(contexts):
         idx = [j for j, (c2, _) in enumerate(cols) if c2 == ctx]
-        ax.text((idx[0] + idx[-1]) / 2, -0.7, f"{ctx:,}", ha="center", va="bottom", fontsize=8,
-                fontweight="bold")
+        ax.text((idx[0] + idx[-1]) / 2, 1.02, f"{ctx:,}", ha="center", va="bottom", fontsize=8,
+                fontweight="bold", transform=ax.get_xaxis_transform())  # above the axes, whatever the rows
         if k:
             ax.axvline(idx[0] - 0.5, color="white", linewidth=3)
     if notes:
         fig.text(0.01, 0.01, "\n".join(notes), fontsize=7, wrap=True)
     prompts = "" if "prompt" in rows[0] else ", earlier prompts cut at any token"
-    ax.set_title(_title(f"Pass key: keys found ({model_of(rows[0]) or 'model'}{prompts})", rows, machine) + "\n",
-                 fontsize=10)
+    ax.set_title(_title(f"Pass key: keys found ({model_of(rows[0]) or 'model'}{prompts})", rows, machine),
+                 fontsize=10, pad=22)
     return _save(plt, fig, out / f"{name}.{ext}", rect=(0, 0.04 * len(notes), 1, 1))
 
 
