@@ -52,7 +52,7 @@ done
 CELLS=("$@")
 [ ${#CELLS[@]} -gt 0 ] || CELLS=("${MATRIX[@]}")
 
-# pk<context in k>_<format>[_<policy>].json, as the documents already there.
+# pk<context in k>_<format>[_<policy>][_d<depths in %>].json, as the documents already there.
 name_of() {
   local ctx="$1" fmt="$2" ev="$3" depths="$4"
   local k=$(( (ctx + 1023) / 1024 ))k

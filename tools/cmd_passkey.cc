@@ -133,11 +133,6 @@ size_t FillerBefore(const PromptParts& parts, double depth) {
   return static_cast<size_t>(depth * static_cast<double>(parts.passes));
 }
 
-// BOS and the filler before the key: the part every trial at a depth shares.
-std::vector<int32_t> PromptPrefix(const PromptParts& parts, size_t before) {
-  return PasskeyPrefix(parts.with_bos, parts.filler, before);
-}
-
 // The key's sentence, the filler after it, the question.
 Result<std::vector<int32_t>> PromptRest(const model::LoadedModel& lm, const PromptParts& parts, size_t before,
                                         const std::string& key) {
@@ -187,7 +182,8 @@ Result<nlohmann::json> PrintPrompts(const PasskeyOptions& o) {
   for (double depth : depths) {
     const size_t before = FillerBefore(parts, depth);
     KV_ASSIGN_OR_RETURN(std::vector<int32_t> rest, PromptRest(*lm, parts, before, o.prompt_key));
-    out["prompts"].push_back({{"depth", depth}, {"ids", Joined(PromptPrefix(parts, before), rest)}});
+    const std::vector<int32_t> prefix = PasskeyPrefix(parts.with_bos, parts.filler, before);
+    out["prompts"].push_back({{"depth", depth}, {"ids", Joined(prefix, rest)}});
   }
   return out;
 }
@@ -335,7 +331,7 @@ Result<nlohmann::json> RunPasskey(const PasskeyOptions& o) {
     }
     if (done == o.trials) continue;
     const size_t before = FillerBefore(parts, depth);
-    const std::vector<int32_t> prefix = PromptPrefix(parts, before);
+    const std::vector<int32_t> prefix = PasskeyPrefix(parts.with_bos, parts.filler, before);
     KV_ASSIGN_OR_RETURN(auto root, model::CreateKvBackend(decoder.attention_shape(), kv));
     KV_RETURN_IF_ERROR(model::PrefillInChunks(decoder, *root, prefix, o.chunk));
     for (uint32_t t = static_cast<uint32_t>(done); t < o.trials; ++t) {

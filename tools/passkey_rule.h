@@ -33,8 +33,7 @@ inline bool AnswerHoldsKey(std::string_view answer, std::string_view key) {
 // `context` tokens beside `fixed` others (BOS, the question, the room set
 // aside for the key's sentence); 0 where not even one does.
 inline size_t PasskeyPasses(size_t context, size_t fixed, size_t pass) {
-  if (pass == 0 || fixed + pass > context) return 0;
-  return (context - fixed) / pass;
+  return pass == 0 || fixed > context ? 0 : (context - fixed) / pass;
 }
 
 // BOS and the first `before` passes: the part every trial at a depth shares.

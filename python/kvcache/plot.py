@@ -454,6 +454,12 @@ def _passkey_order(cache):
     return (1 if policy else 0, 1 if "=" in fmt else 0, r, cache)
 
 
+def passkey_cut_anywhere(row):
+    """Whether a pass-key row is of the earlier prompts, cut at any token:
+    today's documents say what their prompts are in "prompt"."""
+    return "prompt" not in row
+
+
 def passkey_finished(rows):
     """The rows of finished pass-key documents: a document still being
     written (``"complete": false``, kvcache passkey --out) is left out; one
@@ -532,7 +538,7 @@ def plot_passkey(rows, out, ext, machine, name="passkey"):
             ax.axvline(idx[0] - 0.5, color="white", linewidth=3)
     if notes:
         fig.text(0.01, 0.01, "\n".join(notes), fontsize=7, wrap=True)
-    prompts = "" if "prompt" in rows[0] else ", earlier prompts cut at any token"
+    prompts = ", earlier prompts cut at any token" if passkey_cut_anywhere(rows[0]) else ""
     ax.set_title(_title(f"Pass key: keys found ({model_of(rows[0]) or 'model'}{prompts})", rows, machine),
                  fontsize=10, pad=22)
     return _save(plt, fig, out / f"{name}.{ext}", rect=(0, 0.04 * len(notes), 1, 1))
@@ -590,8 +596,8 @@ def plot_files(paths, out_dir, ext="png", machine=None):
             # Documents of today's prompts (cut only between passes of the
             # filler; they say so in "prompt") and those of the earlier
             # ones, cut at any token, are other measurements: a chart each.
-            current = [r for r in groups[key] if "prompt" in r]
-            earlier = [r for r in groups[key] if "prompt" not in r]
+            earlier = [r for r in groups[key] if passkey_cut_anywhere(r)]
+            current = [r for r in groups[key] if not passkey_cut_anywhere(r)]
             if current:
                 files += plot_passkey(current, out, ext, machine, name)
             if earlier:
