@@ -345,14 +345,15 @@ TEST(OffloadCalibration, ACalibrationObjectOutlivesTheBlocksThatNameIt) {
 // with the publisher's calibration. (Runs under TSan: the serving label.)
 TEST(OffloadCalibration, ThreadsPublishingAndAdoptingCalibratedChains) {
   constexpr int kThreads = 4;
+  constexpr size_t kRows = 2 * kCalGeo.block_size;  // each chain: 2 blocks
   std::shared_ptr<Tier> host = NewHostTier({});
   Process p({host}, kTurbo4);
   std::vector<std::vector<TokenId>> prompts;
   std::vector<std::unique_ptr<SequenceCache>> owners;
   for (int i = 0; i < kThreads; ++i) {
-    prompts.push_back(Tokens(32, 1000 * (i + 1)));
+    prompts.push_back(Tokens(kRows, 1000 * (i + 1)));
     owners.push_back(std::make_unique<SequenceCache>(SequenceCache::CreatePaged(p.pool).value()));
-    ASSERT_TRUE(AppendCalibratedRows(*owners[i], 32, 40 + i).ok());
+    ASSERT_TRUE(AppendCalibratedRows(*owners[i], kRows, 40 + i).ok());
   }
   std::vector<std::thread> threads;
   std::vector<int> failures(kThreads, 0);
@@ -369,7 +370,7 @@ TEST(OffloadCalibration, ThreadsPublishingAndAdoptingCalibratedChains) {
           continue;
         }
         if (*got == 0) continue;  // not published yet by its thread
-        if (*got % kCalGeo.block_size != 0 || *got > 32 || s.num_tokens() != *got ||
+        if (*got % kCalGeo.block_size != 0 || *got > kRows || s.num_tokens() != *got ||
             s.calibration() == nullptr ||
             !(s.calibration()->transforms == owners[c]->calibration()->transforms)) {
           ++failures[i];
@@ -378,9 +379,10 @@ TEST(OffloadCalibration, ThreadsPublishingAndAdoptingCalibratedChains) {
         ++found[i];
         for (uint32_t l = 0; l < kCalGeo.n_layers; ++l) {
           for (uint32_t h = 0; h < kCalGeo.n_kv_heads; ++h) {
+            // The publisher's first *got rows.
             const std::vector<float> want = owners[c]->HeadKeys(l, h).value();
             const std::vector<float> have = s.HeadKeys(l, h).value();
-            if (have.size() * 32 != want.size() * *got ||
+            if (have.size() != *got * kCalGeo.head_dim ||
                 !std::equal(have.begin(), have.end(), want.begin())) {
               ++failures[i];
             }
@@ -394,7 +396,7 @@ TEST(OffloadCalibration, ThreadsPublishingAndAdoptingCalibratedChains) {
   for (int i = 0; i < kThreads; ++i) EXPECT_EQ(failures[i], 0) << i;
   // Each thread adopts its own chain first, after publishing it: found.
   for (int i = 0; i < kThreads; ++i) EXPECT_GE(found[i], 1) << i;
-  EXPECT_EQ(host->usage().objects, size_t{kThreads} * (2 + 1));  // 2 blocks + 1 calibration each
+  EXPECT_EQ(host->usage().objects, size_t{kThreads} * (kRows / kCalGeo.block_size + 1));  // + its calibration
   owners.clear();
   EXPECT_TRUE(p.pool->CheckInvariants().ok());
 }
