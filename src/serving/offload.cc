@@ -769,16 +769,37 @@ PrefixMatch OffloadCache::Acquire(std::span<const TokenId> tokens, std::string_v
   st.FindHolders(l);
   st.Fetch(l, st.RunEnd(l));
   const std::vector<uint32_t> fresh = st.Stage(l, tokens);
+  if (!fresh.empty()) {
+    m.blocks.insert(m.blocks.end(), fresh.begin(), fresh.end());
+    m.num_tokens = m.blocks.size() * B;
+    m.calibration = l.calibration;
+    if (!m.sinks) m.sinks = l.sinks;
+    // Name the loaded blocks so that the pool serves the next lookup. A chain
+    // someone published meanwhile stops this; the blocks stay ours, unnamed.
+    (void)st.cache->PublishHashed(std::span<const BlockHash>(l.hashes.data(), m.blocks.size()), m.blocks,
+                                  l.i0, tokens.first(B), salt, m.calibration, nullptr, l.sinks);
+  }
+  // A publisher names its whole chain in the pool before any of it reaches
+  // a tier, so a lookup that missed the pool just before a publish can find
+  // the tiers holding part of what the pool now holds whole. Asked again
+  // (only when it now holds more), the pool's longer answer replaces ours.
+  if (m.blocks.size() < full && st.cache->Peek(tokens, salt).blocks.size() > m.blocks.size()) {
+    PrefixMatch again = st.cache->Acquire(tokens, salt);
+    if (again.blocks.size() > m.blocks.size()) {
+      std::swap(m, again);
+      std::vector<uint32_t> back(again.blocks.rbegin(), again.blocks.rend());  // tail first
+      (void)st.pool->Release(back);
+      st.Account(l, 0, served_by_tier);
+      if (served_by_tier != nullptr) {
+        served_by_tier->assign(T + 1, 0);
+        (*served_by_tier)[0] = m.num_tokens;
+      }
+      return m;
+    }
+    std::vector<uint32_t> back(again.blocks.rbegin(), again.blocks.rend());
+    (void)st.pool->Release(back);
+  }
   st.Account(l, fresh.size(), served_by_tier);
-  if (fresh.empty()) return m;
-  m.blocks.insert(m.blocks.end(), fresh.begin(), fresh.end());
-  m.num_tokens = m.blocks.size() * B;
-  m.calibration = l.calibration;
-  if (!m.sinks) m.sinks = l.sinks;
-  // Name the loaded blocks so that the pool serves the next lookup. A chain
-  // someone published meanwhile stops this; the blocks stay ours, unnamed.
-  (void)st.cache->PublishHashed(std::span<const BlockHash>(l.hashes.data(), m.blocks.size()), m.blocks,
-                                l.i0, tokens.first(B), salt, m.calibration, nullptr, l.sinks);
   return m;
 }
 

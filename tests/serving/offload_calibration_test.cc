@@ -14,7 +14,9 @@
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <thread>
+#include <utility>
 
 #include "serving/calibrated_test_util.h"
 
@@ -336,13 +338,70 @@ TEST(OffloadCalibration, ACalibrationObjectOutlivesTheBlocksThatNameIt) {
   EXPECT_EQ(host->Exists(std::vector<std::string>{"cal"})[0], TierMiss::kEvicted);
 }
 
+// A lookup that misses the pool just before a publish lands, then finds the
+// tier holding only the chain's first block, takes the pool's whole chain:
+// the tier answers Exists and only then the chain is published, as if by
+// another thread between the pool's answer and the tier's.
+TEST(OffloadCalibration, ALookupThatRacedAPublishTakesThePoolsWholeChain) {
+  constexpr size_t kRows = 2 * kCalGeo.block_size;
+  const std::vector<TokenId> t = Tokens(kRows, 700);
+  std::shared_ptr<Tier> host = NewHostTier({});
+  {  // Another process leaves the chain's first block (and its calibration) in the tier.
+    Process x({host}, kTurbo4);
+    SequenceCache sx = SequenceCache::CreatePaged(x.pool).value();
+    ASSERT_TRUE(AppendCalibratedRows(sx, kRows, 60).ok());
+    ASSERT_EQ(x.off->PublishSequence(&sx, std::span(t).first(kCalGeo.block_size), "").value(), 1u);
+    x.off->Flush();
+  }
+  ASSERT_EQ(host->usage().objects, 2u);
+  class PublishAfterExists final : public Tier {
+   public:
+    explicit PublishAfterExists(std::shared_ptr<Tier> inner) : inner_(std::move(inner)) {}
+    std::function<void()> hook;
+    std::string name() const override { return "publish-after-exists"; }
+    std::vector<std::optional<TierMiss>> Exists(std::span<const std::string> k) override {
+      std::vector<std::optional<TierMiss>> got = inner_->Exists(k);
+      if (hook) std::exchange(hook, nullptr)();
+      return got;
+    }
+    std::vector<TierGet> Load(std::span<const std::string> k) override { return inner_->Load(k); }
+    size_t Store(std::span<const TierPut> p) override { return inner_->Store(p); }
+    void Erase(std::span<const std::string> k) override { inner_->Erase(k); }
+    TierUsage usage() const override { return inner_->usage(); }
+
+   private:
+    std::shared_ptr<Tier> inner_;
+  };
+  auto racing = std::make_shared<PublishAfterExists>(host);
+  Process p({racing}, kTurbo4);
+  SequenceCache owner = SequenceCache::CreatePaged(p.pool).value();
+  ASSERT_TRUE(AppendCalibratedRows(owner, kRows, 60).ok());
+  racing->hook = [&] { ASSERT_EQ(p.off->PublishSequence(&owner, t, "").value(), 2u); };
+  SequenceCache s = SequenceCache::CreatePaged(p.pool).value();
+  std::vector<uint64_t> served;
+  EXPECT_EQ(p.off->AdoptInto(&s, t, "", &served).value(), kRows);
+  EXPECT_FALSE(racing->hook);  // the publish ran inside the lookup
+  EXPECT_EQ(served, (std::vector<uint64_t>{kRows, 0}));
+  const std::span<const uint32_t> mine = s.block_table(), theirs = owner.block_table();
+  EXPECT_TRUE(std::ranges::equal(mine, theirs));  // the pool's blocks, not staged copies
+  EXPECT_EQ(p.off->stats().tiers[0].hit_blocks, 0u);
+  EXPECT_EQ(p.cache->stats().lookups, 2u);  // asked again
+  ExpectBitIdenticalRows(owner, s, static_cast<uint32_t>(kRows));
+  p.off->Flush();
+  s.Release();
+  owner.Release();
+  EXPECT_TRUE(p.pool->CheckInvariants().ok());
+  EXPECT_EQ(p.pool->num_available_blocks(), p.pool->num_blocks());
+}
+
 // Four threads, one OffloadCache over a host tier: each publishes its own
 // calibrated chain (its rows, its calibration), then all adopt every chain
 // over and over (the pool is the first answer, the tier after the pool lets
-// blocks go). Every adoption is a whole-block prefix of the chain (a lookup
-// that missed the pool while the writer had stored only the chain's first
-// block gets that block alone) and decodes to the publisher's first rows
-// with the publisher's calibration. (Runs under TSan: the serving label.)
+// blocks go). Every adoption finds the whole chain or nothing (a lookup
+// that missed the pool and then found the tier holding part of the chain
+// takes the pool's whole chain, published before any of it reached the
+// tier) and decodes to the publisher's rows with the publisher's
+// calibration. (Runs under TSan: the serving label.)
 TEST(OffloadCalibration, ThreadsPublishingAndAdoptingCalibratedChains) {
   constexpr int kThreads = 4;
   constexpr size_t kRows = 2 * kCalGeo.block_size;  // each chain: 2 blocks
@@ -370,7 +429,7 @@ TEST(OffloadCalibration, ThreadsPublishingAndAdoptingCalibratedChains) {
           continue;
         }
         if (*got == 0) continue;  // not published yet by its thread
-        if (*got % kCalGeo.block_size != 0 || *got > kRows || s.num_tokens() != *got ||
+        if (*got != kRows || s.num_tokens() != *got ||
             s.calibration() == nullptr ||
             !(s.calibration()->transforms == owners[c]->calibration()->transforms)) {
           ++failures[i];
@@ -379,7 +438,7 @@ TEST(OffloadCalibration, ThreadsPublishingAndAdoptingCalibratedChains) {
         ++found[i];
         for (uint32_t l = 0; l < kCalGeo.n_layers; ++l) {
           for (uint32_t h = 0; h < kCalGeo.n_kv_heads; ++h) {
-            // The publisher's first *got rows.
+            // The publisher's rows.
             const std::vector<float> want = owners[c]->HeadKeys(l, h).value();
             const std::vector<float> have = s.HeadKeys(l, h).value();
             if (have.size() != *got * kCalGeo.head_dim ||

@@ -24,7 +24,10 @@
 // ones go back unnamed, and a failed object is erased from its tier and its
 // reason counted. Only the verified blocks are named in the prefix cache and
 // returned with the pool's hits: nobody else can read a staging block, and
-// a caller never sees unverified bytes.
+// a caller never sees unverified bytes. If the answer is still short of the
+// tokens' full blocks and the pool now holds more of the chain (a publish
+// that landed during the lookup), the pool's longer answer is taken instead
+// (the pool counts a second lookup; the tiers count no hit).
 //
 // Calibration: every chain is offloaded, whatever calibration it was
 // published with. A block encoded with another calibration than
