@@ -161,7 +161,7 @@ struct KvMetrics {
 };
 
 // One request's K/V: the model's KvBackend over the manager's pools (what
-// the decoder stores and attends through; today one group, a paged
+// the decoder stores and attends through; at present one group, a paged
 // model::CacheKv, or a block table without rows) and what the manager knows
 // of its publication. Its blocks and undrawn reservation go back to the pool
 // when it is destroyed (its published blocks stay cached).

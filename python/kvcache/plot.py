@@ -456,7 +456,7 @@ def _passkey_order(cache):
 
 def passkey_cut_anywhere(row):
     """Whether a pass-key row is of the earlier prompts, cut at any token:
-    today's documents say what their prompts are in "prompt"."""
+    the documents of the whole-pass prompts say so in "prompt"."""
     return "prompt" not in row
 
 
@@ -593,7 +593,7 @@ def plot_files(paths, out_dir, ext="png", machine=None):
     if finished:
         groups = split_by(finished, lambda r: (model_of(r),))
         for key, name in _names(groups, "passkey").items():
-            # Documents of today's prompts (cut only between passes of the
+            # Documents of the whole-pass prompts (cut only between passes of the
             # filler; they say so in "prompt") and those of the earlier
             # ones, cut at any token, are other measurements: a chart each.
             earlier = [r for r in groups[key] if passkey_cut_anywhere(r)]

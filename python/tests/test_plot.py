@@ -186,7 +186,7 @@ def test_passkey_chart(tmp_path):
     assert cells[("f32 h2o", 4096, 0.5)] == ("8/20", 0.4) and ("q8_0", 16384, 0.25) not in cells
     assert notes == ["eviction budgets: h2o:2048,256 at 4,096"]
     # Documents without "prompt" are of the earlier prompts, cut at any
-    # token: their own chart; today's (whole passes of the filler) draw
+    # token: their own chart; those of the whole-pass prompts draw
     # passkey.png.
     files = plot.plot_files([pk], tmp_path / "img")
     assert [f.name for f in files] == ["passkey_cut_anywhere.png"]
