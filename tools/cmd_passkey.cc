@@ -23,6 +23,12 @@
 // drawn again from the seed and checked against the recorded ones, and the
 // run goes on from the first trial not done. A 32k matrix takes hours a
 // cache on two cores; a stopped run loses at most the trial it was in.
+// The document also says what the cache spends: "cache_bits_per_value",
+// the mean bits of a stored K/V value over every layer's rows at the
+// prompt's length (each layer group's format, the precision window's bf16
+// rows, a window layer's last positions only), and with an eviction
+// policy "kept_positions", what its budget keeps of a full-attention
+// layer's. Resuming a finished document adds them if it lacks them.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -36,6 +42,7 @@
 #include "model/decoder/decoder.h"
 #include "model/decoder/loaded_model.h"
 #include "model/generate/generate.h"
+#include "model/generate/perplexity.h"
 #include "model/kv/kv_factory.h"
 #include "tools/command.h"
 #include "tools/json_result.h"
@@ -305,6 +312,17 @@ Result<nlohmann::json> RunPasskey(const PasskeyOptions& o) {
   kv.max_chunk_tokens = o.chunk;
   kv.attention_pool = decoder.thread_pool();
   KV_ASSIGN_OR_RETURN(PromptParts parts, MakeParts(*lm, o.context));
+  // What the cache spends at a prompt of `tokens` (every trial's is as long).
+  auto put_bits = [&](size_t tokens) {
+    const uint32_t n = static_cast<uint32_t>(tokens);
+    out["cache_bits_per_value"] = model::CacheBits(decoder.attention_shape(), kv, n).mean();
+    if (kv.eviction.enabled()) {
+      const uint32_t kept = kv.eviction.kind == model::EvictionSpec::Kind::kStreaming
+                                ? kv.eviction.sinks + kv.eviction.window
+                                : kv.eviction.budget;
+      out["kept_positions"] = std::min(n, kept);
+    }
+  };
   std::mt19937 rng(o.seed);
   std::uniform_int_distribution<int> digits(10000, 99999);
   const auto start = std::chrono::steady_clock::now();
@@ -356,10 +374,17 @@ Result<nlohmann::json> RunPasskey(const PasskeyOptions& o) {
                  o.trials, key, ok ? "found" : "missed", found, secs);
       answers.push_back({{"key", key}, {"answer", text}, {"answer_ids", answer}, {"found", ok},
                          {"prompt_tokens", prompt.size()}, {"key_at", prefix.size()}});
+      put_bits(prompt.size());
       r["found"] = found;
       r["accuracy"] = static_cast<double>(found) / static_cast<double>(answers.size());
       if (!o.out_path.empty()) KV_RETURN_IF_ERROR(WriteAtomically(o.out_path, out));
     }
+  }
+  // A resumed document whose trials were all done before gets the figures
+  // from its first answer's prompt.
+  if (!out.contains("cache_bits_per_value") && !out["results"].empty() && !out["results"][0]["answers"].empty()) {
+    const nlohmann::json& tokens = out["results"][0]["answers"][0]["prompt_tokens"];
+    if (tokens.is_number_unsigned()) put_bits(tokens.get<size_t>());
   }
   out["complete"] = true;
   if (!o.out_path.empty()) KV_RETURN_IF_ERROR(WriteAtomically(o.out_path, out));

@@ -239,6 +239,28 @@ TEST(Cli, PasskeyAnswersWithTheGivenNumberOfTokens) {
   EXPECT_EQ(RunCli(base + " --answer-tokens 100000").exit_code, 2);
 }
 
+// kvcache passkey records what the cache spends at the prompt's length:
+// the mean bits of a stored value (the precision window's bf16 rows kept
+// beside their format rows: 16 bits more for each of them), and with an
+// eviction policy the positions its budget keeps.
+TEST(Cli, PasskeyRecordsWhatTheCacheSpends) {
+  const std::string base = "passkey " + ModelArgs() + " --context 200 --depths 0.5 --trials 1 --json";
+  CliRun windowed = RunCli(base + " --kv-format fp8_e4m3+s4+r20");
+  ASSERT_EQ(windowed.exit_code, 0) << windowed.out;
+  const auto w = nlohmann::json::parse(windowed.out);
+  const double tokens = w["results"][0]["answers"][0]["prompt_tokens"].get<double>();
+  ASSERT_GT(tokens, 24.0);
+  EXPECT_DOUBLE_EQ(w["cache_bits_per_value"].get<double>(), 8.0 + 24.0 * 16.0 / tokens);
+  EXPECT_FALSE(w.contains("kept_positions"));
+  for (const auto& [eviction, kept] : {std::pair{"h2o:100,20", 100}, std::pair{"streaming:4,60", 64}}) {
+    CliRun evicting = RunCli(base + " --kv-format bf16 --layout contiguous --eviction " + eviction);
+    ASSERT_EQ(evicting.exit_code, 0) << evicting.out;
+    const auto e = nlohmann::json::parse(evicting.out);
+    EXPECT_EQ(e["cache_bits_per_value"].get<double>(), 16.0) << eviction;
+    EXPECT_EQ(e["kept_positions"].get<int>(), kept) << eviction;
+  }
+}
+
 // kvcache passkey --out F keeps the document in F (complete at the end);
 // --resume continues a stopped one: a document cut inside the second
 // depth, resumed (with other --threads and --chunk), is the whole run's,
@@ -265,6 +287,8 @@ TEST(Cli, PasskeyResumesAStoppedRunFromItsDocument) {
   EXPECT_EQ(want["seed"].get<int>(), 1);
   EXPECT_EQ(want["prompt"], "whole filler passes");
   ASSERT_EQ(want["results"].size(), 2u);
+  EXPECT_EQ(want["cache_bits_per_value"].get<double>(), 32.0);  // f32, every layer
+  EXPECT_FALSE(want.contains("kept_positions"));  // no eviction
 
   // Stopped after the second depth's first trial, as the file would be.
   nlohmann::json cut = want;
@@ -286,6 +310,14 @@ TEST(Cli, PasskeyResumesAStoppedRunFromItsDocument) {
   nlohmann::json want_marked = want;
   want_marked["results"][0]["answers"][0]["answer"] = "kept as written";
   EXPECT_EQ(read(part), want_marked);
+
+  // A finished document from before the cache's figures were recorded
+  // gains them when resumed, and nothing else changes.
+  nlohmann::json bare = want;
+  bare.erase("cache_bits_per_value");
+  write(bare);
+  ASSERT_EQ(RunCli(base + " --out " + part + " --resume").exit_code, 0);
+  EXPECT_EQ(read(part), want);
 
   // Errors leave the file as it was.
   write(cut);
