@@ -443,15 +443,44 @@ def passkey_cache(row):
     return str(row.get("kv_format", "?")) + (f" {policy}" if policy else "")
 
 
-def _passkey_order(cache):
+def _passkey_order(cache, bits=None):
     """Where a cache's row goes: whole caches first, from the most bits to the
-    fewest (per-group mixes after the single formats), then eviction."""
+    fewest, then eviction. `bits`: the cache's most bits per value
+    (passkey_bits), where its documents record them; without, the rank of
+    its format's name (per-group mixes after the single formats)."""
     fmt, _, policy = cache.partition(" ")
+    if bits is not None:
+        return (1 if policy else 0, 0, -bits, cache)
     rank = ["f32", "bf16", "f16", "q8_0", "q8", "fp8_e4m3", "turbo8", "q4_0", "turbo4", "turbo4i",
             "turbo3", "turbo3i", "turbo2", "turbo2i"]
     base = fmt.split("+", 1)[0]
     r = rank.index(base) if base in rank else len(rank)
     return (1 if policy else 0, 1 if "=" in fmt else 0, r, cache)
+
+
+def passkey_bits(rows):
+    """{cache: (fewest, most)} bits per stored value over the whole cache at
+    the prompt's length (the documents' ``cache_bits_per_value``: a per-group
+    mix spends more at a shorter context, its window layers being a larger
+    share), for the caches whose finished documents all record them."""
+    seen, missing = defaultdict(list), set()
+    for r in passkey_finished(rows):
+        b = r.get("cache_bits_per_value")
+        if isinstance(b, (int, float)):
+            seen[passkey_cache(r)].append(float(b))
+        else:
+            missing.add(passkey_cache(r))
+    return {c: (min(v), max(v)) for c, v in seen.items() if c not in missing}
+
+
+def passkey_label(cache, bits):
+    """A row's label: the cache, and its bits per value when known (one
+    decimal: 4.50 and 4.5017 alike read 4.5)."""
+    if cache not in bits:
+        return cache
+    lo, hi = bits[cache]
+    span = f"{lo:.1f}" if f"{lo:.1f}" == f"{hi:.1f}" else f"{lo:.1f}-{hi:.1f}"
+    return f"{cache} ({span} bits)"
 
 
 def passkey_cut_anywhere(row):
@@ -469,8 +498,9 @@ def passkey_finished(rows):
 
 def passkey_matrix(rows):
     """The pass key's matrix: (caches, columns, cells, notes). caches: the row
-    labels (passkey_cache), whole caches by bits, then per-group mixes, then
-    eviction; columns: (context, depth) in order; cells: {(cache, context,
+    labels (passkey_cache), whole caches by bits per value (the documents'
+    where every cache records them, else by the format's name, per-group
+    mixes after the single formats), then eviction; columns: (context, depth) in order; cells: {(cache, context,
     depth): (text, fraction found)}, text "found/trials", starred when the
     answers had fewer tokens than the longest here and missed some keys
     (greedy: a longer answer starts with the shorter one, so a short one's
@@ -499,7 +529,11 @@ def passkey_matrix(rows):
     policies = sorted({(r["context"], r["eviction"]) for r in at.values() if r.get("eviction") not in (None, "none")})
     if policies:
         notes.append("eviction budgets: " + "; ".join(f"{ev} at {ctx:,}" for ctx, ev in policies))
-    caches = sorted({c for c, _, _ in at}, key=_passkey_order)
+    bits = passkey_bits(rows)
+    names = {c for c, _, _ in at}
+    # By bits where every cache says, else by the format's name.
+    most = {c: bits[c][1] for c in names} if all(c in bits for c in names) else {}
+    caches = sorted(names, key=lambda c: _passkey_order(c, most.get(c)))
     cols = sorted({(ctx, d) for _, ctx, d in at})
     return caches, cols, cells, notes
 
@@ -526,7 +560,8 @@ def plot_passkey(rows, out, ext, machine, name="passkey"):
                 dark = not 0.15 <= frac <= 0.85  # the colormap's dark ends
                 ax.text(j, i, text, ha="center", va="center", fontsize=7, color="white" if dark else "black")
     ax.set_yticks(range(len(caches)))
-    ax.set_yticklabels(caches, fontsize=8)
+    bits = passkey_bits(rows)
+    ax.set_yticklabels([passkey_label(c, bits) for c in caches], fontsize=8)
     ax.set_xticks(range(len(cols)))
     ax.set_xticklabels([f"{d:.0%}" for _, d in cols], fontsize=8)
     ax.set_xlabel("depth of the key, per context (tokens)")

@@ -185,6 +185,29 @@ def test_passkey_chart(tmp_path):
     assert cols == [(4096, 0.25), (4096, 0.5), (4096, 0.75), (16384, 0.25), (16384, 0.5), (16384, 0.75)]
     assert cells[("f32 h2o", 4096, 0.5)] == ("8/20", 0.4) and ("q8_0", 16384, 0.25) not in cells
     assert notes == ["eviction budgets: h2o:2048,256 at 4,096"]
+    # Documents that record their bits per value order the caches by them
+    # (a per-group mix among the single formats, by its most bits) and
+    # label them; one cache without them (the earlier documents) falls
+    # back to the names' order for every cache.
+    def with_bits(d, *bits):
+        return [{**d, "context": ctx, "cache_bits_per_value": b} for ctx, b in bits]
+    measured = tmp_path / "bits.jsonl"
+    measured.write_text("\n".join(json.dumps(d) for d in (
+        *with_bits(doc(4096, "f32", "none", (20, 20, 20)), (4096, 32.0)),
+        *with_bits(doc(4096, "q8_0", "none", (20, 20, 20)), (4096, 8.5)),
+        *with_bits(doc(4096, "turbo4", "none", (20, 20, 20)), (4096, 4.5048), (8192, 4.5030)),
+        *with_bits(doc(4096, "global=turbo4+s4+r120,local=q8_0", "none", (20, 20, 20)), (4096, 6.35), (16384, 5.15)),
+        *with_bits(doc(4096, "f32", "h2o:2048,256", (17, 8, 5)), (4096, 32.0)))))
+    brows = plot.load_rows(measured)
+    assert plot.passkey_matrix(brows)[0] == ["f32", "q8_0", "global=turbo4+s4+r120,local=q8_0", "turbo4", "f32 h2o"]
+    bits = plot.passkey_bits(brows)
+    assert bits["global=turbo4+s4+r120,local=q8_0"] == (5.15, 6.35)
+    assert plot.passkey_label("turbo4", bits) == "turbo4 (4.5 bits)"
+    assert plot.passkey_label("global=turbo4+s4+r120,local=q8_0", bits) == "global=turbo4+s4+r120,local=q8_0 (5.2-6.3 bits)"
+    assert plot.passkey_label("q4_0", bits) == "q4_0"
+    mixed = plot.load_rows(measured) + plot.load_rows(pk)
+    assert "turbo2i" not in plot.passkey_bits(mixed) and "f32" not in plot.passkey_bits(mixed)
+    assert plot.passkey_matrix(mixed)[0][:3] == ["f32", "q8_0", "turbo4"]
     # Documents without "prompt" are of the earlier prompts, cut at any
     # token: their own chart; those of the whole-pass prompts draw
     # passkey.png.
