@@ -785,10 +785,11 @@ PrefixMatch OffloadCache::Acquire(std::span<const TokenId> tokens, std::string_v
   // (only when it now holds more), the pool's longer answer replaces ours.
   if (m.blocks.size() < full && st.cache->Peek(tokens, salt).blocks.size() > m.blocks.size()) {
     PrefixMatch again = st.cache->Acquire(tokens, salt);
-    if (again.blocks.size() > m.blocks.size()) {
-      std::swap(m, again);
-      std::vector<uint32_t> back(again.blocks.rbegin(), again.blocks.rend());  // tail first
-      (void)st.pool->Release(back);
+    const bool longer = again.blocks.size() > m.blocks.size();
+    if (longer) std::swap(m, again);
+    std::vector<uint32_t> back(again.blocks.rbegin(), again.blocks.rend());  // the other answer's, tail first
+    (void)st.pool->Release(back);
+    if (longer) {
       st.Account(l, 0, served_by_tier);
       if (served_by_tier != nullptr) {
         served_by_tier->assign(T + 1, 0);
@@ -796,8 +797,6 @@ PrefixMatch OffloadCache::Acquire(std::span<const TokenId> tokens, std::string_v
       }
       return m;
     }
-    std::vector<uint32_t> back(again.blocks.rbegin(), again.blocks.rend());
-    (void)st.pool->Release(back);
   }
   st.Account(l, fresh.size(), served_by_tier);
   return m;
