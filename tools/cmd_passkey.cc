@@ -28,7 +28,10 @@
 // prompt's length (each layer group's format, the precision window's bf16
 // rows, a window layer's last positions only), and with an eviction
 // policy "kept_positions", what its budget keeps of a full-attention
-// layer's. Resuming a finished document adds them if it lacks them.
+// layer's. Resuming a finished document adds them if it lacks them. With
+// an eviction policy each answer also says which positions of the key's
+// sentence the bounded layers still attended to ("key_rows_kept"), so a
+// miss reads as the key evicted or the key kept and not retrieved.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -43,6 +46,7 @@
 #include "model/decoder/loaded_model.h"
 #include "model/generate/generate.h"
 #include "model/generate/perplexity.h"
+#include "model/kv/hybrid_kv.h"
 #include "model/kv/kv_factory.h"
 #include "tools/command.h"
 #include "tools/json_result.h"
@@ -140,9 +144,9 @@ size_t FillerBefore(const PromptParts& parts, double depth) {
   return static_cast<size_t>(depth * static_cast<double>(parts.passes));
 }
 
-// The key's sentence, the filler after it, the question.
-Result<std::vector<int32_t>> PromptRest(const model::LoadedModel& lm, const PromptParts& parts, size_t before,
-                                        const std::string& key) {
+// The key's sentence.
+Result<std::vector<int32_t>> KeySentence(const model::LoadedModel& lm, const PromptParts& parts,
+                                         const std::string& key) {
   KV_ASSIGN_OR_RETURN(std::vector<int32_t> sentence,
                       Ids(lm, "The pass key is " + key + ". Remember it. " + key + " is the pass key. ", parts.bos()));
   if (sentence.size() > kNeedleBudget) {
@@ -150,7 +154,49 @@ Result<std::vector<int32_t>> PromptRest(const model::LoadedModel& lm, const Prom
                                    std::to_string(sentence.size()) + " tokens, past the " +
                                    std::to_string(kNeedleBudget) + " a prompt sets aside");
   }
+  return sentence;
+}
+
+// The key's sentence, the filler after it, the question.
+Result<std::vector<int32_t>> PromptRest(const model::LoadedModel& lm, const PromptParts& parts, size_t before,
+                                        const std::string& key) {
+  KV_ASSIGN_OR_RETURN(std::vector<int32_t> sentence, KeySentence(lm, parts, key));
   return PasskeyRest(sentence, parts.filler, parts.passes, before, parts.question);
+}
+
+// With an eviction policy: which positions of the key's sentence, [at, at +
+// n), each layer the policy bounds still attends to after the answer, as
+// {"LAYER/HEAD": "++-+..."} ('+' kept, '-' evicted), so that a miss can be
+// told apart: the key evicted, or kept and not retrieved. H2O: the rows the
+// head holds. StreamingLLM: its sinks and its window's last positions (the
+// rows it stores beyond them, kept for chunked prefill, are masked). The
+// model's own window layers are left out; empty for a backend that evicts
+// nothing.
+nlohmann::json KeyRowsKept(const model::KvBackend& kv, size_t at, size_t n) {
+  nlohmann::json out = nlohmann::json::object();
+  const auto* hybrid = dynamic_cast<const model::HybridKv*>(&kv);
+  if (hybrid == nullptr) return out;
+  const HybridSequence& seq = hybrid->sequence();
+  const HybridModel& m = seq.model();
+  for (uint32_t layer = 0; layer < m.n_layers(); ++layer) {
+    const LayerSpec& spec = m.spec(layer);
+    if (kv.window(layer) != 0 || spec.kind == LayerKind::kLinear) continue;
+    if (spec.kind == LayerKind::kFull && spec.head_policies.empty()) continue;  // keeps every position
+    const uint64_t len = seq.num_tokens(layer);
+    for (uint32_t head = 0; head < m.geometry().n_kv_heads(); ++head) {
+      const std::vector<uint32_t> held =
+          spec.kind == LayerKind::kFull ? seq.HeadPositions(layer, head) : std::vector<uint32_t>{};
+      std::string rows;
+      for (size_t p = at; p < at + n; ++p) {
+        const bool kept = spec.kind == LayerKind::kWindow
+                              ? p < spec.sink_tokens || p + spec.window_tokens >= len
+                              : std::binary_search(held.begin(), held.end(), static_cast<uint32_t>(p));
+        rows += kept ? '+' : '-';
+      }
+      out[std::to_string(layer) + "/" + std::to_string(head)] = rows;
+    }
+  }
+  return out;
 }
 
 // The whole prompt: the shared prefix, then a trial's rest.
@@ -374,6 +420,10 @@ Result<nlohmann::json> RunPasskey(const PasskeyOptions& o) {
                  o.trials, key, ok ? "found" : "missed", found, secs);
       answers.push_back({{"key", key}, {"answer", text}, {"answer_ids", answer}, {"found", ok},
                          {"prompt_tokens", prompt.size()}, {"key_at", prefix.size()}});
+      if (kv.eviction.enabled()) {
+        KV_ASSIGN_OR_RETURN(const std::vector<int32_t> sentence, KeySentence(*lm, parts, key));
+        answers.back()["key_rows_kept"] = KeyRowsKept(*seq, prefix.size(), sentence.size());
+      }
       put_bits(prompt.size());
       r["found"] = found;
       r["accuracy"] = static_cast<double>(found) / static_cast<double>(answers.size());

@@ -261,6 +261,44 @@ TEST(Cli, PasskeyRecordsWhatTheCacheSpends) {
   }
 }
 
+// With an eviction policy each answer records which positions of the key's
+// sentence every bounded layer's heads still attend to after the answer
+// ('+' kept): StreamingLLM its sinks and the last WINDOW of the positions
+// the cache holds (the prompt and every answer token but the last); H2O
+// the rows each head holds. Without a policy there is nothing to record.
+TEST(Cli, PasskeyRecordsWhichOfTheKeysPositionsEvictionKept) {
+  const std::string base = "passkey " + ModelArgs() + " --context 200 --trials 1 --json --layout contiguous";
+  for (const char* depth : {"0", "0.5", "1"}) {
+    CliRun run = RunCli(base + " --depths " + depth + " --eviction streaming:4,60");
+    ASSERT_EQ(run.exit_code, 0) << run.out;
+    const auto j = nlohmann::json::parse(run.out);
+    const auto& a = j["results"][0]["answers"][0];
+    const size_t at = a["key_at"], held = a["prompt_tokens"].get<size_t>() + j["answer_tokens"].get<size_t>() - 1;
+    const auto& kept = a["key_rows_kept"];
+    ASSERT_EQ(kept.size(), 5u * 4u) << depth;  // every layer and kv head of the tiny model
+    const size_t n = kept["0/0"].get<std::string>().size();
+    std::string want;
+    for (size_t p = at; p < at + n; ++p) want += p < 4 || p + 60 >= held ? '+' : '-';
+    for (const auto& [name, rows] : kept.items()) EXPECT_EQ(rows, want) << depth << " " << name;
+  }
+  CliRun h2o = RunCli(base + " --depths 0.5 --eviction h2o:100,20");
+  ASSERT_EQ(h2o.exit_code, 0) << h2o.out;
+  const auto doc = nlohmann::json::parse(h2o.out);
+  const auto& kept = doc["results"][0]["answers"][0]["key_rows_kept"];
+  ASSERT_EQ(kept.size(), 5u * 4u);
+  bool some_evicted = false;
+  for (const auto& [name, rows] : kept.items()) {
+    const std::string r = rows;
+    EXPECT_EQ(r.size(), kept["0/0"].get<std::string>().size()) << name;
+    EXPECT_EQ(r.find_first_not_of("+-"), std::string::npos) << name;
+    some_evicted = some_evicted || r.find('-') != std::string::npos;
+  }
+  EXPECT_TRUE(some_evicted);  // 100 of the 188 positions kept: the key's sentence loses some rows
+  CliRun none = RunCli(base + " --depths 0.5");
+  ASSERT_EQ(none.exit_code, 0) << none.out;
+  EXPECT_FALSE(nlohmann::json::parse(none.out)["results"][0]["answers"][0].contains("key_rows_kept"));
+}
+
 // kvcache passkey --out F keeps the document in F (complete at the end);
 // --resume continues a stopped one: a document cut inside the second
 // depth, resumed (with other --threads and --chunk), is the whole run's,
