@@ -500,11 +500,11 @@ def passkey_matrix(rows):
     """The pass key's matrix: (caches, columns, cells, notes). caches: the row
     labels (passkey_cache), whole caches by bits per value (the documents'
     where every cache records them, else by the format's name, per-group
-    mixes after the single formats), then eviction; columns: (context, depth) in order; cells: {(cache, context,
-    depth): (text, fraction found)}, text "found/trials", starred when the
-    answers had fewer tokens than the longest here and missed some keys
-    (greedy: a longer answer starts with the shorter one, so a short one's
-    count is a lower bound);
+    mixes after the single formats), then eviction; columns: (context,
+    depth) in order; cells: {(cache, context, depth): (text, fraction
+    found)}, text "found/trials", starred when the answers had fewer tokens
+    than the longest here and missed some keys (greedy: a longer answer
+    starts with the shorter one, so a short one's count is a lower bound);
     notes: what the stars and the eviction budgets are. A cache measured
     twice at one context and depth keeps its last row; a document still
     being written (``"complete": false``, kvcache passkey --out) is left
