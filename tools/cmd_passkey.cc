@@ -363,10 +363,7 @@ Result<nlohmann::json> RunPasskey(const PasskeyOptions& o) {
     const uint32_t n = static_cast<uint32_t>(tokens);
     out["cache_bits_per_value"] = model::CacheBits(decoder.attention_shape(), kv, n).mean();
     if (kv.eviction.enabled()) {
-      const uint32_t kept = kv.eviction.kind == model::EvictionSpec::Kind::kStreaming
-                                ? kv.eviction.sinks + kv.eviction.window
-                                : kv.eviction.budget;
-      out["kept_positions"] = std::min(n, kept);
+      out["kept_positions"] = std::min(n, kv.eviction.kept());
     }
   };
   std::mt19937 rng(o.seed);

@@ -131,10 +131,7 @@ nlohmann::json EvaluationJson(const PerplexityCliOptions& o, const model::Format
       // What a budget keeps per position of the text: the format's bits x kept / scored.
       auto spec = model::ParseEvictionSpec(o.eviction);
       if (spec.ok() && spec->enabled()) {
-        const size_t kept = std::min<size_t>(
-            num_tokens, spec->kind == model::EvictionSpec::Kind::kStreaming
-                            ? size_t{spec->sinks} + spec->window
-                            : size_t{spec->budget});
+        const size_t kept = std::min<size_t>(num_tokens, spec->kept());
         j["kept_positions"] = kept;
         j["effective_bits_per_value"] =
             (BitsPerValue(e.formats.k, head_dim) + BitsPerValue(e.formats.v, head_dim)) / 2 *

@@ -51,6 +51,8 @@ struct EvictionSpec {
   uint32_t budget = 0, recent = 0;  // kH2o: recent >= 1, budget > recent
 
   bool enabled() const { return kind != Kind::kNone; }
+  // Positions a bounded layer keeps at most: sinks + window, or the budget.
+  uint32_t kept() const { return kind == Kind::kStreaming ? sinks + window : budget; }
   // "none", "streaming:4,1024", "h2o:256,32".
   std::string ToString() const;
 };
