@@ -32,6 +32,12 @@
 // an eviction policy each answer also says which positions of the key's
 // sentence the bounded layers still attended to ("key_rows_kept"), so a
 // miss reads as the key evicted or the key kept and not retrieved.
+// Every answer names the code that computed it ("simd_target", and
+// "bf16_kernel" with bf16 products), so a document resumed on another
+// machine says which answers ran where: two machines that run the same
+// code compute the same answers, unless an instruction whose internal
+// summation order is the hardware's own (the dot and tiles kernels')
+// sums differently there.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -42,12 +48,14 @@
 #include <random>
 #include <sstream>
 
+#include "kvcache/simd.h"
 #include "model/decoder/decoder.h"
 #include "model/decoder/loaded_model.h"
 #include "model/generate/generate.h"
 #include "model/generate/perplexity.h"
 #include "model/kv/hybrid_kv.h"
 #include "model/kv/kv_factory.h"
+#include "model/tensor/matmul_bf16.h"
 #include "tools/command.h"
 #include "tools/json_result.h"
 #include "tools/kv_flags.h"
@@ -366,6 +374,10 @@ Result<nlohmann::json> RunPasskey(const PasskeyOptions& o) {
       out["kept_positions"] = std::min(n, kv.eviction.kept());
     }
   };
+  // What each answer records of the code it ran on.
+  nlohmann::json ran_on = {{"simd_target", SimdTarget()}};
+  KV_ASSIGN_OR_RETURN(const model::MatMulInputs inputs, model::ParseMatMulInputs(o.matmul));
+  if (inputs == model::MatMulInputs::kBf16) ran_on["bf16_kernel"] = model::Bf16KernelName(model::PreferredBf16Kernel());
   std::mt19937 rng(o.seed);
   std::uniform_int_distribution<int> digits(10000, 99999);
   const auto start = std::chrono::steady_clock::now();
@@ -417,6 +429,7 @@ Result<nlohmann::json> RunPasskey(const PasskeyOptions& o) {
                  o.trials, key, ok ? "found" : "missed", found, secs);
       answers.push_back({{"key", key}, {"answer", text}, {"answer_ids", answer}, {"found", ok},
                          {"prompt_tokens", prompt.size()}, {"key_at", prefix.size()}});
+      answers.back().update(ran_on);
       if (kv.eviction.enabled()) {
         KV_ASSIGN_OR_RETURN(const std::vector<int32_t> sentence, KeySentence(*lm, parts, key));
         answers.back()["key_rows_kept"] = KeyRowsKept(*seq, prefix.size(), sentence.size());

@@ -676,6 +676,14 @@ Bf16Kernel PreferredBf16Kernel() {
   return Bf16Kernel::kFma;
 }
 
+const char* Bf16KernelName(Bf16Kernel kernel) {
+  switch (kernel) {
+    case Bf16Kernel::kTiles: return "tiles";
+    case Bf16Kernel::kDot: return "dot";
+    default: return "fma";
+  }
+}
+
 void PrepareBf16Inputs(const float* x, uint32_t n, uint32_t cols, Bf16Kernel kernel, Bf16Inputs* out) {
   out->n = n;
   out->cols = cols;

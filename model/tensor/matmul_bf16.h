@@ -48,6 +48,8 @@ enum class Bf16Kernel { kFma, kTiles, kDot };
 bool Bf16KernelAvailable(Bf16Kernel kernel);
 // The kernel MatMul uses: tiles, else dot, else fma.
 Bf16Kernel PreferredBf16Kernel();
+// "tiles", "dot" or "fma": the name a run records beside its results.
+const char* Bf16KernelName(Bf16Kernel kernel);
 
 // The inputs of one product, rounded to bf16 once: for the tiles kernel in
 // tile order ([token tile][32-value step][16 value pairs][16 tokens][2]),

@@ -13,6 +13,8 @@
 #include <vector>
 
 #include "cli_runner.h"
+#include "kvcache/simd.h"
+#include "model/tensor/matmul_bf16.h"
 #include "model_fixture.h"
 #include "tools/demo_report.h"
 #include "tools/passkey_rule.h"
@@ -258,6 +260,28 @@ TEST(Cli, PasskeyRecordsWhatTheCacheSpends) {
     const auto e = nlohmann::json::parse(evicting.out);
     EXPECT_EQ(e["cache_bits_per_value"].get<double>(), 16.0) << eviction;
     EXPECT_EQ(e["kept_positions"].get<int>(), kept) << eviction;
+  }
+}
+
+// Every answer names the code that computed it: the dispatch SIMD target,
+// and with bf16 products the kernel that runs them on this CPU; the f32
+// products name no bf16 kernel.
+TEST(Cli, PasskeyAnswersNameTheCodeTheyRanOn) {
+  const std::string base = "passkey " + ModelArgs() + " --context 200 --depths 0.5 --trials 2 --json";
+  for (const char* matmul : {"f32", "bf16"}) {
+    CliRun run = RunCli(base + " --matmul " + matmul);
+    ASSERT_EQ(run.exit_code, 0) << run.out;
+    const auto answers = nlohmann::json::parse(run.out)["results"][0]["answers"];
+    ASSERT_EQ(answers.size(), 2u) << matmul;
+    for (const auto& a : answers) {
+      EXPECT_EQ(a.value("simd_target", std::string()), kvcache::SimdTarget()) << matmul;
+      if (std::string(matmul) == "bf16") {
+        EXPECT_EQ(a.value("bf16_kernel", std::string()),
+                  kvcache::model::Bf16KernelName(kvcache::model::PreferredBf16Kernel()));
+      } else {
+        EXPECT_FALSE(a.contains("bf16_kernel"));
+      }
+    }
   }
 }
 
