@@ -33,7 +33,7 @@
 // sentence the bounded layers still attended to ("key_rows_kept"), so a
 // miss reads as the key evicted or the key kept and not retrieved.
 // Every answer names the code that computed it ("simd_target", and
-// "bf16_kernel" with bf16 products), so a document resumed on another
+// "bf16_kernel" where the model's products are bf16), so a document resumed on another
 // machine says which answers ran where: two machines that run the same
 // code compute the same answers, unless an instruction whose internal
 // summation order is the hardware's own (the dot and tiles kernels')
@@ -374,10 +374,13 @@ Result<nlohmann::json> RunPasskey(const PasskeyOptions& o) {
       out["kept_positions"] = std::min(n, kv.eviction.kept());
     }
   };
-  // What each answer records of the code it ran on.
+  // What each answer records of the code it ran on: the bf16 kernel only
+  // where the loaded weights take bf16 inputs (a llama2.c checkpoint's
+  // products are f32 whatever --matmul says).
   nlohmann::json ran_on = {{"simd_target", SimdTarget()}};
-  KV_ASSIGN_OR_RETURN(const model::MatMulInputs inputs, model::ParseMatMulInputs(o.matmul));
-  if (inputs == model::MatMulInputs::kBf16) ran_on["bf16_kernel"] = model::Bf16KernelName(model::PreferredBf16Kernel());
+  if (lm->model().classifier().inputs == model::MatMulInputs::kBf16) {
+    ran_on["bf16_kernel"] = model::Bf16KernelName(model::PreferredBf16Kernel());
+  }
   std::mt19937 rng(o.seed);
   std::uniform_int_distribution<int> digits(10000, 99999);
   const auto start = std::chrono::steady_clock::now();

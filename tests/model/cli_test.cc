@@ -14,7 +14,6 @@
 
 #include "cli_runner.h"
 #include "kvcache/simd.h"
-#include "model/tensor/matmul_bf16.h"
 #include "model_fixture.h"
 #include "tools/demo_report.h"
 #include "tools/passkey_rule.h"
@@ -263,9 +262,10 @@ TEST(Cli, PasskeyRecordsWhatTheCacheSpends) {
   }
 }
 
-// Every answer names the code that computed it: the dispatch SIMD target,
-// and with bf16 products the kernel that runs them on this CPU; the f32
-// products name no bf16 kernel.
+// Every answer names the code that computed it: the dispatch SIMD target.
+// The tiny model is a llama2.c checkpoint, whose products are f32 whatever
+// --matmul says, so no answer names a bf16 kernel even with --matmul bf16
+// (the Gemma tests check the GGUF case, where it does).
 TEST(Cli, PasskeyAnswersNameTheCodeTheyRanOn) {
   const std::string base = "passkey " + ModelArgs() + " --context 200 --depths 0.5 --trials 2 --json";
   for (const char* matmul : {"f32", "bf16"}) {
@@ -275,12 +275,7 @@ TEST(Cli, PasskeyAnswersNameTheCodeTheyRanOn) {
     ASSERT_EQ(answers.size(), 2u) << matmul;
     for (const auto& a : answers) {
       EXPECT_EQ(a.value("simd_target", std::string()), kvcache::SimdTarget()) << matmul;
-      if (std::string(matmul) == "bf16") {
-        EXPECT_EQ(a.value("bf16_kernel", std::string()),
-                  kvcache::model::Bf16KernelName(kvcache::model::PreferredBf16Kernel()));
-      } else {
-        EXPECT_FALSE(a.contains("bf16_kernel"));
-      }
+      EXPECT_FALSE(a.contains("bf16_kernel")) << matmul;
     }
   }
 }

@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli_runner.h"
+#include "kvcache/simd.h"
 #include "loaded_models.h"
 #include "model_gemma/apache_text.h"
 #include "model/decoder/decoder.h"
@@ -25,6 +26,7 @@
 #include "model/generate/perplexity.h"
 #include "model/io/model_store.h"
 #include "model/kv/kv_factory.h"
+#include "model/tensor/matmul_bf16.h"
 
 namespace kvcache::model {
 namespace {
@@ -162,7 +164,8 @@ namespace kvcache::model {
 namespace {
 
 // kvcache passkey: the base model finds a key stated once in the middle of
-// 1,024 tokens of filler (both trials, f32 cache, bf16 products).
+// 1,024 tokens of filler (both trials, f32 cache, bf16 products); each
+// answer names the SIMD target and the bf16 kernel that computed it.
 TEST(Gemma3Model, PasskeyIsRetrievedFromTheMiddleOfTheContext) {
   const kvcache::testing::CliRun run = kvcache::testing::RunCli("passkey --model " + Gemma3Path() +
                                               " --context 1024 --depths 0.5 --trials 2 --matmul bf16 --json");
@@ -170,6 +173,10 @@ TEST(Gemma3Model, PasskeyIsRetrievedFromTheMiddleOfTheContext) {
   const auto j = nlohmann::json::parse(run.out);
   ASSERT_EQ(j["results"].size(), 1u);
   EXPECT_EQ(j["results"][0]["found"].get<int>(), 2) << run.out;
+  for (const auto& a : j["results"][0]["answers"]) {
+    EXPECT_EQ(a.value("simd_target", std::string()), SimdTarget());
+    EXPECT_EQ(a.value("bf16_kernel", std::string()), Bf16KernelName(PreferredBf16Kernel()));
+  }
 }
 
 }  // namespace
