@@ -8,7 +8,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <condition_variable>
 #include <filesystem>
+#include <mutex>
 #include <thread>
 
 #include "kvcache/cache.h"
@@ -297,17 +299,57 @@ TEST(Offload, PoisonedAndCorruptObjectsAreRefusedAndCounted) {
   ASSERT_TRUE(a.pool->Release(std::span(&tmp, 1)).ok());
 }
 
+// A tier whose stores wait until the test opens the gate, so the writer
+// holds its first batch while the publisher queues the rest: a queue of one
+// fills whatever the two threads' timing.
+class GatedStores final : public Tier {
+ public:
+  explicit GatedStores(std::shared_ptr<Tier> inner) : inner_(std::move(inner)) {}
+  void Open() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      open_ = true;
+    }
+    cv_.notify_all();
+  }
+  std::string name() const override { return "gated"; }
+  std::vector<std::optional<TierMiss>> Exists(std::span<const std::string> k) override { return inner_->Exists(k); }
+  std::vector<TierGet> Load(std::span<const std::string> k) override { return inner_->Load(k); }
+  size_t Store(std::span<const TierPut> p) override {
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return open_; });
+    }
+    return inner_->Store(p);
+  }
+  void Erase(std::span<const std::string> k) override { inner_->Erase(k); }
+  TierUsage usage() const override { return inner_->usage(); }
+
+ private:
+  std::shared_ptr<Tier> inner_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool open_ = false;
+};
+
 TEST(Offload, AFullQueueDropsAndCountsWithoutBlocking) {
   auto pool = NewPool(kGeo, {Format::kBF16, Format::kBF16}, 64);
   auto cache = std::move(PrefixCache::Create(pool)).value();
   OffloadOptions o;
   o.queue_blocks = 1;
   o.store_batch = 1;
-  auto off = std::move(OffloadCache::Create(pool, cache.get(), {NewHostTier({})}, o)).value();
+  auto gated = std::make_shared<GatedStores>(NewHostTier({}));
+  auto off = std::move(OffloadCache::Create(pool, cache.get(), {gated}, o)).value();
+  // Opened before `off` joins its writer, even when an assertion returns early.
+  struct OpenAtExit {
+    GatedStores* g;
+    ~OpenAtExit() { g->Open(); }
+  } open_at_exit{gated.get()};
   const std::vector<TokenId> t = Tokens(16 * 40);
   std::vector<uint32_t> blocks(40);
   ASSERT_TRUE(pool->Allocate(blocks).ok());
   ASSERT_EQ(off->Publish(HashFullBlocks(t, 16, ""), blocks, 0, t, "").value(), 40u);
+  gated->Open();
   off->Flush();
   const OffloadStats s = off->stats();
   EXPECT_EQ(s.queued_blocks + s.dropped_queue_full, 40u);
