@@ -33,7 +33,7 @@ LOGS="${LOGS:-build/passkey-logs}"
 # The cells, cheapest first: every cache at 4k and 8k, then 16k and 32k
 # (32k runs at 32,752 tokens so that 16 answer tokens fit the 32,768 of the
 # model). bf16 at 16k and 32k, and H2O at 32k, are measured in pieces of
-# depths, two pieces side by side. StreamingLLM
+# depths (cells of their own, so JOBS runs them side by side). StreamingLLM
 # and H2O keep half the cache on the global layers (contiguous layout, f32
 # values). turbo2i stops at 8k: on the earlier prompts it found none of 120
 # keys at 4k and 8k where the f32 cache found all 120, and a longer context
@@ -48,12 +48,10 @@ for ctx in 4096 8192 16384 32752; do
   for f in f32 q8_0 q4_0 turbo4 turbo4i turbo3i "$MIX"; do MATRIX+=("$ctx/$f"); done
   [ "$ctx" -le 8192 ] && MATRIX+=("$ctx/turbo2i")
   recent=$(( ctx <= 4096 ? 256 : 512 ))
+  h2o="$ctx/f32/h2o:$half,$recent/contiguous"
   MATRIX+=("$ctx/f32/streaming:4,$(( half - 4 ))/contiguous")
-  if [ "$ctx" -eq 32752 ]; then
-    MATRIX+=("$ctx/f32/h2o:$half,$recent/contiguous/0.25" "$ctx/f32/h2o:$half,$recent/contiguous/0.5,0.75")
-  else
-    MATRIX+=("$ctx/f32/h2o:$half,$recent/contiguous")
-  fi
+  [ "$ctx" -lt 32752 ] && MATRIX+=("$h2o")
+  [ "$ctx" -eq 32752 ] && MATRIX+=("$h2o/0.25" "$h2o/0.5,0.75")
 done
 CELLS=("$@")
 [ ${#CELLS[@]} -gt 0 ] || CELLS=("${MATRIX[@]}")
