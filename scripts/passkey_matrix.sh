@@ -50,8 +50,7 @@ for ctx in 4096 8192 16384 32752; do
   recent=$(( ctx <= 4096 ? 256 : 512 ))
   h2o="$ctx/f32/h2o:$half,$recent/contiguous"
   MATRIX+=("$ctx/f32/streaming:4,$(( half - 4 ))/contiguous")
-  [ "$ctx" -lt 32752 ] && MATRIX+=("$h2o")
-  [ "$ctx" -eq 32752 ] && MATRIX+=("$h2o/0.25" "$h2o/0.5,0.75")
+  if [ "$ctx" -eq 32752 ]; then MATRIX+=("$h2o/0.25" "$h2o/0.5,0.75"); else MATRIX+=("$h2o"); fi
 done
 CELLS=("$@")
 [ ${#CELLS[@]} -gt 0 ] || CELLS=("${MATRIX[@]}")
